@@ -1,0 +1,184 @@
+// The proto-free engine API: everything the server asks of a backend (CPU or
+// CUDA) to keep LM heads resident and run MATH.md's fused linear +
+// cross-entropy on them.
+//
+// Usage:
+//   std::unique_ptr<Engine> engine = ...;            // CreateCpuEngine / LoadCudaEngine
+//   auto builder = engine->BeginHead({V, H, DType::kBF16, /*has_bias=*/false});
+//   (*builder)->WriteWeight(0, bytes, n);             // as the upload streams in
+//   std::shared_ptr<const Head> head = *(*builder)->Finish();
+//   auto grad = *engine->NewGradBuffer(*head);       // fp32, zeroed
+//   ComputeSpec spec = ...; spec.grad_out = grad.get();
+//   auto call = *engine->StartCompute(head, spec, sink);
+//   call->AddHidden(0, rows, hidden_bytes);           // sink receives grad_input rows
+//   ComputeResult result = *call->Finish();
+//
+// Never materialised by any engine: a (tokens x V) logits tensor, except by
+// the GPU strategies "separate" and "naive", which exist to show that wall.
+#ifndef FLCE_KERNELS_ENGINE_H_
+#define FLCE_KERNELS_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/dtype.h"
+
+namespace flce {
+
+enum class Reduction { kMean, kSum, kNone };
+
+enum class Strategy { kAuto, kChunked, kVocabSplit, kFuseMN, kSeparate, kNaive };
+
+// "auto", "chunked", "vocab_split", "fuse_mn", "separate", "naive".
+const char* StrategyName(Strategy strategy);
+
+struct HeadSpec {
+  int64_t vocab_size = 0;   // V, the real vocabulary (engines may pad internally)
+  int64_t hidden_size = 0;  // H
+  DType dtype = DType::kBF16;
+  bool has_bias = false;
+};
+
+// A resident LM head. Immutable once built: replacing a head builds a new one,
+// and calls in flight keep the old one alive through their shared_ptr.
+class Head {
+ public:
+  virtual ~Head() = default;
+  virtual const HeadSpec& spec() const = 0;
+  // Bytes the head occupies where it lives (device or host).
+  virtual int64_t resident_bytes() const = 0;
+};
+
+// Streams a head's weight (and bias) into the engine's memory.
+class HeadBuilder {
+ public:
+  virtual ~HeadBuilder() = default;
+  // Bytes in spec().dtype, row-major, at byte_offset into the V x H weight.
+  virtual absl::Status WriteWeight(int64_t byte_offset, const void* data, int64_t bytes) = 0;
+  // Bytes in spec().dtype at byte_offset into the length-V bias.
+  virtual absl::Status WriteBias(int64_t byte_offset, const void* data, int64_t bytes) = 0;
+  // FAILED_PRECONDITION unless every byte of weight (and bias) was written.
+  virtual absl::StatusOr<std::shared_ptr<const Head>> Finish() = 0;
+};
+
+// An fp32 V x H (+ V bias) gradient accumulator in the engine's memory: a
+// session's grad_W, or one call's staged contribution.
+class GradBuffer {
+ public:
+  virtual ~GradBuffer() = default;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t hidden_size() const = 0;
+  virtual bool has_bias() const = 0;
+  virtual int64_t bytes() const = 0;
+  virtual absl::Status Zero() = 0;
+  // this += scale * other (same shape).
+  virtual absl::Status AddScaled(const GradBuffer& other, float scale) = 0;
+  // Weight rows [row_begin, row_begin + rows) into host memory as fp32 or bf16.
+  virtual absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
+                                      void* host_out) const = 0;
+  // Bias elements [begin, begin + count) into host memory as fp32 or bf16.
+  virtual absl::Status CopyBias(int64_t begin, int64_t count, DType out_dtype,
+                                void* host_out) const = 0;
+};
+
+struct LossOptions {
+  float label_smoothing = 0.0f;  // epsilon
+  float z_loss_scale = 0.0f;     // s
+  float softcap = 0.0f;          // c; 0 = none
+  float temperature = 1.0f;      // tau
+  float grad_scale = 1.0f;
+};
+
+struct OutputSelection {
+  bool grad_input = true;
+  bool per_token_loss = false;
+  bool logprob = false;
+  bool entropy = false;
+  bool accuracy = false;
+};
+
+struct ComputeSpec {
+  int64_t num_tokens = 0;
+  DType hidden_dtype = DType::kBF16;       // of AddHidden's bytes and of grad_input
+  std::vector<int32_t> targets;            // num_tokens
+  int32_t ignore_index = -100;
+  Reduction reduction = Reduction::kMean;
+  LossOptions options;
+  std::vector<float> token_weights;        // a_t; empty = from the reduction
+  std::vector<float> entropy_weights;      // e_t; empty = 0
+  OutputSelection outputs;
+  Strategy strategy = Strategy::kAuto;
+  bool deterministic = false;
+  int64_t chunk_tokens = 0;                // 0 = engine's choice
+  // Where this call's grad_W (and grad_b) is ADDED, already multiplied by
+  // grad_scale. nullptr = forward only (no gradient work at all).
+  GradBuffer* grad_out = nullptr;
+};
+
+// Receives grad_input rows [token_offset, token_offset + rows) in the spec's
+// hidden_dtype as soon as they are ready. Called from an engine thread; must
+// not block for long.
+using GradInputSink = std::function<void(int64_t token_offset, int64_t rows, std::string data)>;
+
+struct ComputeResult {
+  double loss = 0.0;    // sum_t a_t l_t
+  double z_loss = 0.0;  // sum_t a_t s LSE_t^2
+  double entropy_sum = 0.0;
+  int64_t n_valid = 0;
+  int64_t n_correct = 0;
+  std::string strategy_used;
+  double engine_ms = 0.0;
+  // Filled when asked for in OutputSelection; num_tokens each.
+  std::vector<float> per_token_loss;
+  std::vector<float> logprob;
+  std::vector<float> entropy;
+  std::vector<uint8_t> correct;
+};
+
+// One request in flight. Destroying it before Finish cancels the call; the
+// grad_out buffer's content is then unspecified (the caller discards it).
+class ComputeCall {
+ public:
+  virtual ~ComputeCall() = default;
+  // Hidden rows [token_offset, token_offset + rows), host memory, spec's
+  // hidden_dtype. Rows may come in any order but must not overlap.
+  virtual absl::Status AddHidden(int64_t token_offset, int64_t rows, const void* data) = 0;
+  // Waits for all work; every token must have been given exactly once.
+  virtual absl::StatusOr<ComputeResult> Finish() = 0;
+};
+
+struct EngineInfo {
+  std::string name;                   // "cpu" or "cuda:<device name>"
+  int64_t workspace_budget_bytes = 0;
+  int64_t workspace_peak_bytes = 0;   // high-water mark since start
+  int64_t device_memory_used = 0;     // 0 where not applicable
+  int64_t device_memory_total = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual EngineInfo info() const = 0;
+  virtual absl::StatusOr<std::unique_ptr<HeadBuilder>> BeginHead(const HeadSpec& spec) = 0;
+  // A zeroed fp32 accumulator shaped like the head.
+  virtual absl::StatusOr<std::unique_ptr<GradBuffer>> NewGradBuffer(const HeadSpec& spec) = 0;
+  virtual absl::StatusOr<std::unique_ptr<ComputeCall>> StartCompute(
+      std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) = 0;
+  // False after an unrecoverable (sticky) device error: the process should exit.
+  virtual bool healthy() const = 0;
+};
+
+struct EngineConfig {
+  int64_t workspace_bytes = int64_t{2048} << 20;
+  int threads = 0;      // CPU engine threads; 0 = hardware concurrency
+  int device_ordinal = 0;
+};
+
+}  // namespace flce
+
+#endif  // FLCE_KERNELS_ENGINE_H_
