@@ -1,0 +1,57 @@
+// An independent float64 implementation of ../shared/MATH.md, written plainly
+// with doubles and loops so that every engine can be checked against it. It
+// shares no code with any engine and uses no BLAS: a bug here cannot hide the
+// same bug in an engine.
+//
+// Usage:
+//   ReferenceInput in = MakeReferenceInput(problem, spec);  // problem.h
+//   ReferenceOutput ref = ComputeReference(in);
+//   EXPECT_LE(RelativeError(run.grad_input, ref.grad_input), 1e-5);
+#ifndef FLCE_TESTS_SUPPORT_REFERENCE_F64_H_
+#define FLCE_TESTS_SUPPORT_REFERENCE_F64_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/engine.h"
+
+namespace flce::test {
+
+struct ReferenceInput {
+  int64_t vocab_size = 0;   // V
+  int64_t hidden_size = 0;  // H
+  int64_t num_tokens = 0;   // BT
+  std::vector<double> weight;  // V x H, row-major
+  std::vector<double> bias;    // V, or empty for no bias
+  std::vector<double> hidden;  // BT x H, already in the head's dtype's values
+  std::vector<int32_t> targets;
+  int32_t ignore_index = -100;
+  Reduction reduction = Reduction::kMean;
+  LossOptions options;
+  std::vector<double> token_weights;    // a_t; empty = from the reduction
+  std::vector<double> entropy_weights;  // e_t; empty = 0
+};
+
+struct ReferenceOutput {
+  double loss = 0.0;         // sum_t a_t l_t
+  double z_loss = 0.0;       // sum_t a_t s LSE_t^2
+  double entropy_sum = 0.0;  // sum_t entropy_t, every token
+  int64_t n_valid = 0;
+  int64_t n_correct = 0;
+  std::vector<double> per_token_loss;  // BT; 0 for ignored tokens
+  std::vector<double> logprob;         // BT; 0 for ignored tokens
+  std::vector<double> entropy;         // BT
+  std::vector<uint8_t> correct;        // BT
+  std::vector<double> grad_input;      // BT x H
+  std::vector<double> grad_weight;     // V x H
+  std::vector<double> grad_bias;       // V (zeros when there is no bias)
+};
+
+// Computes everything MATH.md defines for one request. The input is trusted
+// (tests build it); targets outside [0, V) other than ignore_index are treated
+// as ignored.
+ReferenceOutput ComputeReference(const ReferenceInput& input);
+
+}  // namespace flce::test
+
+#endif  // FLCE_TESTS_SUPPORT_REFERENCE_F64_H_
