@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Sets up and builds flce, starts flce-server on its embedded "demo" head
+# (V=32000, H=512, bf16), and runs a short client session against it:
+# a loss + grad_input computation, the accumulated grad_W, and a small bench.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+"$root/scripts/setup.sh"
+build="${FLCE_BUILD_DIR:-$root/build}"
+FLCE_BUILD_DIR="$build" "$root/scripts/build.sh"
+
+port="${FLCE_PORT:-50051}"
+metrics_port="${FLCE_METRICS_PORT:-9464}"
+work="$(mktemp -d)"
+server_log="$work/server.log"
+"$build/server/flce-server" --port "$port" --metrics-port "$metrics_port" --device auto \
+  >"$server_log" 2>&1 &
+server_pid=$!
+cleanup() {
+  kill -TERM "$server_pid" 2>/dev/null || true
+  wait "$server_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+client() { "$build/client/cli/flce-client" --target "127.0.0.1:$port" "$@"; }
+for _ in $(seq 1 100); do
+  client health >/dev/null 2>&1 && break
+  kill -0 "$server_pid" 2>/dev/null || { cat "$server_log"; exit 1; }
+  sleep 0.1
+done
+echo "== server"; client server-info
+echo "== the embedded head"; client describe --head demo
+
+# 1024 tokens of random hidden states and targets, 5% of them ignored (-100).
+/usr/bin/python3 - "$work" <<'PY'
+import sys, numpy as np
+rng = np.random.default_rng(0)
+h = rng.standard_normal((1024, 512), dtype=np.float32)
+t = rng.integers(0, 32000, size=1024).astype(np.int64)
+t[rng.random(1024) < 0.05] = -100
+np.save(f"{sys.argv[1]}/h.npy", h)
+np.save(f"{sys.argv[1]}/t.npy", t)
+PY
+echo "== compute: loss and grad_input for 1024 tokens"
+client compute --head demo --session demo-session --hidden "$work/h.npy" --targets "$work/t.npy" \
+  --out-grad-input "$work/gx.npy"
+echo "== fetch the session's accumulated grad_W"
+client fetch-grad --head demo --session demo-session --out "$work/gw.npy" --reset
+echo "== bench: 4 steps of 4096 tokens"
+client bench --head demo --tokens 4096 --steps 4
+echo "== metrics (excerpt)"
+curl -s "http://127.0.0.1:$metrics_port/metrics" | grep -E '^flce_(requests|tokens)_total' | head -5 || true

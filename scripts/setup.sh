@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what flce needs to build, test and run on Debian 12 (as root, or with sudo).
+# Idempotent: packages already present are left alone.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git ca-certificates curl openssl
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
+  prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-venv python3-numpy python3-grpcio python3-protobuf python3-torch
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "flce setup: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "flce setup: all packages present" >&2
+fi
+
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "flce setup: CUDA toolkit found ($(/usr/local/cuda/bin/nvcc --version | tail -1)); the CUDA engine plugin will be built" >&2
+else
+  echo "flce setup: no CUDA toolkit at /usr/local/cuda; building the CPU engine only" >&2
+fi
