@@ -1,0 +1,160 @@
+// The unary calls and the channel. The streaming calls live in
+// client_upload.cc, client_compute.cc and client_fetch_grad.cc.
+#include "client/cpp/client.h"
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/grpc_status.h"
+
+namespace flce {
+namespace {
+
+// Room left in a message for everything but the payload bytes (tags,
+// offsets, a compute header's small fields).
+constexpr int64_t kMessageOverhead = 64 << 10;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.target.empty()) return absl::InvalidArgumentError("target is empty");
+  if (options.max_message_bytes <= kMessageOverhead ||
+      options.max_message_bytes > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes must be in (", kMessageOverhead, ", 2 GiB); got ",
+                     options.max_message_bytes));
+  }
+  if (options.chunk_bytes <= 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  if (channel == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", options.target));
+  }
+  return std::make_unique<Client>(std::move(channel), options);
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : channel_(std::move(channel)),
+      stub_(v1::Flce::NewStub(channel_)),
+      options_(std::move(options)) {}
+
+void Client::Prepare(grpc::ClientContext& context) const {
+  if (options_.timeout != absl::InfiniteDuration()) {
+    context.set_deadline(std::chrono::system_clock::now() +
+                         absl::ToChronoMilliseconds(options_.timeout));
+  }
+}
+
+int64_t Client::ChunkBytes(int64_t requested) const {
+  const int64_t want = requested > 0 ? requested : options_.chunk_bytes;
+  return std::max<int64_t>(1, std::min(want, options_.max_message_bytes - kMessageOverhead));
+}
+
+absl::StatusOr<v1::HeadInfo> Client::LoadHeadFromFile(
+    const v1::LoadHeadFromFileRequest& request) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::HeadInfo info;
+  absl::Status status = FromGrpcStatus(stub_->LoadHeadFromFile(&context, request, &info));
+  if (!status.ok()) return status;
+  return info;
+}
+
+absl::StatusOr<v1::HeadInfo> Client::DescribeHead(const std::string& head_id) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::DescribeHeadRequest request;
+  request.set_head_id(head_id);
+  v1::HeadInfo info;
+  absl::Status status = FromGrpcStatus(stub_->DescribeHead(&context, request, &info));
+  if (!status.ok()) return status;
+  return info;
+}
+
+absl::StatusOr<std::vector<v1::HeadInfo>> Client::ListHeads() {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::ListHeadsResponse response;
+  absl::Status status =
+      FromGrpcStatus(stub_->ListHeads(&context, v1::ListHeadsRequest(), &response));
+  if (!status.ok()) return status;
+  return std::vector<v1::HeadInfo>(response.heads().begin(), response.heads().end());
+}
+
+absl::StatusOr<v1::UnloadHeadResponse> Client::UnloadHead(const std::string& head_id) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::UnloadHeadRequest request;
+  request.set_head_id(head_id);
+  v1::UnloadHeadResponse response;
+  absl::Status status = FromGrpcStatus(stub_->UnloadHead(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::CommitResponse> Client::Commit(const v1::CommitRequest& request) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::CommitResponse response;
+  absl::Status status = FromGrpcStatus(stub_->Commit(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status Client::ZeroGrad(const std::string& head_id, const std::string& session_id) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::ZeroGradRequest request;
+  request.set_head_id(head_id);
+  request.set_session_id(session_id);
+  v1::ZeroGradResponse response;
+  return FromGrpcStatus(stub_->ZeroGrad(&context, request, &response));
+}
+
+absl::StatusOr<std::vector<v1::SessionInfo>> Client::ListSessions(const std::string& head_id) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::ListSessionsRequest request;
+  request.set_head_id(head_id);
+  v1::ListSessionsResponse response;
+  absl::Status status = FromGrpcStatus(stub_->ListSessions(&context, request, &response));
+  if (!status.ok()) return status;
+  return std::vector<v1::SessionInfo>(response.sessions().begin(), response.sessions().end());
+}
+
+absl::Status Client::DeleteSession(const std::string& head_id, const std::string& session_id) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::DeleteSessionRequest request;
+  request.set_head_id(head_id);
+  request.set_session_id(session_id);
+  v1::DeleteSessionResponse response;
+  return FromGrpcStatus(stub_->DeleteSession(&context, request, &response));
+}
+
+absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::ServerInfo info;
+  absl::Status status =
+      FromGrpcStatus(stub_->GetServerInfo(&context, v1::ServerInfoRequest(), &info));
+  if (!status.ok()) return status;
+  return info;
+}
+
+absl::StatusOr<HealthStatus> Client::Health(const std::string& service) {
+  return CheckHealth(channel_, service, options_.timeout);
+}
+
+}  // namespace flce

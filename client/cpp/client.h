@@ -1,0 +1,138 @@
+// flce::Client: the C++ client of the flce.v1.Flce service. It hides the
+// chunked streaming of the protocol (head uploads, hidden states in,
+// grad_input and grad_W out) behind calls that take and return whole byte
+// buffers, and turns every grpc::Status into an absl::Status with the same
+// code and message.
+//
+// Usage:
+//   ClientOptions options;  options.target = "127.0.0.1:50051";
+//   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(options));
+//   FLCE_ASSIGN_OR_RETURN(v1::HeadInfo head, client->UploadHead(upload));
+//   ComputeArgs args;
+//   args.header.set_head_id("h1");  args.header.set_session_id("s1");
+//   args.header.set_hidden_dtype(v1::DTYPE_BF16);
+//   args.targets = ...;  args.hidden = hidden_bytes;     // BT x H bf16
+//   FLCE_ASSIGN_OR_RETURN(ComputeOutcome out, client->Compute(args));
+//   // out.summary.loss(), out.grad_input (BT x H bf16)
+//   FLCE_ASSIGN_OR_RETURN(FetchedGrad grad, client->FetchGrad({"h1", "s1"}));
+//
+// A Client is safe to use from several threads at once: each call has its
+// own grpc::ClientContext, and the channel is shared.
+#ifndef FLCE_CLIENT_CPP_CLIENT_H_
+#define FLCE_CLIENT_CPP_CLIENT_H_
+
+#include <grpcpp/channel.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/cpp/client_options.h"
+#include "client/cpp/health_check.h"
+#include "flce/v1/flce.grpc.pb.h"
+#include "flce/v1/flce.pb.h"
+
+namespace flce {
+
+// Called after each chunk goes out: bytes sent so far of bytes in total.
+using ProgressCallback = std::function<void(int64_t done, int64_t total)>;
+
+struct HeadUpload {
+  std::string head_id;
+  int64_t vocab_size = 0;   // V
+  int64_t hidden_size = 0;  // H
+  v1::DType dtype = v1::DTYPE_BF16;  // of the bytes below and of the resident head
+  absl::string_view weight;  // V x H, row-major, little-endian
+  absl::string_view bias;    // V elements; empty = no bias
+};
+
+struct ComputeArgs {
+  // Everything the caller chooses: head_id, session_id, hidden_dtype,
+  // reduction, options, outputs, commit, ... The client fills num_tokens and
+  // targets from below, and request_id with a fresh one when it is empty.
+  v1::ComputeHeader header;
+  std::vector<int32_t> targets;  // BT
+  absl::string_view hidden;       // BT x H in header.hidden_dtype
+  int64_t chunk_bytes = 0;       // hidden bytes per message; 0 = options' chunk_bytes
+  ProgressCallback progress;     // hidden bytes sent; optional
+};
+
+struct ComputeOutcome {
+  std::string request_id;  // as sent (the caller's or a generated one)
+  v1::ComputeSummary summary;
+  std::string grad_input;  // BT x H in hidden_dtype; empty when not asked for
+  // BT each, when asked for in header.outputs and sent by the server.
+  std::vector<float> per_token_loss;
+  std::vector<float> logprob;
+  std::vector<float> entropy;
+  std::vector<uint8_t> correct;
+};
+
+struct FetchGradArgs {
+  std::string head_id;
+  std::string session_id;
+  v1::DType dtype = v1::DTYPE_FP32;  // FP32 or BF16
+  bool reset = false;                // zero the accumulator in the same step
+  std::string request_id;            // with reset: generated when empty
+  int64_t chunk_rows = 0;            // 0 = the server's choice
+};
+
+struct FetchedGrad {
+  std::string request_id;  // as sent; empty without reset unless given
+  v1::GradHeader header;
+  std::string weight;  // V x H in header.dtype
+  std::string bias;    // V in header.dtype; empty without a bias
+};
+
+class Client {
+ public:
+  // Creates the channel (no connection is made until the first call).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  // Over an existing channel, e.g. an in-process one in tests.
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+
+  const ClientOptions& options() const { return options_; }
+
+  // Heads.
+  absl::StatusOr<v1::HeadInfo> UploadHead(const HeadUpload& upload,
+                                          const ProgressCallback& progress = {});
+  absl::StatusOr<v1::HeadInfo> LoadHeadFromFile(const v1::LoadHeadFromFileRequest& request);
+  absl::StatusOr<v1::HeadInfo> DescribeHead(const std::string& head_id);
+  absl::StatusOr<std::vector<v1::HeadInfo>> ListHeads();
+  absl::StatusOr<v1::UnloadHeadResponse> UnloadHead(const std::string& head_id);
+
+  // The fused linear + cross-entropy of one request.
+  absl::StatusOr<ComputeOutcome> Compute(const ComputeArgs& args);
+
+  // Gradients and sessions.
+  absl::StatusOr<v1::CommitResponse> Commit(const v1::CommitRequest& request);
+  absl::StatusOr<FetchedGrad> FetchGrad(const FetchGradArgs& args);
+  absl::Status ZeroGrad(const std::string& head_id, const std::string& session_id);
+  // head_id "" = every head's sessions.
+  absl::StatusOr<std::vector<v1::SessionInfo>> ListSessions(const std::string& head_id = "");
+  absl::Status DeleteSession(const std::string& head_id, const std::string& session_id);
+
+  absl::StatusOr<v1::ServerInfo> GetServerInfo();
+  // grpc.health.v1; service "" = the whole server.
+  absl::StatusOr<HealthStatus> Health(const std::string& service = "");
+
+ private:
+  // Sets the call's deadline from options_.timeout.
+  void Prepare(grpc::ClientContext& context) const;
+  // The payload bytes one message may carry: chunk_bytes (or `requested`),
+  // capped to leave room for the message's other fields.
+  int64_t ChunkBytes(int64_t requested) const;
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Flce::Stub> stub_;
+  ClientOptions options_;
+};
+
+}  // namespace flce
+
+#endif  // FLCE_CLIENT_CPP_CLIENT_H_

@@ -1,0 +1,202 @@
+// Compute: a bidirectional stream. A writer thread sends the header and the
+// hidden chunks while this thread reads grad_input and per-token chunks as
+// the server produces them: the server may answer before it has all hidden
+// rows, so writing everything first could stall on flow control.
+#include <grpcpp/client_context.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/client.h"
+#include "client/cpp/grpc_status.h"
+#include "client/cpp/request_id.h"
+#include "client/cpp/wire_dtype.h"
+
+namespace flce {
+namespace {
+
+// Where chunks of one per-token or per-row output land, and which rows have.
+class Assembly {
+ public:
+  Assembly(const char* name, int64_t rows, int64_t row_bytes)
+      : name_(name), rows_(rows), row_bytes_(row_bytes), seen_(rows, 0) {}
+
+  // Copies rows [offset, offset + count) from `data`; a chunk out of range,
+  // of the wrong size or repeating a row is the server breaking the protocol.
+  absl::Status Place(int64_t offset, int64_t count, const std::string& data, void* dst) {
+    if (offset < 0 || count <= 0 || offset > rows_ - count) {
+      return absl::InternalError(absl::StrCat("server sent ", name_, " rows [", offset, ", ",
+                                              offset + count, ") outside [0, ", rows_, ")"));
+    }
+    if (static_cast<int64_t>(data.size()) != count * row_bytes_) {
+      return absl::InternalError(absl::StrCat("server sent ", data.size(), " bytes of ", name_,
+                                              " for ", count, " rows; expected ",
+                                              count * row_bytes_));
+    }
+    for (int64_t r = offset; r < offset + count; ++r) {
+      if (seen_[r]) {
+        return absl::InternalError(absl::StrCat("server sent ", name_, " row ", r, " twice"));
+      }
+      seen_[r] = 1;
+    }
+    std::memcpy(static_cast<char*>(dst) + offset * row_bytes_, data.data(), data.size());
+    received_ += count;
+    return absl::OkStatus();
+  }
+
+  bool any() const { return received_ > 0; }
+
+  absl::Status CheckComplete() const {
+    if (received_ == rows_) return absl::OkStatus();
+    const int64_t first = std::find(seen_.begin(), seen_.end(), 0) - seen_.begin();
+    return absl::DataLossError(absl::StrCat("the call ended without ", name_, " for ",
+                                            rows_ - received_, " rows (first missing: ", first,
+                                            ")"));
+  }
+
+ private:
+  const char* name_;
+  int64_t rows_;
+  int64_t row_bytes_;
+  std::vector<uint8_t> seen_;
+  int64_t received_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
+  const int64_t tokens = static_cast<int64_t>(args.targets.size());
+  const int64_t elem = WireDTypeSize(args.header.hidden_dtype());
+  if (elem == 0) return absl::InvalidArgumentError("hidden_dtype is unspecified");
+  if (tokens == 0) return absl::InvalidArgumentError("no tokens: targets is empty");
+  const int64_t hidden_bytes = static_cast<int64_t>(args.hidden.size());
+  if (hidden_bytes == 0 || hidden_bytes % (tokens * elem) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hidden is ", hidden_bytes, " bytes, not a whole number of ", tokens, " rows of ",
+        WireDTypeName(args.header.hidden_dtype())));
+  }
+  const int64_t row_bytes = hidden_bytes / tokens;
+  const int64_t chunk = ChunkBytes(args.chunk_bytes);
+  if (row_bytes > chunk) {
+    return absl::InvalidArgumentError(absl::StrCat("one hidden row is ", row_bytes,
+                                                   " bytes, more than a chunk (", chunk, ")"));
+  }
+  const int64_t rows_per_chunk = chunk / row_bytes;
+
+  ComputeOutcome outcome;
+  v1::ComputeRequest first;
+  v1::ComputeHeader* header = first.mutable_header();
+  *header = args.header;
+  if (header->request_id().empty()) header->set_request_id(NewRequestId());
+  outcome.request_id = header->request_id();
+  header->set_num_tokens(tokens);
+  // The wire's int32 bytes are little-endian, as is every host flce runs on.
+  header->set_targets(reinterpret_cast<const char*>(args.targets.data()), tokens * 4);
+
+  const v1::OutputSelection& wanted = header->outputs();
+  const bool want_grad_input =
+      wanted.has_grad_input() ? wanted.grad_input() : !wanted.forward_only();
+  Assembly grad_input("grad_input", tokens, row_bytes);
+  Assembly loss("per-token loss", tokens, 4);
+  Assembly logprob("logprob", tokens, 4);
+  Assembly entropy("entropy", tokens, 4);
+  Assembly correct("correct", tokens, 1);
+  if (want_grad_input) outcome.grad_input.resize(hidden_bytes);
+  if (wanted.per_token_loss()) outcome.per_token_loss.resize(tokens);
+  if (wanted.logprob()) outcome.logprob.resize(tokens);
+  if (wanted.entropy()) outcome.entropy.resize(tokens);
+  if (wanted.accuracy()) outcome.correct.resize(tokens);
+
+  grpc::ClientContext context;
+  Prepare(context);
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ComputeRequest, v1::ComputeResponse>> stream =
+      stub_->Compute(&context);
+
+  std::thread writer([&] {
+    if (!stream->Write(first)) return;  // the server ended the call; Finish says why
+    for (int64_t row = 0; row < tokens; row += rows_per_chunk) {
+      const int64_t rows = std::min(rows_per_chunk, tokens - row);
+      v1::ComputeRequest message;
+      v1::HiddenChunk* piece = message.mutable_hidden();
+      piece->set_token_offset(row);
+      piece->set_data(args.hidden.data() + row * row_bytes, rows * row_bytes);
+      if (!stream->Write(message)) return;
+      if (args.progress) args.progress((row + rows) * row_bytes, hidden_bytes);
+    }
+    stream->WritesDone();
+  });
+
+  absl::Status protocol;
+  bool have_summary = false;
+  v1::ComputeResponse response;
+  while (protocol.ok() && stream->Read(&response)) {
+    if (have_summary) {
+      protocol = absl::InternalError("server sent a message after the summary");
+      break;
+    }
+    switch (response.msg_case()) {
+      case v1::ComputeResponse::kGradInput: {
+        const v1::GradInputChunk& piece = response.grad_input();
+        if (!want_grad_input) {
+          protocol = absl::InternalError("server sent grad_input that was not asked for");
+          break;
+        }
+        protocol = grad_input.Place(piece.token_offset(), piece.num_tokens(), piece.data(),
+                                    outcome.grad_input.data());
+        break;
+      }
+      case v1::ComputeResponse::kTokenOutputs: {
+        const v1::TokenOutputsChunk& piece = response.token_outputs();
+        const int64_t at = piece.token_offset(), n = piece.num_tokens();
+        if (protocol.ok() && !piece.loss().empty() && !outcome.per_token_loss.empty()) {
+          protocol = loss.Place(at, n, piece.loss(), outcome.per_token_loss.data());
+        }
+        if (protocol.ok() && !piece.logprob().empty() && !outcome.logprob.empty()) {
+          protocol = logprob.Place(at, n, piece.logprob(), outcome.logprob.data());
+        }
+        if (protocol.ok() && !piece.entropy().empty() && !outcome.entropy.empty()) {
+          protocol = entropy.Place(at, n, piece.entropy(), outcome.entropy.data());
+        }
+        if (protocol.ok() && !piece.correct().empty() && !outcome.correct.empty()) {
+          protocol = correct.Place(at, n, piece.correct(), outcome.correct.data());
+        }
+        break;
+      }
+      case v1::ComputeResponse::kSummary:
+        outcome.summary = response.summary();
+        have_summary = true;
+        break;
+      default:
+        protocol = absl::InternalError("server sent an empty compute response");
+    }
+  }
+  if (!protocol.ok()) {
+    context.TryCancel();
+    while (stream->Read(&response)) {
+    }
+  }
+  writer.join();
+  const absl::Status status = FromGrpcStatus(stream->Finish());
+  if (!protocol.ok()) return protocol;
+  if (!status.ok()) return status;
+  if (!have_summary) return absl::DataLossError("the call ended without a summary");
+  if (want_grad_input) {
+    absl::Status complete = grad_input.CheckComplete();
+    if (!complete.ok()) return complete;
+  }
+  for (const auto& [asked, part] :
+       {std::pair<bool, const Assembly*>{wanted.per_token_loss(), &loss},
+        {wanted.logprob(), &logprob},
+        {wanted.entropy(), &entropy}}) {
+    if (!asked) continue;
+    absl::Status complete = part->CheckComplete();
+    if (!complete.ok()) return complete;
+  }
+  // Accuracy needs only the summary's counts; per-token flags are a bonus.
+  if (wanted.accuracy() && !correct.any()) outcome.correct.clear();
+  return outcome;
+}
+
+}  // namespace flce

@@ -1,0 +1,130 @@
+// FetchGrad: a header with the shape, then weight rows and bias elements in
+// chunks, each placed by its offset and checked so that a missing or
+// repeated piece cannot pass as zeros.
+#include <grpcpp/client_context.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/client.h"
+#include "client/cpp/grpc_status.h"
+#include "client/cpp/request_id.h"
+#include "client/cpp/wire_dtype.h"
+
+namespace flce {
+namespace {
+
+struct Target {
+  const char* name;
+  int64_t rows = 0;       // weight rows or bias elements
+  int64_t row_bytes = 0;
+  std::string* buffer = nullptr;
+  std::vector<uint8_t> seen;
+  int64_t received = 0;
+};
+
+absl::Status Place(Target& target, const v1::GradChunk& chunk) {
+  const int64_t at = chunk.row_offset(), n = chunk.rows();
+  if (at < 0 || n <= 0 || at > target.rows - n) {
+    return absl::InternalError(absl::StrCat("server sent ", target.name, " rows [", at, ", ",
+                                            at + n, ") outside [0, ", target.rows, ")"));
+  }
+  if (static_cast<int64_t>(chunk.data().size()) != n * target.row_bytes) {
+    return absl::InternalError(absl::StrCat("server sent ", chunk.data().size(), " bytes for ",
+                                            n, " ", target.name, " rows; expected ",
+                                            n * target.row_bytes));
+  }
+  for (int64_t r = at; r < at + n; ++r) {
+    if (target.seen[r]) {
+      return absl::InternalError(absl::StrCat("server sent ", target.name, " row ", r, " twice"));
+    }
+    target.seen[r] = 1;
+  }
+  std::memcpy(target.buffer->data() + at * target.row_bytes, chunk.data().data(),
+              chunk.data().size());
+  target.received += n;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<FetchedGrad> Client::FetchGrad(const FetchGradArgs& args) {
+  v1::FetchGradRequest request;
+  request.set_head_id(args.head_id);
+  request.set_session_id(args.session_id);
+  request.set_dtype(args.dtype);
+  request.set_reset(args.reset);
+  request.set_chunk_rows(args.chunk_rows);
+  FetchedGrad fetched;
+  // A reset must be retry-safe: without an id a retried fetch would zero the
+  // gradient a second time and return zeros.
+  fetched.request_id = args.reset && args.request_id.empty() ? NewRequestId() : args.request_id;
+  request.set_request_id(fetched.request_id);
+
+  grpc::ClientContext context;
+  Prepare(context);
+  std::unique_ptr<grpc::ClientReader<v1::FetchGradResponse>> reader =
+      stub_->FetchGrad(&context, request);
+
+  absl::Status protocol;
+  bool have_header = false;
+  Target weight{"grad_W"}, bias{"grad_b"};
+  v1::FetchGradResponse response;
+  while (protocol.ok() && reader->Read(&response)) {
+    if (response.has_header()) {
+      if (have_header) {
+        protocol = absl::InternalError("server sent two grad headers");
+        break;
+      }
+      fetched.header = response.header();
+      const v1::GradHeader& h = fetched.header;
+      const int64_t elem = WireDTypeSize(h.dtype());
+      if (elem == 0 || h.vocab_size() <= 0 || h.hidden_size() <= 0) {
+        protocol = absl::InternalError(absl::StrCat("server sent a grad header with V=",
+                                                    h.vocab_size(), " H=", h.hidden_size(),
+                                                    " dtype=", WireDTypeName(h.dtype())));
+        break;
+      }
+      weight = Target{"grad_W", h.vocab_size(), h.hidden_size() * elem, &fetched.weight,
+                      std::vector<uint8_t>(h.vocab_size(), 0)};
+      fetched.weight.resize(h.vocab_size() * h.hidden_size() * elem);
+      if (h.has_bias()) {
+        bias = Target{"grad_b", h.vocab_size(), elem, &fetched.bias,
+                      std::vector<uint8_t>(h.vocab_size(), 0)};
+        fetched.bias.resize(h.vocab_size() * elem);
+      }
+      have_header = true;
+    } else if (response.has_chunk()) {
+      const v1::GradChunk& chunk = response.chunk();
+      if (!have_header) {
+        protocol = absl::InternalError("server sent a grad chunk before the header");
+      } else if (chunk.role() == v1::TENSOR_BIAS) {
+        protocol = fetched.header.has_bias()
+                       ? Place(bias, chunk)
+                       : absl::InternalError("server sent grad_b for a head without a bias");
+      } else {
+        protocol = Place(weight, chunk);
+      }
+    } else {
+      protocol = absl::InternalError("server sent an empty fetch response");
+    }
+  }
+  if (!protocol.ok()) {
+    context.TryCancel();
+    while (reader->Read(&response)) {
+    }
+  }
+  const absl::Status status = FromGrpcStatus(reader->Finish());
+  if (!protocol.ok()) return protocol;
+  if (!status.ok()) return status;
+  if (!have_header) return absl::DataLossError("the fetch ended without a grad header");
+  for (const Target* t : {&weight, &bias}) {
+    if (t->received != t->rows) {
+      return absl::DataLossError(absl::StrCat("the fetch ended with ", t->rows - t->received,
+                                              " of ", t->rows, " ", t->name, " rows missing"));
+    }
+  }
+  return fetched;
+}
+
+}  // namespace flce

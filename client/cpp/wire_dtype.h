@@ -1,0 +1,26 @@
+// The wire's DType enum, its names on the command line ("fp32", "fp16",
+// "bf16") and its element sizes.
+#ifndef FLCE_CLIENT_CPP_WIRE_DTYPE_H_
+#define FLCE_CLIENT_CPP_WIRE_DTYPE_H_
+
+#include <cstdint>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "flce/v1/flce.pb.h"
+#include "kernels/dtype.h"
+
+namespace flce {
+
+// "fp32" | "fp16" | "bf16" (also "float32", "float16", "bfloat16").
+absl::StatusOr<v1::DType> ParseWireDType(absl::string_view name);
+// "fp32", "fp16", "bf16", or "unspecified".
+const char* WireDTypeName(v1::DType dtype);
+// Bytes per element; 0 for DTYPE_UNSPECIFIED.
+int64_t WireDTypeSize(v1::DType dtype);
+absl::StatusOr<DType> ToHostDType(v1::DType dtype);
+v1::DType ToWireDType(DType dtype);
+
+}  // namespace flce
+
+#endif  // FLCE_CLIENT_CPP_WIRE_DTYPE_H_
