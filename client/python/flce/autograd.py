@@ -1,0 +1,130 @@
+"""The autograd functions under flce.RemoteLMHead.
+
+Two plans, chosen by what the caller differentiates:
+- FusedLoss (mean or sum, no per-token outputs): ONE Compute call returns the loss and
+  grad_input; its grad_W is staged (deferred commit). backward scales grad_input by
+  grad_output and commits the staged grad_W with scale = grad_output. One GEMM pass set.
+- PerTokenLoss (reduction none, or logprob / entropy asked for): the forward is a
+  forward-only call (no grad_W, nothing staged); backward re-sends hidden with the
+  per-token upstream gradients as weights a_t and e_t (MATH.md), which costs a second
+  pass of the forward GEMM on the server.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from flce.client import Client, new_request_id
+
+
+@dataclass(frozen=True)
+class CallConfig:
+    """Everything a call needs besides tensors: where it goes and the loss's options."""
+    client: Client
+    head_id: str
+    session_id: str
+    ignore_index: int = -100
+    label_smoothing: float = 0.0
+    z_loss: float = 0.0
+    softcap: float = 0.0
+    temperature: float = 1.0
+    strategy: str = "auto"
+    chunk_tokens: int = 0
+
+    def compute(self, hidden, targets, **kw):
+        return self.client.compute(
+            self.head_id, hidden, targets, session_id=self.session_id,
+            ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
+            z_loss=self.z_loss, softcap=self.softcap, temperature=self.temperature,
+            strategy=self.strategy, chunk_tokens=self.chunk_tokens, **kw)
+
+
+def _scaled(grad: torch.Tensor, scale: torch.Tensor, device) -> torch.Tensor:
+    """grad × scale in fp32, rounded once to grad's dtype (bf16 would round scale too)."""
+    if scale.numel() == 1 and float(scale) == 1.0:
+        return grad.to(device)
+    return (grad.to(device, torch.float32) * scale.to(device, torch.float32)).to(grad.dtype)
+
+
+class FusedLoss(torch.autograd.Function):
+    """loss = reduction(ℓ) in one call; grad_W staged until backward commits it."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, anchor: torch.Tensor, targets: torch.Tensor,
+                cfg: CallConfig, reduction: str, sink: Optional[list]):
+        request_id = new_request_id()
+        result = cfg.compute(hidden, targets, reduction=reduction, request_id=request_id,
+                             grad_input=ctx.needs_input_grad[0], deferred_commit=True)
+        if sink is not None:
+            sink.append(result.summary)
+        ctx.cfg, ctx.request_id, ctx.device = cfg, request_id, hidden.device
+        ctx.grad_input = result.grad_input  # not an input or output: held as an attribute
+        return torch.tensor(result.loss, dtype=torch.float32, device=hidden.device)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        cfg = ctx.cfg
+        cfg.client.commit(cfg.head_id, ctx.request_id, float(grad_output),
+                          session_id=cfg.session_id)
+        grad_input, ctx.grad_input = ctx.grad_input, None
+        if grad_input is not None and ctx.needs_input_grad[0]:
+            grad_input = _scaled(grad_input, grad_output, ctx.device)
+        else:
+            grad_input = None
+        return grad_input, None, None, None, None, None
+
+
+class PerTokenLoss(torch.autograd.Function):
+    """(loss, logprob, entropy) from a forward-only call; backward is a second call with
+    a_t = ∂L/∂ℓ_t − ∂L/∂logprob_t and e_t = ∂L/∂entropy_t."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, anchor: torch.Tensor, targets: torch.Tensor,
+                cfg: CallConfig, reduction: str, want_logprob: bool, want_entropy: bool,
+                sink: Optional[list]):
+        result = cfg.compute(hidden, targets, reduction=reduction, forward_only=True,
+                             per_token_loss=reduction == "none", logprob=want_logprob,
+                             entropy=want_entropy)
+        if sink is not None:
+            sink.append(result.summary)
+        dev = hidden.device
+        outs = result.token_outputs
+        loss = (outs["loss"].to(dev) if reduction == "none"
+                else torch.tensor(result.loss, dtype=torch.float32, device=dev))
+        empty = torch.zeros(0, dtype=torch.float32, device=dev)
+        logprob = outs["logprob"].to(dev) if want_logprob else empty
+        entropy = outs["entropy"].to(dev) if want_entropy else empty.clone()
+        ctx.set_materialize_grads(False)  # unused outputs give None: no weights to send
+        ctx.save_for_backward(hidden, targets)
+        ctx.cfg, ctx.reduction, ctx.n_valid = cfg, reduction, result.summary.n_valid
+        return loss, logprob, entropy
+
+    @staticmethod
+    def backward(ctx, g_loss, g_logprob, g_entropy):
+        hidden, targets = ctx.saved_tensors
+        cfg = ctx.cfg
+        n = targets.numel()
+        a = torch.zeros(n, dtype=torch.float32)
+        if g_loss is not None:
+            g = g_loss.detach().to("cpu", torch.float32)
+            if ctx.reduction == "none":
+                a += g.reshape(-1)
+            else:
+                valid = (targets.detach().to("cpu") != cfg.ignore_index).to(torch.float32)
+                per_token = 1.0 / max(ctx.n_valid, 1) if ctx.reduction == "mean" else 1.0
+                a += valid * (g * per_token)
+        if g_logprob is not None and g_logprob.numel():
+            if cfg.label_smoothing or cfg.z_loss:
+                # ℓ_t = −logprob_t only without smoothing and z-loss: no a_t expresses it
+                raise NotImplementedError(
+                    "gradients through logprob need label_smoothing = z_loss = 0")
+            a -= g_logprob.detach().to("cpu", torch.float32).reshape(-1)
+        e = None
+        if g_entropy is not None and g_entropy.numel():
+            e = g_entropy.detach().to("cpu", torch.float32).reshape(-1)
+        result = cfg.compute(hidden, targets, reduction="none", token_weights=a,
+                             entropy_weights=e, grad_input=ctx.needs_input_grad[0])
+        grad_input = result.grad_input.to(hidden.device) if ctx.needs_input_grad[0] else None
+        return grad_input, None, None, None, None, None, None, None

@@ -1,0 +1,322 @@
+"""flce.Client: a thin, typed wrapper over the flce.v1.Flce service.
+
+Every method raises flce.FlceError on failure. Tensors go out as zero-copy views of their
+storage (flce.tensors) encoded by flce.wire, and come back assembled into one
+preallocated tensor.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import grpc
+import torch
+
+from flce import tensors, wire
+from flce._pb import pb, pb_grpc
+from flce.errors import FlceError, translate
+
+REDUCTIONS = {"mean": pb.REDUCTION_MEAN, "sum": pb.REDUCTION_SUM, "none": pb.REDUCTION_NONE}
+STRATEGIES = {"auto": pb.STRATEGY_AUTO, "chunked": pb.STRATEGY_CHUNKED,
+              "vocab_split": pb.STRATEGY_VOCAB_SPLIT, "fuse_mn": pb.STRATEGY_FUSE_MN,
+              "separate": pb.STRATEGY_SEPARATE, "naive": pb.STRATEGY_NAIVE}
+_TOKEN_FIELDS = (("loss", torch.float32), ("logprob", torch.float32),
+                 ("entropy", torch.float32), ("correct", torch.uint8))
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _serialize(msg) -> bytes:
+    # pre-encoded bulk chunks (flce.wire) pass through; everything else is a message
+    return msg if isinstance(msg, bytes) else msg.SerializeToString()
+
+
+def _decode_compute_response(raw: bytes):
+    number, payload = wire.split_oneof(raw)
+    if number == wire.COMPUTE_RESPONSE_GRAD_INPUT:
+        return wire.decode_grad_input(payload)
+    return pb.ComputeResponse.FromString(raw)
+
+
+def _decode_fetch_response(raw: bytes):
+    number, payload = wire.split_oneof(raw)
+    if number == wire.FETCH_RESPONSE_CHUNK:
+        return wire.decode_grad_chunk(payload)
+    return pb.FetchGradResponse.FromString(raw)
+
+
+@dataclass
+class ComputeResult:
+    """What one Compute call returned. Per-token tensors are None unless asked for."""
+    summary: pb.ComputeSummary
+    grad_input: Optional[torch.Tensor] = None  # [N, H], the hidden dtype
+    token_outputs: Dict[str, torch.Tensor] = field(default_factory=dict)  # [N] each
+
+    @property
+    def loss(self) -> float:
+        return self.summary.loss
+
+    @property
+    def n_valid(self) -> int:
+        return self.summary.n_valid
+
+
+@dataclass
+class GradResult:
+    weight: torch.Tensor            # [V, H]
+    bias: Optional[torch.Tensor]    # [V] or None
+    header: pb.GradHeader
+
+
+class Client:
+    """Connection to one flce server. `session_id` is the default session for gradients."""
+
+    def __init__(self, target: str = "localhost:50051", *, session_id: Optional[str] = None,
+                 chunk_bytes: int = tensors.DEFAULT_CHUNK_BYTES,
+                 timeout: Optional[float] = None, max_message_bytes: int = 64 << 20,
+                 channel: Optional[grpc.Channel] = None):
+        self.target = target
+        self.session_id = session_id or f"py-{uuid.uuid4().hex[:12]}"
+        self.chunk_bytes = chunk_bytes
+        self.timeout = timeout
+        opts = [("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes)]
+        self._channel = channel or grpc.insecure_channel(target, options=opts)
+        self._stub = pb_grpc.FlceStub(self._channel)
+        # bulk RPCs bypass the generated (de)serializers: see flce.wire
+        self._upload = self._channel.stream_unary(
+            "/flce.v1.Flce/UploadHead", request_serializer=_serialize,
+            response_deserializer=pb.HeadInfo.FromString)
+        self._compute = self._channel.stream_stream(
+            "/flce.v1.Flce/Compute", request_serializer=_serialize,
+            response_deserializer=_decode_compute_response)
+        self._fetch = self._channel.unary_stream(
+            "/flce.v1.Flce/FetchGrad", request_serializer=_serialize,
+            response_deserializer=_decode_fetch_response)
+
+    # ------------------------------------------------------------ lifecycle --
+    def wait_ready(self, timeout: float = 10.0) -> "Client":
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise FlceError("Connect", grpc.StatusCode.UNAVAILABLE,
+                            f"no server at {self.target} after {timeout} s") from None
+        return self
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- heads --
+    @translate("GetServerInfo")
+    def server_info(self) -> pb.ServerInfo:
+        return self._stub.GetServerInfo(pb.ServerInfoRequest(), timeout=self.timeout)
+
+    @translate("ListHeads")
+    def heads(self) -> List[pb.HeadInfo]:
+        return list(self._stub.ListHeads(pb.ListHeadsRequest(), timeout=self.timeout).heads)
+
+    @translate("DescribeHead")
+    def describe_head(self, head_id: str) -> pb.HeadInfo:
+        return self._stub.DescribeHead(pb.DescribeHeadRequest(head_id=head_id),
+                                       timeout=self.timeout)
+
+    @translate("UnloadHead")
+    def unload_head(self, head_id: str) -> pb.UnloadHeadResponse:
+        return self._stub.UnloadHead(pb.UnloadHeadRequest(head_id=head_id),
+                                     timeout=self.timeout)
+
+    @translate("LoadHeadFromFile")
+    def load_head_from_file(self, head_id: str, path: str, weight_tensor: str,
+                            bias_tensor: str = "", dtype: Optional[torch.dtype] = None
+                            ) -> pb.HeadInfo:
+        """A safetensors file the SERVER reads (path relative to its --head-root)."""
+        req = pb.LoadHeadFromFileRequest(
+            head_id=head_id, path=path, weight_tensor=weight_tensor, bias_tensor=bias_tensor,
+            dtype=tensors.wire_dtype(dtype) if dtype is not None else pb.DTYPE_UNSPECIFIED)
+        return self._stub.LoadHeadFromFile(req, timeout=self.timeout)
+
+    @translate("UploadHead")
+    def upload_head(self, head_id: str, weight: torch.Tensor,
+                    bias: Optional[torch.Tensor] = None,
+                    dtype: Optional[torch.dtype] = None) -> pb.HeadInfo:
+        """Streams W [V, H] (and b [V]) to the server, which keeps them resident in `dtype`
+        (default: the weight's). Replacing a head bumps its version."""
+        dtype = dtype or weight.dtype
+        if weight.dim() != 2:
+            raise ValueError(f"weight must be [V, H], got {tuple(weight.shape)}")
+        w = tensors.host_contiguous(weight.to(dtype))
+        b = tensors.host_contiguous(bias.to(dtype)) if bias is not None else None
+        if b is not None and tuple(b.shape) != (w.shape[0],):
+            raise ValueError(f"bias must be [{w.shape[0]}], got {tuple(b.shape)}")
+        header = pb.UploadHeadRequest(header=pb.UploadHeadHeader(
+            head_id=head_id, vocab_size=w.shape[0], hidden_size=w.shape[1],
+            dtype=tensors.wire_dtype(dtype), has_bias=b is not None))
+
+        def requests():
+            yield header
+            for role, t in ((pb.TENSOR_WEIGHT, w), (pb.TENSOR_BIAS, b)):
+                if t is None:
+                    continue
+                for off, piece in tensors.byte_chunks(t, self.chunk_bytes):
+                    yield wire.encode_tensor_chunk(role, off, piece)
+
+        return self._upload(requests(), timeout=self.timeout)
+
+    # -------------------------------------------------------------- compute --
+    def compute(self, head_id: str, hidden: torch.Tensor, targets: torch.Tensor, *,
+                session_id: Optional[str] = None, request_id: Optional[str] = None,
+                reduction: str = "mean", ignore_index: int = -100,
+                label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float = 0.0,
+                temperature: float = 1.0, grad_scale: float = 1.0,
+                token_weights: Optional[torch.Tensor] = None,
+                entropy_weights: Optional[torch.Tensor] = None,
+                grad_input: bool = True, forward_only: bool = False,
+                per_token_loss: bool = False, logprob: bool = False, entropy: bool = False,
+                accuracy: bool = False, deferred_commit: bool = False,
+                strategy: str = "auto", deterministic: bool = False,
+                chunk_tokens: int = 0, expected_head_version: Optional[int] = None
+                ) -> ComputeResult:
+        """One Compute call over hidden [N, H] (fp32/fp16/bf16) and targets [N].
+
+        grad_input comes back in hidden's dtype on the CPU; with deferred_commit the call's
+        grad_W stays staged until commit(request_id)."""
+        if hidden.dim() != 2 or targets.dim() != 1 or targets.shape[0] != hidden.shape[0]:
+            raise ValueError(f"need hidden [N, H] and targets [N], got {tuple(hidden.shape)} "
+                             f"and {tuple(targets.shape)}")
+        n, h = hidden.shape
+        hidden_dtype = tensors.wire_dtype(hidden.dtype)
+        hid = tensors.host_contiguous(hidden)
+        want_grad_input = grad_input and not forward_only
+        options = pb.LossOptions(label_smoothing=label_smoothing, z_loss_scale=z_loss,
+                                 softcap=softcap)
+        if temperature != 1.0:
+            options.temperature = temperature
+        if grad_scale != 1.0:
+            options.grad_scale = grad_scale
+        outputs = pb.OutputSelection(per_token_loss=per_token_loss, logprob=logprob,
+                                     entropy=entropy, accuracy=accuracy,
+                                     forward_only=forward_only)
+        outputs.grad_input = want_grad_input
+        header = pb.ComputeHeader(
+            request_id=request_id or new_request_id(), head_id=head_id,
+            session_id=session_id if session_id is not None else self.session_id,
+            strategy=STRATEGIES[strategy], reduction=REDUCTIONS[reduction],
+            ignore_index=ignore_index, num_tokens=n,
+            targets=tensors.to_bytes_int32(targets), hidden_dtype=hidden_dtype,
+            options=options, outputs=outputs,
+            commit=pb.COMMIT_DEFERRED if deferred_commit else pb.COMMIT_ON_COMPLETE,
+            deterministic=deterministic, chunk_tokens=chunk_tokens)
+        if expected_head_version is not None:
+            header.expected_head_version = expected_head_version
+        for name, w in (("token_weights", token_weights), ("entropy_weights", entropy_weights)):
+            if w is not None:
+                if w.numel() != n:
+                    raise ValueError(f"{name} must have {n} elements, got {w.numel()}")
+                setattr(header, name, tensors.to_bytes_fp32(w.reshape(-1)))
+
+        def requests():
+            yield pb.ComputeRequest(header=header)
+            for row, piece in tensors.row_chunks(hid, self.chunk_bytes):
+                yield wire.encode_hidden_chunk(row, piece)
+
+        wanted = [(k, dt) for k, dt in _TOKEN_FIELDS
+                  if {"loss": per_token_loss, "logprob": logprob, "entropy": entropy,
+                      "correct": accuracy}[k]]
+        return self._run_compute(requests(), n, h, hidden.dtype, want_grad_input, wanted)
+
+    @translate("Compute")
+    def _run_compute(self, requests: Iterable, n: int, h: int, dtype: torch.dtype,
+                     want_grad_input: bool, wanted: Sequence[Tuple[str, torch.dtype]]
+                     ) -> ComputeResult:
+        grad = tensors.RowAssembler(n, h, dtype) if want_grad_input else None
+        per_token = {k: tensors.RowAssembler(n, 1, dt) for k, dt in wanted}
+        summary = None
+        for msg in self._compute(requests, timeout=self.timeout):
+            if isinstance(msg, wire.GradInputView):
+                if grad is None:
+                    raise FlceError("Compute", grpc.StatusCode.INTERNAL,
+                                    "server sent grad_input that was not asked for")
+                grad.put(msg.token_offset, msg.data)
+                continue
+            kind = msg.WhichOneof("msg")
+            if kind == "token_outputs":
+                chunk = msg.token_outputs
+                for k, asm in per_token.items():
+                    asm.put(chunk.token_offset, getattr(chunk, k))
+            elif kind == "summary":
+                summary = msg.summary
+        if summary is None:
+            raise FlceError("Compute", grpc.StatusCode.INTERNAL, "stream ended without summary")
+        for name, asm in ([("grad_input", grad)] if grad else []) + list(per_token.items()):
+            if not asm.complete:
+                raise FlceError("Compute", grpc.StatusCode.INTERNAL,
+                                f"{name}: {asm.rows_filled} of {n} rows received")
+        return ComputeResult(summary=summary,
+                             grad_input=grad.tensor if grad else None,
+                             token_outputs={k: a.tensor.reshape(-1) for k, a in per_token.items()})
+
+    # ------------------------------------------------------------ gradients --
+    @translate("Commit")
+    def commit(self, head_id: str, request_id: str, scale: float = 1.0, *,
+               session_id: Optional[str] = None, discard: bool = False) -> pb.CommitResponse:
+        req = pb.CommitRequest(head_id=head_id, request_id=request_id, scale=scale,
+                               discard=discard,
+                               session_id=session_id if session_id is not None
+                               else self.session_id)
+        return self._stub.Commit(req, timeout=self.timeout)
+
+    @translate("FetchGrad")
+    def fetch_grad(self, head_id: str, *, session_id: Optional[str] = None,
+                   dtype: torch.dtype = torch.float32, reset: bool = False,
+                   request_id: str = "", chunk_rows: int = 0) -> GradResult:
+        """The session's accumulated grad_W (and grad_b) as CPU tensors of `dtype`."""
+        req = pb.FetchGradRequest(head_id=head_id, dtype=tensors.wire_dtype(dtype),
+                                  reset=reset, request_id=request_id, chunk_rows=chunk_rows,
+                                  session_id=session_id if session_id is not None
+                                  else self.session_id)
+        header = weight = bias = None
+        for msg in self._fetch(req, timeout=self.timeout):
+            if isinstance(msg, wire.GradChunkView):
+                if header is None:
+                    raise FlceError("FetchGrad", grpc.StatusCode.INTERNAL, "chunk before header")
+                target = weight if msg.role == pb.TENSOR_WEIGHT else bias
+                if target is None:
+                    raise FlceError("FetchGrad", grpc.StatusCode.INTERNAL,
+                                    f"unexpected chunk role {msg.role}")
+                target.put(msg.row_offset, msg.data)
+            elif msg.WhichOneof("msg") == "header":
+                header = msg.header
+                dt = tensors.torch_dtype(header.dtype)
+                weight = tensors.RowAssembler(header.vocab_size, header.hidden_size, dt)
+                bias = tensors.RowAssembler(header.vocab_size, 1, dt) if header.has_bias else None
+        if header is None or not weight.complete or (bias is not None and not bias.complete):
+            raise FlceError("FetchGrad", grpc.StatusCode.INTERNAL, "incomplete gradient stream")
+        return GradResult(weight.tensor, bias.tensor.reshape(-1) if bias else None, header)
+
+    @translate("ZeroGrad")
+    def zero_grad(self, head_id: str, *, session_id: Optional[str] = None) -> None:
+        self._stub.ZeroGrad(pb.ZeroGradRequest(
+            head_id=head_id,
+            session_id=session_id if session_id is not None else self.session_id),
+            timeout=self.timeout)
+
+    @translate("ListSessions")
+    def sessions(self, head_id: str = "") -> List[pb.SessionInfo]:
+        return list(self._stub.ListSessions(pb.ListSessionsRequest(head_id=head_id),
+                                            timeout=self.timeout).sessions)
+
+    @translate("DeleteSession")
+    def delete_session(self, head_id: str, session_id: Optional[str] = None) -> None:
+        self._stub.DeleteSession(pb.DeleteSessionRequest(
+            head_id=head_id,
+            session_id=session_id if session_id is not None else self.session_id),
+            timeout=self.timeout)

@@ -1,0 +1,39 @@
+"""One exception type for every failed call, carrying gRPC's status code."""
+from __future__ import annotations
+
+import functools
+
+import grpc
+
+
+class FlceError(RuntimeError):
+    """A flce call failed. `code` is the grpc.StatusCode (UNAVAILABLE when the server is
+    gone, INVALID_ARGUMENT naming the bad field, ...); `method` the RPC's name."""
+
+    def __init__(self, method: str, code: grpc.StatusCode, details: str):
+        self.method = method
+        self.code = code
+        self.details = details
+        super().__init__(f"flce {method} failed: {code.name}: {details}")
+
+
+def from_rpc_error(method: str, err: grpc.RpcError) -> FlceError:
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = err.details() if hasattr(err, "details") else str(err)
+    return FlceError(method, code or grpc.StatusCode.UNKNOWN, details or "")
+
+
+def translate(method: str):
+    """Decorator: grpc.RpcError raised inside becomes FlceError(method, ...)."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except grpc.RpcError as err:
+                raise from_rpc_error(method, err) from err
+
+        return inner
+
+    return wrap

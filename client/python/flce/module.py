@@ -1,0 +1,144 @@
+"""flce.RemoteLMHead: an nn.Module whose weight lives on a flce server.
+
+    head = flce.RemoteLMHead(flce.Client("localhost:50051"), "my-head")
+    head.load_from_module(model.lm_head)            # weight (and bias) uploaded
+    loss = head(hidden, targets)                    # replaces F.cross_entropy(lm_head(h), y)
+    loss.backward()                                 # grad_input local, grad_W on the server
+    head.grad_into(model.lm_head)                   # fetch (and reset) into .grad
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import nn
+
+from flce import safetensors
+from flce.autograd import CallConfig, FusedLoss, PerTokenLoss
+from flce.client import Client, GradResult
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+class LMHeadOutput(NamedTuple):
+    loss: torch.Tensor              # scalar (mean, sum) or shaped like targets (none)
+    logprob: Optional[torch.Tensor]  # shaped like targets, when asked for
+    entropy: Optional[torch.Tensor]
+
+
+class RemoteLMHead(nn.Module):
+    """Fused linear + cross-entropy on a flce server (see MATH.md for the exact math).
+
+    Under torch.no_grad() a forward is a forward-only call: nothing is created or staged
+    on the server. With grad enabled, grad_W accumulates in the server session even when
+    hidden needs no gradient (a frozen body), like a local head's weight.grad would."""
+
+    def __init__(self, client: Client, head_id: str, *, session_id: Optional[str] = None,
+                 reduction: str = "mean", ignore_index: int = -100,
+                 label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float = 0.0,
+                 temperature: float = 1.0, strategy: str = "auto", chunk_tokens: int = 0):
+        super().__init__()
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        self.client = client
+        self.head_id = head_id
+        self.session_id = session_id or client.session_id
+        self.reduction = reduction
+        self.ignore_index = ignore_index
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.softcap = softcap
+        self.temperature = temperature
+        self.strategy = strategy
+        self.chunk_tokens = chunk_tokens
+        # stands in for the remote weight in the graph, so that backward (and the grad_W
+        # commit) runs even when hidden does not require grad
+        self._weight_anchor = torch.empty(0, requires_grad=True)
+        self.last_summary = None  # the latest ComputeSummary (n_valid, accuracy, timings)
+
+    # ------------------------------------------------------------- the head --
+    def load_from_module(self, lm_head: nn.Linear, dtype: Optional[torch.dtype] = None):
+        """Uploads lm_head.weight [V, H] (and lm_head.bias) in `dtype` (default theirs)."""
+        return self.client.upload_head(self.head_id, lm_head.weight.detach(),
+                                       None if lm_head.bias is None else lm_head.bias.detach(),
+                                       dtype=dtype)
+
+    def load_from_safetensors(self, path, weight_tensor: str = "lm_head.weight",
+                              bias_tensor: Optional[str] = None,
+                              dtype: Optional[torch.dtype] = None):
+        """Reads the tensors from a local safetensors file and uploads them."""
+        w = safetensors.load_tensor(path, weight_tensor)
+        b = safetensors.load_tensor(path, bias_tensor) if bias_tensor else None
+        return self.client.upload_head(self.head_id, w, b, dtype=dtype)
+
+    def info(self):
+        return self.client.describe_head(self.head_id)
+
+    # ------------------------------------------------------------ gradients --
+    def fetch_grad(self, dtype: torch.dtype = torch.float32, reset: bool = False) -> GradResult:
+        return self.client.fetch_grad(self.head_id, session_id=self.session_id, dtype=dtype,
+                                      reset=reset)
+
+    def fetch_grad_weight(self, dtype: torch.dtype = torch.float32,
+                          reset: bool = False) -> torch.Tensor:
+        """The session's accumulated grad_W [V, H] (fp32 accumulator, sent as `dtype`)."""
+        return self.fetch_grad(dtype, reset).weight
+
+    def grad_into(self, lm_head: nn.Linear, reset: bool = True) -> None:
+        """Adds the server's grad_W (and grad_b) into lm_head's .grad, as a local head's
+        backward would, and by default resets the server's accumulator."""
+        g = self.fetch_grad(torch.float32, reset)
+        for param, grad in ((lm_head.weight, g.weight), (lm_head.bias, g.bias)):
+            if param is None or grad is None:
+                continue
+            grad = grad.to(param.device, param.dtype)
+            if param.grad is None:
+                param.grad = grad
+            else:
+                param.grad.add_(grad)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module API)
+        """Zeroes the server session's grad_W accumulator."""
+        self.client.zero_grad(self.head_id, session_id=self.session_id)
+
+    # -------------------------------------------------------------- forward --
+    def _config(self) -> CallConfig:
+        return CallConfig(self.client, self.head_id, self.session_id, self.ignore_index,
+                          self.label_smoothing, self.z_loss, self.softcap, self.temperature,
+                          self.strategy, self.chunk_tokens)
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, *,
+                reduction: Optional[str] = None, return_logprob: bool = False,
+                return_entropy: bool = False):
+        """hidden [..., H], targets [...] → loss; with return_logprob / return_entropy an
+        LMHeadOutput whose per-token tensors are differentiable (RL objectives)."""
+        reduction = reduction or self.reduction
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        if hidden.shape[:-1] != targets.shape:
+            raise ValueError(f"hidden {tuple(hidden.shape)} does not match targets "
+                             f"{tuple(targets.shape)}")
+        shape = targets.shape
+        h2 = hidden.reshape(-1, hidden.shape[-1])
+        y = targets.reshape(-1)
+        cfg = self._config()
+        sink: list = []
+        anchor = self._weight_anchor if torch.is_grad_enabled() else self._weight_anchor.detach()
+        per_token = reduction == "none" or return_logprob or return_entropy
+        if not per_token and torch.is_grad_enabled():
+            loss = FusedLoss.apply(h2, anchor, y, cfg, reduction, sink)
+            self.last_summary = sink[-1]
+            return loss
+        loss, logprob, entropy = PerTokenLoss.apply(h2, anchor, y, cfg, reduction,
+                                                    return_logprob, return_entropy, sink)
+        self.last_summary = sink[-1]
+        if reduction == "none":
+            loss = loss.reshape(shape)
+        if not (return_logprob or return_entropy):
+            return loss
+        return LMHeadOutput(loss, logprob.reshape(shape) if return_logprob else None,
+                            entropy.reshape(shape) if return_entropy else None)
+
+    def extra_repr(self) -> str:
+        return (f"head_id={self.head_id!r}, session_id={self.session_id!r}, "
+                f"reduction={self.reduction!r}")

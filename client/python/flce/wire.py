@@ -1,0 +1,143 @@
+"""Hand-encoded protobuf for the bulky messages (hidden in, grad_input and grad_W out).
+
+Why not the generated classes: Python protobuf only accepts `bytes` for a bytes field, so
+a 4 MiB chunk is copied into the message and again by SerializeToString, and reading
+`.data` copies it once more. Here a request chunk is built with a single join (the one copy
+gRPC's `bytes` interface forces), and a response's payload is a memoryview into the
+received buffer, copied once, straight into the destination tensor. The encodings are the
+standard wire format of flce.proto's messages; small messages still use the generated code.
+"""
+from __future__ import annotations
+
+from typing import Dict, NamedTuple, Union
+
+_VARINT = 0
+_FIXED64 = 1
+_LEN = 2
+_FIXED32 = 5
+
+# Field numbers from proto/flce/v1/flce.proto.
+COMPUTE_REQUEST_HIDDEN = 2          # ComputeRequest.hidden (HiddenChunk)
+UPLOAD_REQUEST_CHUNK = 2            # UploadHeadRequest.chunk (TensorChunk)
+COMPUTE_RESPONSE_GRAD_INPUT = 1     # ComputeResponse.grad_input (GradInputChunk)
+FETCH_RESPONSE_CHUNK = 2            # FetchGradResponse.chunk (GradChunk)
+
+
+def varint(n: int) -> bytes:
+    if n < 0:
+        n &= (1 << 64) - 1  # int64 negatives take ten bytes, as protobuf writes them
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _key(field: int, wire_type: int) -> bytes:
+    return varint((field << 3) | wire_type)
+
+
+def _int_field(field: int, value: int) -> bytes:
+    return _key(field, _VARINT) + varint(value) if value else b""
+
+
+def _wrap(outer_field: int, inner_head: bytes, payload) -> bytes:
+    """outer { inner_head..., bytes field 3-or-2 = payload } in one copy of payload."""
+    n = len(inner_head) + len(payload)
+    return b"".join((_key(outer_field, _LEN), varint(n), inner_head, payload))
+
+
+def encode_hidden_chunk(token_offset: int, data) -> bytes:
+    """ComputeRequest{hidden: HiddenChunk{token_offset, data}}; data: a bytes-like view."""
+    head = _int_field(1, token_offset) + _key(2, _LEN) + varint(len(data))
+    return _wrap(COMPUTE_REQUEST_HIDDEN, head, data)
+
+
+def encode_tensor_chunk(role: int, byte_offset: int, data) -> bytes:
+    """UploadHeadRequest{chunk: TensorChunk{role, byte_offset, data}}."""
+    head = _int_field(1, role) + _int_field(2, byte_offset) + _key(3, _LEN) + varint(len(data))
+    return _wrap(UPLOAD_REQUEST_CHUNK, head, data)
+
+
+def _read_varint(buf: memoryview, pos: int):
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            raise ValueError("malformed varint")
+
+
+Field = Union[int, memoryview]
+
+
+def parse_fields(buf: memoryview) -> Dict[int, Field]:
+    """Top-level fields of one message: varints as int, length-delimited as views (last wins)."""
+    fields: Dict[int, Field] = {}
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = _read_varint(buf, pos)
+        field, wire_type = key >> 3, key & 7
+        if wire_type == _VARINT:
+            fields[field], pos = _read_varint(buf, pos)
+        elif wire_type == _LEN:
+            n, pos = _read_varint(buf, pos)
+            if pos + n > end:
+                raise ValueError("truncated message")
+            fields[field] = buf[pos:pos + n]
+            pos += n
+        elif wire_type == _FIXED64:
+            fields[field] = buf[pos:pos + 8]
+            pos += 8
+        elif wire_type == _FIXED32:
+            fields[field] = buf[pos:pos + 4]
+            pos += 4
+        else:
+            raise ValueError(f"unsupported wire type {wire_type}")
+    return fields
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+class GradInputView(NamedTuple):
+    """A GradInputChunk whose data still lives in the received buffer."""
+    token_offset: int
+    num_tokens: int
+    data: memoryview
+
+
+class GradChunkView(NamedTuple):
+    """A GradChunk whose data still lives in the received buffer."""
+    role: int
+    row_offset: int
+    rows: int
+    data: memoryview
+
+
+_EMPTY = memoryview(b"")
+
+
+def decode_grad_input(buf: memoryview) -> GradInputView:
+    f = parse_fields(buf)
+    return GradInputView(_signed(f.get(1, 0)), _signed(f.get(2, 0)), f.get(3, _EMPTY))
+
+
+def decode_grad_chunk(buf: memoryview) -> GradChunkView:
+    f = parse_fields(buf)
+    return GradChunkView(f.get(1, 0), _signed(f.get(2, 0)), _signed(f.get(3, 0)),
+                         f.get(4, _EMPTY))
+
+
+def split_oneof(raw: bytes):
+    """(field number, view of its payload) of a message that is a single oneof."""
+    f = parse_fields(memoryview(raw))
+    if len(f) != 1:
+        raise ValueError(f"expected one oneof member, got fields {sorted(f)}")
+    return next(iter(f.items()))

@@ -1,0 +1,99 @@
+"""Fixtures: the flce package from the checkout, and servers to test against.
+
+`server` is parametrized: "fake" (tests/python/fake_server.py, always) and "cpu" (the real
+flce-server, started on a free port with --device cpu --metrics-port 0, when
+$FLCE_SERVER_BIN names the binary; ctest sets it)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "client" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import flce  # noqa: E402  (generates the stubs when needed)
+import fake_server  # noqa: E402
+
+SERVER_BIN = os.environ.get("FLCE_SERVER_BIN", "")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RealServer:
+    """A flce-server process on a free loopback port; its log is kept for failures."""
+
+    def __init__(self, binary: str, *extra: str):
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="flce-server-", suffix=".log",
+                                               delete=False)
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--metrics-port", "0", "--device", "cpu",
+             *extra], stdout=self.log, stderr=subprocess.STDOUT)
+        self.target = f"127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 30
+        client = flce.Client(self.target)
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"flce-server exited: {self.log_text()}")
+                try:
+                    client.wait_ready(0.5)
+                    client.server_info()
+                    break
+                except flce.FlceError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"flce-server not ready: {self.log_text()}")
+        finally:
+            client.close()
+
+    def log_text(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        os.unlink(self.log.name)
+
+
+@pytest.fixture(scope="session")
+def real_server_bin():
+    if not SERVER_BIN:
+        pytest.skip("FLCE_SERVER_BIN is not set (ctest sets it when flce-server is built)")
+    return SERVER_BIN
+
+
+@pytest.fixture(scope="module", params=["fake", "cpu"])
+def server_target(request):
+    if request.param == "fake":
+        server, port = fake_server.start()
+        yield f"127.0.0.1:{port}"
+        server.stop(None)
+        return
+    binary = request.getfixturevalue("real_server_bin")
+    srv = RealServer(binary)
+    yield srv.target
+    srv.stop()
+
+
+@pytest.fixture
+def client(server_target):
+    with flce.Client(server_target, timeout=60) as c:
+        c.wait_ready(10)
+        yield c
