@@ -1,0 +1,53 @@
+#include "kernels/cpu/chunk_kernel.h"
+
+#include <cblas.h>
+
+namespace flce::cpu {
+
+void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
+              const ChunkArgs& args) {
+  const int64_t M = args.rows;
+  const int64_t V = head.spec().vocab_size;
+  const int64_t H = head.spec().hidden_size;
+  if (M == 0) return;
+  ctx.Reserve(M, V, H);
+  float* logits = ctx.logits.data();
+  const float* W = head.weight();
+
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, V, H, 1.0f, args.hidden, H, W, H,
+              0.0f, logits, V);
+
+  const bool want_dr = args.want_grad_input || args.grad != nullptr;
+  RowPassParams params;
+  params.vocab_size = V;
+  params.bias = head.bias();
+  params.options = options;
+  ctx.pool.ParallelFor(M, [&](int thread, int64_t begin, int64_t end) {
+    float* scratch = ctx.scratch.data() + thread * V;
+    for (int64_t i = begin; i < end; ++i) {
+      args.stats[i] = ProcessRow(params, logits + i * V, scratch, args.targets[i],
+                                 args.token_weights[i], args.entropy_weights[i], want_dr);
+    }
+  });
+  if (!want_dr) return;
+
+  if (args.want_grad_input) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, H, V, 1.0f, logits, V, W, H, 0.0f,
+                ctx.grad_input.data(), H);
+  }
+  if (args.grad != nullptr) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, H, M, 1.0f, logits, V, args.hidden,
+                H, 1.0f, args.grad->weight(), H);
+    if (float* grad_bias = args.grad->bias(); grad_bias != nullptr) {
+      // Each thread owns a range of columns and adds rows in token order.
+      ctx.pool.ParallelFor(V, [&](int, int64_t begin, int64_t end) {
+        for (int64_t i = 0; i < M; ++i) {
+          const float* row = logits + i * V;
+          for (int64_t j = begin; j < end; ++j) grad_bias[j] += row[j];
+        }
+      });
+    }
+  }
+}
+
+}  // namespace flce::cpu

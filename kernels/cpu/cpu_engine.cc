@@ -1,0 +1,75 @@
+#include "kernels/cpu/cpu_engine.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_compute_call.h"
+#include "kernels/cpu/cpu_grad_buffer.h"
+#include "kernels/cpu/cpu_head.h"
+#include "kernels/engine_factory.h"
+#include "kernels/status_macros.h"
+
+namespace flce::cpu {
+
+int ResolveThreads(const EngineConfig& config) {
+  if (config.threads > 0) return config.threads;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+CpuEngine::CpuEngine(const EngineConfig& config)
+    : ctx_(std::make_shared<CpuContext>(ResolveThreads(config), config.workspace_bytes)) {
+  // OpenBLAS's thread count is process-wide; the engine owns the process's
+  // CPU work, so it sets it once to match its own pool.
+  openblas_set_num_threads(ctx_->threads);
+}
+
+EngineInfo CpuEngine::info() const {
+  EngineInfo info;
+  info.name = "cpu";
+  info.workspace_budget_bytes = ctx_->budget;
+  info.workspace_peak_bytes = ctx_->peak_bytes();
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<HeadBuilder>> CpuEngine::BeginHead(const HeadSpec& spec) {
+  FLCE_ASSIGN_OR_RETURN(std::unique_ptr<CpuHeadBuilder> builder, CpuHeadBuilder::Create(spec));
+  return std::unique_ptr<HeadBuilder>(std::move(builder));
+}
+
+absl::StatusOr<std::unique_ptr<GradBuffer>> CpuEngine::NewGradBuffer(const HeadSpec& spec) {
+  if (spec.vocab_size <= 0 || spec.hidden_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient shape ", spec.vocab_size, " x ",
+                                                   spec.hidden_size, " must be positive"));
+  }
+  return std::unique_ptr<GradBuffer>(
+      std::make_unique<CpuGradBuffer>(spec.vocab_size, spec.hidden_size, spec.has_bias));
+}
+
+absl::StatusOr<std::unique_ptr<ComputeCall>> CpuEngine::StartCompute(
+    std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) {
+  FLCE_ASSIGN_OR_RETURN(
+      std::unique_ptr<CpuComputeCall> call,
+      CpuComputeCall::Create(ctx_, std::move(head), std::move(spec), std::move(sink)));
+  return std::unique_ptr<ComputeCall>(std::move(call));
+}
+
+}  // namespace flce::cpu
+
+namespace flce {
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateCpuEngine(const EngineConfig& config) {
+  if (config.workspace_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workspace_bytes is ", config.workspace_bytes, ", must be > 0"));
+  }
+  if (config.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads is ", config.threads, ", must be >= 0 (0 = all cores)"));
+  }
+  return std::unique_ptr<Engine>(std::make_unique<cpu::CpuEngine>(config));
+}
+
+}  // namespace flce

@@ -1,0 +1,111 @@
+#include "kernels/cpu/cpu_head.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace flce::cpu {
+
+CpuHead::CpuHead(HeadSpec spec, std::vector<float> weight, std::vector<float> bias)
+    : spec_(spec), weight_(std::move(weight)), bias_(std::move(bias)) {}
+
+int64_t CpuHead::resident_bytes() const {
+  return static_cast<int64_t>((weight_.size() + bias_.size()) * sizeof(float));
+}
+
+void ByteCoverage::Add(int64_t begin, int64_t end) {
+  if (begin >= end) return;
+  auto it = ranges_.upper_bound(begin);
+  if (it != ranges_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second >= begin) {
+      begin = prev->first;
+      end = std::max(end, prev->second);
+      it = ranges_.erase(prev);
+    }
+  }
+  while (it != ranges_.end() && it->first <= end) {
+    end = std::max(end, it->second);
+    it = ranges_.erase(it);
+  }
+  ranges_[begin] = end;
+}
+
+int64_t ByteCoverage::FirstMissing() const {
+  if (total_ == 0) return -1;
+  if (ranges_.empty() || ranges_.begin()->first > 0) return 0;
+  const int64_t end = ranges_.begin()->second;
+  return end >= total_ ? -1 : end;
+}
+
+absl::StatusOr<std::unique_ptr<CpuHeadBuilder>> CpuHeadBuilder::Create(const HeadSpec& spec) {
+  if (spec.vocab_size <= 0 || spec.hidden_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("head shape ", spec.vocab_size, " x ",
+                                                   spec.hidden_size, " must be positive"));
+  }
+  if (spec.vocab_size > int64_t{1} << 31 || spec.hidden_size > int64_t{1} << 31) {
+    return absl::InvalidArgumentError("head dimensions must fit in 32 bits (BLAS indices)");
+  }
+  return std::unique_ptr<CpuHeadBuilder>(new CpuHeadBuilder(spec));
+}
+
+CpuHeadBuilder::CpuHeadBuilder(const HeadSpec& spec)
+    : spec_(spec),
+      weight_bytes_(spec.vocab_size * spec.hidden_size * DTypeSize(spec.dtype), '\0'),
+      bias_bytes_(spec.has_bias ? spec.vocab_size * DTypeSize(spec.dtype) : 0, '\0'),
+      weight_coverage_(static_cast<int64_t>(weight_bytes_.size())),
+      bias_coverage_(static_cast<int64_t>(bias_bytes_.size())) {}
+
+absl::Status CpuHeadBuilder::Write(const char* what, std::string& buffer, ByteCoverage& coverage,
+                                   int64_t byte_offset, const void* data, int64_t bytes) {
+  if (finished_) return absl::FailedPreconditionError("head builder already finished");
+  const int64_t total = static_cast<int64_t>(buffer.size());
+  if (byte_offset < 0 || bytes < 0 || byte_offset > total || bytes > total - byte_offset) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " bytes [", byte_offset, ", ",
+                                                   byte_offset + bytes, ") outside [0, ", total,
+                                                   ")"));
+  }
+  if (bytes > 0 && data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " data is null"));
+  }
+  if (bytes > 0) std::memcpy(&buffer[byte_offset], data, bytes);
+  coverage.Add(byte_offset, byte_offset + bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuHeadBuilder::WriteWeight(int64_t byte_offset, const void* data, int64_t bytes) {
+  return Write("weight", weight_bytes_, weight_coverage_, byte_offset, data, bytes);
+}
+
+absl::Status CpuHeadBuilder::WriteBias(int64_t byte_offset, const void* data, int64_t bytes) {
+  if (!spec_.has_bias) return absl::FailedPreconditionError("head has no bias");
+  return Write("bias", bias_bytes_, bias_coverage_, byte_offset, data, bytes);
+}
+
+absl::StatusOr<std::shared_ptr<const Head>> CpuHeadBuilder::Finish() {
+  if (finished_) return absl::FailedPreconditionError("head builder already finished");
+  if (int64_t missing = weight_coverage_.FirstMissing(); missing >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "weight incomplete: byte ", missing, " of ", weight_bytes_.size(), " never written"));
+  }
+  if (int64_t missing = bias_coverage_.FirstMissing(); missing >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bias incomplete: byte ", missing, " of ", bias_bytes_.size(), " never written"));
+  }
+  finished_ = true;
+  const int64_t count = spec_.vocab_size * spec_.hidden_size;
+  std::vector<float> weight(count);
+  ToFloat(spec_.dtype, weight_bytes_.data(), weight.data(), count);
+  std::string().swap(weight_bytes_);
+  std::vector<float> bias;
+  if (spec_.has_bias) {
+    bias.resize(spec_.vocab_size);
+    ToFloat(spec_.dtype, bias_bytes_.data(), bias.data(), spec_.vocab_size);
+  }
+  return std::shared_ptr<const Head>(
+      std::make_shared<CpuHead>(spec_, std::move(weight), std::move(bias)));
+}
+
+}  // namespace flce::cpu

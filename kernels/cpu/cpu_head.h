@@ -1,0 +1,66 @@
+// The CPU engine's resident head: W (and b) widened exactly to fp32 in host
+// memory, and the builder that streams the bytes in.
+#ifndef FLCE_KERNELS_CPU_CPU_HEAD_H_
+#define FLCE_KERNELS_CPU_CPU_HEAD_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/engine.h"
+
+namespace flce::cpu {
+
+class CpuHead : public Head {
+ public:
+  CpuHead(HeadSpec spec, std::vector<float> weight, std::vector<float> bias);
+  const HeadSpec& spec() const override { return spec_; }
+  int64_t resident_bytes() const override;
+  const float* weight() const { return weight_.data(); }        // V x H
+  const float* bias() const { return bias_.empty() ? nullptr : bias_.data(); }
+
+ private:
+  HeadSpec spec_;
+  std::vector<float> weight_;
+  std::vector<float> bias_;
+};
+
+// Which byte ranges of a tensor have been written; writes may overlap.
+class ByteCoverage {
+ public:
+  explicit ByteCoverage(int64_t total) : total_(total) {}
+  void Add(int64_t begin, int64_t end);
+  // First byte never written, or -1 when all are.
+  int64_t FirstMissing() const;
+
+ private:
+  int64_t total_;
+  std::map<int64_t, int64_t> ranges_;  // begin -> end, disjoint, not touching
+};
+
+class CpuHeadBuilder : public HeadBuilder {
+ public:
+  static absl::StatusOr<std::unique_ptr<CpuHeadBuilder>> Create(const HeadSpec& spec);
+  absl::Status WriteWeight(int64_t byte_offset, const void* data, int64_t bytes) override;
+  absl::Status WriteBias(int64_t byte_offset, const void* data, int64_t bytes) override;
+  absl::StatusOr<std::shared_ptr<const Head>> Finish() override;
+
+ private:
+  explicit CpuHeadBuilder(const HeadSpec& spec);
+  absl::Status Write(const char* what, std::string& buffer, ByteCoverage& coverage,
+                     int64_t byte_offset, const void* data, int64_t bytes);
+
+  HeadSpec spec_;
+  std::string weight_bytes_;
+  std::string bias_bytes_;
+  ByteCoverage weight_coverage_;
+  ByteCoverage bias_coverage_;
+  bool finished_ = false;
+};
+
+}  // namespace flce::cpu
+
+#endif  // FLCE_KERNELS_CPU_CPU_HEAD_H_

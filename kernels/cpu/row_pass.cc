@@ -1,0 +1,171 @@
+#include "kernels/cpu/row_pass.h"
+
+#include <cmath>
+
+#include "kernels/cpu/fast_exp.h"
+
+namespace flce::cpu {
+namespace {
+
+// Reductions run over kLanes independent accumulators, so the compiler can
+// vectorise them without reassociating anything: the order is fixed by the
+// code, and the result does not depend on the machine's vector width.
+constexpr int kLanes = 8;
+
+// z = (r + b) capped and tempered, in place.
+void ToZ(const RowPassParams& params, float* row) {
+  const int64_t V = params.vocab_size;
+  if (params.bias != nullptr) {
+    for (int64_t j = 0; j < V; ++j) row[j] += params.bias[j];
+  }
+  const float cap = params.options.softcap;
+  if (cap > 0.0f) {
+    const float inv_cap = 1.0f / cap;
+    for (int64_t j = 0; j < V; ++j) row[j] = cap * std::tanh(row[j] * inv_cap);
+  }
+  const float tau = params.options.temperature;
+  if (tau != 1.0f) {
+    for (int64_t j = 0; j < V; ++j) row[j] = row[j] / tau;
+  }
+}
+
+float RowMax(const float* row, int64_t V) {
+  float lanes[kLanes];
+  for (int k = 0; k < kLanes; ++k) lanes[k] = row[0];
+  int64_t j = 0;
+  for (; j + kLanes <= V; j += kLanes) {
+    for (int k = 0; k < kLanes; ++k) lanes[k] = row[j + k] > lanes[k] ? row[j + k] : lanes[k];
+  }
+  float m = lanes[0];
+  for (int k = 1; k < kLanes; ++k) m = lanes[k] > m ? lanes[k] : m;
+  for (; j < V; ++j) m = row[j] > m ? row[j] : m;
+  return m;
+}
+
+double RowSum(const float* row, int64_t V) {
+  double lanes[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= V; j += kLanes) {
+    for (int k = 0; k < kLanes; ++k) lanes[k] += row[j + k];
+  }
+  double sum = 0.0;
+  for (int k = 0; k < kLanes; ++k) sum += lanes[k];
+  for (; j < V; ++j) sum += row[j];
+  return sum;
+}
+
+// q_j = exp(z_j - m) into scratch; returns sum_j q_j and sum_j q_j (z_j - m).
+void ExpShifted(const float* row, float m, int64_t V, float* q, double* sum_q,
+                double* sum_qz) {
+  double lanes_q[kLanes] = {};
+  double lanes_qz[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= V; j += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const float shifted = row[j + k] - m;
+      const float e = FastExp(shifted);
+      q[j + k] = e;
+      lanes_q[k] += e;
+      lanes_qz[k] += e * shifted;
+    }
+  }
+  double total_q = 0.0;
+  double total_qz = 0.0;
+  for (int k = 0; k < kLanes; ++k) {
+    total_q += lanes_q[k];
+    total_qz += lanes_qz[k];
+  }
+  for (; j < V; ++j) {
+    const float shifted = row[j] - m;
+    q[j] = FastExp(shifted);
+    total_q += q[j];
+    total_qz += q[j] * shifted;
+  }
+  *sum_q = total_q;
+  *sum_qz = total_qz;
+}
+
+}  // namespace
+
+RowStats ProcessRow(const RowPassParams& params, float* row, float* scratch, int32_t target,
+                    double token_weight, double entropy_weight, bool want_dr) {
+  const int64_t V = params.vocab_size;
+  const LossOptions& o = params.options;
+  const double eps = o.label_smoothing;
+  const double s = o.z_loss_scale;
+  ToZ(params, row);
+
+  const float m = RowMax(row, V);
+  int64_t argmax = 0;
+  while (row[argmax] != m) ++argmax;  // the first maximum: ties go low
+  const double sum_z = RowSum(row, V);
+  double sum_q = 0.0;
+  double sum_qz = 0.0;
+  ExpShifted(row, m, V, scratch, &sum_q, &sum_qz);
+  // sum_q = 1 + rest (the max contributes exp(0) = 1): log1p keeps the small
+  // rest exact, which is all that separates p_y from 1 in a confident row.
+  const double log_sum = std::log1p(sum_q - 1.0);
+  const double lse = m + log_sum;
+  const double inv_sum = 1.0 / sum_q;
+  const double mean_shifted_z = sum_qz * inv_sum;  // sum_j p_j (z_j - m)
+
+  RowStats stats;
+  stats.lse = lse;
+  stats.entropy = log_sum - mean_shifted_z;
+  const bool valid = target >= 0;
+  double logprob = 0.0;
+  if (valid) {
+    logprob = (static_cast<double>(row[target]) - m) - log_sum;
+    stats.logprob = logprob;
+    stats.loss = -(1.0 - eps) * logprob + eps * (lse - sum_z / V) + s * lse * lse;
+    stats.correct = argmax == target;
+  }
+  if (!want_dr) return stats;
+
+  const double gscale = o.grad_scale;
+  const double a = gscale * token_weight;
+  const double e = gscale * entropy_weight;
+  if (a == 0.0 && e == 0.0) {
+    for (int64_t j = 0; j < V; ++j) row[j] = 0.0f;
+    return stats;
+  }
+  const float z_target = valid ? row[target] : 0.0f;  // overwritten below
+  // dr_j = [a (p_j (1 + 2 s LSE) - eps/V) - e p_j ((z_j - m) - mean)] / tau * cap'.
+  const float pa = static_cast<float>(inv_sum * a * (1.0 + 2.0 * s * lse));
+  const float pe = static_cast<float>(inv_sum * e);
+  const float shift = static_cast<float>(a * eps / V);
+  const float mean = static_cast<float>(mean_shifted_z);
+  const float inv_tau = 1.0f / o.temperature;
+  const float cap = o.softcap;
+  if (cap > 0.0f) {
+    const float tau_over_cap = o.temperature / cap;
+    for (int64_t j = 0; j < V; ++j) {
+      const float q = scratch[j];
+      const float dz = q * pa - shift - q * pe * ((row[j] - m) - mean);
+      const float u = row[j] * tau_over_cap;  // u / c
+      row[j] = dz * inv_tau * (1.0f - u * u);
+    }
+  } else {
+    for (int64_t j = 0; j < V; ++j) {
+      const float q = scratch[j];
+      row[j] = (q * pa - shift - q * pe * ((row[j] - m) - mean)) * inv_tau;
+    }
+  }
+  if (valid) {
+    // The target's (1 - eps) term, with p_y - 1 = expm1(logprob) so that a
+    // confident row keeps its small gradient instead of rounding it to 0.
+    const double p_y = std::exp(logprob);
+    const double z_y_shifted = static_cast<double>(z_target) - m;
+    const double dloss = std::expm1(logprob) + 2.0 * s * lse * p_y + eps - eps / V;
+    const double dentropy = -p_y * (z_y_shifted - mean_shifted_z);
+    double dr = (a * dloss + e * dentropy) / o.temperature;
+    if (cap > 0.0f) {
+      const double u = static_cast<double>(z_target) * o.temperature / cap;
+      dr *= 1.0 - u * u;
+    }
+    row[target] = static_cast<float>(dr);
+  }
+  return stats;
+}
+
+}  // namespace flce::cpu

@@ -1,0 +1,48 @@
+// A fixed pool of worker threads for the CPU engine's row passes.
+// ParallelFor splits [0, n) into one contiguous range per thread, always the
+// same way for the same n, so every element is computed by the same code in
+// the same order whatever the timing: results are bitwise repeatable.
+#ifndef FLCE_KERNELS_CPU_THREAD_POOL_H_
+#define FLCE_KERNELS_CPU_THREAD_POOL_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace flce::cpu {
+
+class ThreadPool {
+ public:
+  // threads >= 1; the calling thread is one of them, so threads - 1 workers.
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Runs fn(thread_index, begin, end) over a static partition of [0, n) and
+  // returns when all ranges are done. Not reentrant: one caller at a time.
+  void ParallelFor(int64_t n, const std::function<void(int, int64_t, int64_t)>& fn);
+
+ private:
+  void WorkerLoop(int index);
+  void RunRange(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  const std::function<void(int, int64_t, int64_t)>* fn_ = nullptr;  // guarded by mu_
+  int64_t n_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace flce::cpu
+
+#endif  // FLCE_KERNELS_CPU_THREAD_POOL_H_

@@ -1,0 +1,60 @@
+#include "tests/engine/engine_params.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/engine_factory.h"
+
+namespace flce::test {
+namespace {
+
+// The CUDA engine runs each of these plans; the CPU engine runs one plan for
+// every name, so it is tested once with auto and once with a named strategy.
+constexpr Strategy kCudaStrategies[] = {Strategy::kChunked,  Strategy::kVocabSplit,
+                                        Strategy::kFuseMN,   Strategy::kSeparate,
+                                        Strategy::kNaive,    Strategy::kAuto};
+
+EngineConfig DefaultConfig() {
+  EngineConfig config;
+  config.workspace_bytes = int64_t{256} << 20;
+  return config;
+}
+
+}  // namespace
+
+std::vector<EngineParam> AllEngineParams() {
+  std::vector<EngineParam> params = {{"cpu", Strategy::kAuto}, {"cpu", Strategy::kVocabSplit}};
+  for (Strategy strategy : kCudaStrategies) params.push_back({"cuda", strategy});
+  return params;
+}
+
+std::string ParamName(const EngineParam& param) {
+  return absl::StrCat(param.engine, "_", StrategyName(param.strategy));
+}
+
+void PrintTo(const EngineParam& param, std::ostream* os) { *os << ParamName(param); }
+
+bool IsCpu(const EngineParam& param) { return param.engine == "cpu"; }
+
+absl::StatusOr<std::unique_ptr<Engine>> NewEngine(const std::string& name,
+                                                  const EngineConfig& config) {
+  if (name == "cpu") return CreateCpuEngine(config);
+  if (name == "cuda") return LoadCudaEngine(config);
+  return absl::InvalidArgumentError(absl::StrCat("unknown engine ", name));
+}
+
+absl::StatusOr<Engine*> SharedEngine(const std::string& name) {
+  static std::mutex mu;
+  static auto* engines = new std::map<std::string, absl::StatusOr<std::unique_ptr<Engine>>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = engines->find(name);
+  if (it == engines->end()) {
+    it = engines->emplace(name, NewEngine(name, DefaultConfig())).first;
+  }
+  if (!it->second.ok()) return it->second.status();
+  return it->second->get();
+}
+
+}  // namespace flce::test
