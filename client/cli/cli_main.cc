@@ -1,0 +1,123 @@
+#include "client/cli/cli_main.h"
+
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/cli/command.h"
+#include "client/cli/flags.h"
+
+namespace flce::cli {
+namespace {
+
+void Print(std::ostream& out, const nlohmann::json& json) {
+  // Server messages and file names need not be valid UTF-8; replacing bad
+  // bytes keeps the promise of one parseable JSON object.
+  out << json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  out.flush();
+}
+
+int Fail(std::ostream& out, const absl::Status& status, int exit_code) {
+  Print(out, ErrorJson(status));
+  return exit_code;
+}
+
+void DeclareGlobal(FlagSet& flags) {
+  flags.String("target", "server address, host:port", "127.0.0.1:50051");
+  flags.Double("timeout-s", "deadline of each call in seconds; 0 = none", "300");
+  flags.Int("max-message-mb",
+            "largest gRPC message sent or received; keep <= the server's --max-message-mb",
+            "64");
+}
+
+std::string ToolUsage(const FlagSet& global) {
+  std::string out = global.Usage();
+  absl::StrAppend(&out, "\nsubcommands:\n");
+  for (const Command& command : Commands()) {
+    std::string name = command.name;
+    name.resize(14, ' ');
+    absl::StrAppend(&out, "  ", name, command.summary, "\n");
+  }
+  absl::StrAppend(&out,
+                  "\nEvery subcommand prints one JSON object on stdout. A failure prints\n"
+                  "{\"error\": {\"code\": ..., \"message\": ...}} and exits 1 (2 for usage "
+                  "errors).\n"
+                  "flce-client SUBCOMMAND --help describes a subcommand's flags.\n");
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json ErrorJson(const absl::Status& status) {
+  return {{"error",
+           {{"code", absl::StatusCodeToString(status.code())},
+            {"message", std::string(status.message())}}}};
+}
+
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+           bool err_is_terminal) {
+  FlagSet global("", "flce-client: the command-line client of the flce service.");
+  DeclareGlobal(global);
+  std::vector<std::string> rest;
+  if (absl::Status s = global.Parse(args, /*stop_at_positional=*/true, &rest); !s.ok()) {
+    return Fail(out, s, kExitUsage);
+  }
+  if (rest.empty()) {
+    if (global.help()) {
+      out << ToolUsage(global);
+      return kExitOk;
+    }
+    return Fail(out,
+                absl::InvalidArgumentError(
+                    "flce-client: no subcommand given (see flce-client --help)"),
+                kExitUsage);
+  }
+  const Command* command = nullptr;
+  for (const Command& c : Commands()) {
+    if (rest[0] == c.name) command = &c;
+  }
+  if (command == nullptr) {
+    return Fail(out,
+                absl::InvalidArgumentError(absl::StrCat("flce-client: unknown subcommand '",
+                                                        rest[0], "' (see flce-client --help)")),
+                kExitUsage);
+  }
+  FlagSet flags(command->name, command->summary);
+  command->declare(flags);
+  if (absl::Status s = flags.Parse({rest.begin() + 1, rest.end()}); !s.ok()) {
+    return Fail(out, s, kExitUsage);
+  }
+  if (flags.help() || global.help()) {
+    out << flags.Usage()
+        << "\nglobal flags (before the subcommand): --target, --timeout-s, --max-message-mb\n";
+    return kExitOk;
+  }
+
+  ClientOptions options;
+  options.target = global.str("target");
+  const double timeout_s = global.f64("timeout-s");
+  if (!(timeout_s >= 0) || std::isinf(timeout_s)) {
+    return Fail(out, absl::InvalidArgumentError("flce-client: --timeout-s must be >= 0"),
+                kExitUsage);
+  }
+  options.timeout = timeout_s > 0 ? absl::Seconds(timeout_s) : absl::InfiniteDuration();
+  const int64_t max_mb = global.i64("max-message-mb");
+  if (max_mb < 1 || max_mb > 2047) {
+    return Fail(out,
+                absl::InvalidArgumentError("flce-client: --max-message-mb must be in [1, 2047]"),
+                kExitUsage);
+  }
+  options.max_message_bytes = max_mb << 20;
+  options.chunk_bytes = std::min<int64_t>(options.chunk_bytes, options.max_message_bytes / 2);
+
+  CliEnv env(options, err, err_is_terminal);
+  absl::StatusOr<CommandResult> result = command->run(flags, env);
+  if (!result.ok()) {
+    return Fail(out, result.status(), IsUsageError(result.status()) ? kExitUsage : kExitFailed);
+  }
+  Print(out, result->json);
+  return result->exit_code;
+}
+
+}  // namespace flce::cli
