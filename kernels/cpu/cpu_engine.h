@@ -3,11 +3,13 @@
 // the row pass. Every strategy name runs the same plan ("cpu_chunked").
 //
 // Deterministic by construction: each logit row is reduced by one thread in a
-// fixed order, per-token results are summed in token order, OpenBLAS splits
-// GEMM outputs (never the K sum) across its threads. The same request with the
-// same chunk size and the same hidden arrival order gives bitwise the same
-// result; grad_W may differ in the last bits when chunking differs, because
-// the sum over tokens is then grouped differently.
+// fixed order (fixed-lane sums, no atomics), grad_b columns are owned by one
+// thread each, per-token results are summed in token order at Finish, and
+// OpenBLAS's sgemm is repeatable for a given thread count. The same request
+// with the same chunk size, thread count and hidden arrival order gives
+// bitwise the same loss, grad_input and grad_W. Across chunk sizes or thread
+// counts results agree to fp32 rounding (OpenBLAS picks kernels by shape and
+// thread count), not bitwise.
 #ifndef FLCE_KERNELS_CPU_CPU_ENGINE_H_
 #define FLCE_KERNELS_CPU_CPU_ENGINE_H_
 

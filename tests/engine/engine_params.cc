@@ -1,5 +1,8 @@
 #include "tests/engine/engine_params.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,7 +44,16 @@ bool IsCpu(const EngineParam& param) { return param.engine == "cpu"; }
 absl::StatusOr<std::unique_ptr<Engine>> NewEngine(const std::string& name,
                                                   const EngineConfig& config) {
   if (name == "cpu") return CreateCpuEngine(config);
-  if (name == "cuda") return LoadCudaEngine(config);
+  if (name == "cuda") {
+    std::string plugin;
+#ifdef FLCE_TEST_CUDA_PLUGIN
+    const char* env = std::getenv("FLCE_CUDA_PLUGIN");
+    if ((env == nullptr || *env == '\0') && access(FLCE_TEST_CUDA_PLUGIN, R_OK) == 0) {
+      plugin = FLCE_TEST_CUDA_PLUGIN;
+    }
+#endif
+    return LoadCudaEngine(config, plugin);
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown engine ", name));
 }
 

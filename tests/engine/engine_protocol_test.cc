@@ -229,6 +229,48 @@ TEST_P(EngineProtocolTest, InterleavedCallsOnOneEngine) {
   }
 }
 
+TEST_P(EngineProtocolTest, HeadBuilderChecksItsBytes) {
+  HeadSpec spec{37, 8, DType::kBF16, true};
+  std::string weight(37 * 8 * 2, '\1');
+  std::string bias(37 * 2, '\1');
+  auto builder = engine_->BeginHead(spec);
+  ASSERT_TRUE(builder.ok()) << builder.status();
+  EXPECT_EQ((*builder)->WriteWeight(weight.size() - 2, weight.data(), 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*builder)->WriteWeight(0, weight.data(), 100).ok());
+  ASSERT_TRUE((*builder)->WriteWeight(200, weight.data(), weight.size() - 200).ok());
+  ASSERT_TRUE((*builder)->WriteBias(0, bias.data(), bias.size()).ok());
+  absl::StatusOr<std::shared_ptr<const Head>> incomplete = (*builder)->Finish();
+  EXPECT_EQ(incomplete.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*builder)->WriteWeight(100, weight.data(), 100).ok());
+  absl::StatusOr<std::shared_ptr<const Head>> head = (*builder)->Finish();
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ((*head)->spec().vocab_size, 37);
+  EXPECT_EQ((*head)->spec().hidden_size, 8);
+  EXPECT_GT((*head)->resident_bytes(), 0);
+
+  HeadSpec no_bias{37, 8, DType::kF32, false};
+  auto plain = engine_->BeginHead(no_bias);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE((*plain)->WriteBias(0, bias.data(), 4).ok());
+  EXPECT_FALSE(engine_->BeginHead(HeadSpec{0, 8, DType::kF32, false}).ok());
+}
+
+TEST_P(EngineProtocolTest, EmptyRequest) {
+  Problem problem = MakeProblem(ProblemSpec{});
+  auto head = BuildHead(*engine_, problem, 1);
+  ASSERT_TRUE(head.ok());
+  ComputeSpec spec = BaseSpec();
+  spec.num_tokens = 0;
+  spec.hidden_dtype = DType::kF32;
+  auto call = engine_->StartCompute(*head, spec, [](int64_t, int64_t, std::string) {});
+  ASSERT_TRUE(call.ok()) << call.status();
+  absl::StatusOr<ComputeResult> result = (*call)->Finish();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->loss, 0.0);
+  EXPECT_EQ(result->n_valid, 0);
+}
+
 // ---- bad input ----
 
 class BadInputTest : public EngineTest {

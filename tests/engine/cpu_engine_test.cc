@@ -1,0 +1,190 @@
+// What only the CPU engine promises: its plan's name, its workspace bound,
+// its error messages, agreement across thread counts, and its exp's accuracy.
+#include <cmath>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/fast_exp.h"
+#include "kernels/engine_factory.h"
+#include "tests/engine/conformance_checks.h"
+#include "tests/support/engine_harness.h"
+#include "tests/support/problem.h"
+#include "tests/support/reference_f64.h"
+
+namespace flce::test {
+namespace {
+
+std::unique_ptr<Engine> MakeCpu(int64_t workspace_bytes, int threads) {
+  EngineConfig config;
+  config.workspace_bytes = workspace_bytes;
+  config.threads = threads;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = CreateCpuEngine(config);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+ComputeSpec AllOutputs() {
+  ComputeSpec spec;
+  spec.outputs.per_token_loss = true;
+  spec.outputs.logprob = true;
+  spec.outputs.entropy = true;
+  spec.outputs.accuracy = true;
+  return spec;
+}
+
+TEST(CpuEngineTest, EveryStrategyRunsTheChunkedPlan) {
+  auto engine = MakeCpu(64 << 20, 2);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->info().name, "cpu");
+  EXPECT_TRUE(engine->healthy());
+  Problem problem = MakeProblem(ProblemSpec{});
+  for (Strategy strategy : {Strategy::kAuto, Strategy::kChunked, Strategy::kVocabSplit,
+                            Strategy::kFuseMN, Strategy::kSeparate, Strategy::kNaive}) {
+    ComputeSpec spec = AllOutputs();
+    spec.strategy = strategy;
+    auto run = RunProblem(*engine, problem, spec, {});
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->result.strategy_used, "cpu_chunked");
+  }
+}
+
+TEST(CpuEngineTest, WorkspaceStaysWithinBudgetAndBelowTokensTimesVocab) {
+  const int64_t budget = 1 << 20;
+  auto engine = MakeCpu(budget, 2);
+  ASSERT_NE(engine, nullptr);
+  ProblemSpec ps;
+  ps.vocab_size = 1009;
+  ps.hidden_size = 32;
+  ps.num_tokens = 700;  // 700 x 1009 fp32 logits = 2.8 MB > budget
+  ps.has_bias = true;
+  Problem problem = MakeProblem(ps);
+  ComputeSpec spec = AllOutputs();
+  HarnessOptions options;
+  options.rows_per_block = 128;
+  auto run = RunProblem(*engine, problem, spec, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, spec));
+  ExpectMatchesReference(*run, ref, spec, ToleranceFor("cpu", DType::kF32, DType::kF32, 700));
+  const EngineInfo info = engine->info();
+  EXPECT_EQ(info.workspace_budget_bytes, budget);
+  EXPECT_GT(info.workspace_peak_bytes, 0);
+  EXPECT_LE(info.workspace_peak_bytes, budget);
+  EXPECT_LT(info.workspace_peak_bytes, ps.num_tokens * ps.vocab_size * 4);
+}
+
+TEST(CpuEngineTest, BudgetBelowOneTokenIsResourceExhausted) {
+  auto engine = MakeCpu(4096, 1);
+  ASSERT_NE(engine, nullptr);
+  ProblemSpec ps;
+  ps.vocab_size = 2000;  // one row of logits alone is 8000 bytes
+  Problem problem = MakeProblem(ps);
+  auto run = RunProblem(*engine, problem, AllOutputs(), {});
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kResourceExhausted) << run.status();
+}
+
+TEST(CpuEngineTest, BadConfigIsRejected) {
+  EngineConfig config;
+  config.workspace_bytes = 0;
+  EXPECT_EQ(CreateCpuEngine(config).status().code(), absl::StatusCode::kInvalidArgument);
+  config.workspace_bytes = 1 << 20;
+  config.threads = -1;
+  EXPECT_EQ(CreateCpuEngine(config).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuEngineTest, MessagesNameTheTokenAndTheValue) {
+  auto engine = MakeCpu(64 << 20, 2);
+  ASSERT_NE(engine, nullptr);
+  ProblemSpec ps;
+  ps.ignore_fraction = 0.0;
+  Problem problem = MakeProblem(ps);
+  auto head = BuildHead(*engine, problem, 1);
+  ASSERT_TRUE(head.ok());
+  ComputeSpec spec = AllOutputs();
+  spec.num_tokens = ps.num_tokens;
+  spec.hidden_dtype = DType::kF32;
+  spec.targets = problem.targets;
+  spec.targets[11] = 257;
+  spec.targets[12] = -3;
+  auto noop = [](int64_t, int64_t, std::string) {};
+  absl::Status status = engine->StartCompute(*head, spec, noop).status();
+  EXPECT_EQ(status.message(),
+            "target of token 11 is 257, outside [0, 257) and not ignore_index (-100)");
+
+  spec.targets = problem.targets;
+  auto call = engine->StartCompute(*head, spec, noop);
+  ASSERT_TRUE(call.ok());
+  const char* rows = problem.hidden_bytes.data();
+  ASSERT_TRUE((*call)->AddHidden(0, 4, rows).ok());
+  status = (*call)->AddHidden(2, 4, rows);
+  EXPECT_EQ(status.message(), "hidden rows [2, 6) overlap token 2, which was already given");
+  status = (*call)->Finish().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(), "hidden of token 4 never given (4 of 48 tokens received)");
+}
+
+TEST(CpuEngineTest, AddHiddenAfterFinishFails) {
+  auto engine = MakeCpu(64 << 20, 2);
+  ASSERT_NE(engine, nullptr);
+  ProblemSpec ps;
+  ps.num_tokens = 4;
+  Problem problem = MakeProblem(ps);
+  auto head = BuildHead(*engine, problem, 1);
+  ASSERT_TRUE(head.ok());
+  ComputeSpec spec = AllOutputs();
+  spec.num_tokens = 4;
+  spec.hidden_dtype = DType::kF32;
+  spec.targets = problem.targets;
+  auto call = engine->StartCompute(*head, spec, [](int64_t, int64_t, std::string) {});
+  ASSERT_TRUE(call.ok());
+  ASSERT_TRUE((*call)->AddHidden(0, 4, problem.hidden_bytes.data()).ok());
+  ASSERT_TRUE((*call)->Finish().ok());
+  EXPECT_EQ((*call)->AddHidden(0, 1, problem.hidden_bytes.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*call)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CpuEngineTest, ThreadCountsAgree) {
+  // Not bitwise: OpenBLAS picks its kernels and blocking by thread count and
+  // shape. Each thread count is repeatable on its own (EngineProtocolTest).
+  ProblemSpec ps;
+  ps.vocab_size = 3001;
+  ps.hidden_size = 96;
+  ps.num_tokens = 130;
+  ps.has_bias = true;
+  Problem problem = MakeProblem(ps);
+  ComputeSpec spec = AllOutputs();
+  spec.chunk_tokens = 64;
+  HarnessOptions options;
+  options.seed = FreshSeed();
+  options.rows_per_block = 16;
+  std::vector<EngineRun> runs;
+  for (int threads : {1, 2, 3}) {
+    auto engine = MakeCpu(64 << 20, threads);
+    ASSERT_NE(engine, nullptr);
+    auto run = RunProblem(*engine, problem, spec, options);
+    ASSERT_TRUE(run.ok()) << run.status();
+    runs.push_back(std::move(*run));
+  }
+  for (size_t i = 1; i < runs.size(); ++i) {
+    EXPECT_LE(RelativeError({runs[i].result.loss}, {runs[0].result.loss}), 1e-6);
+    EXPECT_LE(RelativeError(runs[i].grad_input, runs[0].grad_input), 1e-6);
+    EXPECT_LE(RelativeError(runs[i].grad_weight, runs[0].grad_weight), 1e-6);
+    EXPECT_LE(RelativeError(runs[i].grad_bias, runs[0].grad_bias), 1e-6);
+  }
+}
+
+TEST(FastExpTest, WithinTwoUlpOfStdExp) {
+  double worst = 0.0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.000731f) {
+    const double want = std::exp(static_cast<double>(x));
+    const double got = cpu::FastExp(x);
+    worst = std::max(worst, std::abs(got - want) / want);
+  }
+  EXPECT_LE(worst, 2.5 * std::ldexp(1.0, -23)) << worst;
+  EXPECT_EQ(cpu::FastExp(0.0f), 1.0f);
+  EXPECT_LT(cpu::FastExp(-1000.0f), 1e-37f);
+  EXPECT_GE(cpu::FastExp(-1000.0f), 0.0f);
+}
+
+}  // namespace
+}  // namespace flce::test
