@@ -99,6 +99,13 @@ class FakeFlce(pb_grpc.FlceServicer):
     def ListHeads(self, request, context):
         return pb.ListHeadsResponse(heads=[h["info"] for h in self.heads.values()])
 
+    def UnloadHead(self, request, context):
+        with self.lock:
+            head = self.heads.pop(request.head_id, None)
+        if head is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"head_id {request.head_id}")
+        return pb.UnloadHeadResponse(head=head["info"])
+
     def Compute(self, request_iterator, context):
         it = iter(request_iterator)
         header = next(it).header
