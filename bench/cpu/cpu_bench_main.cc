@@ -1,0 +1,170 @@
+// flce_cpu_bench: the CPU engine's GFLOP/s over 6 BT V H (forward + backward,
+// grad_input and grad_W) next to OpenBLAS's own sgemm rate on the same three
+// GEMM shapes, chunk by chunk, on the same threads.
+//
+//   flce_cpu_bench [--bt 4096 --h 512 --v 32000 --runs 5 --threads 0
+//                   --chunk_tokens 0 --dtypes fp32,bf16 --json out.json]
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "bench/cpu/bench_env.h"
+#include "bench/cpu/engine_timing.h"
+#include "bench/cpu/gemm_bound.h"
+#include "kernels/cpu/cpu_context.h"
+#include "kernels/cpu/cpu_engine.h"
+#include "kernels/engine_factory.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(int64_t, bt, 4096, "tokens per request");
+ABSL_FLAG(int64_t, h, 512, "hidden size");
+ABSL_FLAG(int64_t, v, 32000, "vocabulary size");
+ABSL_FLAG(int, runs, 5, "timed runs per measurement (median reported)");
+ABSL_FLAG(int, warmup, 1, "untimed runs first");
+ABSL_FLAG(int, threads, 0, "engine and OpenBLAS threads; 0 = all cores");
+ABSL_FLAG(int64_t, chunk_tokens, 0, "engine token chunk; 0 = engine's choice");
+ABSL_FLAG(int64_t, workspace_mb, 2048, "engine workspace budget");
+ABSL_FLAG(std::string, dtypes, "fp32,bf16", "head (and hidden) dtypes to run");
+ABSL_FLAG(std::string, json, "", "write results here as JSON");
+
+namespace flce::bench {
+namespace {
+
+struct Row {
+  std::string dtype;
+  double engine_ms = 0.0;
+  double forward_ms = 0.0;
+};
+
+int Main() {
+  const int64_t BT = absl::GetFlag(FLAGS_bt);
+  const int64_t H = absl::GetFlag(FLAGS_h);
+  const int64_t V = absl::GetFlag(FLAGS_v);
+  const int runs = absl::GetFlag(FLAGS_runs);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  EngineConfig config;
+  config.threads = absl::GetFlag(FLAGS_threads);
+  config.workspace_bytes = absl::GetFlag(FLAGS_workspace_mb) << 20;
+  const int threads = cpu::ResolveThreads(config);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = CreateCpuEngine(config);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "engine: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  const int64_t requested_chunk = absl::GetFlag(FLAGS_chunk_tokens);
+  const int64_t chunk = requested_chunk > 0 ? requested_chunk : cpu::kDefaultChunkTokens;
+  const double flops = 6.0 * BT * V * H;
+  std::fprintf(stderr, "flce_cpu_bench: BT=%ld H=%ld V=%ld threads=%d chunk=%ld cpu=%s\n", BT, H,
+               V, threads, chunk, CpuModel().c_str());
+
+  // The bound: OpenBLAS on the engine's GEMM shapes (created the engine
+  // first: it sets OpenBLAS's thread count).
+  for (int i = 0; i < warmup; ++i) TimeThreeGemms(BT, V, H, chunk);
+  std::vector<double> total, logits, grad_input, grad_weight;
+  for (int i = 0; i < runs; ++i) {
+    GemmTimes t = TimeThreeGemms(BT, V, H, chunk);
+    total.push_back(t.total_ms());
+    logits.push_back(t.logits_ms);
+    grad_input.push_back(t.grad_input_ms);
+    grad_weight.push_back(t.grad_weight_ms);
+  }
+  const double bound_ms = Median(total);
+
+  std::vector<Row> rows;
+  const std::vector<std::string> dtype_names = absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',');
+  for (const std::string& name : dtype_names) {
+    BenchProblem problem;
+    problem.num_tokens = BT;
+    problem.vocab_size = V;
+    problem.hidden_size = H;
+    problem.chunk_tokens = requested_chunk;
+    if (name == "fp32") {
+      problem.dtype = DType::kF32;
+    } else if (name == "bf16") {
+      problem.dtype = DType::kBF16;
+    } else if (name == "fp16") {
+      problem.dtype = DType::kF16;
+    } else {
+      std::fprintf(stderr, "unknown dtype %s\n", name.c_str());
+      return 1;
+    }
+    absl::StatusOr<std::unique_ptr<EngineBench>> bench = EngineBench::Create(**engine, problem);
+    if (!bench.ok()) {
+      std::fprintf(stderr, "setup: %s\n", bench.status().ToString().c_str());
+      return 1;
+    }
+    Row row;
+    row.dtype = name;
+    for (bool backward : {true, false}) {
+      std::vector<double> times;
+      for (int i = 0; i < warmup + runs; ++i) {
+        absl::StatusOr<double> ms = (*bench)->RunOnce(backward);
+        if (!ms.ok()) {
+          std::fprintf(stderr, "run: %s\n", ms.status().ToString().c_str());
+          return 1;
+        }
+        if (i >= warmup) times.push_back(*ms);
+      }
+      (backward ? row.engine_ms : row.forward_ms) = Median(times);
+    }
+    rows.push_back(row);
+  }
+
+  const double bound_gflops = flops / bound_ms * 1e-6;
+  std::printf("%-6s %12s %10s %10s %12s %14s\n", "dtype", "engine ms", "GFLOP/s", "of sgemm",
+              "forward ms", "row pass ms*");
+  for (const Row& row : rows) {
+    const double gflops = flops / row.engine_ms * 1e-6;
+    std::printf("%-6s %12.1f %10.1f %9.1f%% %12.1f %14.1f\n", row.dtype.c_str(), row.engine_ms,
+                gflops, 100.0 * gflops / bound_gflops, row.forward_ms,
+                row.forward_ms - Median(logits));
+  }
+  std::printf("sgemm  %12.1f %10.1f   (X W^T %.1f ms, dR W %.1f ms, dR^T X %.1f ms)\n", bound_ms,
+              bound_gflops, Median(logits), Median(grad_input), Median(grad_weight));
+  std::printf("* forward-only engine time minus the X W^T GEMM: the row pass and overheads\n");
+
+  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+    nlohmann::json out;
+    out["benchmark"] = "flce_cpu_bench";
+    out["date"] = UtcNow();
+    out["git_commit"] = GitCommit();
+    out["cpu_model"] = CpuModel();
+    out["threads"] = threads;
+    out["shape"] = {{"bt", BT}, {"h", H}, {"v", V}};
+    out["chunk_tokens"] = chunk;
+    out["runs"] = runs;
+    out["warmup"] = warmup;
+    out["flops_per_call"] = flops;
+    out["sgemm_bound"] = {{"ms", bound_ms},
+                          {"gflops", bound_gflops},
+                          {"logits_ms", Median(logits)},
+                          {"grad_input_ms", Median(grad_input)},
+                          {"grad_weight_ms", Median(grad_weight)}};
+    for (const Row& row : rows) {
+      const double gflops = flops / row.engine_ms * 1e-6;
+      out["engine"][row.dtype] = {{"ms", row.engine_ms},
+                                  {"gflops", gflops},
+                                  {"ratio_to_sgemm", gflops / bound_gflops},
+                                  {"forward_only_ms", row.forward_ms}};
+    }
+    std::ofstream file(path);
+    file << out.dump(2) << "\n";
+    if (!file) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace flce::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return flce::bench::Main();
+}
