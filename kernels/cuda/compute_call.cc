@@ -1,0 +1,552 @@
+#include "kernels/cuda/compute_call.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_engine.h"
+#include "kernels/status_macros.h"
+
+namespace flce::cuda {
+namespace {
+
+constexpr int kRowOutputs = 5;  // loss, z-loss, logprob, entropy, argmax
+constexpr int64_t kSinkRows = 8192;  // buffered plans hand grad_input out in pieces
+
+absl::Status ValidateSpec(const ComputeSpec& spec, const HeadSpec& head) {
+  const int64_t n = spec.num_tokens;
+  if (n < 0) return absl::InvalidArgumentError("num_tokens must be >= 0");
+  if (static_cast<int64_t>(spec.targets.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("targets has ", spec.targets.size(),
+                                                   " entries; num_tokens is ", n));
+  }
+  if (!spec.token_weights.empty() && static_cast<int64_t>(spec.token_weights.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("token_weights has ", spec.token_weights.size(),
+                                                   " entries; num_tokens is ", n));
+  }
+  if (!spec.entropy_weights.empty() && static_cast<int64_t>(spec.entropy_weights.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("entropy_weights has ",
+                                                   spec.entropy_weights.size(),
+                                                   " entries; num_tokens is ", n));
+  }
+  const LossOptions& o = spec.options;
+  if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f)) {
+    return absl::InvalidArgumentError("label_smoothing must be in [0, 1]");
+  }
+  if (!(o.z_loss_scale >= 0.0f) || !std::isfinite(o.z_loss_scale)) {
+    return absl::InvalidArgumentError("z_loss_scale must be >= 0");
+  }
+  if (!(o.softcap >= 0.0f) || !std::isfinite(o.softcap)) {
+    return absl::InvalidArgumentError("softcap must be >= 0");
+  }
+  if (!(o.temperature > 0.0f) || !std::isfinite(o.temperature)) {
+    return absl::InvalidArgumentError("temperature must be > 0");
+  }
+  if (!std::isfinite(o.grad_scale)) return absl::InvalidArgumentError("grad_scale must be finite");
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t y = spec.targets[t];
+    if (y != spec.ignore_index && (y < 0 || y >= head.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("targets[", t, "] = ", y,
+                                                     " is outside [0, ", head.vocab_size,
+                                                     ") and is not ignore_index (",
+                                                     spec.ignore_index, ")"));
+    }
+  }
+  if (spec.grad_out != nullptr) {
+    const auto* g = dynamic_cast<const CudaGradBuffer*>(spec.grad_out);
+    if (g == nullptr) {
+      return absl::InvalidArgumentError("grad_out is not a gradient buffer of the CUDA engine");
+    }
+    if (g->vocab_size() != head.vocab_size || g->hidden_size() != head.hidden_size ||
+        g->has_bias() != head.has_bias) {
+      return absl::InvalidArgumentError("grad_out's shape differs from the head's");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CudaComputeCall::CudaComputeCall(CudaEngine* engine, std::shared_ptr<const CudaHead> head,
+                                 ComputeSpec spec, GradInputSink sink)
+    : engine_(engine), head_(std::move(head)), spec_(std::move(spec)), sink_(std::move(sink)) {}
+
+absl::StatusOr<std::unique_ptr<CudaComputeCall>> CudaComputeCall::Start(
+    CudaEngine* engine, std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) {
+  auto cuda_head = std::dynamic_pointer_cast<const CudaHead>(head);
+  if (cuda_head == nullptr) {
+    return absl::InvalidArgumentError("head was not built by the CUDA engine");
+  }
+  FLCE_RETURN_IF_ERROR(ValidateSpec(spec, cuda_head->spec()));
+  std::unique_ptr<CudaComputeCall> call(
+      new CudaComputeCall(engine, std::move(cuda_head), std::move(spec), std::move(sink)));
+  FLCE_RETURN_IF_ERROR(call->Init());
+  return call;
+}
+
+absl::Status CudaComputeCall::Init() {
+  start_time_ = std::chrono::steady_clock::now();
+  const HeadSpec& hs = head_->spec();
+  const int64_t n = spec_.num_tokens;
+  hidden_row_bytes_ = hs.hidden_size * DTypeSize(spec_.hidden_dtype);
+  params_.vocab = hs.vocab_size;
+  params_.label_smoothing = spec_.options.label_smoothing;
+  params_.z_loss_scale = spec_.options.z_loss_scale;
+  params_.softcap = spec_.options.softcap;
+  params_.temperature = spec_.options.temperature;
+  params_.grad_scale = spec_.options.grad_scale;
+
+  // a_t per MATH.md: the caller's weights replace the reduction's; ignored
+  // tokens always 0; n_valid over the whole request.
+  target_.resize(n);
+  for (int64_t t = 0; t < n; ++t) {
+    const bool ignored = spec_.targets[t] == spec_.ignore_index;
+    target_[t] = ignored ? -1 : spec_.targets[t];
+    n_valid_ += ignored ? 0 : 1;
+  }
+  token_weight_.assign(n, 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    if (target_[t] < 0) continue;
+    if (!spec_.token_weights.empty()) {
+      token_weight_[t] = spec_.token_weights[t];
+    } else if (spec_.reduction == Reduction::kMean) {
+      token_weight_[t] = 1.0f / static_cast<float>(n_valid_);
+    } else {
+      token_weight_[t] = 1.0f;
+    }
+  }
+  entropy_weight_ = spec_.entropy_weights.empty() ? std::vector<float>(n, 0.0f)
+                                                  : spec_.entropy_weights;
+  seen_.assign(n, 0);
+  loss_.assign(n, 0.0f);
+  z_loss_.assign(n, 0.0f);
+  logprob_.assign(n, 0.0f);
+  entropy_.assign(n, 0.0f);
+  argmax_.assign(n, -1);
+
+  PlanRequest req;
+  req.strategy = spec_.strategy;
+  req.num_tokens = n;
+  req.hidden_dtype = spec_.hidden_dtype;
+  req.chunk_tokens = spec_.chunk_tokens;
+  req.deterministic = spec_.deterministic;
+  req.streaming = true;
+  // Refusals (budget, determinism) come before waiting for the engine.
+  FLCE_ASSIGN_OR_RETURN(plan_, engine_->PlanFor(*head_, req));
+  engine_->AcquireCompute();
+  holds_engine_ = true;
+  FLCE_RETURN_IF_ERROR(engine_->context()->Enter());
+  return plan_.strategy == Strategy::kChunked ? InitStreaming() : InitBuffered();
+}
+
+absl::Status CudaComputeCall::InitStreaming() {
+  const int64_t c = plan_.chunk_tokens;
+  DeviceHealth* health = engine_->context()->health();
+  FLCE_ASSIGN_OR_RETURN(char* dev, engine_->workspace().Device(
+                                       plan_.scratch_bytes + 2 * plan_.stream_slot_bytes,
+                                       "chunked plan"));
+  const int64_t pinned_slot = Carver::Round(c * hidden_row_bytes_) * 2 +
+                              Carver::Round(3 * c * 4) + Carver::Round(kRowOutputs * c * 4);
+  FLCE_ASSIGN_OR_RETURN(char* pinned, engine_->workspace().Pinned(2 * pinned_slot));
+  scratch_ = dev;
+  Carver dc(dev + plan_.scratch_bytes);
+  Carver hc(pinned);
+  for (Slot& s : slots_) {
+    s.hidden = dc.TakeBytes(c * hidden_row_bytes_);
+    s.grad_input = dc.TakeBytes(c * hidden_row_bytes_);
+    s.target = dc.Take<int32_t>(c);
+    s.token_weight = dc.Take<float>(c);
+    s.entropy_weight = dc.Take<float>(c);
+    s.outputs = dc.Take<float>(kRowOutputs * c);
+    s.h_hidden = hc.TakeBytes(c * hidden_row_bytes_);
+    s.h_grad_input = hc.TakeBytes(c * hidden_row_bytes_);
+    s.h_rows_in = hc.TakeBytes(3 * c * 4);
+    s.h_outputs = hc.Take<float>(kRowOutputs * c);
+    for (cudaEvent_t* ev : {&s.uploaded, &s.computed, &s.downloaded}) {
+      FLCE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), health);
+    }
+  }
+  worker_ = std::thread([this] { WorkerLoop(); });
+  return absl::OkStatus();
+}
+
+absl::Status CudaComputeCall::InitBuffered() {
+  const int64_t n = std::max<int64_t>(spec_.num_tokens, 1);
+  DeviceHealth* health = engine_->context()->health();
+  FLCE_RETURN_IF_ERROR(engine_->workspace().Device(plan_.scratch_bytes,
+                                                   StrategyName(plan_.strategy)).status());
+  const int64_t bytes = Carver::Round(n * hidden_row_bytes_) * 2 +
+                        Carver::Round(n * 4) * (3 + kRowOutputs) + 256;
+  absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(bytes, health);
+  if (!buffer.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request buffers of ", bytes, " bytes for strategy ", StrategyName(plan_.strategy),
+        " could not be allocated: ", buffer.status().message()));
+  }
+  request_ = std::move(*buffer);
+  request_bytes_ = bytes;
+  engine_->workspace().AddRequestBytes(bytes);
+  Carver c(static_cast<char*>(request_.get()));
+  d_hidden_ = c.TakeBytes(n * hidden_row_bytes_);
+  d_grad_input_ = c.TakeBytes(n * hidden_row_bytes_);
+  d_target_ = c.Take<int32_t>(n);
+  d_token_weight_ = c.Take<float>(n);
+  d_entropy_weight_ = c.Take<float>(n);
+  d_outputs_ = c.Take<float>(kRowOutputs * n);
+  const int64_t m = spec_.num_tokens;
+  cudaStream_t up = engine_->upload_stream();
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(d_target_, target_.data(), m * 4, cudaMemcpyHostToDevice, up), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_token_weight_, token_weight_.data(), m * 4,
+                                            cudaMemcpyHostToDevice, up),
+                            health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_entropy_weight_, entropy_weight_.data(), m * 4,
+                                            cudaMemcpyHostToDevice, up),
+                            health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(up), health);
+  return absl::OkStatus();
+}
+
+CudaComputeCall::~CudaComputeCall() { Teardown(); }
+
+void CudaComputeCall::Teardown() {
+  if (worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  if (engine_->healthy()) {
+    // Nothing may still write into the workspace or read the pinned slots.
+    cudaStreamSynchronize(engine_->upload_stream());
+    cudaStreamSynchronize(engine_->exec().stream);
+    cudaStreamSynchronize(engine_->download_stream());
+  }
+  for (Slot& s : slots_) {
+    for (cudaEvent_t* ev : {&s.uploaded, &s.computed, &s.downloaded}) {
+      if (*ev != nullptr) cudaEventDestroy(*ev);
+      *ev = nullptr;
+    }
+  }
+  if (request_bytes_ > 0) {
+    request_.Reset();
+    engine_->workspace().AddRequestBytes(-request_bytes_);
+    request_bytes_ = 0;
+  }
+  if (holds_engine_) {
+    holds_engine_ = false;
+    engine_->ReleaseCompute();
+  }
+}
+
+void CudaComputeCall::FailWith(const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (status_.ok()) status_ = status;
+}
+
+absl::Status CudaComputeCall::CheckRows(int64_t offset, int64_t rows) {
+  if (offset < 0 || rows < 0 || offset + rows > spec_.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden rows [", offset, ", ", offset + rows,
+                                                   ") outside [0, ", spec_.num_tokens, ")"));
+  }
+  for (int64_t t = offset; t < offset + rows; ++t) {
+    if (seen_[t]) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden rows [", offset, ", ",
+                                                     offset + rows, ") overlap rows already given (token ",
+                                                     t, ")"));
+    }
+  }
+  std::fill(seen_.begin() + offset, seen_.begin() + offset + rows, 1);
+  return absl::OkStatus();
+}
+
+absl::Status CudaComputeCall::AddHidden(int64_t token_offset, int64_t rows, const void* data) {
+  if (finished_) return absl::FailedPreconditionError("AddHidden after Finish");
+  FLCE_RETURN_IF_ERROR(engine_->context()->Enter());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FLCE_RETURN_IF_ERROR(status_);
+  }
+  FLCE_RETURN_IF_ERROR(CheckRows(token_offset, rows));
+  if (rows == 0) return absl::OkStatus();
+  absl::Status st = plan_.strategy == Strategy::kChunked
+                        ? AddStreaming(token_offset, rows, static_cast<const char*>(data))
+                        : AddBuffered(token_offset, rows, static_cast<const char*>(data));
+  if (!st.ok()) FailWith(st);
+  return st;
+}
+
+absl::Status CudaComputeCall::AddBuffered(int64_t offset, int64_t rows, const char* data) {
+  DeviceHealth* health = engine_->context()->health();
+  cudaStream_t up = engine_->upload_stream();
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_hidden_ + offset * hidden_row_bytes_, data,
+                                            rows * hidden_row_bytes_, cudaMemcpyHostToDevice, up),
+                            health);
+  // The caller's bytes are only valid during this call.
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(up), health);
+  return absl::OkStatus();
+}
+
+absl::Status CudaComputeCall::WaitForFreeSlot() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !slots_[current_].busy || !status_.ok(); });
+  return status_;
+}
+
+absl::Status CudaComputeCall::AddStreaming(int64_t offset, int64_t rows, const char* data) {
+  DeviceHealth* health = engine_->context()->health();
+  const int64_t c = plan_.chunk_tokens;
+  while (rows > 0) {
+    if (pending_rows_ > 0 && offset != pending_begin_ + pending_rows_) FLCE_RETURN_IF_ERROR(Flush());
+    if (pending_rows_ == 0) {
+      FLCE_RETURN_IF_ERROR(WaitForFreeSlot());
+      pending_begin_ = offset;
+    }
+    Slot& s = slots_[current_];
+    const int64_t n = std::min(rows, c - pending_rows_);
+    const int64_t at = pending_rows_ * hidden_row_bytes_;
+    std::memcpy(s.h_hidden + at, data, n * hidden_row_bytes_);
+    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.hidden + at, s.h_hidden + at, n * hidden_row_bytes_,
+                                              cudaMemcpyHostToDevice, engine_->upload_stream()),
+                              health);
+    pending_rows_ += n;
+    offset += n;
+    data += n * hidden_row_bytes_;
+    rows -= n;
+    if (pending_rows_ == c) FLCE_RETURN_IF_ERROR(Flush());
+  }
+  return absl::OkStatus();
+}
+
+RowInputs CudaComputeCall::DeviceRowInputs(const Slot& slot) const {
+  RowInputs in;
+  in.target = slot.target;
+  in.token_weight = slot.token_weight;
+  in.entropy_weight = slot.entropy_weight;
+  return in;
+}
+
+RowOutputs CudaComputeCall::DeviceRowOutputs(float* outputs, int64_t stride) const {
+  RowOutputs out;
+  out.loss = outputs;
+  out.z_loss = outputs + stride;
+  out.logprob = outputs + 2 * stride;
+  out.entropy = outputs + 3 * stride;
+  out.argmax = reinterpret_cast<int32_t*>(outputs + 4 * stride);
+  return out;
+}
+
+void CudaComputeCall::StoreRowOutputs(const float* outputs, int64_t stride, int64_t begin,
+                                      int64_t rows) {
+  std::memcpy(loss_.data() + begin, outputs, rows * 4);
+  std::memcpy(z_loss_.data() + begin, outputs + stride, rows * 4);
+  std::memcpy(logprob_.data() + begin, outputs + 2 * stride, rows * 4);
+  std::memcpy(entropy_.data() + begin, outputs + 3 * stride, rows * 4);
+  std::memcpy(argmax_.data() + begin, outputs + 4 * stride, rows * 4);
+}
+
+absl::Status CudaComputeCall::Flush() {
+  if (pending_rows_ == 0) return absl::OkStatus();
+  DeviceHealth* health = engine_->context()->health();
+  const int64_t c = plan_.chunk_tokens;
+  Slot& s = slots_[current_];
+  s.begin = pending_begin_;
+  s.rows = pending_rows_;
+  const int64_t rows = s.rows;
+  cudaStream_t up = engine_->upload_stream();
+  cudaStream_t compute = engine_->exec().stream;
+  cudaStream_t down = engine_->download_stream();
+
+  int32_t* h_target = reinterpret_cast<int32_t*>(s.h_rows_in);
+  float* h_a = reinterpret_cast<float*>(s.h_rows_in) + c;
+  float* h_e = reinterpret_cast<float*>(s.h_rows_in) + 2 * c;
+  std::memcpy(h_target, target_.data() + s.begin, rows * 4);
+  std::memcpy(h_a, token_weight_.data() + s.begin, rows * 4);
+  std::memcpy(h_e, entropy_weight_.data() + s.begin, rows * 4);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.target, h_target, rows * 4, cudaMemcpyHostToDevice, up), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.token_weight, h_a, rows * 4, cudaMemcpyHostToDevice, up), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.entropy_weight, h_e, rows * 4, cudaMemcpyHostToDevice, up), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.uploaded, up), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, s.uploaded, 0), health);
+
+  auto* grad = static_cast<CudaGradBuffer*>(spec_.grad_out);
+  DeviceRequest r;
+  r.rows = rows;
+  r.hidden_dtype = spec_.hidden_dtype;
+  r.hidden = s.hidden;
+  r.in = DeviceRowInputs(s);
+  r.out = DeviceRowOutputs(s.outputs, c);
+  r.grad_input = spec_.outputs.grad_input ? s.grad_input : nullptr;
+  r.grad_weight = grad != nullptr ? grad->weight() : nullptr;
+  r.grad_bias = grad != nullptr ? grad->bias() : nullptr;
+  r.params = params_;
+  FLCE_RETURN_IF_ERROR(RunChunk(engine_->exec(), head_->view(), plan_, r, scratch_));
+  FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.computed, compute), health);
+
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(down, s.computed, 0), health);
+  if (spec_.outputs.grad_input) {
+    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.h_grad_input, s.grad_input,
+                                              rows * hidden_row_bytes_, cudaMemcpyDeviceToHost, down),
+                              health);
+  }
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.h_outputs, s.outputs, kRowOutputs * c * 4,
+                                            cudaMemcpyDeviceToHost, down),
+                            health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.downloaded, down), health);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.busy = true;
+    jobs_.push_back(current_);
+  }
+  cv_.notify_all();
+  current_ ^= 1;
+  pending_rows_ = 0;
+  return absl::OkStatus();
+}
+
+void CudaComputeCall::WorkerLoop() {
+  DeviceContext* ctx = engine_->context();
+  if (cudaSetDevice(ctx->ordinal()) != cudaSuccess) cudaGetLastError();
+  const int64_t c = plan_.chunk_tokens;
+  for (;;) {
+    int index;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return !jobs_.empty() || stop_; });
+      if (jobs_.empty()) return;
+      index = jobs_.front();
+      jobs_.pop_front();
+    }
+    Slot& s = slots_[index];
+    cudaError_t err = cudaEventSynchronize(s.downloaded);
+    absl::Status st = CudaStatus(err, "waiting for a chunk's download", ctx->health());
+    std::string data;
+    bool deliver = false;
+    if (st.ok()) {
+      StoreRowOutputs(s.h_outputs, c, s.begin, s.rows);
+      if (spec_.outputs.grad_input) {
+        data.assign(s.h_grad_input, s.rows * hidden_row_bytes_);
+        std::lock_guard<std::mutex> lock(mu_);
+        deliver = !stop_ && status_.ok();
+      }
+    }
+    // The sink runs before the slot is released, so that Finish (which waits
+    // for free slots) returns only after every row was delivered.
+    if (deliver && sink_) sink_(s.begin, s.rows, std::move(data));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!st.ok() && status_.ok()) status_ = st;
+      s.busy = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+absl::Status CudaComputeCall::WaitIdle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return jobs_.empty() && !slots_[0].busy && !slots_[1].busy; });
+  return status_;
+}
+
+absl::Status CudaComputeCall::FinishBuffered() {
+  DeviceHealth* health = engine_->context()->health();
+  const int64_t n = spec_.num_tokens;
+  if (n == 0) return absl::OkStatus();
+  FLCE_ASSIGN_OR_RETURN(char* scratch, engine_->workspace().Device(
+                                           plan_.scratch_bytes, StrategyName(plan_.strategy)));
+  auto* grad = static_cast<CudaGradBuffer*>(spec_.grad_out);
+  DeviceRequest r;
+  r.rows = n;
+  r.hidden_dtype = spec_.hidden_dtype;
+  r.hidden = d_hidden_;
+  r.in.target = d_target_;
+  r.in.token_weight = d_token_weight_;
+  r.in.entropy_weight = d_entropy_weight_;
+  r.out = DeviceRowOutputs(d_outputs_, n);
+  r.grad_input = spec_.outputs.grad_input ? d_grad_input_ : nullptr;
+  r.grad_weight = grad != nullptr ? grad->weight() : nullptr;
+  r.grad_bias = grad != nullptr ? grad->bias() : nullptr;
+  r.params = params_;
+  cudaStream_t compute = engine_->exec().stream;
+  FLCE_RETURN_IF_ERROR(RunPlan(engine_->exec(), head_->view(), plan_, r, scratch));
+  std::vector<float> outputs(kRowOutputs * n);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(outputs.data(), d_outputs_, outputs.size() * 4,
+                                            cudaMemcpyDeviceToHost, compute),
+                            health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), health);
+  StoreRowOutputs(outputs.data(), n, 0, n);
+  if (spec_.outputs.grad_input) {
+    for (int64_t b = 0; b < n; b += kSinkRows) {
+      const int64_t rows = std::min(kSinkRows, n - b);
+      std::string data(rows * hidden_row_bytes_, '\0');
+      FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(data.data(), d_grad_input_ + b * hidden_row_bytes_,
+                                                data.size(), cudaMemcpyDeviceToHost, compute),
+                                health);
+      FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), health);
+      if (sink_) sink_(b, rows, std::move(data));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ComputeResult> CudaComputeCall::Finish() {
+  if (finished_) return absl::FailedPreconditionError("Finish called twice");
+  finished_ = true;
+  absl::Status st = [&]() -> absl::Status {
+    FLCE_RETURN_IF_ERROR(engine_->context()->Enter());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      FLCE_RETURN_IF_ERROR(status_);
+    }
+    const auto missing = std::find(seen_.begin(), seen_.end(), 0);
+    if (missing != seen_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Finish before every hidden row was given: token ", missing - seen_.begin(),
+          " of ", spec_.num_tokens, " is missing"));
+    }
+    if (plan_.strategy == Strategy::kChunked) {
+      FLCE_RETURN_IF_ERROR(Flush());
+      FLCE_RETURN_IF_ERROR(WaitIdle());
+    } else {
+      FLCE_RETURN_IF_ERROR(FinishBuffered());
+    }
+    // grad_W / grad_b land on the compute stream after the last download's
+    // dependency: wait for them too.
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(engine_->exec().stream),
+                              engine_->context()->health());
+    return absl::OkStatus();
+  }();
+  if (!st.ok()) FailWith(st);
+  Teardown();
+  if (!st.ok()) return st;
+
+  ComputeResult result;
+  const int64_t n = spec_.num_tokens;
+  for (int64_t t = 0; t < n; ++t) {
+    result.entropy_sum += entropy_[t];
+    if (target_[t] < 0) continue;
+    result.loss += static_cast<double>(token_weight_[t]) * loss_[t];
+    result.z_loss += static_cast<double>(token_weight_[t]) * z_loss_[t];
+    result.n_correct += argmax_[t] == target_[t] ? 1 : 0;
+  }
+  result.n_valid = n_valid_;
+  result.strategy_used = StrategyName(plan_.strategy);
+  result.engine_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_time_)
+          .count();
+  if (spec_.outputs.per_token_loss) result.per_token_loss = loss_;
+  if (spec_.outputs.logprob) result.logprob = logprob_;
+  if (spec_.outputs.entropy) result.entropy = entropy_;
+  if (spec_.outputs.accuracy) {
+    result.correct.resize(n);
+    for (int64_t t = 0; t < n; ++t) result.correct[t] = target_[t] >= 0 && argmax_[t] == target_[t];
+  }
+  return result;
+}
+
+}  // namespace flce::cuda

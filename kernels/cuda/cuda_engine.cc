@@ -1,0 +1,120 @@
+#include "kernels/cuda/cuda_engine.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/compute_call.h"
+#include "kernels/cuda/elementwise_kernels.cuh"
+#include "kernels/engine_factory.h"
+#include "kernels/status_macros.h"
+
+namespace flce::cuda {
+
+CudaEngine::CudaEngine(std::shared_ptr<DeviceContext> ctx, int64_t budget)
+    : ctx_(std::move(ctx)), workspace_(budget, ctx_->health()) {}
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineConfig& config) {
+  if (config.workspace_bytes <= 0) {
+    return absl::InvalidArgumentError("workspace budget must be positive");
+  }
+  FLCE_ASSIGN_OR_RETURN(auto ctx, DeviceContext::Create(config.device_ordinal));
+  std::unique_ptr<CudaEngine> e(new CudaEngine(ctx, config.workspace_bytes));
+  DeviceHealth* health = ctx->health();
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->compute_, cudaStreamNonBlocking), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->upload_, cudaStreamNonBlocking), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->download_, cudaStreamNonBlocking), health);
+  FLCE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&e->cublas_), health);
+  FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(e->cublas_, e->compute_), health);
+  return e;
+}
+
+CudaEngine::~CudaEngine() {
+  // Work in flight must end before the streams go; after a sticky error
+  // there is nothing to wait for.
+  if (healthy()) cudaStreamSynchronize(compute_);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  for (cudaStream_t s : {compute_, upload_, download_}) {
+    if (s != nullptr) cudaStreamDestroy(s);
+  }
+}
+
+bool CudaEngine::healthy() const { return ctx_->health()->healthy.load(); }
+
+EngineInfo CudaEngine::info() const {
+  EngineInfo info;
+  info.name = absl::StrCat("cuda:", ctx_->name());
+  info.workspace_budget_bytes = workspace_.budget();
+  info.workspace_peak_bytes = workspace_.peak();
+  size_t free_b = 0, total_b = 0;
+  if (healthy() && cudaSetDevice(ctx_->ordinal()) == cudaSuccess &&
+      cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+    info.device_memory_used = static_cast<int64_t>(total_b - free_b);
+    info.device_memory_total = static_cast<int64_t>(total_b);
+  } else {
+    cudaGetLastError();
+  }
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<HeadBuilder>> CudaEngine::BeginHead(const HeadSpec& spec) {
+  FLCE_ASSIGN_OR_RETURN(auto b, CudaHeadBuilder::Create(ctx_, spec));
+  return std::unique_ptr<HeadBuilder>(std::move(b));
+}
+
+absl::StatusOr<std::unique_ptr<GradBuffer>> CudaEngine::NewGradBuffer(const HeadSpec& spec) {
+  FLCE_ASSIGN_OR_RETURN(auto g, CudaGradBuffer::Create(ctx_, spec));
+  return std::unique_ptr<GradBuffer>(std::move(g));
+}
+
+absl::StatusOr<std::unique_ptr<ComputeCall>> CudaEngine::StartCompute(
+    std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) {
+  FLCE_RETURN_IF_ERROR(ctx_->Enter());
+  FLCE_ASSIGN_OR_RETURN(auto call,
+                        CudaComputeCall::Start(this, std::move(head), std::move(spec), std::move(sink)));
+  return std::unique_ptr<ComputeCall>(std::move(call));
+}
+
+Exec CudaEngine::exec() const {
+  Exec e;
+  e.cublas = cublas_;
+  e.stream = compute_;
+  e.health = ctx_->health();
+  return e;
+}
+
+void CudaEngine::AcquireCompute() {
+  std::unique_lock<std::mutex> lock(busy_mu_);
+  busy_cv_.wait(lock, [this] { return !busy_; });
+  busy_ = true;
+}
+
+void CudaEngine::ReleaseCompute() {
+  {
+    std::lock_guard<std::mutex> lock(busy_mu_);
+    busy_ = false;
+  }
+  busy_cv_.notify_one();
+}
+
+absl::StatusOr<Plan> CudaEngine::PlanFor(const CudaHead& head, const PlanRequest& request) const {
+  return MakePlan(head.view(), request, workspace_.budget());
+}
+
+absl::Status CudaEngine::RunOnDevice(const CudaHead& head, const Plan& plan,
+                                     const DeviceRequest& request) {
+  FLCE_RETURN_IF_ERROR(ctx_->Enter());
+  AcquireCompute();
+  absl::Status st = [&]() -> absl::Status {
+    FLCE_ASSIGN_OR_RETURN(char* scratch, workspace_.Device(plan.scratch_bytes, StrategyName(plan.strategy)));
+    FLCE_RETURN_IF_ERROR(RunPlan(exec(), head.view(), plan, request, scratch));
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_), ctx_->health());
+    return absl::OkStatus();
+  }();
+  ReleaseCompute();
+  return st;
+}
+
+absl::Status CudaEngine::InjectDeviceFaultForTesting() {
+  FLCE_RETURN_IF_ERROR(ctx_->Enter());
+  return LaunchDeviceFault(compute_, ctx_->health());
+}
+
+}  // namespace flce::cuda

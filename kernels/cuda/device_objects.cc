@@ -1,0 +1,266 @@
+#include "kernels/cuda/device_objects.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/elementwise_kernels.cuh"
+#include "kernels/cuda/policy.h"
+#include "kernels/status_macros.h"
+
+namespace flce::cuda {
+namespace {
+
+constexpr int64_t kStagingBytes = int64_t{16} << 20;
+
+// FAILED_PRECONDITION naming the first byte not covered by `written`.
+absl::Status CheckCovered(std::vector<std::pair<int64_t, int64_t>> written, int64_t total,
+                          const char* what) {
+  std::sort(written.begin(), written.end());
+  int64_t covered = 0;
+  for (const auto& [begin, end] : written) {
+    if (begin > covered) break;
+    covered = std::max(covered, end);
+  }
+  if (covered < total) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " incomplete: byte ", covered,
+                                                      " of ", total, " was never written"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<DeviceContext>> DeviceContext::Create(int ordinal) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::UnavailableError(absl::StrCat(
+        "no CUDA device available: ",
+        err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0"));
+  }
+  if (ordinal < 0 || ordinal >= count) {
+    return absl::UnavailableError(
+        absl::StrCat("CUDA device ", ordinal, " requested; ", count, " present"));
+  }
+  std::shared_ptr<DeviceContext> ctx(new DeviceContext());
+  ctx->ordinal_ = ordinal;
+  FLCE_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal), &ctx->health_);
+  cudaDeviceProp prop;
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal), &ctx->health_);
+  ctx->name_ = prop.name;
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&ctx->aux_, cudaStreamNonBlocking),
+                            &ctx->health_);
+  FLCE_ASSIGN_OR_RETURN(ctx->staging_, PinnedBuffer::Allocate(kStagingBytes, &ctx->health_));
+  return ctx;
+}
+
+DeviceContext::~DeviceContext() {
+  staging_.Reset();
+  if (aux_ != nullptr) cudaStreamDestroy(aux_);
+}
+
+absl::Status DeviceContext::Enter() {
+  FLCE_RETURN_IF_ERROR(health_.Check());
+  FLCE_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), &health_);
+  return absl::OkStatus();
+}
+
+absl::Status DeviceContext::CopyToDevice(void* dst, const void* src, int64_t bytes) {
+  FLCE_RETURN_IF_ERROR(Enter());
+  std::lock_guard<std::mutex> lock(aux_mu_);
+  for (int64_t done = 0; done < bytes; done += kStagingBytes) {
+    const int64_t n = std::min(kStagingBytes, bytes - done);
+    std::memcpy(staging_.get(), static_cast<const char*>(src) + done, n);
+    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(dst) + done, staging_.get(), n,
+                                              cudaMemcpyHostToDevice, aux_),
+                              &health_);
+    // The staging buffer is reused by the next piece.
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceContext::CopyToHost(void* dst, const void* src, int64_t bytes) {
+  FLCE_RETURN_IF_ERROR(Enter());
+  std::lock_guard<std::mutex> lock(aux_mu_);
+  for (int64_t done = 0; done < bytes; done += kStagingBytes) {
+    const int64_t n = std::min(kStagingBytes, bytes - done);
+    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_.get(), static_cast<const char*>(src) + done,
+                                              n, cudaMemcpyDeviceToHost, aux_),
+                              &health_);
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
+    std::memcpy(static_cast<char*>(dst) + done, staging_.get(), n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceContext::Memset(void* dst, int value, int64_t bytes) {
+  FLCE_RETURN_IF_ERROR(Enter());
+  std::lock_guard<std::mutex> lock(aux_mu_);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, value, bytes, aux_), &health_);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
+  return absl::OkStatus();
+}
+
+absl::Status DeviceContext::Axpy(float alpha, const float* x, float* y, int64_t count) {
+  FLCE_RETURN_IF_ERROR(Enter());
+  std::lock_guard<std::mutex> lock(aux_mu_);
+  FLCE_RETURN_IF_ERROR(LaunchAxpy(alpha, x, y, count, aux_, &health_));
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------ heads --
+
+CudaHead::CudaHead(std::shared_ptr<DeviceContext> ctx, HeadSpec spec, DeviceBuffer weight,
+                   DeviceBuffer bias)
+    : ctx_(std::move(ctx)),
+      spec_(spec),
+      padded_vocab_(PadVocab(spec.vocab_size)),
+      weight_(std::move(weight)),
+      bias_(std::move(bias)) {}
+
+HeadView CudaHead::view() const {
+  HeadView v;
+  v.dtype = spec_.dtype;
+  v.vocab = spec_.vocab_size;
+  v.padded_vocab = padded_vocab_;
+  v.hidden = spec_.hidden_size;
+  v.weight = weight_.get();
+  v.bias = spec_.has_bias ? bias_.get() : nullptr;
+  return v;
+}
+
+absl::StatusOr<std::unique_ptr<CudaHeadBuilder>> CudaHeadBuilder::Create(
+    std::shared_ptr<DeviceContext> ctx, const HeadSpec& spec) {
+  if (spec.vocab_size <= 0 || spec.hidden_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("head shape ", spec.vocab_size, " x ",
+                                                   spec.hidden_size, " must be positive"));
+  }
+  if (spec.vocab_size >= (int64_t{1} << 31) - VocabPolicy::kAlign) {
+    return absl::InvalidArgumentError("vocab_size too large for the CUDA engine");
+  }
+  FLCE_RETURN_IF_ERROR(ctx->Enter());
+  std::unique_ptr<CudaHeadBuilder> b(new CudaHeadBuilder());
+  b->ctx_ = ctx;
+  b->spec_ = spec;
+  const int64_t vp = PadVocab(spec.vocab_size);
+  const int64_t es = DTypeSize(spec.dtype);
+  FLCE_ASSIGN_OR_RETURN(b->weight_, DeviceBuffer::Allocate(vp * spec.hidden_size * es, ctx->health()));
+  // Padded rows must be zero: their logits are then exactly the bias (0).
+  FLCE_RETURN_IF_ERROR(ctx->Memset(b->weight_.get(), 0, b->weight_.bytes()));
+  if (spec.has_bias) {
+    FLCE_ASSIGN_OR_RETURN(b->bias_, DeviceBuffer::Allocate(vp * es, ctx->health()));
+    FLCE_RETURN_IF_ERROR(ctx->Memset(b->bias_.get(), 0, b->bias_.bytes()));
+  }
+  return b;
+}
+
+absl::Status CudaHeadBuilder::Write(bool bias, int64_t byte_offset, const void* data,
+                                    int64_t bytes) {
+  if (finished_) return absl::FailedPreconditionError("head builder already finished");
+  if (bias && !spec_.has_bias) return absl::InvalidArgumentError("head has no bias");
+  const int64_t es = DTypeSize(spec_.dtype);
+  const int64_t total = bias ? spec_.vocab_size * es : spec_.vocab_size * spec_.hidden_size * es;
+  if (byte_offset < 0 || bytes < 0 || byte_offset + bytes > total) {
+    return absl::OutOfRangeError(absl::StrCat(bias ? "bias" : "weight", " bytes [", byte_offset,
+                                              ", ", byte_offset + bytes, ") outside [0, ", total,
+                                              ")"));
+  }
+  if (bytes == 0) return absl::OkStatus();
+  char* dst = static_cast<char*>(bias ? bias_.get() : weight_.get()) + byte_offset;
+  FLCE_RETURN_IF_ERROR(ctx_->CopyToDevice(dst, data, bytes));
+  (bias ? bias_written_ : weight_written_).emplace_back(byte_offset, byte_offset + bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CudaHeadBuilder::WriteWeight(int64_t byte_offset, const void* data, int64_t bytes) {
+  return Write(false, byte_offset, data, bytes);
+}
+
+absl::Status CudaHeadBuilder::WriteBias(int64_t byte_offset, const void* data, int64_t bytes) {
+  return Write(true, byte_offset, data, bytes);
+}
+
+absl::StatusOr<std::shared_ptr<const Head>> CudaHeadBuilder::Finish() {
+  if (finished_) return absl::FailedPreconditionError("head builder already finished");
+  const int64_t es = DTypeSize(spec_.dtype);
+  FLCE_RETURN_IF_ERROR(CheckCovered(weight_written_, spec_.vocab_size * spec_.hidden_size * es,
+                                    "head weight"));
+  if (spec_.has_bias) {
+    FLCE_RETURN_IF_ERROR(CheckCovered(bias_written_, spec_.vocab_size * es, "head bias"));
+  }
+  finished_ = true;
+  return std::shared_ptr<const Head>(
+      std::make_shared<CudaHead>(ctx_, spec_, std::move(weight_), std::move(bias_)));
+}
+
+// --------------------------------------------------------- grad buffers --
+
+absl::StatusOr<std::unique_ptr<CudaGradBuffer>> CudaGradBuffer::Create(
+    std::shared_ptr<DeviceContext> ctx, const HeadSpec& spec) {
+  if (spec.vocab_size <= 0 || spec.hidden_size <= 0) {
+    return absl::InvalidArgumentError("gradient buffer shape must be positive");
+  }
+  FLCE_RETURN_IF_ERROR(ctx->Enter());
+  std::unique_ptr<CudaGradBuffer> g(new CudaGradBuffer());
+  g->ctx_ = std::move(ctx);
+  g->vocab_ = spec.vocab_size;
+  g->hidden_ = spec.hidden_size;
+  g->padded_vocab_ = PadVocab(spec.vocab_size);
+  g->has_bias_ = spec.has_bias;
+  const int64_t floats = g->padded_vocab_ * g->hidden_ + (g->has_bias_ ? g->padded_vocab_ : 0);
+  FLCE_ASSIGN_OR_RETURN(g->data_, DeviceBuffer::Allocate(floats * 4, g->ctx_->health()));
+  FLCE_RETURN_IF_ERROR(g->Zero());
+  return g;
+}
+
+absl::Status CudaGradBuffer::Zero() { return ctx_->Memset(data_.get(), 0, data_.bytes()); }
+
+absl::Status CudaGradBuffer::AddScaled(const GradBuffer& other, float scale) {
+  const auto* o = dynamic_cast<const CudaGradBuffer*>(&other);
+  if (o == nullptr || o->ctx_ != ctx_) {
+    return absl::InvalidArgumentError("AddScaled: the other buffer is not from this CUDA engine");
+  }
+  if (o->vocab_ != vocab_ || o->hidden_ != hidden_ || o->has_bias_ != has_bias_) {
+    return absl::InvalidArgumentError("AddScaled: gradient buffers differ in shape");
+  }
+  return ctx_->Axpy(scale, o->weight(), weight(), data_.bytes() / 4);
+}
+
+absl::Status CudaGradBuffer::CopyOut(const float* src, int64_t count, DType out_dtype,
+                                     void* host_out) const {
+  if (out_dtype == DType::kF32) return ctx_->CopyToHost(host_out, src, count * 4);
+  // Through host fp32 in pieces, converted with the exact host conversions.
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  std::vector<float> tmp(std::min(count, kPiece));
+  for (int64_t done = 0; done < count; done += kPiece) {
+    const int64_t n = std::min(kPiece, count - done);
+    FLCE_RETURN_IF_ERROR(ctx_->CopyToHost(tmp.data(), src + done, n * 4));
+    FromFloat(out_dtype, tmp.data(), static_cast<char*>(host_out) + done * DTypeSize(out_dtype), n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaGradBuffer::CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
+                                            void* host_out) const {
+  if (row_begin < 0 || rows < 0 || row_begin + rows > vocab_) {
+    return absl::OutOfRangeError(absl::StrCat("gradient rows [", row_begin, ", ",
+                                              row_begin + rows, ") outside [0, ", vocab_, ")"));
+  }
+  return CopyOut(weight() + row_begin * hidden_, rows * hidden_, out_dtype, host_out);
+}
+
+absl::Status CudaGradBuffer::CopyBias(int64_t begin, int64_t count, DType out_dtype,
+                                      void* host_out) const {
+  if (!has_bias_) return absl::FailedPreconditionError("gradient buffer has no bias");
+  if (begin < 0 || count < 0 || begin + count > vocab_) {
+    return absl::OutOfRangeError(absl::StrCat("bias gradient [", begin, ", ", begin + count,
+                                              ") outside [0, ", vocab_, ")"));
+  }
+  return CopyOut(bias() + begin, count, out_dtype, host_out);
+}
+
+}  // namespace flce::cuda

@@ -1,0 +1,124 @@
+// The CUDA engine's device context and the objects it hands out: resident
+// heads (V padded to a multiple of 128 with zero rows, in their dtype),
+// head builders that stream bytes in through pinned staging, and fp32
+// gradient buffers (padded_vocab x H weight + padded_vocab bias).
+#ifndef FLCE_KERNELS_CUDA_DEVICE_OBJECTS_H_
+#define FLCE_KERNELS_CUDA_DEVICE_OBJECTS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/plans.h"
+#include "kernels/engine.h"
+
+namespace flce::cuda {
+
+// Shared by the engine and everything it hands out, so that a head or a
+// gradient buffer outliving the engine still frees its memory safely.
+class DeviceContext {
+ public:
+  static absl::StatusOr<std::shared_ptr<DeviceContext>> Create(int ordinal);
+  ~DeviceContext();
+
+  absl::Status Enter();  // health check + cudaSetDevice on this thread
+  DeviceHealth* health() { return &health_; }
+  const std::string& name() const { return name_; }
+  int ordinal() const { return ordinal_; }
+
+  // Copies through the pinned staging buffer on the auxiliary stream, and
+  // waits. Serialised on one mutex.
+  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes);
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes);
+  absl::Status Memset(void* dst, int value, int64_t bytes);
+  absl::Status Axpy(float alpha, const float* x, float* y, int64_t count);
+
+ private:
+  DeviceContext() = default;
+  int ordinal_ = 0;
+  std::string name_;
+  DeviceHealth health_;
+  std::mutex aux_mu_;
+  cudaStream_t aux_ = nullptr;
+  PinnedBuffer staging_;
+};
+
+class CudaHead : public Head {
+ public:
+  CudaHead(std::shared_ptr<DeviceContext> ctx, HeadSpec spec, DeviceBuffer weight,
+           DeviceBuffer bias);
+  const HeadSpec& spec() const override { return spec_; }
+  int64_t resident_bytes() const override { return weight_.bytes() + bias_.bytes(); }
+  int64_t padded_vocab() const { return padded_vocab_; }
+  HeadView view() const;
+
+ private:
+  std::shared_ptr<DeviceContext> ctx_;
+  HeadSpec spec_;
+  int64_t padded_vocab_;
+  DeviceBuffer weight_;
+  DeviceBuffer bias_;
+};
+
+class CudaHeadBuilder : public HeadBuilder {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaHeadBuilder>> Create(std::shared_ptr<DeviceContext> ctx,
+                                                                 const HeadSpec& spec);
+  absl::Status WriteWeight(int64_t byte_offset, const void* data, int64_t bytes) override;
+  absl::Status WriteBias(int64_t byte_offset, const void* data, int64_t bytes) override;
+  absl::StatusOr<std::shared_ptr<const Head>> Finish() override;
+
+ private:
+  CudaHeadBuilder() = default;
+  absl::Status Write(bool bias, int64_t byte_offset, const void* data, int64_t bytes);
+  std::shared_ptr<DeviceContext> ctx_;
+  HeadSpec spec_;
+  DeviceBuffer weight_;
+  DeviceBuffer bias_;
+  std::vector<std::pair<int64_t, int64_t>> weight_written_;
+  std::vector<std::pair<int64_t, int64_t>> bias_written_;
+  bool finished_ = false;
+};
+
+class CudaGradBuffer : public GradBuffer {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaGradBuffer>> Create(std::shared_ptr<DeviceContext> ctx,
+                                                                const HeadSpec& spec);
+  int64_t vocab_size() const override { return vocab_; }
+  int64_t hidden_size() const override { return hidden_; }
+  bool has_bias() const override { return has_bias_; }
+  int64_t bytes() const override { return data_.bytes(); }
+  absl::Status Zero() override;
+  absl::Status AddScaled(const GradBuffer& other, float scale) override;
+  absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
+                              void* host_out) const override;
+  absl::Status CopyBias(int64_t begin, int64_t count, DType out_dtype,
+                        void* host_out) const override;
+
+  float* weight() const { return static_cast<float*>(data_.get()); }
+  float* bias() const { return has_bias_ ? weight() + padded_vocab_ * hidden_ : nullptr; }
+  int64_t padded_vocab() const { return padded_vocab_; }
+  const DeviceContext* context() const { return ctx_.get(); }
+
+ private:
+  CudaGradBuffer() = default;
+  absl::Status CopyOut(const float* src, int64_t count, DType out_dtype, void* host_out) const;
+  std::shared_ptr<DeviceContext> ctx_;
+  int64_t vocab_ = 0;
+  int64_t hidden_ = 0;
+  int64_t padded_vocab_ = 0;
+  bool has_bias_ = false;
+  DeviceBuffer data_;
+};
+
+}  // namespace flce::cuda
+
+#endif  // FLCE_KERNELS_CUDA_DEVICE_OBJECTS_H_

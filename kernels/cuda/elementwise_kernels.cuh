@@ -1,0 +1,34 @@
+// Small elementwise kernels: dtype conversion of hidden / grad_input rows
+// (bf16, fp16, fp32 in any direction), y += alpha * x over fp32 gradient
+// buffers, and a deliberate device fault used only by tests of the sticky
+// error path. Nothing here is materialised beyond its output.
+#ifndef FLCE_KERNELS_CUDA_ELEMENTWISE_KERNELS_CUH_
+#define FLCE_KERNELS_CUDA_ELEMENTWISE_KERNELS_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/dtype.h"
+
+namespace flce::cuda {
+
+absl::Status LaunchConvert(DType src_dtype, const void* src, DType dst_dtype, void* dst,
+                           int64_t count, cudaStream_t stream, DeviceHealth* health);
+
+// count elements of `dtype` set to 1 (the ones vector of the bias GEMM).
+absl::Status LaunchFillOnes(DType dtype, void* dst, int64_t count, cudaStream_t stream,
+                            DeviceHealth* health);
+
+// y[i] += alpha * x[i], fp32.
+absl::Status LaunchAxpy(float alpha, const float* x, float* y, int64_t count,
+                        cudaStream_t stream, DeviceHealth* health);
+
+// Writes through an invalid address: the context becomes unusable. Tests only.
+absl::Status LaunchDeviceFault(cudaStream_t stream, DeviceHealth* health);
+
+}  // namespace flce::cuda
+
+#endif  // FLCE_KERNELS_CUDA_ELEMENTWISE_KERNELS_CUH_

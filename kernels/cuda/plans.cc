@@ -1,0 +1,426 @@
+#include "kernels/cuda/plans.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/elementwise_kernels.cuh"
+#include "kernels/cuda/fuse_mn_kernel.cuh"
+#include "kernels/cuda/fused_row_kernel.cuh"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/policy.h"
+#include "kernels/cuda/split_row_kernels.cuh"
+#include "kernels/status_macros.h"
+
+namespace flce::cuda {
+namespace {
+
+int64_t AlignDown(int64_t v, int64_t a) { return v / a * a; }
+int64_t AlignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// Per-token device bytes besides the logits: hidden converted to the head's
+// dtype, an fp32 grad_input (when the GEMM cannot write hidden_dtype
+// directly, or when splits accumulate), the bias GEMM's ones.
+struct TokenBytes {
+  int64_t conv = 0;
+  int64_t gi32 = 0;
+  int64_t ones = 0;
+  int64_t rowstate = 0;
+  int64_t total() const { return conv + gi32 + ones + rowstate; }
+};
+
+TokenBytes PerTokenBytes(const HeadView& head, DType hidden_dtype, bool accumulate_gi) {
+  TokenBytes b;
+  const bool convert = hidden_dtype != head.dtype;
+  b.conv = convert ? head.hidden * DTypeSize(head.dtype) : 0;
+  b.gi32 = (convert || accumulate_gi) ? head.hidden * 4 : 0;
+  b.ones = DTypeSize(head.dtype);
+  return b;
+}
+
+// Scratch of `rows` tokens, carved in a fixed order by Carve below.
+int64_t ScratchBytes(int64_t rows, int64_t logits_cols, const TokenBytes& tb, int extra_logits) {
+  int64_t bytes = Carver::Round(rows * logits_cols * 4) * (1 + extra_logits);
+  bytes += Carver::Round(rows * tb.conv) + Carver::Round(rows * tb.gi32) +
+           Carver::Round(rows * tb.ones) + Carver::Round(rows * tb.rowstate);
+  return bytes + 4096;
+}
+
+absl::Status Exhausted(const char* what, int64_t needed, int64_t budget, const char* hint) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " needs ", needed, " bytes (", needed >> 20, " MiB) of device workspace; ", budget,
+      " bytes (", budget >> 20, " MiB) are available (--workspace-mb). ", hint));
+}
+
+struct Scratch {
+  float* logits = nullptr;
+  void* probs = nullptr;     // naive only
+  void* dlogits = nullptr;   // naive only
+  void* conv = nullptr;
+  float* gi32 = nullptr;
+  void* ones = nullptr;
+  RowState* state = nullptr;
+  RowGrad* grad = nullptr;
+};
+
+Scratch Carve(char* base, int64_t rows, int64_t logits_cols, const TokenBytes& tb,
+              const HeadView& head, bool naive, bool split) {
+  Carver c(base);
+  Scratch s;
+  s.logits = c.Take<float>(rows * logits_cols);
+  if (naive) {
+    s.probs = c.Take<float>(rows * logits_cols);
+    s.dlogits = c.TakeBytes(rows * logits_cols * DTypeSize(head.dtype));
+  }
+  if (tb.conv) s.conv = c.TakeBytes(rows * tb.conv);
+  if (tb.gi32) s.gi32 = c.Take<float>(rows * head.hidden);
+  s.ones = c.TakeBytes(rows * tb.ones);
+  if (split) {
+    s.state = c.Take<RowState>(rows);
+    s.grad = c.Take<RowGrad>(rows);
+  }
+  return s;
+}
+
+Gemm MakeGemm(const Exec& exec, const HeadView& head) {
+  Gemm g;
+  g.handle = exec.cublas;
+  g.stream = exec.stream;
+  g.health = exec.health;
+  g.dtype = head.dtype;
+  return g;
+}
+
+// X in the head's dtype: the request's rows or their conversion.
+absl::StatusOr<const void*> HeadDtypeHidden(const Exec& exec, const HeadView& head,
+                                            const DeviceRequest& r, const Scratch& s) {
+  if (r.hidden_dtype == head.dtype) return r.hidden;
+  FLCE_RETURN_IF_ERROR(LaunchConvert(r.hidden_dtype, r.hidden, head.dtype, s.conv,
+                                     r.rows * head.hidden, exec.stream, exec.health));
+  return static_cast<const void*>(s.conv);
+}
+
+DeviceRequest Slice(const DeviceRequest& r, int64_t begin, int64_t rows, int64_t hidden) {
+  DeviceRequest out = r;
+  out.rows = rows;
+  const int64_t hs = DTypeSize(r.hidden_dtype);
+  out.hidden = static_cast<const char*>(r.hidden) + begin * hidden * hs;
+  if (r.grad_input) out.grad_input = static_cast<char*>(r.grad_input) + begin * hidden * hs;
+  out.in.target = r.in.target + begin;
+  out.in.token_weight = r.in.token_weight + begin;
+  out.in.entropy_weight = r.in.entropy_weight + begin;
+  auto shift = [begin](auto* p) { return p == nullptr ? p : p + begin; };
+  out.out.loss = shift(r.out.loss);
+  out.out.z_loss = shift(r.out.z_loss);
+  out.out.logprob = shift(r.out.logprob);
+  out.out.entropy = shift(r.out.entropy);
+  out.out.argmax = shift(r.out.argmax);
+  return out;
+}
+
+// grad_input from dlogits (row stride ld_d elements), grad_W and grad_b.
+absl::Status Backward(const Exec& exec, const HeadView& head, const DeviceRequest& r,
+                      const Scratch& s, const void* x, const void* dlogits, int64_t ld_d) {
+  const Gemm gemm = MakeGemm(exec, head);
+  if (r.grad_input != nullptr) {
+    if (r.hidden_dtype == head.dtype) {
+      FLCE_RETURN_IF_ERROR(gemm.GradInput(dlogits, ld_d, head.weight, r.rows, head.padded_vocab,
+                                          head.hidden, r.grad_input, head.dtype, 0.0f));
+    } else {
+      FLCE_RETURN_IF_ERROR(gemm.GradInput(dlogits, ld_d, head.weight, r.rows, head.padded_vocab,
+                                          head.hidden, s.gi32, DType::kF32, 0.0f));
+      FLCE_RETURN_IF_ERROR(LaunchConvert(DType::kF32, s.gi32, r.hidden_dtype, r.grad_input,
+                                         r.rows * head.hidden, exec.stream, exec.health));
+    }
+  }
+  if (r.grad_weight != nullptr) {
+    FLCE_RETURN_IF_ERROR(gemm.GradWeight(dlogits, ld_d, x, r.rows, head.padded_vocab,
+                                         head.hidden, r.grad_weight));
+  }
+  if (r.grad_bias != nullptr) {
+    FLCE_RETURN_IF_ERROR(LaunchFillOnes(head.dtype, s.ones, r.rows, exec.stream, exec.health));
+    FLCE_RETURN_IF_ERROR(
+        gemm.GradBias(dlogits, ld_d, s.ones, r.rows, head.padded_vocab, r.grad_bias));
+  }
+  return absl::OkStatus();
+}
+
+bool WantsBackward(const DeviceRequest& r) {
+  return r.grad_input != nullptr || r.grad_weight != nullptr || r.grad_bias != nullptr;
+}
+
+absl::Status RunNaive(const Exec& exec, const HeadView& head, const DeviceRequest& r,
+                      char* scratch) {
+  const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, false);
+  const Scratch s = Carve(scratch, r.rows, head.padded_vocab, tb, head, true, false);
+  FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s));
+  FLCE_RETURN_IF_ERROR(MakeGemm(exec, head).Logits(x, head.weight, r.rows, head.padded_vocab,
+                                                   head.hidden, s.logits, head.padded_vocab));
+  FusedRowArgs args;
+  args.logits = s.logits;
+  args.ld_logits = head.padded_vocab;
+  args.padded_vocab = head.padded_vocab;
+  args.rows = r.rows;
+  args.bias = head.bias;
+  args.dlogits = s.dlogits;
+  args.dlogits_row_bytes = head.padded_vocab * DTypeSize(head.dtype);
+  args.probs = static_cast<float*>(s.probs);
+  args.in = r.in;
+  args.out = r.out;
+  args.params = r.params;
+  FLCE_RETURN_IF_ERROR(LaunchFusedRows(head.dtype, args, exec.stream, exec.health));
+  if (!WantsBackward(r)) return absl::OkStatus();
+  return Backward(exec, head, r, s, x, s.dlogits, head.padded_vocab);
+}
+
+// Forward over vocabulary splits: per-row state, then RowGrad and outputs.
+absl::Status SplitForward(const Exec& exec, const HeadView& head, const Plan& plan,
+                          const DeviceRequest& r, const Scratch& s, const void* x) {
+  const Gemm gemm = MakeGemm(exec, head);
+  const int64_t esize = DTypeSize(head.dtype);
+  for (int64_t col0 = 0; col0 < head.padded_vocab; col0 += plan.split_cols) {
+    const int64_t cols = std::min(plan.split_cols, head.padded_vocab - col0);
+    FLCE_RETURN_IF_ERROR(gemm.Logits(x, static_cast<const char*>(head.weight) + col0 * head.hidden * esize,
+                                     r.rows, cols, head.hidden, s.logits, cols));
+    SplitArgs a;
+    a.logits = s.logits;
+    a.ld = cols;
+    a.col0 = col0;
+    a.cols = cols;
+    a.rows = r.rows;
+    a.bias = head.bias;
+    a.target = r.in.target;
+    a.params = r.params;
+    FLCE_RETURN_IF_ERROR(
+        LaunchSplitStats(head.dtype, a, s.state, col0 == 0, exec.stream, exec.health));
+  }
+  return LaunchFinishRows(s.state, r.rows, r.in, r.out, r.params, s.grad, exec.stream,
+                          exec.health);
+}
+
+absl::Status RunVocabSplitBlock(const Exec& exec, const HeadView& head, const Plan& plan,
+                                const DeviceRequest& r, char* scratch) {
+  const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, true);
+  const Scratch s = Carve(scratch, r.rows, plan.split_cols, tb, head, false, true);
+  FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s));
+  FLCE_RETURN_IF_ERROR(SplitForward(exec, head, plan, r, s, x));
+  if (!WantsBackward(r)) return absl::OkStatus();
+  const Gemm gemm = MakeGemm(exec, head);
+  const int64_t esize = DTypeSize(head.dtype);
+  if (r.grad_bias != nullptr) {
+    FLCE_RETURN_IF_ERROR(LaunchFillOnes(head.dtype, s.ones, r.rows, exec.stream, exec.health));
+  }
+  for (int64_t col0 = 0; col0 < head.padded_vocab; col0 += plan.split_cols) {
+    const int64_t cols = std::min(plan.split_cols, head.padded_vocab - col0);
+    const void* w = static_cast<const char*>(head.weight) + col0 * head.hidden * esize;
+    FLCE_RETURN_IF_ERROR(gemm.Logits(x, w, r.rows, cols, head.hidden, s.logits, cols));
+    SplitArgs a;
+    a.logits = s.logits;
+    a.ld = cols;
+    a.col0 = col0;
+    a.cols = cols;
+    a.rows = r.rows;
+    a.bias = head.bias;
+    a.target = r.in.target;
+    a.params = r.params;
+    FLCE_RETURN_IF_ERROR(LaunchSplitGrad(head.dtype, a, s.grad, exec.stream, exec.health));
+    // dlogits sit at the start of each fp32 row: row stride cols * 4 bytes.
+    const int64_t ld_d = cols * 4 / esize;
+    if (r.grad_input != nullptr) {
+      FLCE_RETURN_IF_ERROR(gemm.GradInput(s.logits, ld_d, w, r.rows, cols, head.hidden, s.gi32,
+                                          DType::kF32, col0 == 0 ? 0.0f : 1.0f));
+    }
+    if (r.grad_weight != nullptr) {
+      FLCE_RETURN_IF_ERROR(gemm.GradWeight(s.logits, ld_d, x, r.rows, cols, head.hidden,
+                                           r.grad_weight + col0 * head.hidden));
+    }
+    if (r.grad_bias != nullptr) {
+      FLCE_RETURN_IF_ERROR(gemm.GradBias(s.logits, ld_d, s.ones, r.rows, cols, r.grad_bias + col0));
+    }
+  }
+  if (r.grad_input != nullptr) {
+    FLCE_RETURN_IF_ERROR(LaunchConvert(DType::kF32, s.gi32, r.hidden_dtype, r.grad_input,
+                                       r.rows * head.hidden, exec.stream, exec.health));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunFuseMNBlock(const Exec& exec, const HeadView& head, const Plan& plan,
+                            const DeviceRequest& r, char* scratch) {
+  const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, true);
+  const Scratch s = Carve(scratch, r.rows, plan.split_cols, tb, head, false, true);
+  FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s));
+  FLCE_RETURN_IF_ERROR(SplitForward(exec, head, plan, r, s, x));
+  if (!WantsBackward(r)) return absl::OkStatus();
+  if (r.grad_input != nullptr) {
+    FLCE_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(s.gi32, 0, r.rows * head.hidden * sizeof(float), exec.stream),
+        exec.health);
+  }
+  FuseMNArgs a;
+  a.x = x;
+  a.w = head.weight;
+  a.bias = head.bias;
+  a.rows = r.rows;
+  a.hidden = head.hidden;
+  a.padded_vocab = head.padded_vocab;
+  a.grad = s.grad;
+  a.grad_input = r.grad_input != nullptr ? s.gi32 : nullptr;
+  a.grad_weight = r.grad_weight;
+  a.grad_bias = r.grad_bias;
+  a.params = r.params;
+  FLCE_RETURN_IF_ERROR(LaunchFuseMN(head.dtype, a, exec.stream, exec.health));
+  if (r.grad_input != nullptr) {
+    FLCE_RETURN_IF_ERROR(LaunchConvert(DType::kF32, s.gi32, r.hidden_dtype, r.grad_input,
+                                       r.rows * head.hidden, exec.stream, exec.health));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int64_t budget) {
+  Plan plan;
+  plan.strategy = req.strategy == Strategy::kAuto ? Strategy::kChunked : req.strategy;
+  const int64_t n = std::max<int64_t>(req.num_tokens, 1);
+  const int64_t hs_in = DTypeSize(req.hidden_dtype);
+  switch (plan.strategy) {
+    case Strategy::kChunked: {
+      const TokenBytes tb = PerTokenBytes(head, req.hidden_dtype, false);
+      // Two upload/download slots: hidden in, grad_input out, row inputs and
+      // outputs (target, a, e; loss, z-loss, logprob, entropy, argmax).
+      const int64_t slot_tok = req.streaming ? 2 * (2 * head.hidden * hs_in + 12 + 20) : 0;
+      const int64_t per_tok = head.padded_vocab * 4 + tb.total() + slot_tok;
+      int64_t chunk = AlignDown((budget - 64 * 1024) / per_tok, ChunkPolicy::kTokenAlign);
+      chunk = std::min(chunk, ChunkPolicy::kMaxTokens);
+      if (req.chunk_tokens > 0) chunk = std::min(chunk, req.chunk_tokens);
+      chunk = std::min(chunk, AlignUp(n, ChunkPolicy::kTokenAlign));
+      if (req.chunk_tokens > 0 && req.chunk_tokens < ChunkPolicy::kTokenAlign) {
+        chunk = std::min(chunk, req.chunk_tokens);
+      }
+      if (chunk < std::min<int64_t>(ChunkPolicy::kMinTokens, n)) {
+        return Exhausted("chunked plan", per_tok * ChunkPolicy::kMinTokens, budget,
+                         "Raise --workspace-mb.");
+      }
+      plan.chunk_tokens = chunk;
+      plan.scratch_bytes = ScratchBytes(chunk, head.padded_vocab, tb, 0);
+      if (req.streaming) {
+        plan.stream_slot_bytes = Carver::Round(chunk * head.hidden * hs_in) * 2 +
+                                 Carver::Round(chunk * 4) * 8 + 256;
+      }
+      return plan;
+    }
+    case Strategy::kSeparate: {
+      const TokenBytes tb = PerTokenBytes(head, req.hidden_dtype, false);
+      plan.chunk_tokens = n;
+      plan.scratch_bytes = ScratchBytes(n, head.padded_vocab, tb, 0);
+      if (plan.scratch_bytes > budget) {
+        return Exhausted("separate plan (full tokens x V dlogits)", plan.scratch_bytes, budget,
+                         "Use the chunked strategy or raise --workspace-mb.");
+      }
+      return plan;
+    }
+    case Strategy::kNaive: {
+      const TokenBytes tb = PerTokenBytes(head, req.hidden_dtype, false);
+      plan.chunk_tokens = n;
+      // logits fp32 + softmax fp32 + dlogits in the head dtype.
+      plan.scratch_bytes = Carver::Round(n * head.padded_vocab * 4) * 2 +
+                           Carver::Round(n * head.padded_vocab * DTypeSize(head.dtype)) +
+                           ScratchBytes(n, 0, tb, 0);
+      if (plan.scratch_bytes > budget) {
+        return Exhausted("naive plan (tokens x V logits, softmax and dlogits)",
+                         plan.scratch_bytes, budget,
+                         "Use the chunked strategy or raise --workspace-mb.");
+      }
+      return plan;
+    }
+    case Strategy::kFuseMN:
+      if (req.deterministic) {
+        return absl::InvalidArgumentError(
+            "strategy fuse_mn accumulates with fp32 atomics and cannot be deterministic; "
+            "use chunked, vocab_split, separate or naive with deterministic");
+      }
+      [[fallthrough]];
+    case Strategy::kVocabSplit: {
+      TokenBytes tb = PerTokenBytes(head, req.hidden_dtype, true);
+      tb.rowstate = sizeof(RowState) + sizeof(RowGrad);
+      int64_t rows = std::min(AlignUp(n, ChunkPolicy::kTokenAlign), VocabSplitPolicy::kMaxTokens);
+      for (;;) {
+        const int64_t fixed = ScratchBytes(rows, 0, tb, 0);
+        int64_t cols = fixed < budget ? AlignDown((budget - fixed) / (rows * 4), VocabPolicy::kAlign) : 0;
+        cols = std::min({cols, VocabSplitPolicy::kMaxSplit, head.padded_vocab});
+        if (cols >= std::min(VocabSplitPolicy::kMinSplit, head.padded_vocab)) {
+          plan.chunk_tokens = rows;
+          plan.split_cols = cols;
+          plan.scratch_bytes = ScratchBytes(rows, cols, tb, 0);
+          return plan;
+        }
+        if (rows <= ChunkPolicy::kTokenAlign) {
+          return Exhausted("vocab_split plan", ScratchBytes(rows, VocabSplitPolicy::kMinSplit, tb, 0),
+                           budget, "Raise --workspace-mb.");
+        }
+        rows = AlignUp(rows / 2, ChunkPolicy::kTokenAlign);
+      }
+    }
+    case Strategy::kAuto:
+      break;
+  }
+  return absl::InvalidArgumentError("unknown strategy");
+}
+
+absl::Status RunChunk(const Exec& exec, const HeadView& head, const Plan& plan,
+                      const DeviceRequest& r, char* scratch) {
+  if (r.rows > plan.chunk_tokens) return absl::InternalError("chunk larger than the plan's");
+  const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, false);
+  const Scratch s = Carve(scratch, plan.chunk_tokens, head.padded_vocab, tb, head, false, false);
+  FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s));
+  FLCE_RETURN_IF_ERROR(MakeGemm(exec, head).Logits(x, head.weight, r.rows, head.padded_vocab,
+                                                   head.hidden, s.logits, head.padded_vocab));
+  const bool backward = WantsBackward(r);
+  FusedRowArgs args;
+  args.logits = s.logits;
+  args.ld_logits = head.padded_vocab;
+  args.padded_vocab = head.padded_vocab;
+  args.rows = r.rows;
+  args.bias = head.bias;
+  args.dlogits = backward ? s.logits : nullptr;  // in place
+  args.dlogits_row_bytes = head.padded_vocab * 4;
+  args.in = r.in;
+  args.out = r.out;
+  args.params = r.params;
+  FLCE_RETURN_IF_ERROR(LaunchFusedRows(head.dtype, args, exec.stream, exec.health));
+  if (!backward) return absl::OkStatus();
+  return Backward(exec, head, r, s, x, s.logits, head.padded_vocab * 4 / DTypeSize(head.dtype));
+}
+
+absl::Status RunPlan(const Exec& exec, const HeadView& head, const Plan& plan,
+                     const DeviceRequest& r, char* scratch) {
+  switch (plan.strategy) {
+    case Strategy::kChunked:
+    case Strategy::kSeparate:
+      for (int64_t b = 0; b < r.rows; b += plan.chunk_tokens) {
+        FLCE_RETURN_IF_ERROR(RunChunk(exec, head, plan,
+                                      Slice(r, b, std::min(plan.chunk_tokens, r.rows - b), head.hidden),
+                                      scratch));
+      }
+      return absl::OkStatus();
+    case Strategy::kNaive:
+      return RunNaive(exec, head, r, scratch);
+    case Strategy::kVocabSplit:
+    case Strategy::kFuseMN:
+      for (int64_t b = 0; b < r.rows; b += plan.chunk_tokens) {
+        DeviceRequest block = Slice(r, b, std::min(plan.chunk_tokens, r.rows - b), head.hidden);
+        if (plan.strategy == Strategy::kVocabSplit) {
+          FLCE_RETURN_IF_ERROR(RunVocabSplitBlock(exec, head, plan, block, scratch));
+        } else {
+          FLCE_RETURN_IF_ERROR(RunFuseMNBlock(exec, head, plan, block, scratch));
+        }
+      }
+      return absl::OkStatus();
+    case Strategy::kAuto:
+      break;
+  }
+  return absl::InvalidArgumentError("plan without a strategy");
+}
+
+}  // namespace flce::cuda

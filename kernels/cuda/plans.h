@@ -1,0 +1,93 @@
+// The execution plans (MATH.md's fused linear + cross-entropy over device-
+// resident inputs) and the planner that picks one from the shape and the
+// workspace budget. The engine's calls and the benchmark both run plans
+// through RunPlan / RunChunk, so that what is measured is what is served.
+//
+//   chunked      token chunks; fp32 logits of a chunk in the workspace, one
+//                fused row kernel overwrites them with dlogits; cuBLAS does
+//                grad_input and grad_W (+= fp32, beta = 1).
+//   separate     the same with one chunk of every token: the full (BT x V)
+//                logits/dlogits buffer, when it fits the budget.
+//   naive        logits, softmax and dlogits each materialised for all
+//                tokens, as autograd would: the memory wall.
+//   vocab_split  vocabulary splits with an online softmax (O(BT) state), the
+//                backward recomputes each split's logits.
+//   fuse_mn      stats as vocab_split, then one tile kernel with atomics.
+#ifndef FLCE_KERNELS_CUDA_PLANS_H_
+#define FLCE_KERNELS_CUDA_PLANS_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/row_types.h"
+#include "kernels/dtype.h"
+#include "kernels/engine.h"
+
+namespace flce::cuda {
+
+struct HeadView {
+  DType dtype = DType::kBF16;
+  int64_t vocab = 0;
+  int64_t padded_vocab = 0;
+  int64_t hidden = 0;
+  const void* weight = nullptr;  // padded_vocab x hidden, rows >= vocab are 0
+  const void* bias = nullptr;    // padded_vocab, or null
+};
+
+// One request's (or one chunk's) device-resident data.
+struct DeviceRequest {
+  int64_t rows = 0;
+  DType hidden_dtype = DType::kBF16;
+  const void* hidden = nullptr;  // rows x H in hidden_dtype
+  RowInputs in;                  // rows entries each
+  RowOutputs out;                // rows entries each
+  void* grad_input = nullptr;    // rows x H in hidden_dtype, or null
+  float* grad_weight = nullptr;  // padded_vocab x H, or null (forward only)
+  float* grad_bias = nullptr;    // padded_vocab, or null
+  LossParams params;
+};
+
+struct Plan {
+  Strategy strategy = Strategy::kChunked;
+  int64_t chunk_tokens = 0;     // chunked: tokens per chunk; split plans: per token block
+  int64_t split_cols = 0;       // vocab_split / fuse_mn: vocabulary columns per split
+  int64_t scratch_bytes = 0;    // device workspace RunPlan needs
+  int64_t stream_slot_bytes = 0;  // chunked streaming: per slot (hidden in, grad out, rows)
+};
+
+struct PlanRequest {
+  Strategy strategy = Strategy::kAuto;
+  int64_t num_tokens = 0;
+  DType hidden_dtype = DType::kBF16;
+  int64_t chunk_tokens = 0;  // caller's hint; 0 = from the budget
+  bool deterministic = false;
+  bool streaming = true;     // chunked: reserve two upload/download slots too
+};
+
+// RESOURCE_EXHAUSTED (needed vs available bytes) when the plan cannot fit the
+// budget; INVALID_ARGUMENT for fuse_mn with deterministic.
+absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& request,
+                              int64_t budget_bytes);
+
+struct Exec {
+  cublasHandle_t cublas = nullptr;
+  cudaStream_t stream = nullptr;
+  DeviceHealth* health = nullptr;
+};
+
+// One chunk (rows <= plan.chunk_tokens) of the chunked plan. scratch holds
+// plan.scratch_bytes.
+absl::Status RunChunk(const Exec& exec, const HeadView& head, const Plan& plan,
+                      const DeviceRequest& request, char* scratch);
+
+// The whole request under `plan`.
+absl::Status RunPlan(const Exec& exec, const HeadView& head, const Plan& plan,
+                     const DeviceRequest& request, char* scratch);
+
+}  // namespace flce::cuda
+
+#endif  // FLCE_KERNELS_CUDA_PLANS_H_
