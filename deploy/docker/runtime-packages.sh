@@ -12,7 +12,8 @@ if (($# == 0)); then
 fi
 
 # Libraries that come with the base image (glibc, libstdc++, libgcc) or with CUDA's
-# runtime image (cudart, cuBLAS, cuBLASLt, NCCL, the driver's libcuda).
+# runtime image (cudart, cuBLAS, cuBLASLt, NCCL, the driver's libcuda; anything under
+# /usr/local/cuda).
 skip='/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-[^/]*)\.so'
 
 libs=()
@@ -24,7 +25,8 @@ for elf in "$@"; do
   fi
   while read -r lib; do
     [[ -n "$lib" ]] && libs+=("$lib")
-  done < <(ldd "$elf" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -v -E "$skip" || true)
+  done < <(ldd "$elf" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -v -E "$skip" \
+             | grep -v '^/usr/local/cuda' || true)
 done
 
 ((${#libs[@]})) || exit 0
