@@ -1,0 +1,44 @@
+// The Compute RPC: a bidirectional stream (header, hidden chunks in; grad_input
+// chunks, token outputs and a summary out).
+//
+// State machine of one call:
+//   reactor thread            worker thread (one per call)
+//   OnReadDone -> queue  -->  header: validate, head snapshot, session slot,
+//   (next StartRead only       staging GradBuffer, engine StartCompute
+//    while the queue has      chunk: check rows / overlap / NaN, AddHidden
+//    room: backpressure)      end of input: Finish, commit, outputs, summary
+//   OnWriteDone <- out queue <-- engine sink (grad_input rows, split to fit
+//                                --max-message-mb)
+// The reactions never wait on the engine. Finish is sent only when no write is
+// in flight and no Start* call is being made, so the reactor is never used
+// after OnDone. Any failure or cancellation destroys the engine call and drops
+// the staged contribution: the session's grad_W changes only on success.
+#ifndef FLCE_SERVER_COMPUTE_REACTOR_H_
+#define FLCE_SERVER_COMPUTE_REACTOR_H_
+
+#include <memory>
+
+#include "flce/v1/flce.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/service_context.h"
+
+namespace flce::server {
+
+class ComputeStream;
+
+class ComputeReactor : public grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse> {
+ public:
+  ComputeReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call);
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  std::shared_ptr<ComputeStream> stream_;
+};
+
+}  // namespace flce::server
+
+#endif  // FLCE_SERVER_COMPUTE_REACTOR_H_

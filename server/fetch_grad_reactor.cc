@@ -1,0 +1,133 @@
+#include "server/fetch_grad_reactor.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+#include "server/status_mapping.h"
+#include "server/validation.h"
+
+namespace flce::server {
+namespace {
+constexpr int64_t kMessageOverhead = 4096;
+}  // namespace
+
+FetchGradReactor::FetchGradReactor(const ServiceContext& ctx,
+                                   const v1::FetchGradRequest* request)
+    : ctx_(ctx), request_(*request), scope_(ctx.metrics, "FetchGrad") {
+  ctx_.pool->Schedule([this] { Step(/*first=*/true); });
+}
+
+void FetchGradReactor::OnWriteDone(bool ok) {
+  if (!ok) {
+    End(absl::CancelledError("the client went away during FetchGrad"));
+    return;
+  }
+  ctx_.pool->Schedule([this] { Step(/*first=*/false); });
+}
+
+void FetchGradReactor::OnCancel() { cancelled_.store(true); }
+
+void FetchGradReactor::OnDone() { delete this; }
+
+void FetchGradReactor::End(const absl::Status& status) {
+  snapshot_.grad.reset();
+  grpc::Status grpc_status = ToGrpcStatus(EngineStatus(*ctx_.engine, status));
+  scope_.Done(grpc_status);
+  Finish(grpc_status);
+}
+
+void FetchGradReactor::Step(bool first) {
+  if (cancelled_.load()) {
+    End(absl::CancelledError("the client cancelled FetchGrad"));
+    return;
+  }
+  if (first) {
+    absl::Status prepared = Prepare();
+    if (!prepared.ok()) {
+      End(prepared);
+      return;
+    }
+    StartWrite(&response_);
+    return;
+  }
+  absl::StatusOr<bool> more = NextChunk();
+  if (!more.ok()) {
+    End(more.status());
+  } else if (!*more) {
+    End(absl::OkStatus());
+  } else {
+    StartWrite(&response_);
+  }
+}
+
+absl::Status FetchGradReactor::Prepare() {
+  FLCE_RETURN_IF_ERROR(ValidateId(request_.head_id(), "head_id"));
+  FLCE_RETURN_IF_ERROR(ValidateId(request_.session_id(), "session_id"));
+  switch (request_.dtype()) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_FP32: dtype_ = DType::kF32; break;
+    case v1::DTYPE_BF16: dtype_ = DType::kBF16; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dtype = ", v1::DType_Name(request_.dtype()), " is not DTYPE_FP32 or DTYPE_BF16"));
+  }
+  if (request_.chunk_rows() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_rows = ", request_.chunk_rows(), " is negative"));
+  }
+  uint64_t version = 0;
+  if (absl::StatusOr<HeadEntry> head = ctx_.heads->Get(request_.head_id()); head.ok()) {
+    version = head->version;
+  }
+  FLCE_ASSIGN_OR_RETURN(snapshot_,
+                        ctx_.sessions->Snapshot(request_.head_id(), request_.session_id(),
+                                                request_.reset(), request_.request_id()));
+  const GradBuffer& grad = *snapshot_.grad;
+  int64_t row_bytes = grad.hidden_size() * DTypeSize(dtype_);
+  int64_t fit = std::max<int64_t>(1, (ctx_.config.max_message_bytes - kMessageOverhead) / row_bytes);
+  chunk_rows_ = request_.chunk_rows() > 0 ? std::min(request_.chunk_rows(), fit) : fit;
+  bias_chunk_ = std::max<int64_t>(
+      1, (ctx_.config.max_message_bytes - kMessageOverhead) / DTypeSize(dtype_));
+  v1::GradHeader* header = response_.mutable_header();
+  header->set_vocab_size(grad.vocab_size());
+  header->set_hidden_size(grad.hidden_size());
+  header->set_dtype(DTypeToProto(dtype_));
+  header->set_has_bias(grad.has_bias());
+  header->set_contributions(snapshot_.contributions);
+  header->set_head_version(version);
+  header->set_replayed(snapshot_.replayed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> FetchGradReactor::NextChunk() {
+  const GradBuffer& grad = *snapshot_.grad;
+  response_.Clear();
+  v1::GradChunk* chunk = response_.mutable_chunk();
+  if (next_row_ < grad.vocab_size()) {
+    int64_t rows = std::min(chunk_rows_, grad.vocab_size() - next_row_);
+    std::string* data = chunk->mutable_data();
+    data->resize(rows * grad.hidden_size() * DTypeSize(dtype_));
+    FLCE_RETURN_IF_ERROR(grad.CopyWeightRows(next_row_, rows, dtype_, data->data()));
+    chunk->set_role(v1::TENSOR_WEIGHT);
+    chunk->set_row_offset(next_row_);
+    chunk->set_rows(rows);
+    next_row_ += rows;
+    return true;
+  }
+  if (grad.has_bias() && next_bias_ < grad.vocab_size()) {
+    int64_t count = std::min(bias_chunk_, grad.vocab_size() - next_bias_);
+    std::string* data = chunk->mutable_data();
+    data->resize(count * DTypeSize(dtype_));
+    FLCE_RETURN_IF_ERROR(grad.CopyBias(next_bias_, count, dtype_, data->data()));
+    chunk->set_role(v1::TENSOR_BIAS);
+    chunk->set_row_offset(next_bias_);
+    chunk->set_rows(count);
+    next_bias_ += count;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace flce::server

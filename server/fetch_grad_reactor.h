@@ -1,0 +1,52 @@
+// The FetchGrad RPC: GradHeader, then grad_W rows, then grad_b, from a private
+// snapshot of the session's accumulator (or, with reset, the accumulator
+// itself, swapped for a zeroed one). Each message is copied out of the engine
+// on the worker pool just before it is written: one message in memory at a
+// time, whatever the head's size.
+#ifndef FLCE_SERVER_FETCH_GRAD_REACTOR_H_
+#define FLCE_SERVER_FETCH_GRAD_REACTOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "flce/v1/flce.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/service_context.h"
+#include "server/session_store.h"
+
+namespace flce::server {
+
+class FetchGradReactor : public grpc::ServerWriteReactor<v1::FetchGradResponse> {
+ public:
+  FetchGradReactor(const ServiceContext& ctx, const v1::FetchGradRequest* request);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  absl::Status Prepare();
+  // Fills response_ with the next chunk; false when everything was sent.
+  absl::StatusOr<bool> NextChunk();
+  void Step(bool first);
+  void End(const absl::Status& status);
+
+  const ServiceContext& ctx_;
+  v1::FetchGradRequest request_;
+  RpcScope scope_;
+  std::atomic<bool> cancelled_{false};
+  // Touched by one pool task at a time (the next starts after OnWriteDone).
+  v1::FetchGradResponse response_;
+  GradSnapshot snapshot_;
+  DType dtype_ = DType::kF32;
+  int64_t chunk_rows_ = 0;
+  int64_t bias_chunk_ = 0;
+  int64_t next_row_ = 0;
+  int64_t next_bias_ = 0;
+};
+
+}  // namespace flce::server
+
+#endif  // FLCE_SERVER_FETCH_GRAD_REACTOR_H_

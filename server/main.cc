@@ -1,0 +1,100 @@
+// flce-server: serves flce.v1.Flce (see proto/flce/v1/flce.proto).
+//
+//   flce-server --port 50051 --metrics-port 9464 --device auto
+//
+// With no head given it serves the embedded demo head "demo" (V=32000,
+// H=512, bf16). SIGTERM / SIGINT: stop accepting, drain (--drain-seconds),
+// exit 0. An engine that fails for good: exit 1.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/flce_server.h"
+#include "server/log.h"
+#include "server/server_config.h"
+
+ABSL_FLAG(int, port, 50051, "gRPC port (0 = any free port)");
+ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
+ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port (0 = off)");
+ABSL_FLAG(std::string, device, "auto", "cpu, cuda, or auto (CUDA if present, else CPU)");
+ABSL_FLAG(int64_t, workspace_mb, 2048, "engine workspace budget in MiB");
+ABSL_FLAG(int64_t, max_message_mb, 64, "largest gRPC message in MiB, each way");
+ABSL_FLAG(int64_t, max_request_tokens, 1048576, "most tokens in one Compute call");
+ABSL_FLAG(int64_t, max_sessions, 1024, "most gradient sessions alive at once");
+ABSL_FLAG(int64_t, max_pending, 2, "most staged contributions per session");
+ABSL_FLAG(absl::Duration, session_ttl, absl::Hours(1),
+          "sessions idle this long are dropped, staged contributions with them");
+ABSL_FLAG(std::string, head_root, "",
+          "directory LoadHeadFromFile may read from (empty = file loads refused)");
+ABSL_FLAG(std::string, head_file, "", ".safetensors file to preload a head from");
+ABSL_FLAG(std::string, head_tensor, "lm_head.weight", "weight tensor in --head-file");
+ABSL_FLAG(std::string, head_bias_tensor, "", "bias tensor in --head-file (optional)");
+ABSL_FLAG(std::string, head_id, "demo", "id of the preloaded head (or of the demo head)");
+ABSL_FLAG(bool, demo_head, true, "serve the embedded demo head when no --head-file is given");
+ABSL_FLAG(int, drain_seconds, 30, "on SIGTERM, how long calls in flight may take to finish");
+ABSL_FLAG(int, threads, 0, "CPU engine threads (0 = all cores)");
+ABSL_FLAG(std::string, cuda_plugin, "",
+          "path of libflce_cuda.so (default: $FLCE_CUDA_PLUGIN, beside the binary, ...)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("flce-server: fused linear + cross-entropy LM-head service");
+  absl::ParseCommandLine(argc, argv);
+
+  flce::server::ServerConfig config;
+  config.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  config.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  config.device = absl::GetFlag(FLAGS_device);
+  config.cuda_plugin_path = absl::GetFlag(FLAGS_cuda_plugin);
+  config.workspace_bytes = absl::GetFlag(FLAGS_workspace_mb) << 20;
+  config.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  config.max_request_tokens = absl::GetFlag(FLAGS_max_request_tokens);
+  config.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  config.max_pending = absl::GetFlag(FLAGS_max_pending);
+  config.session_ttl = absl::GetFlag(FLAGS_session_ttl);
+  config.head_root = absl::GetFlag(FLAGS_head_root);
+  config.head_file = absl::GetFlag(FLAGS_head_file);
+  config.head_tensor = absl::GetFlag(FLAGS_head_tensor);
+  config.head_bias_tensor = absl::GetFlag(FLAGS_head_bias_tensor);
+  config.head_id = absl::GetFlag(FLAGS_head_id);
+  config.embedded_demo_head = absl::GetFlag(FLAGS_demo_head);
+  config.drain = absl::Seconds(absl::GetFlag(FLAGS_drain_seconds));
+  config.threads = absl::GetFlag(FLAGS_threads);
+
+  // Signals go to one thread that waits for them; every other thread
+  // (gRPC's, the engine's) inherits the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto server = flce::server::FlceServer::Create(config);
+  if (!server.ok()) {
+    flce::server::LogError(absl::StrCat("cannot start: ", server.status().ToString()));
+    return 2;
+  }
+  flce::server::FlceServer* running = server->get();
+  std::thread([signals, running] {
+    int signal = 0;
+    if (sigwait(&signals, &signal) != 0) return;
+    flce::server::LogInfo(absl::StrCat("signal ", signal == SIGTERM ? "SIGTERM" : "SIGINT",
+                                       ": shutting down"));
+    running->Shutdown();
+  }).detach();
+
+  absl::Status stopped = running->Wait();
+  server->reset();
+  if (!stopped.ok()) {
+    flce::server::LogError(stopped.ToString());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,62 @@
+// A reader of the .safetensors format (8-byte little-endian header length,
+// a JSON header naming each tensor's dtype, shape and byte range, then the
+// data), enough to stream one tensor out of a file of any size.
+//
+// Usage:
+//   FLCE_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
+//   FLCE_ASSIGN_OR_RETURN(const SafetensorsTensor* w, file.Find("lm_head.weight"));
+//   file.Read(*w, offset, bytes, buffer);
+#ifndef FLCE_SERVER_SAFETENSORS_H_
+#define FLCE_SERVER_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/dtype.h"
+
+namespace flce::server {
+
+struct SafetensorsTensor {
+  std::string name;
+  std::string dtype;  // as in the file: "BF16", "F16", "F32", ...
+  std::vector<int64_t> shape;
+  int64_t begin = 0;  // byte range in the data section
+  int64_t end = 0;
+};
+
+class SafetensorsFile {
+ public:
+  // INVALID_ARGUMENT for a malformed file, NOT_FOUND for a missing one.
+  static absl::StatusOr<SafetensorsFile> Open(const std::string& path);
+
+  SafetensorsFile(SafetensorsFile&&) = default;
+  SafetensorsFile& operator=(SafetensorsFile&&) = default;
+  ~SafetensorsFile();
+
+  // NOT_FOUND listing the tensors the file has.
+  absl::StatusOr<const SafetensorsTensor*> Find(const std::string& name) const;
+  // bytes at `offset` into the tensor's data.
+  absl::Status Read(const SafetensorsTensor& tensor, int64_t offset, int64_t bytes,
+                    void* out) const;
+
+ private:
+  SafetensorsFile() = default;
+
+  std::string path_;
+  int fd_ = -1;
+  int64_t data_start_ = 0;
+  std::map<std::string, SafetensorsTensor> tensors_;
+  std::unique_ptr<int, void (*)(int*)> closer_{nullptr, nullptr};
+};
+
+// "BF16" / "F16" / "F32" to DType; INVALID_ARGUMENT for anything else.
+absl::StatusOr<DType> DTypeFromSafetensors(const std::string& name);
+
+}  // namespace flce::server
+
+#endif  // FLCE_SERVER_SAFETENSORS_H_
