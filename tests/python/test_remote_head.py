@@ -290,3 +290,15 @@ def test_bad_input_raises_flce_error(client):
     with pytest.raises(flce.FlceError):
         with torch.no_grad():
             head(h, y)
+
+
+def test_head_from_target_string(server_target):
+    lin, h, y = make_problem(False, seed=19)
+    head = flce.RemoteLMHead(server_target, f"t-{uuid.uuid4().hex[:8]}", session_id="run-1")
+    head.load_from_module(lin, dtype=torch.float32)
+    assert head.client.session_id == "run-1" and head.session_id == "run-1"
+    head(h.clone().requires_grad_(True), y).backward()
+    lin.weight.grad = head.fetch_grad_weight(reset=True)
+    want = local_run(lin, h, y, lambda z, y: F.cross_entropy(z, y))
+    assert rel(lin.weight.grad, want[2]) <= TOL
+    head.client.close()

@@ -1,6 +1,6 @@
 """flce.RemoteLMHead: an nn.Module whose weight lives on a flce server.
 
-    head = flce.RemoteLMHead(flce.Client("localhost:50051"), "my-head")
+    head = flce.RemoteLMHead("localhost:50051", "my-head")  # or a flce.Client
     head.load_from_module(model.lm_head)            # weight (and bias) uploaded
     loss = head(hidden, targets)                    # replaces F.cross_entropy(lm_head(h), y)
     loss.backward()                                 # grad_input local, grad_W on the server
@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import torch
 from torch import nn
@@ -33,11 +33,14 @@ class RemoteLMHead(nn.Module):
     on the server. With grad enabled, grad_W accumulates in the server session even when
     hidden needs no gradient (a frozen body), like a local head's weight.grad would."""
 
-    def __init__(self, client: Client, head_id: str, *, session_id: Optional[str] = None,
+    def __init__(self, client: Union[Client, str], head_id: str, *,
+                 session_id: Optional[str] = None,
                  reduction: str = "mean", ignore_index: int = -100,
                  label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float = 0.0,
                  temperature: float = 1.0, strategy: str = "auto", chunk_tokens: int = 0):
         super().__init__()
+        if isinstance(client, str):  # a target such as "127.0.0.1:50051"
+            client = Client(client, session_id=session_id)
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
         self.client = client
