@@ -136,8 +136,6 @@ absl::Status CudaComputeCall::Init() {
   req.streaming = true;
   // Refusals (budget, determinism) come before waiting for the engine.
   FLCE_ASSIGN_OR_RETURN(plan_, engine_->PlanFor(*head_, req));
-  engine_->AcquireCompute();
-  holds_engine_ = true;
   FLCE_RETURN_IF_ERROR(engine_->context()->Enter());
   return plan_.strategy == Strategy::kChunked ? InitStreaming() : InitBuffered();
 }
@@ -145,15 +143,12 @@ absl::Status CudaComputeCall::Init() {
 absl::Status CudaComputeCall::InitStreaming() {
   const int64_t c = plan_.chunk_tokens;
   DeviceHealth* health = engine_->context()->health();
-  FLCE_ASSIGN_OR_RETURN(char* dev, engine_->workspace().Device(
-                                       plan_.scratch_bytes + 2 * plan_.stream_slot_bytes,
-                                       "chunked plan"));
   const int64_t pinned_slot = Carver::Round(c * hidden_row_bytes_) * 2 +
                               Carver::Round(3 * c * 4) + Carver::Round(kRowOutputs * c * 4);
-  FLCE_ASSIGN_OR_RETURN(char* pinned, engine_->workspace().Pinned(2 * pinned_slot));
-  scratch_ = dev;
-  Carver dc(dev + plan_.scratch_bytes);
-  Carver hc(pinned);
+  FLCE_ASSIGN_OR_RETURN(slot_memory_,
+                        engine_->TakeSlotMemory(2 * plan_.stream_slot_bytes, 2 * pinned_slot));
+  Carver dc(static_cast<char*>(slot_memory_->device.get()));
+  Carver hc(static_cast<char*>(slot_memory_->pinned.get()));
   for (Slot& s : slots_) {
     s.hidden = dc.TakeBytes(c * hidden_row_bytes_);
     s.grad_input = dc.TakeBytes(c * hidden_row_bytes_);
@@ -176,8 +171,6 @@ absl::Status CudaComputeCall::InitStreaming() {
 absl::Status CudaComputeCall::InitBuffered() {
   const int64_t n = std::max<int64_t>(spec_.num_tokens, 1);
   DeviceHealth* health = engine_->context()->health();
-  FLCE_RETURN_IF_ERROR(engine_->workspace().Device(plan_.scratch_bytes,
-                                                   StrategyName(plan_.strategy)).status());
   const int64_t bytes = Carver::Round(n * hidden_row_bytes_) * 2 +
                         Carver::Round(n * 4) * (3 + kRowOutputs) + 256;
   absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(bytes, health);
@@ -238,10 +231,7 @@ void CudaComputeCall::Teardown() {
     engine_->workspace().AddRequestBytes(-request_bytes_);
     request_bytes_ = 0;
   }
-  if (holds_engine_) {
-    holds_engine_ = false;
-    engine_->ReleaseCompute();
-  }
+  if (slot_memory_ != nullptr) engine_->ReturnSlotMemory(std::move(slot_memory_));
 }
 
 void CudaComputeCall::FailWith(const absl::Status& status) {
@@ -271,6 +261,15 @@ absl::Status CudaComputeCall::AddHidden(int64_t token_offset, int64_t rows, cons
   {
     std::lock_guard<std::mutex> lock(mu_);
     FLCE_RETURN_IF_ERROR(status_);
+  }
+  if (rows > 0 && token_offset >= 0 && token_offset + rows <= spec_.num_tokens) {
+    const int64_t hidden = head_->spec().hidden_size;
+    const int64_t bad = FirstNonFinite(spec_.hidden_dtype, data, rows * hidden);
+    if (bad >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hidden row of token ", token_offset + bad / hidden, " has a non-finite value at column ",
+          bad % hidden));
+    }
   }
   FLCE_RETURN_IF_ERROR(CheckRows(token_offset, rows));
   if (rows == 0) return absl::OkStatus();
@@ -372,7 +371,6 @@ absl::Status CudaComputeCall::Flush() {
   FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.token_weight, h_a, rows * 4, cudaMemcpyHostToDevice, up), health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.entropy_weight, h_e, rows * 4, cudaMemcpyHostToDevice, up), health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.uploaded, up), health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, s.uploaded, 0), health);
 
   auto* grad = static_cast<CudaGradBuffer*>(spec_.grad_out);
   DeviceRequest r;
@@ -385,8 +383,13 @@ absl::Status CudaComputeCall::Flush() {
   r.grad_weight = grad != nullptr ? grad->weight() : nullptr;
   r.grad_bias = grad != nullptr ? grad->bias() : nullptr;
   r.params = params_;
-  FLCE_RETURN_IF_ERROR(RunChunk(engine_->exec(), head_->view(), plan_, r, scratch_));
-  FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.computed, compute), health);
+  {
+    std::lock_guard<std::mutex> lock(engine_->submit_mutex());
+    FLCE_ASSIGN_OR_RETURN(char* scratch, engine_->Scratch(plan_.scratch_bytes, "chunked plan"));
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, s.uploaded, 0), health);
+    FLCE_RETURN_IF_ERROR(RunChunk(engine_->exec(), head_->view(), plan_, r, scratch));
+    FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.computed, compute), health);
+  }
 
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(down, s.computed, 0), health);
   if (spec_.outputs.grad_input) {
@@ -457,8 +460,6 @@ absl::Status CudaComputeCall::FinishBuffered() {
   DeviceHealth* health = engine_->context()->health();
   const int64_t n = spec_.num_tokens;
   if (n == 0) return absl::OkStatus();
-  FLCE_ASSIGN_OR_RETURN(char* scratch, engine_->workspace().Device(
-                                           plan_.scratch_bytes, StrategyName(plan_.strategy)));
   auto* grad = static_cast<CudaGradBuffer*>(spec_.grad_out);
   DeviceRequest r;
   r.rows = n;
@@ -473,7 +474,14 @@ absl::Status CudaComputeCall::FinishBuffered() {
   r.grad_bias = grad != nullptr ? grad->bias() : nullptr;
   r.params = params_;
   cudaStream_t compute = engine_->exec().stream;
-  FLCE_RETURN_IF_ERROR(RunPlan(engine_->exec(), head_->view(), plan_, r, scratch));
+  {
+    std::lock_guard<std::mutex> lock(engine_->submit_mutex());
+    FLCE_ASSIGN_OR_RETURN(char* scratch,
+                          engine_->Scratch(plan_.scratch_bytes, StrategyName(plan_.strategy)));
+    FLCE_RETURN_IF_ERROR(RunPlan(engine_->exec(), head_->view(), plan_, r, scratch));
+    // Later calls may reuse the scratch as soon as the lock is released: the
+    // compute stream orders their work after this one's.
+  }
   std::vector<float> outputs(kRowOutputs * n);
   FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(outputs.data(), d_outputs_, outputs.size() * 4,
                                             cudaMemcpyDeviceToHost, compute),

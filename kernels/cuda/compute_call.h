@@ -28,13 +28,12 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda/device_objects.h"
 #include "kernels/cuda/plans.h"
 #include "kernels/engine.h"
 
 namespace flce::cuda {
-
-class CudaEngine;
 
 class CudaComputeCall : public ComputeCall {
  public:
@@ -95,7 +94,6 @@ class CudaComputeCall : public ComputeCall {
   Plan plan_;
   LossParams params_;
   int64_t hidden_row_bytes_ = 0;
-  bool holds_engine_ = false;
   bool finished_ = false;
   std::chrono::steady_clock::time_point start_time_;
   double engine_ms_ = 0.0;
@@ -110,7 +108,7 @@ class CudaComputeCall : public ComputeCall {
   int64_t n_valid_ = 0;
 
   // Streaming (chunked).
-  char* scratch_ = nullptr;
+  std::unique_ptr<CudaEngine::SlotMemory> slot_memory_;
   Slot slots_[2];
   int current_ = 0;
   int64_t pending_begin_ = 0;

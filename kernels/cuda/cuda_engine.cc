@@ -1,5 +1,7 @@
 #include "kernels/cuda/cuda_engine.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/compute_call.h"
 #include "kernels/cuda/elementwise_kernels.cuh"
@@ -27,6 +29,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineConfi
 }
 
 CudaEngine::~CudaEngine() {
+  free_slots_.clear();
   // Work in flight must end before the streams go; after a sticky error
   // there is nothing to wait for.
   if (healthy()) cudaStreamSynchronize(compute_);
@@ -80,18 +83,49 @@ Exec CudaEngine::exec() const {
   return e;
 }
 
-void CudaEngine::AcquireCompute() {
-  std::unique_lock<std::mutex> lock(busy_mu_);
-  busy_cv_.wait(lock, [this] { return !busy_; });
-  busy_ = true;
+absl::StatusOr<char*> CudaEngine::Scratch(int64_t bytes, const char* purpose) {
+  if (bytes > workspace_.capacity()) {
+    // Growing frees the old buffer: nothing queued may still use it.
+    DeviceHealth* health = ctx_->health();
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_), health);
+  }
+  return workspace_.Device(bytes, purpose);
 }
 
-void CudaEngine::ReleaseCompute() {
+absl::StatusOr<std::unique_ptr<CudaEngine::SlotMemory>> CudaEngine::TakeSlotMemory(
+    int64_t device_bytes, int64_t pinned_bytes) {
+  std::unique_ptr<SlotMemory> memory;
   {
-    std::lock_guard<std::mutex> lock(busy_mu_);
-    busy_ = false;
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    // Prefer a set that is already large enough; else grow any free one.
+    auto fits = std::find_if(free_slots_.begin(), free_slots_.end(), [&](const auto& m) {
+      return m->device.bytes() >= device_bytes && m->pinned.bytes() >= pinned_bytes;
+    });
+    if (fits == free_slots_.end() && !free_slots_.empty()) fits = free_slots_.begin();
+    if (fits != free_slots_.end()) {
+      memory = std::move(*fits);
+      free_slots_.erase(fits);
+    }
   }
-  busy_cv_.notify_one();
+  if (memory == nullptr) memory = std::make_unique<SlotMemory>();
+  DeviceHealth* health = ctx_->health();
+  if (memory->device.bytes() < device_bytes) {
+    workspace_.AddRequestBytes(-memory->device.bytes());
+    memory->device.Reset();
+    FLCE_ASSIGN_OR_RETURN(memory->device, DeviceBuffer::Allocate(device_bytes, health));
+    workspace_.AddRequestBytes(memory->device.bytes());
+  }
+  if (memory->pinned.bytes() < pinned_bytes) {
+    memory->pinned.Reset();
+    FLCE_ASSIGN_OR_RETURN(memory->pinned, PinnedBuffer::Allocate(pinned_bytes, health));
+  }
+  return memory;
+}
+
+void CudaEngine::ReturnSlotMemory(std::unique_ptr<SlotMemory> memory) {
+  if (memory == nullptr) return;
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  free_slots_.push_back(std::move(memory));
 }
 
 absl::StatusOr<Plan> CudaEngine::PlanFor(const CudaHead& head, const PlanRequest& request) const {
@@ -101,15 +135,11 @@ absl::StatusOr<Plan> CudaEngine::PlanFor(const CudaHead& head, const PlanRequest
 absl::Status CudaEngine::RunOnDevice(const CudaHead& head, const Plan& plan,
                                      const DeviceRequest& request) {
   FLCE_RETURN_IF_ERROR(ctx_->Enter());
-  AcquireCompute();
-  absl::Status st = [&]() -> absl::Status {
-    FLCE_ASSIGN_OR_RETURN(char* scratch, workspace_.Device(plan.scratch_bytes, StrategyName(plan.strategy)));
-    FLCE_RETURN_IF_ERROR(RunPlan(exec(), head.view(), plan, request, scratch));
-    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_), ctx_->health());
-    return absl::OkStatus();
-  }();
-  ReleaseCompute();
-  return st;
+  std::lock_guard<std::mutex> lock(submit_mu_);
+  FLCE_ASSIGN_OR_RETURN(char* scratch, Scratch(plan.scratch_bytes, StrategyName(plan.strategy)));
+  FLCE_RETURN_IF_ERROR(RunPlan(exec(), head.view(), plan, request, scratch));
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_), ctx_->health());
+  return absl::OkStatus();
 }
 
 absl::Status CudaEngine::InjectDeviceFaultForTesting() {

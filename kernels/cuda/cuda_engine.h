@@ -1,7 +1,9 @@
 // flce::Engine on one CUDA device. Heads live in device memory in their
 // dtype, V padded to 128; compute calls run a plan (plans.h) on the engine's
-// compute stream with one workspace, so calls are serialised: StartCompute
-// waits until the call in flight has finished or been destroyed.
+// one compute stream with one shared scratch workspace, so the GPU work of
+// concurrent calls is serialised (submissions take a mutex, chunk by chunk).
+// Each live call also holds a set of upload/download slots from a grow-only
+// pool: after the first calls no memory is allocated per request.
 //
 // Usage (normally through LoadCudaEngine and the flce::Engine interface):
 //   auto engine = *CudaEngine::Create(config);
@@ -16,6 +18,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/device_memory.h"
@@ -53,8 +56,19 @@ class CudaEngine : public Engine {
   Exec exec() const;
   cudaStream_t upload_stream() const { return upload_; }
   cudaStream_t download_stream() const { return download_; }
-  void AcquireCompute();
-  void ReleaseCompute();
+  // Held while a call enqueues GPU work that uses the shared scratch.
+  std::mutex& submit_mutex() { return submit_mu_; }
+  // The scratch workspace (grow-only up to the budget); submit_mutex held.
+  absl::StatusOr<char*> Scratch(int64_t bytes, const char* purpose);
+
+  // Device + pinned memory of one call's upload/download slots.
+  struct SlotMemory {
+    DeviceBuffer device;
+    PinnedBuffer pinned;
+  };
+  absl::StatusOr<std::unique_ptr<SlotMemory>> TakeSlotMemory(int64_t device_bytes,
+                                                             int64_t pinned_bytes);
+  void ReturnSlotMemory(std::unique_ptr<SlotMemory> memory);
 
  private:
   CudaEngine(std::shared_ptr<DeviceContext> ctx, int64_t budget);
@@ -64,9 +78,9 @@ class CudaEngine : public Engine {
   cudaStream_t compute_ = nullptr;
   cudaStream_t upload_ = nullptr;
   cudaStream_t download_ = nullptr;
-  std::mutex busy_mu_;
-  std::condition_variable busy_cv_;
-  bool busy_ = false;
+  std::mutex submit_mu_;
+  std::mutex pool_mu_;
+  std::vector<std::unique_ptr<SlotMemory>> free_slots_;
 };
 
 }  // namespace flce::cuda

@@ -165,7 +165,7 @@ absl::Status CudaHeadBuilder::Write(bool bias, int64_t byte_offset, const void* 
   const int64_t es = DTypeSize(spec_.dtype);
   const int64_t total = bias ? spec_.vocab_size * es : spec_.vocab_size * spec_.hidden_size * es;
   if (byte_offset < 0 || bytes < 0 || byte_offset + bytes > total) {
-    return absl::OutOfRangeError(absl::StrCat(bias ? "bias" : "weight", " bytes [", byte_offset,
+    return absl::InvalidArgumentError(absl::StrCat(bias ? "bias" : "weight", " bytes [", byte_offset,
                                               ", ", byte_offset + bytes, ") outside [0, ", total,
                                               ")"));
   }

@@ -1,6 +1,6 @@
 // The plans' three GEMMs (and the bias column sum) through cuBLAS, in
 // row-major terms. Operands are in the head's dtype (bf16/fp16 with fp32
-// accumulation; fp32 heads use TF32 tensor cores, which MATH.md allows).
+// accumulation; fp32 heads use plain fp32 GEMMs, no TF32).
 // cuBLAS is deterministic for a fixed configuration: no split-K atomics are
 // enabled.
 #ifndef FLCE_KERNELS_CUDA_GEMM_H_

@@ -335,11 +335,10 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
       return plan;
     }
     case Strategy::kFuseMN:
-      if (req.deterministic) {
-        return absl::InvalidArgumentError(
-            "strategy fuse_mn accumulates with fp32 atomics and cannot be deterministic; "
-            "use chunked, vocab_split, separate or naive with deterministic");
-      }
+      // fp32 atomics cannot give a fixed summation order: a deterministic
+      // request runs vocab_split (the same stats pass, cuBLAS backward) and
+      // reports it in strategy_used.
+      if (req.deterministic) plan.strategy = Strategy::kVocabSplit;
       [[fallthrough]];
     case Strategy::kVocabSplit: {
       TokenBytes tb = PerTokenBytes(head, req.hidden_dtype, true);

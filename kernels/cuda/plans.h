@@ -12,7 +12,8 @@
 //                tokens, as autograd would: the memory wall.
 //   vocab_split  vocabulary splits with an online softmax (O(BT) state), the
 //                backward recomputes each split's logits.
-//   fuse_mn      stats as vocab_split, then one tile kernel with atomics.
+//   fuse_mn      stats as vocab_split, then one tile kernel with atomics
+//                (never deterministic: such requests run vocab_split).
 #ifndef FLCE_KERNELS_CUDA_PLANS_H_
 #define FLCE_KERNELS_CUDA_PLANS_H_
 
@@ -69,7 +70,8 @@ struct PlanRequest {
 };
 
 // RESOURCE_EXHAUSTED (needed vs available bytes) when the plan cannot fit the
-// budget; INVALID_ARGUMENT for fuse_mn with deterministic.
+// budget. fuse_mn with deterministic becomes vocab_split (fuse_mn's atomics
+// have no fixed summation order).
 absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& request,
                               int64_t budget_bytes);
 

@@ -1,0 +1,377 @@
+// CUDA-engine checks beyond the shared conformance suite (tests/engine):
+// every plan on a seed-like vocabulary against the float64 reference, padded
+// columns never winning, the workspace bound, refusals, bitwise determinism,
+// streamed grad_input, the sticky-error path and the plugin entry point.
+// Every test skips with the reason when there is no CUDA device.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_engine.h"
+#include "kernels/engine_factory.h"
+#include "tests/support/engine_harness.h"
+#include "tests/support/problem.h"
+#include "tests/support/reference_f64.h"
+
+namespace flce::test {
+namespace {
+
+using cuda::CudaEngine;
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> MakeEngine(int64_t budget_mb = 2048) {
+  EngineConfig config;
+  config.workspace_bytes = budget_mb << 20;
+  return CudaEngine::Create(config);
+}
+
+#define SKIP_WITHOUT_GPU(engine_or)                                                  \
+  if (!(engine_or).ok()) {                                                           \
+    if ((engine_or).status().code() == absl::StatusCode::kUnavailable) {             \
+      GTEST_SKIP() << "no CUDA device: " << (engine_or).status().message();          \
+    }                                                                                \
+    FAIL() << (engine_or).status();                                                  \
+  }
+
+ComputeSpec FullSpec(Strategy strategy) {
+  ComputeSpec spec;
+  spec.strategy = strategy;
+  spec.outputs.grad_input = true;
+  spec.outputs.per_token_loss = true;
+  spec.outputs.logprob = true;
+  spec.outputs.entropy = true;
+  spec.outputs.accuracy = true;
+  return spec;
+}
+
+struct Errors {
+  double loss, per_token, grad_input, grad_w, grad_b;
+};
+
+Errors Compare(const EngineRun& run, const ReferenceOutput& ref) {
+  Errors e;
+  e.loss = RelativeError({run.result.loss}, {ref.loss});
+  e.per_token = RelativeError(ToDoubles(run.result.per_token_loss), ref.per_token_loss);
+  e.grad_input = RelativeError(run.grad_input, ref.grad_input);
+  e.grad_w = RelativeError(run.grad_weight, ref.grad_weight);
+  e.grad_b = run.grad_bias.empty() ? 0.0 : RelativeError(run.grad_bias, ref.grad_bias);
+  return e;
+}
+
+constexpr Strategy kAllStrategies[] = {Strategy::kChunked, Strategy::kVocabSplit,
+                                       Strategy::kFuseMN,  Strategy::kSeparate,
+                                       Strategy::kNaive,   Strategy::kAuto};
+
+// The seed shape's vocabulary (176245, odd: padded to 176256 inside) at a
+// reduced BT and H, bf16, every plan against one float64 reference.
+TEST(CudaEngineTest, EveryStrategyOnSeedVocabularyMatchesReference) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  ProblemSpec ps;
+  ps.vocab_size = 176245;
+  ps.hidden_size = 136;  // not a multiple of 64
+  ps.num_tokens = 40;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  ps.has_bias = true;
+  Problem problem = MakeProblem(ps);
+  ComputeSpec base = FullSpec(Strategy::kAuto);
+  ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, base));
+  for (Strategy strategy : kAllStrategies) {
+    SCOPED_TRACE(StrategyName(strategy));
+    HarnessOptions options;
+    options.rows_per_block = 7;
+    auto run = RunProblem(**engine, problem, FullSpec(strategy), options);
+    ASSERT_TRUE(run.ok()) << run.status();
+    const Errors e = Compare(*run, ref);
+    std::printf("  [%s] V=176245 bf16: loss %.2e per-token %.2e grad_input %.2e grad_W %.2e "
+                "grad_b %.2e (seed %llu)\n",
+                run->result.strategy_used.c_str(), e.loss, e.per_token, e.grad_input, e.grad_w,
+                e.grad_b, static_cast<unsigned long long>(problem.seed));
+    EXPECT_LE(e.loss, 1e-4);
+    EXPECT_LE(e.per_token, 1e-4);
+    EXPECT_LE(e.grad_input, 5e-3);
+    EXPECT_LE(e.grad_w, 5e-3);
+    EXPECT_LE(e.grad_b, 5e-3);
+    EXPECT_EQ(run->result.n_valid, ref.n_valid);
+    if (strategy != Strategy::kAuto) EXPECT_EQ(run->result.strategy_used, StrategyName(strategy));
+  }
+}
+
+// Peaked rows (W x 10, targets at the argmax, p_y near 1) with every option:
+// where fp32 logits and the expm1 form of p_y - 1 matter.
+TEST(CudaEngineTest, PeakedRowsWithEveryOption) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  ProblemSpec ps;
+  ps.vocab_size = 32003;
+  ps.hidden_size = 128;
+  ps.num_tokens = 64;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  ps.weight_scale = 10.0;
+  ps.targets_at_argmax = true;
+  ps.has_bias = true;
+  Problem problem = MakeProblem(ps);
+  ComputeSpec base = FullSpec(Strategy::kAuto);
+  base.options.label_smoothing = 0.05f;
+  base.options.z_loss_scale = 1e-4f;
+  base.options.softcap = 30.0f;
+  base.options.temperature = 0.9f;
+  base.options.grad_scale = 0.5f;
+  base.entropy_weights = RandomFloats(ps.num_tokens, -0.1f, 0.1f, FreshSeed());
+  ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, base));
+  for (Strategy strategy : kAllStrategies) {
+    SCOPED_TRACE(StrategyName(strategy));
+    ComputeSpec spec = base;
+    spec.strategy = strategy;
+    auto run = RunProblem(**engine, problem, spec, {});
+    ASSERT_TRUE(run.ok()) << run.status();
+    const Errors e = Compare(*run, ref);
+    const double entropy = RelativeError(ToDoubles(run->result.entropy), ref.entropy);
+    std::printf("  [%s] peaked, every option: loss %.2e per-token %.2e entropy %.2e "
+                "grad_input %.2e grad_W %.2e\n",
+                run->result.strategy_used.c_str(), e.loss, e.per_token, entropy, e.grad_input,
+                e.grad_w);
+    EXPECT_LE(e.loss, 1e-4);
+    EXPECT_LE(e.per_token, 1e-4);
+    EXPECT_LE(entropy, 1e-4);
+    EXPECT_LE(e.grad_input, 5e-3);
+    EXPECT_LE(e.grad_w, 5e-3);
+    EXPECT_LE(e.grad_b, 5e-3);
+  }
+}
+
+// Every real logit is about -40 (bias), the padded columns' would be 0: if
+// padding leaked into the max, sum or argmax, loss and accuracy would be off.
+TEST(CudaEngineTest, PaddedColumnsNeverCount) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  ProblemSpec ps;
+  ps.vocab_size = 1001;  // padded to 1024
+  ps.hidden_size = 40;
+  ps.num_tokens = 33;
+  ps.head_dtype = DType::kF32;
+  ps.hidden_dtype = DType::kF32;
+  ps.has_bias = true;
+  Problem problem = MakeProblem(ps);
+  for (float& b : problem.bias) b -= 40.0f;
+  problem.bias_bytes.assign(reinterpret_cast<const char*>(problem.bias.data()),
+                            problem.bias.size() * sizeof(float));
+  ComputeSpec base = FullSpec(Strategy::kAuto);
+  base.options.label_smoothing = 0.1f;
+  ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, base));
+  for (Strategy strategy : kAllStrategies) {
+    SCOPED_TRACE(StrategyName(strategy));
+    ComputeSpec spec = base;
+    spec.strategy = strategy;
+    auto run = RunProblem(**engine, problem, spec, {});
+    ASSERT_TRUE(run.ok()) << run.status();
+    const Errors e = Compare(*run, ref);
+    EXPECT_LE(e.loss, 1e-5);
+    EXPECT_LE(e.per_token, 1e-5);
+    EXPECT_LE(e.grad_input, 1e-4);
+    EXPECT_LE(e.grad_w, 1e-4);
+    EXPECT_LE(e.grad_b, 1e-4);
+    EXPECT_EQ(run->result.n_correct, ref.n_correct);
+  }
+}
+
+// The workspace is sized by the budget and the shape, never by BT.
+TEST(CudaEngineTest, WorkspaceDoesNotGrowWithTokens) {
+  auto engine = MakeEngine(/*budget_mb=*/64);
+  SKIP_WITHOUT_GPU(engine);
+  ProblemSpec ps;
+  ps.vocab_size = 32000;
+  ps.hidden_size = 64;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  ps.seed = FreshSeed();
+  int64_t peaks[2] = {0, 0};
+  int64_t tokens[2] = {1500, 12000};
+  for (int i = 0; i < 2; ++i) {
+    ps.num_tokens = tokens[i];
+    Problem problem = MakeProblem(ps);
+    HarnessOptions options;
+    options.rows_per_block = 1000;
+    options.shuffle_blocks = false;
+    ComputeSpec spec = FullSpec(Strategy::kChunked);
+    auto run = RunProblem(**engine, problem, spec, options);
+    ASSERT_TRUE(run.ok()) << run.status();
+    peaks[i] = (*engine)->info().workspace_peak_bytes;
+    std::printf("  BT=%lld: workspace peak %.1f MiB (budget 64 MiB)\n",
+                static_cast<long long>(tokens[i]), peaks[i] / 1048576.0);
+  }
+  EXPECT_GT(peaks[0], 0);
+  EXPECT_LE(peaks[1], int64_t{64} << 20);
+  EXPECT_EQ(peaks[0], peaks[1]);
+}
+
+// naive and separate refuse (never crash) when (BT x V) does not fit, naming
+// needed and available bytes; the engine keeps serving afterwards.
+TEST(CudaEngineTest, NaiveAndSeparateRefuseWhenTooBig) {
+  auto engine = MakeEngine(/*budget_mb=*/32);
+  SKIP_WITHOUT_GPU(engine);
+  ProblemSpec ps;
+  ps.vocab_size = 50000;
+  ps.hidden_size = 32;
+  ps.num_tokens = 2000;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  Problem problem = MakeProblem(ps);
+  for (Strategy strategy : {Strategy::kNaive, Strategy::kSeparate}) {
+    auto run = RunProblem(**engine, problem, FullSpec(strategy), {});
+    ASSERT_FALSE(run.ok());
+    EXPECT_EQ(run.status().code(), absl::StatusCode::kResourceExhausted) << run.status();
+    EXPECT_NE(run.status().message().find("needs"), std::string::npos) << run.status();
+    EXPECT_NE(run.status().message().find("available"), std::string::npos) << run.status();
+  }
+  EXPECT_TRUE((*engine)->healthy());
+  auto run = RunProblem(**engine, problem, FullSpec(Strategy::kChunked), {});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->result.strategy_used, "chunked");
+}
+
+// Same inputs, same chunking and arrival order: bitwise-identical outputs.
+TEST(CudaEngineTest, DeterministicRunsAreBitwiseIdentical) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  ProblemSpec ps;
+  ps.vocab_size = 5003;
+  ps.hidden_size = 96;
+  ps.num_tokens = 300;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  ps.has_bias = true;
+  Problem problem = MakeProblem(ps);
+  for (Strategy strategy : kAllStrategies) {
+    SCOPED_TRACE(StrategyName(strategy));
+    ComputeSpec spec = FullSpec(strategy);
+    spec.deterministic = true;
+    spec.chunk_tokens = 128;
+    HarnessOptions options;
+    options.seed = FreshSeed();
+    options.rows_per_block = 50;
+    auto a = RunProblem(**engine, problem, spec, options);
+    auto b = RunProblem(**engine, problem, spec, options);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->result.loss, b->result.loss);
+    EXPECT_EQ(a->result.per_token_loss, b->result.per_token_loss);
+    EXPECT_TRUE(a->grad_input == b->grad_input);
+    EXPECT_TRUE(a->grad_weight == b->grad_weight);
+    EXPECT_TRUE(a->grad_bias == b->grad_bias);
+    if (strategy == Strategy::kFuseMN) {
+      // fuse_mn's atomics have no fixed order: deterministic runs vocab_split.
+      EXPECT_EQ(a->result.strategy_used, "vocab_split");
+    }
+  }
+}
+
+// grad_input of early chunks reaches the sink while later rows are still
+// coming in.
+TEST(CudaEngineTest, ChunkedStreamsGradInputBeforeFinish) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  ProblemSpec ps;
+  ps.vocab_size = 8192;
+  ps.hidden_size = 64;
+  ps.num_tokens = 2048;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  Problem problem = MakeProblem(ps);
+  auto head = BuildHead(**engine, problem, 2);
+  ASSERT_TRUE(head.ok()) << head.status();
+  ComputeSpec spec = FullSpec(Strategy::kChunked);
+  spec.num_tokens = ps.num_tokens;
+  spec.hidden_dtype = ps.hidden_dtype;
+  spec.targets = problem.targets;
+  spec.chunk_tokens = 256;
+  std::atomic<int64_t> delivered{0};
+  auto call = (*engine)->StartCompute(*head, spec, [&](int64_t, int64_t rows, std::string data) {
+    EXPECT_EQ(static_cast<int64_t>(data.size()), rows * ps.hidden_size * 2);
+    delivered += rows;
+  });
+  ASSERT_TRUE(call.ok()) << call.status();
+  const int64_t row_bytes = ps.hidden_size * 2;
+  for (int64_t t = 0; t + 256 < ps.num_tokens; t += 256) {
+    ASSERT_TRUE((*call)->AddHidden(t, 256, problem.hidden_bytes.data() + t * row_bytes).ok());
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (delivered.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GT(delivered.load(), 0) << "no grad_input before the last rows arrived";
+  const int64_t last = ps.num_tokens - 256;
+  ASSERT_TRUE((*call)->AddHidden(last, 256, problem.hidden_bytes.data() + last * row_bytes).ok());
+  auto result = (*call)->Finish();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(delivered.load(), ps.num_tokens);
+}
+
+TEST(CudaEngineTest, InfoReportsDeviceAndBudget) {
+  auto engine = MakeEngine(/*budget_mb=*/512);
+  SKIP_WITHOUT_GPU(engine);
+  EngineInfo info = (*engine)->info();
+  EXPECT_EQ(info.name.rfind("cuda:", 0), 0u) << info.name;
+  EXPECT_EQ(info.workspace_budget_bytes, int64_t{512} << 20);
+  EXPECT_GT(info.device_memory_total, 0);
+  EXPECT_GT(info.device_memory_used, 0);
+}
+
+// The plugin this tree builds loads through the server's loader.
+TEST(CudaEngineTest, PluginLoadsThroughLoadCudaEngine) {
+  std::string path = FLCE_TEST_CUDA_PLUGIN;
+  if (const char* env = std::getenv("FLCE_CUDA_PLUGIN"); env != nullptr && *env != '\0') {
+    path = env;
+  }
+  if (access(path.c_str(), R_OK) != 0) GTEST_SKIP() << "plugin not built at " << path;
+  auto engine = LoadCudaEngine(EngineConfig{}, path);
+  if (!engine.ok() && engine.status().code() == absl::StatusCode::kUnavailable) {
+    GTEST_SKIP() << "no CUDA device: " << engine.status().message();
+  }
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->info().name.rfind("cuda:", 0), 0u);
+}
+
+// A sticky device error (here: an illegal address, on purpose) turns health
+// off and every later call into UNAVAILABLE. Runs in a child process: the
+// context is unusable afterwards.
+TEST(CudaEngineDeathTest, StickyErrorMakesEngineUnavailable) {
+  {
+    auto probe = MakeEngine(64);
+    SKIP_WITHOUT_GPU(probe);
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto engine = MakeEngine(64);
+        if (!engine.ok()) std::_Exit(2);
+        Problem problem = MakeProblem(ProblemSpec{});
+        auto head = BuildHead(**engine, problem, 1);
+        if (!head.ok()) std::_Exit(3);
+        absl::Status fault = (*engine)->InjectDeviceFaultForTesting();
+        if (fault.code() != absl::StatusCode::kUnavailable) std::_Exit(4);
+        if ((*engine)->healthy()) std::_Exit(5);
+        ComputeSpec spec = FullSpec(Strategy::kChunked);
+        spec.num_tokens = problem.spec.num_tokens;
+        spec.hidden_dtype = problem.spec.hidden_dtype;
+        spec.targets = problem.targets;
+        auto call = (*engine)->StartCompute(*head, spec, [](int64_t, int64_t, std::string) {});
+        if (call.ok() || call.status().code() != absl::StatusCode::kUnavailable) std::_Exit(6);
+        auto grad = (*engine)->NewGradBuffer(HeadSpecOf(problem));
+        if (grad.ok() || grad.status().code() != absl::StatusCode::kUnavailable) std::_Exit(7);
+        std::fprintf(stderr, "sticky error handled: %s\n", fault.ToString().c_str());
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "sticky error handled");
+}
+
+}  // namespace
+}  // namespace flce::test
