@@ -1,0 +1,391 @@
+// The real flce-client binary against the real flce-server binary over
+// loopback (CPU engine), checked against the float64 reference of MATH.md:
+// the three commands of the README (load-weight, compute, fetch-grad), the
+// accumulation and reset of grad_W, a rejected request that leaves grad_W
+// untouched, and every other subcommand once.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/cpp/npy.h"
+#include "gtest/gtest.h"
+#include "kernels/dtype.h"
+#include "nlohmann/json.hpp"
+#include "tests/client/subprocess.h"
+#include "tests/support/problem.h"
+#include "tests/support/reference_f64.h"
+
+namespace flce::test {
+namespace {
+
+#if defined(FLCE_SERVER_BIN) && defined(FLCE_CLIENT_BIN)
+constexpr bool kHaveBinaries = true;
+constexpr char kServerBin[] = FLCE_SERVER_BIN;
+constexpr char kClientBin[] = FLCE_CLIENT_BIN;
+#else
+constexpr bool kHaveBinaries = false;
+constexpr char kServerBin[] = "";
+constexpr char kClientBin[] = "";
+#endif
+
+struct CliRun {
+  int exit_code = -1;
+  nlohmann::json json;
+  std::string out;
+  std::string err;
+};
+
+std::string Describe(const CliRun& run) {
+  return "exit " + std::to_string(run.exit_code) + "\nstdout: " + run.out + "\nstderr: " + run.err;
+}
+
+std::vector<double> Scaled(const std::vector<double>& values, double scale) {
+  std::vector<double> out(values);
+  for (double& v : out) v *= scale;
+  return out;
+}
+
+// An .npy of fp32 ('<f4') or bf16 ('<u2') values as doubles.
+std::vector<double> ReadFloats(const std::string& path, std::vector<int64_t>* shape = nullptr,
+                               NpyType* type = nullptr) {
+  absl::StatusOr<NpyArray> array = ReadNpy(path);
+  EXPECT_TRUE(array.ok()) << array.status();
+  if (!array.ok()) return {};
+  if (shape != nullptr) *shape = array->shape;
+  if (type != nullptr) *type = array->type;
+  const int64_t n = array->NumElements();
+  std::vector<float> values(n);
+  if (array->type == NpyType::kF32) {
+    std::memcpy(values.data(), array->data.data(), n * 4);
+  } else if (array->type == NpyType::kU16) {
+    ToFloat(DType::kBF16, array->data.data(), values.data(), n);
+  } else {
+    ADD_FAILURE() << path << " has dtype " << NpyDescr(array->type);
+  }
+  return ToDoubles(values);
+}
+
+class CliEndToEndTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!kHaveBinaries) return;
+    dir_ = new std::string(std::filesystem::temp_directory_path() /
+                           ("flce_cli_e2e_" + std::to_string(getpid())));
+    std::filesystem::create_directories(*dir_ + "/heads");
+    std::filesystem::create_directories(*dir_ + "/scratch");
+    port_ = FreePort();
+    ASSERT_GT(port_, 0);
+    server_ = new BackgroundProcess(
+        {kServerBin, "--host", "127.0.0.1", "--port", std::to_string(port_), "--metrics-port",
+         "0", "--device", "cpu", "--threads", "2", "--head-root", *dir_ + "/heads"},
+        *dir_ + "/server.log");
+    ASSERT_TRUE(server_->started());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      ASSERT_TRUE(server_->Running()) << "flce-server exited:\n"
+                                      << ReadFile(*dir_ + "/server.log");
+      if (Cli({"--timeout-s", "2", "health"}).exit_code == 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    FAIL() << "flce-server never became healthy:\n" << ReadFile(*dir_ + "/server.log");
+  }
+
+  static void TearDownTestSuite() {
+    if (server_ != nullptr) {
+      // SIGTERM drains and exits 0: anything else is a server bug worth seeing.
+      EXPECT_EQ(server_->Stop(30), 0) << ReadFile(*dir_ + "/server.log");
+      delete server_;
+      server_ = nullptr;
+    }
+    if (dir_ != nullptr) {
+      std::filesystem::remove_all(*dir_);
+      delete dir_;
+      dir_ = nullptr;
+    }
+  }
+
+  void SetUp() override {
+    if (!kHaveBinaries) GTEST_SKIP() << "flce-server is not built in this tree";
+  }
+
+  static CliRun Cli(std::vector<std::string> args) {
+    std::vector<std::string> argv = {kClientBin, "--target",
+                                     "127.0.0.1:" + std::to_string(port_)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ProcessResult result = RunProcess(argv, *dir_ + "/scratch");
+    CliRun run;
+    run.exit_code = result.exit_code;
+    run.out = result.out;
+    run.err = result.err;
+    run.json = nlohmann::json::parse(result.out, nullptr, /*allow_exceptions=*/false);
+    // Exactly one JSON object, whatever happened.
+    EXPECT_TRUE(run.json.is_object()) << Describe(run);
+    return run;
+  }
+
+  // Runs and expects success; the JSON back.
+  static nlohmann::json Ok(std::vector<std::string> args) {
+    CliRun run = Cli(args);
+    EXPECT_EQ(run.exit_code, 0) << Describe(run);
+    EXPECT_FALSE(run.json.contains("error")) << Describe(run);
+    return run.json;
+  }
+
+  std::string Path(const std::string& name) const { return *dir_ + "/" + name; }
+
+  void WriteArray(const std::string& path, NpyType type, std::vector<int64_t> shape,
+                  const void* data, size_t bytes) {
+    ASSERT_TRUE(WriteNpy(path, NpyArray{type, std::move(shape),
+                                        std::string(static_cast<const char*>(data), bytes)})
+                    .ok());
+  }
+
+  // w.npy, h.npy (fp32), t64.npy, t32.npy (and b.npy with a bias) of problem.
+  void WriteProblem(const Problem& p, const std::string& prefix) {
+    const int64_t v = p.spec.vocab_size, h = p.spec.hidden_size, bt = p.spec.num_tokens;
+    WriteArray(Path(prefix + "w.npy"), NpyType::kF32, {v, h}, p.weight.data(), v * h * 4);
+    WriteArray(Path(prefix + "h.npy"), NpyType::kF32, {bt, h}, p.hidden.data(), bt * h * 4);
+    if (!p.bias.empty()) {
+      WriteArray(Path(prefix + "b.npy"), NpyType::kF32, {v}, p.bias.data(), v * 4);
+    }
+    std::vector<int64_t> wide(p.targets.begin(), p.targets.end());
+    WriteArray(Path(prefix + "t64.npy"), NpyType::kI64, {bt}, wide.data(), bt * 8);
+    WriteArray(Path(prefix + "t32.npy"), NpyType::kI32, {bt}, p.targets.data(), bt * 4);
+  }
+
+  static std::string* dir_;
+  static int port_;
+  static BackgroundProcess* server_;
+};
+
+std::string* CliEndToEndTest::dir_ = nullptr;
+int CliEndToEndTest::port_ = 0;
+BackgroundProcess* CliEndToEndTest::server_ = nullptr;
+
+TEST_F(CliEndToEndTest, ReadmeCommandsMatchTheFloat64Reference) {
+  ProblemSpec ps;  // fp32 head and hidden, V=257, H=64, 48 tokens
+  ps.ignore_fraction = 0.1;
+  const Problem p = MakeProblem(ps);
+  SCOPED_TRACE("problem seed " + std::to_string(p.seed));
+  WriteProblem(p, "rt_");
+  ComputeSpec spec;
+  spec.reduction = Reduction::kMean;
+  const ReferenceOutput ref = ComputeReference(MakeReferenceInput(p, spec));
+  const std::string w = Path("rt_w.npy"), h = Path("rt_h.npy"), gx = Path("rt_gx.npy"),
+                    gw = Path("rt_gw.npy");
+
+  const nlohmann::json head = Ok({"load-weight", "--head", "h1", "--weight", w});
+  EXPECT_EQ(head["head_id"], "h1");
+  EXPECT_EQ(head["vocab_size"], ps.vocab_size);
+  EXPECT_EQ(head["hidden_size"], ps.hidden_size);
+  EXPECT_EQ(head["dtype"], "fp32");
+  EXPECT_EQ(head["has_bias"], false);
+
+  // int64 targets.
+  const nlohmann::json first =
+      Ok({"compute", "--head", "h1", "--session", "s1", "--hidden", h, "--targets",
+          Path("rt_t64.npy"), "--out-grad-input", gx});
+  ASSERT_TRUE(first.contains("loss")) << first;
+  EXPECT_NEAR(first["loss"].get<double>(), ref.loss, 1e-5 * std::abs(ref.loss));
+  EXPECT_EQ(first["n_valid"], ref.n_valid);
+  EXPECT_EQ(first["num_tokens"], ps.num_tokens);
+  EXPECT_EQ(first["committed"], true);
+  EXPECT_EQ(first["request_id"].get<std::string>().size(), 32u);
+  std::vector<int64_t> shape;
+  NpyType type;
+  const std::vector<double> grad_input = ReadFloats(gx, &shape, &type);
+  EXPECT_EQ(type, NpyType::kF32);
+  EXPECT_EQ(shape, (std::vector<int64_t>{ps.num_tokens, ps.hidden_size}));
+  EXPECT_LE(RelativeError(grad_input, ref.grad_input), 1e-5);
+
+  nlohmann::json grad = Ok({"fetch-grad", "--head", "h1", "--session", "s1", "--out", gw});
+  EXPECT_EQ(grad["contributions"], 1);
+  EXPECT_EQ(grad["dtype"], "fp32");
+  std::vector<double> grad_w = ReadFloats(gw, &shape, &type);
+  EXPECT_EQ(shape, (std::vector<int64_t>{ps.vocab_size, ps.hidden_size}));
+  EXPECT_LE(RelativeError(grad_w, ref.grad_weight), 1e-5);
+
+  // int32 targets, same data: the session's grad_W doubles.
+  const nlohmann::json second = Ok({"compute", "--head", "h1", "--session", "s1", "--hidden",
+                                    h, "--targets", Path("rt_t32.npy")});
+  EXPECT_NEAR(second["loss"].get<double>(), ref.loss, 1e-5 * std::abs(ref.loss));
+  EXPECT_NE(second["request_id"], first["request_id"]);
+  grad = Ok({"fetch-grad", "--head", "h1", "--session", "s1", "--out", gw, "--reset"});
+  EXPECT_EQ(grad["contributions"], 2);
+  EXPECT_LE(RelativeError(ReadFloats(gw), Scaled(ref.grad_weight, 2.0)), 1e-5);
+
+  // After the reset: exactly zero.
+  grad = Ok({"fetch-grad", "--head", "h1", "--session", "s1", "--out", gw});
+  EXPECT_EQ(grad["contributions"], 0);
+  for (double value : ReadFloats(gw)) ASSERT_EQ(value, 0.0);
+
+  // A target >= V is rejected by name and leaves grad_W untouched.
+  std::vector<int64_t> bad(p.targets.begin(), p.targets.end());
+  bad[3] = ps.vocab_size;
+  WriteArray(Path("rt_bad.npy"), NpyType::kI64, {ps.num_tokens}, bad.data(), bad.size() * 8);
+  const CliRun rejected = Cli({"compute", "--head", "h1", "--session", "s1", "--hidden", h,
+                               "--targets", Path("rt_bad.npy"), "--out-grad-input", gx});
+  EXPECT_NE(rejected.exit_code, 0) << Describe(rejected);
+  ASSERT_TRUE(rejected.json.contains("error")) << Describe(rejected);
+  EXPECT_EQ(rejected.json["error"]["code"], "INVALID_ARGUMENT") << Describe(rejected);
+  EXPECT_FALSE(rejected.json["error"]["message"].get<std::string>().empty());
+  grad = Ok({"fetch-grad", "--head", "h1", "--session", "s1", "--out", gw});
+  EXPECT_EQ(grad["contributions"], 0);
+  for (double value : ReadFloats(gw)) ASSERT_EQ(value, 0.0);
+}
+
+TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
+  const nlohmann::json health = Ok({"health"});
+  EXPECT_EQ(health["status"], "SERVING");
+
+  const nlohmann::json info = Ok({"server-info"});
+  EXPECT_EQ(info["engine"].get<std::string>().rfind("cpu", 0), 0u) << info;
+  EXPECT_FALSE(info["instance_id"].get<std::string>().empty());
+  EXPECT_GT(info["max_message_bytes"].get<int64_t>(), 0);
+
+  // The embedded demo head of a server started without one.
+  const nlohmann::json demo = Ok({"describe", "--head", "demo"});
+  EXPECT_EQ(demo["vocab_size"], 32000);
+  EXPECT_EQ(demo["hidden_size"], 512);
+  EXPECT_EQ(demo["dtype"], "bf16");
+
+  // A bf16 head with a bias, uploaded from fp32 files whose values bf16
+  // holds exactly, so the reference sees the head the server holds.
+  ProblemSpec ps;
+  ps.vocab_size = 131;
+  ps.hidden_size = 40;
+  ps.num_tokens = 20;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  ps.has_bias = true;
+  const Problem p = MakeProblem(ps);
+  SCOPED_TRACE("problem seed " + std::to_string(p.seed));
+  WriteProblem(p, "ev_");
+  const std::string h = Path("ev_h.npy"), t = Path("ev_t64.npy");
+  const nlohmann::json head = Ok({"load-weight", "--head", "hb", "--weight", Path("ev_w.npy"),
+                                  "--bias", Path("ev_b.npy"), "--dtype", "bf16"});
+  EXPECT_EQ(head["dtype"], "bf16");
+  EXPECT_EQ(head["has_bias"], true);
+  EXPECT_EQ(head["uploaded_bytes"], (ps.vocab_size * ps.hidden_size + ps.vocab_size) * 2);
+
+  const nlohmann::json heads = Ok({"list-heads"});
+  std::vector<std::string> ids;
+  for (const auto& entry : heads["heads"]) ids.push_back(entry["head_id"]);
+  EXPECT_NE(std::find(ids.begin(), ids.end(), "hb"), ids.end()) << heads;
+  EXPECT_NE(std::find(ids.begin(), ids.end(), "demo"), ids.end()) << heads;
+
+  // bf16 on the wire, sum reduction, per-token outputs and accuracy.
+  ComputeSpec sum_spec;
+  sum_spec.reduction = Reduction::kSum;
+  const ReferenceOutput ref_sum = ComputeReference(MakeReferenceInput(p, sum_spec));
+  const std::string prefix = Path("ev_tok");
+  const nlohmann::json summed =
+      Ok({"compute", "--head", "hb", "--session", "sb", "--hidden", h, "--targets", t,
+          "--dtype", "bf16", "--reduction", "sum", "--out-grad-input", Path("ev_gx.npy"),
+          "--per-token-out", prefix, "--accuracy", "--chunk-mb", "0.001"});
+  EXPECT_NEAR(summed["loss"].get<double>(), ref_sum.loss, 1e-5 * std::abs(ref_sum.loss));
+  EXPECT_EQ(summed["hidden_dtype"], "bf16");
+  EXPECT_EQ(summed["n_correct"], ref_sum.n_correct);
+  NpyType type;
+  std::vector<int64_t> shape;
+  // grad_input comes back rounded to bf16.
+  EXPECT_LE(RelativeError(ReadFloats(Path("ev_gx.npy"), &shape, &type), ref_sum.grad_input),
+            1e-2);
+  EXPECT_EQ(type, NpyType::kU16);
+  EXPECT_LE(RelativeError(ReadFloats(prefix + ".loss.npy", &shape), ref_sum.per_token_loss),
+            1e-5);
+  EXPECT_EQ(shape, std::vector<int64_t>{ps.num_tokens});
+  EXPECT_LE(RelativeError(ReadFloats(prefix + ".logprob.npy"), ref_sum.logprob), 1e-5);
+  EXPECT_LE(RelativeError(ReadFloats(prefix + ".entropy.npy"), ref_sum.entropy), 1e-5);
+
+  nlohmann::json grad = Ok({"fetch-grad", "--head", "hb", "--session", "sb", "--out",
+                            Path("ev_gw.npy"), "--out-bias", Path("ev_gb.npy")});
+  EXPECT_EQ(grad["has_bias"], true);
+  EXPECT_LE(RelativeError(ReadFloats(Path("ev_gw.npy")), ref_sum.grad_weight), 1e-5);
+  EXPECT_LE(RelativeError(ReadFloats(Path("ev_gb.npy")), ref_sum.grad_bias), 1e-5);
+  grad = Ok({"fetch-grad", "--head", "hb", "--session", "sb", "--out", Path("ev_gw16.npy"),
+             "--dtype", "bf16"});
+  EXPECT_EQ(grad["dtype"], "bf16");
+  EXPECT_LE(RelativeError(ReadFloats(Path("ev_gw16.npy"), nullptr, &type), ref_sum.grad_weight),
+            1e-2);
+  EXPECT_EQ(type, NpyType::kU16);
+
+  // Deferred commit with a scale.
+  ComputeSpec mean_spec;
+  const ReferenceOutput ref_mean = ComputeReference(MakeReferenceInput(p, mean_spec));
+  const nlohmann::json staged =
+      Ok({"compute", "--head", "hb", "--session", "sd", "--hidden", h, "--targets", t,
+          "--dtype", "bf16", "--deferred", "--request-id", "deferred-1"});
+  EXPECT_EQ(staged["request_id"], "deferred-1");
+  EXPECT_EQ(staged["staged"], true);
+  EXPECT_EQ(staged["committed"], false);
+  nlohmann::json sessions = Ok({"sessions", "--head", "hb"});
+  bool saw_pending = false;
+  for (const auto& s : sessions["sessions"]) {
+    if (s["session_id"] == "sd") saw_pending = s["pending"] == 1;
+  }
+  EXPECT_TRUE(saw_pending) << sessions;
+  const nlohmann::json commit = Ok({"commit", "--head", "hb", "--session", "sd",
+                                    "--request-id", "deferred-1", "--scale", "0.5"});
+  EXPECT_EQ(commit["state"], "COMMITTED");
+  EXPECT_EQ(commit["replayed"], false);
+  Ok({"fetch-grad", "--head", "hb", "--session", "sd", "--out", Path("ev_gd.npy")});
+  EXPECT_LE(RelativeError(ReadFloats(Path("ev_gd.npy")), Scaled(ref_mean.grad_weight, 0.5)),
+            1e-5);
+
+  const nlohmann::json zeroed = Ok({"zero-grad", "--head", "hb", "--session", "sd"});
+  EXPECT_EQ(zeroed["zeroed"], true);
+  Ok({"fetch-grad", "--head", "hb", "--session", "sd", "--out", Path("ev_gd.npy")});
+  for (double value : ReadFloats(Path("ev_gd.npy"))) ASSERT_EQ(value, 0.0);
+
+  Ok({"sessions", "--delete", "--head", "hb", "--session", "sd"});
+  sessions = Ok({"sessions"});
+  for (const auto& s : sessions["sessions"]) {
+    EXPECT_FALSE(s["head_id"] == "hb" && s["session_id"] == "sd") << sessions;
+  }
+
+  const nlohmann::json bench = Ok({"bench", "--head", "hb", "--tokens", "32", "--steps", "3",
+                                   "--warmup", "1"});
+  EXPECT_EQ(bench["tokens"], 32);
+  EXPECT_GT(bench["tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(bench["step_ms"]["median"].get<double>(), 0);
+  EXPECT_EQ(bench["bytes_down_per_step"], 32 * ps.hidden_size * 2);  // bf16 grad_input
+  EXPECT_GT(bench["gb_per_s_up"].get<double>(), 0);
+
+  // A .safetensors head under --head-root, then one outside it.
+  const int64_t v = ps.vocab_size, hs = ps.hidden_size;
+  const std::string header = "{\"lm_head.weight\":{\"dtype\":\"F32\",\"shape\":[" +
+                             std::to_string(v) + "," + std::to_string(hs) +
+                             "],\"data_offsets\":[0," + std::to_string(v * hs * 4) + "]}}";
+  {
+    std::ofstream file(Path("heads/small.safetensors"), std::ios::binary);
+    const uint64_t len = header.size();
+    file.write(reinterpret_cast<const char*>(&len), 8);
+    file << header;
+    file.write(reinterpret_cast<const char*>(p.weight.data()), v * hs * 4);
+  }
+  const nlohmann::json loaded = Ok({"load-file", "--head", "hf", "--path", "small.safetensors",
+                                    "--weight-tensor", "lm_head.weight"});
+  EXPECT_EQ(loaded["vocab_size"], v);
+  EXPECT_EQ(loaded["dtype"], "fp32");
+  EXPECT_NE(loaded["source"].get<std::string>().find("small.safetensors"), std::string::npos);
+  const CliRun outside = Cli({"load-file", "--head", "hx", "--path", "../ev_w.npy",
+                              "--weight-tensor", "lm_head.weight"});
+  EXPECT_EQ(outside.exit_code, 1) << Describe(outside);
+  EXPECT_EQ(outside.json["error"]["code"], "PERMISSION_DENIED") << Describe(outside);
+
+  const nlohmann::json unloaded = Ok({"unload", "--head", "hf"});
+  EXPECT_EQ(unloaded["head"]["head_id"], "hf");
+  const CliRun gone = Cli({"describe", "--head", "hf"});
+  EXPECT_EQ(gone.exit_code, 1);
+  EXPECT_EQ(gone.json["error"]["code"], "NOT_FOUND") << Describe(gone);
+}
+
+}  // namespace
+}  // namespace flce::test
