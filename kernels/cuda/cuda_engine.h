@@ -52,6 +52,7 @@ class CudaEngine : public Engine {
 
   // For CudaComputeCall.
   DeviceContext* context() const { return ctx_.get(); }
+  std::shared_ptr<DeviceContext> shared_context() const { return ctx_; }
   Workspace& workspace() { return workspace_; }
   Exec exec() const;
   cudaStream_t upload_stream() const { return upload_; }

@@ -1,0 +1,355 @@
+// flce_cuda_bench: the CUDA engine's plans at the shapes (bf16, 5% of
+// targets ignored, MATH.md random data generated on the device, inputs
+// already on the device), each timed with CUDA events (median of --runs after
+// --warmup), next to the three-GEMM bound: cuBLAS running only the chunked
+// plan's three GEMMs over the whole problem in 8192-token chunks (bf16
+// operands, fp32 accumulation, bf16 logits, grad_W into an fp32 accumulator
+// with beta = 1, V padded to 128) in the same process.
+//
+// Usage:
+//   flce_cuda_bench --out=bench/results/cuda-2026-11-29.json --commit=$(git rev-parse HEAD)
+//   flce_cuda_bench --shapes=2 --strategies=chunked,vocab_split --runs=5
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "bench/cuda/bench_data.cuh"
+#include "kernels/cuda/cuda_engine.h"
+#include "kernels/cuda/policy.h"
+#include "nlohmann/json.hpp"
+
+namespace flce::bench {
+namespace {
+
+using cuda::CudaEngine;
+using cuda::CudaGradBuffer;
+using cuda::CudaHead;
+using cuda::DeviceBuffer;
+using cuda::DeviceRequest;
+using cuda::Plan;
+using cuda::PlanRequest;
+
+struct Shape {
+  int64_t bt, h, v;
+};
+constexpr Shape kShapes[] = {{65535, 1024, 176245}, {16384, 4096, 151936}, {8192, 4096, 128256}};
+
+struct Flags {
+  std::string out;
+  std::string commit = "unknown";
+  int runs = 5;
+  int warmup = 1;
+  int64_t workspace_mb = 2048;
+  int64_t wall_mb = 0;  // > 0: naive/separate refused at the budget also run with this one
+  int64_t fuse_mn_tokens = 2048;
+  std::vector<int> shapes = {0, 1, 2};
+  std::vector<std::string> strategies = {"chunked", "vocab_split", "fuse_mn",
+                                         "separate", "naive",       "auto"};
+};
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&](const char* name) -> const char* {
+      std::string p = std::string("--") + name + "=";
+      return a.rfind(p, 0) == 0 ? argv[i] + p.size() : nullptr;
+    };
+    if (const char* v = val("out")) f->out = v;
+    else if (const char* v = val("commit")) f->commit = v;
+    else if (const char* v = val("runs")) f->runs = std::atoi(v);
+    else if (const char* v = val("warmup")) f->warmup = std::atoi(v);
+    else if (const char* v = val("workspace-mb")) f->workspace_mb = std::atoll(v);
+    else if (const char* v = val("wall-mb")) f->wall_mb = std::atoll(v);
+    else if (const char* v = val("fuse-mn-tokens")) f->fuse_mn_tokens = std::atoll(v);
+    else if (const char* v = val("shapes")) {
+      f->shapes.clear();
+      for (absl::string_view s : absl::StrSplit(v, ',')) {
+        int x;
+        if (!absl::SimpleAtoi(s, &x) || x < 0 || x > 2) return false;
+        f->shapes.push_back(x);
+      }
+    } else if (const char* v = val("strategies")) {
+      f->strategies = absl::StrSplit(v, ',');
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return false;
+    }
+  }
+  return f->runs >= 1;
+}
+
+Strategy ParseStrategy(const std::string& s) {
+  for (Strategy x : {Strategy::kAuto, Strategy::kChunked, Strategy::kVocabSplit, Strategy::kFuseMN,
+                     Strategy::kSeparate, Strategy::kNaive}) {
+    if (s == StrategyName(x)) return x;
+  }
+  return Strategy::kAuto;
+}
+
+#define CHECK_CUDA(expr)                                                              \
+  do {                                                                                \
+    cudaError_t e_ = (expr);                                                          \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,               \
+                   cudaGetErrorString(e_));                                           \
+      return 1;                                                                       \
+    }                                                                                 \
+  } while (0)
+#define CHECK_CUBLAS(expr)                                                            \
+  do {                                                                                \
+    cublasStatus_t s_ = (expr);                                                       \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,               \
+                   cublasGetStatusString(s_));                                        \
+      return 1;                                                                       \
+    }                                                                                 \
+  } while (0)
+
+// Median of `runs` timed calls of fn (after `warmup` untimed ones), CUDA
+// events on `stream`. fn returns false on failure.
+double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function<bool()>& fn) {
+  for (int i = 0; i < warmup; ++i) {
+    if (!fn()) return -1.0;
+  }
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<double> ms;
+  for (int i = 0; i < runs; ++i) {
+    cudaEventRecord(a, stream);
+    if (!fn()) return -1.0;
+    cudaEventRecord(b, stream);
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+}
+
+std::string Today() {
+  std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d", std::gmtime(&now));
+  return buf;
+}
+
+int Main(int argc, char** argv) {
+  Flags flags;
+  if (!ParseFlags(argc, argv, &flags)) {
+    std::fprintf(stderr, "bad flags\n");
+    return 2;
+  }
+  EngineConfig config;
+  config.workspace_bytes = flags.workspace_mb << 20;
+  auto engine_or = CudaEngine::Create(config);
+  if (!engine_or.ok()) {
+    std::fprintf(stderr, "CUDA engine: %s\n", engine_or.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<CudaEngine> engine = std::move(*engine_or);
+  std::unique_ptr<CudaEngine> wall;
+  if (flags.wall_mb > 0) {
+    EngineConfig wc;
+    wc.workspace_bytes = flags.wall_mb << 20;
+    auto w = CudaEngine::Create(wc);
+    if (w.ok()) wall = std::move(*w);
+  }
+  const std::string gpu = engine->info().name;
+  const std::string date = Today();
+  cudaStream_t stream = engine->compute_stream();
+  cublasHandle_t cublas;
+  CHECK_CUBLAS(cublasCreate(&cublas));
+  CHECK_CUBLAS(cublasSetStream(cublas, stream));
+  nlohmann::json records = nlohmann::json::array();
+
+  for (int si : flags.shapes) {
+    const Shape sh = kShapes[si];
+    const int64_t vp = cuda::PadVocab(sh.v);
+    std::printf("== BT=%lld H=%lld V=%lld (padded %lld), bf16\n", (long long)sh.bt,
+                (long long)sh.h, (long long)sh.v, (long long)vp);
+    // Inputs on the device.
+    HeadSpec hs{sh.v, sh.h, DType::kBF16, false};
+    auto wbuf = DeviceBuffer::Allocate(vp * sh.h * 2, engine->context()->health());
+    auto xbuf = DeviceBuffer::Allocate(sh.bt * sh.h * 2, engine->context()->health());
+    auto gibuf = DeviceBuffer::Allocate(sh.bt * sh.h * 2, engine->context()->health());
+    auto rowbuf = DeviceBuffer::Allocate(sh.bt * 4 * 8, engine->context()->health());
+    if (!wbuf.ok() || !xbuf.ok() || !gibuf.ok() || !rowbuf.ok()) {
+      std::fprintf(stderr, "allocation failed\n");
+      return 1;
+    }
+    CHECK_CUDA(cudaMemsetAsync(wbuf->get(), 0, wbuf->bytes(), stream));
+    CHECK_CUDA(FillNormalBf16(wbuf->get(), sh.v * sh.h, 1.0f / std::sqrt(float(sh.h)), 1234 + si, stream));
+    CHECK_CUDA(FillNormalBf16(xbuf->get(), sh.bt * sh.h, 1.0f, 777 + si, stream));
+    int32_t* target = static_cast<int32_t*>(rowbuf->get());
+    float* a = reinterpret_cast<float*>(target + sh.bt);
+    float* e = a + sh.bt;
+    float* outs = e + sh.bt;
+    CHECK_CUDA(FillTargets(target, sh.bt, sh.v, 0.05f, 99 + si, stream));
+    std::vector<int32_t> host_t(sh.bt);
+    CHECK_CUDA(cudaMemcpyAsync(host_t.data(), target, sh.bt * 4, cudaMemcpyDeviceToHost, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    const int64_t n_valid = std::count_if(host_t.begin(), host_t.end(), [](int32_t y) { return y >= 0; });
+    CHECK_CUDA(FillTokenWeights(a, target, sh.bt, 1.0f / n_valid, stream));
+    CHECK_CUDA(FillConstant(e, sh.bt, 0.0f, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    auto head = std::make_shared<CudaHead>(engine->shared_context(), hs, std::move(*wbuf), DeviceBuffer());
+    auto grad_or = engine->NewGradBuffer(hs);
+    if (!grad_or.ok()) {
+      std::fprintf(stderr, "grad buffer: %s\n", grad_or.status().ToString().c_str());
+      return 1;
+    }
+    auto* grad = static_cast<CudaGradBuffer*>(grad_or->get());
+
+    DeviceRequest req;
+    req.rows = sh.bt;
+    req.hidden_dtype = DType::kBF16;
+    req.hidden = xbuf->get();
+    req.in.target = target;
+    req.in.token_weight = a;
+    req.in.entropy_weight = e;
+    req.out.loss = outs;
+    req.out.z_loss = outs + sh.bt;
+    req.out.logprob = outs + 2 * sh.bt;
+    req.out.entropy = outs + 3 * sh.bt;
+    req.out.argmax = reinterpret_cast<int32_t*>(outs + 4 * sh.bt);
+    req.grad_input = gibuf->get();
+    req.grad_weight = grad->weight();
+    req.params.vocab = sh.v;
+
+    // The three-GEMM bound.
+    double bound_ms;
+    {
+      constexpr int64_t kChunk = 8192;
+      auto lbuf = DeviceBuffer::Allocate(kChunk * vp * 2, engine->context()->health());
+      if (!lbuf.ok()) {
+        std::fprintf(stderr, "bound logits buffer: %s\n", lbuf.status().ToString().c_str());
+        return 1;
+      }
+      const void* w = head->view().weight;
+      bound_ms = TimeMedian(stream, flags.warmup, flags.runs, [&]() {
+        const float one = 1.0f, zero = 0.0f;
+        for (int64_t c0 = 0; c0 < sh.bt; c0 += kChunk) {
+          const int rows = static_cast<int>(std::min(kChunk, sh.bt - c0));
+          const char* x = static_cast<const char*>(xbuf->get()) + c0 * sh.h * 2;
+          char* gi = static_cast<char*>(gibuf->get()) + c0 * sh.h * 2;
+          if (cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, vp, rows, sh.h, &one, w, CUDA_R_16BF,
+                           sh.h, x, CUDA_R_16BF, sh.h, &zero, lbuf->get(), CUDA_R_16BF, vp,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS ||
+              cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, sh.h, rows, vp, &one, w, CUDA_R_16BF,
+                           sh.h, lbuf->get(), CUDA_R_16BF, vp, &zero, gi, CUDA_R_16BF, sh.h,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS ||
+              cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_T, sh.h, vp, rows, &one, x, CUDA_R_16BF,
+                           sh.h, lbuf->get(), CUDA_R_16BF, vp, &one, grad->weight(), CUDA_R_32F,
+                           sh.h, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+            return false;
+          }
+        }
+        return true;
+      });
+      if (bound_ms < 0) {
+        std::fprintf(stderr, "bound GEMMs failed\n");
+        return 1;
+      }
+    }
+    const double flops = 6.0 * sh.bt * sh.v * sh.h;
+    std::printf("  3-GEMM bound: %.2f ms (%.0f TFLOP/s)\n", bound_ms, flops / bound_ms / 1e9);
+
+    for (const std::string& name : flags.strategies) {
+      const Strategy strategy = ParseStrategy(name);
+      nlohmann::json rec = {{"strategy", name},     {"BT", sh.bt},   {"H", sh.h},
+                            {"V", sh.v},            {"dtype", "bf16"}, {"gemm_bound_ms", bound_ms},
+                            {"gpu", gpu},           {"date", date},  {"commit", flags.commit},
+                            {"workspace_budget_mib", flags.workspace_mb}};
+      PlanRequest pr;
+      pr.strategy = strategy;
+      pr.num_tokens = sh.bt;
+      pr.hidden_dtype = DType::kBF16;
+      pr.streaming = true;  // the served plan: room for two upload/download slots
+      CudaEngine* runner = engine.get();
+      absl::StatusOr<Plan> plan = runner->PlanFor(*head, pr);
+      if (!plan.ok() && wall != nullptr &&
+          (strategy == Strategy::kNaive || strategy == Strategy::kSeparate)) {
+        rec["refused_at_budget"] = std::string(plan.status().message());
+        runner = wall.get();
+        plan = runner->PlanFor(*head, pr);
+        rec["workspace_budget_mib"] = flags.wall_mb;
+      }
+      if (!plan.ok()) {
+        rec["refused"] = std::string(plan.status().message());
+        rec["ms"] = nullptr;
+        rec["ratio"] = nullptr;
+        rec["workspace_peak_mib"] = nullptr;
+        std::printf("  %-12s refused: %s\n", name.c_str(), std::string(plan.status().message()).c_str());
+        records.push_back(rec);
+        continue;
+      }
+      DeviceRequest r = req;
+      double scale = 1.0;
+      int runs = flags.runs, warmup = flags.warmup;
+      if (plan->strategy == Strategy::kFuseMN && sh.bt > flags.fuse_mn_tokens) {
+        // Seconds per run at these shapes: time a token slice, scale by BT.
+        r.rows = flags.fuse_mn_tokens;
+        scale = double(sh.bt) / r.rows;
+        runs = 3;
+        warmup = 1;
+        rec["extrapolated_from_tokens"] = r.rows;
+      }
+      absl::Status run_status;
+      double ms = TimeMedian(stream, warmup, runs, [&]() {
+        run_status = runner->RunOnDevice(*head, *plan, r);
+        return run_status.ok();
+      });
+      if (ms < 0) {
+        rec["error"] = run_status.ToString();
+        std::printf("  %-12s failed: %s\n", name.c_str(), run_status.ToString().c_str());
+        records.push_back(rec);
+        if (!engine->healthy()) break;
+        continue;
+      }
+      ms *= scale;
+      const int64_t ws = plan->scratch_bytes +
+                         (plan->strategy == Strategy::kChunked ? 2 * plan->stream_slot_bytes : 0);
+      rec["strategy_used"] = StrategyName(plan->strategy);
+      rec["ms"] = ms;
+      rec["ratio"] = ms / bound_ms;
+      rec["tflops"] = flops / ms / 1e9;
+      rec["workspace_peak_mib"] = ws / 1048576.0;
+      rec["chunk_tokens"] = plan->chunk_tokens;
+      rec["split_cols"] = plan->split_cols;
+      rec["runs"] = runs;
+      std::printf("  %-12s %9.2f ms  %6.0f TFLOP/s  %5.2fx bound  workspace %7.1f MiB  (chunk %lld, split %lld)%s\n",
+                  name.c_str(), ms, flops / ms / 1e9, ms / bound_ms, ws / 1048576.0,
+                  (long long)plan->chunk_tokens, (long long)plan->split_cols,
+                  scale != 1.0 ? "  [extrapolated]" : "");
+      std::fflush(stdout);
+      records.push_back(rec);
+    }
+  }
+  cublasDestroy(cublas);
+  if (!flags.out.empty()) {
+    std::ofstream out(flags.out);
+    out << records.dump(2) << "\n";
+    std::printf("wrote %s\n", flags.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace flce::bench
+
+int main(int argc, char** argv) { return flce::bench::Main(argc, argv); }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds the CUDA engine's plugin, tests and benchmark here (build-cuda) and
+# packs them, with their non-system shared libraries and the commit, into
+# .gpu-dist/ (git-ignored) for the device machine: pass `carry: [".gpu-dist"]`
+# and run scripts/gpu/run_cuda.sh there.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD_DIR:-$root/build-cuda}
+dist=$root/.gpu-dist
+cmake -S "$root" -B "$build" -G Ninja >/dev/null
+ninja -C "$build" -j2 flce_cuda flce_cuda_tests flce_cuda_bench flce_engine_tests
+rm -rf "$dist"
+mkdir -p "$dist/lib"
+cp "$build/kernels/cuda/libflce_cuda.so" "$build/tests/cuda/flce_cuda_tests" \
+   "$build/bench/cuda/flce_cuda_bench" "$build/tests/engine/flce_engine_tests" "$dist/"
+for bin in "$dist"/flce_* "$dist"/libflce_cuda.so; do
+  ldd "$bin" | awk '/=>/{print $3}'
+done | sort -u |
+  grep -v -E 'libc\.so|libm\.so|libstdc|libgcc_s|ld-linux|libcudart|libcublas|libdl\.so|libpthread|librt\.so' |
+  xargs -r -I{} cp -L {} "$dist/lib/"
+git -C "$root" rev-parse HEAD >"$dist/COMMIT"
+du -sh "$dist"

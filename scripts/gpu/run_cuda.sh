@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# On the device machine, from the repo root, with .gpu-dist carried (see
+# pack_cuda.sh): CUDA tests, the engine conformance suite's CUDA cases, then
+# the benchmark. Logs and the benchmark JSON go to $OUT.
+#   scripts/gpu/run_cuda.sh tests|bench|all [extra bench flags...]
+set -u -o pipefail
+mode=${1:-all}
+shift || true
+dist=$(pwd)/.gpu-dist
+out=${OUT:-/tmp/flce-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export FLCE_CUDA_PLUGIN=$dist/libflce_cuda.so
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || true
+rc=0
+if [[ $mode == tests || $mode == all ]]; then
+  "$dist/flce_cuda_tests" 2>&1 | tee "$out/cuda_tests.log" | grep -E '^\[|  \[|BT=|sticky|Failure|error|Expected|Which|actual' | tail -80
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  FLCE_TEST_PRINT_ERRORS=1 "$dist/flce_engine_tests" --gtest_filter='*cuda*' 2>&1 | tee "$out/engine_tests.log" |
+    grep -E '^\[  FAILED|^\[  PASSED|^\[==|Failure|Expected|Which|actual|error' | tail -60
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+fi
+if [[ $mode == bench || $mode == all ]]; then
+  "$dist/flce_cuda_bench" --out="$out/cuda-bench.json" --commit="$(cat "$dist/COMMIT")" "$@" 2>&1 |
+    tee "$out/bench.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+fi
+exit $rc
