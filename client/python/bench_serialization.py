@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flce import client as fclient, tensors, wire  # noqa: E402
 from flce._pb import pb  # noqa: E402
+from flce.buffers import BufferPool  # noqa: E402
 
 
 def encode(hidden, targets, chunk_bytes):
@@ -59,10 +60,10 @@ def response_bytes(grad, chunk_bytes):
     return rows
 
 
-def decode(raw_messages, n, h, dtype, asm=None):
-    """Into a fresh tensor (what the client does: grad_input is handed to autograd), or
-    into `asm`'s already-touched one, to separate first-touch page faults from copying."""
-    asm = asm or tensors.RowAssembler(n, h, dtype)
+def decode(raw_messages, n, h, dtype, pool=None):
+    """Into a tensor from the client's pool (its steady state: the previous step's
+    grad_input has been released), or into a fresh one (first-touch page faults)."""
+    asm = tensors.RowAssembler(n, h, dtype, pool)
     for raw in raw_messages:
         msg = fclient._decode_compute_response(raw)
         asm.put(msg.token_offset, msg.data)
@@ -107,15 +108,14 @@ def main() -> int:
     assert torch.equal(decode(raw, n, h, torch.bfloat16), grad)
     nbytes = hidden.numel() * hidden.element_size()
     assert drain(encode(hidden, targets, chunk)) > nbytes
-    warm = tensors.RowAssembler(n, h, torch.bfloat16)
-    warm.tensor.zero_()
+    pool = BufferPool()
 
     rows = []
     for name, fn in (("encode (flce.wire)", lambda: drain(encode(hidden, targets, chunk))),
                      ("encode (generated protobuf)",
                       lambda: drain(encode_protobuf(hidden, targets, chunk))),
-                     ("decode (flce.wire)", lambda: decode(raw, n, h, torch.bfloat16)),
-                     ("decode, warm destination", lambda: decode(raw, n, h, torch.bfloat16, warm)),
+                     ("decode (flce.wire, pooled)", lambda: decode(raw, n, h, torch.bfloat16, pool)),
+                     ("decode, fresh tensor", lambda: decode(raw, n, h, torch.bfloat16)),
                      ("decode (generated protobuf)",
                       lambda: decode_protobuf(raw, n, h, torch.bfloat16))):
         s = timed(fn, args.repeat)
@@ -129,7 +129,7 @@ def main() -> int:
     print(f"python per step (flce.wire): {py_ms:.1f} ms = {py_ms / args.engine_ms:.0%} of the "
           f"engine's {args.engine_ms:g} ms, {py_ms / (py_ms + args.wire_ms):.0%} of a "
           f"wire-bound step ({args.wire_ms:g} ms + python, nothing overlapped)")
-    print(f"python per step (generated protobuf): {base_ms:.1f} ms")
+    print(f"python per step (generated protobuf, fresh tensors): {base_ms:.1f} ms")
     return 0
 
 

@@ -14,6 +14,7 @@ import grpc
 import torch
 
 from flce import tensors, wire
+from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.errors import FlceError, translate
 
@@ -82,6 +83,7 @@ class Client:
         self.session_id = session_id or f"py-{uuid.uuid4().hex[:12]}"
         self.chunk_bytes = chunk_bytes
         self.timeout = timeout
+        self.pool = BufferPool()  # grad_input and grad_W memory, recycled once released
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)]
         self._channel = channel or grpc.insecure_channel(target, options=opts)
@@ -237,7 +239,7 @@ class Client:
     def _run_compute(self, requests: Iterable, n: int, h: int, dtype: torch.dtype,
                      want_grad_input: bool, wanted: Sequence[Tuple[str, torch.dtype]]
                      ) -> ComputeResult:
-        grad = tensors.RowAssembler(n, h, dtype) if want_grad_input else None
+        grad = tensors.RowAssembler(n, h, dtype, self.pool) if want_grad_input else None
         per_token = {k: tensors.RowAssembler(n, 1, dt) for k, dt in wanted}
         summary = None
         for msg in self._compute(requests, timeout=self.timeout):
@@ -296,7 +298,8 @@ class Client:
             elif msg.WhichOneof("msg") == "header":
                 header = msg.header
                 dt = tensors.torch_dtype(header.dtype)
-                weight = tensors.RowAssembler(header.vocab_size, header.hidden_size, dt)
+                weight = tensors.RowAssembler(header.vocab_size, header.hidden_size, dt,
+                                              self.pool)
                 bias = tensors.RowAssembler(header.vocab_size, 1, dt) if header.has_bias else None
         if header is None or not weight.complete or (bias is not None and not bias.complete):
             raise FlceError("FetchGrad", grpc.StatusCode.INTERNAL, "incomplete gradient stream")

@@ -79,8 +79,9 @@ def byte_chunks(t: torch.Tensor, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 class RowAssembler:
     """Fills a preallocated [rows, cols] tensor from chunks that name their first row."""
 
-    def __init__(self, rows: int, cols: int, dtype: torch.dtype):
-        self.tensor = torch.empty((rows, cols), dtype=dtype)
+    def __init__(self, rows: int, cols: int, dtype: torch.dtype, pool=None):
+        self.tensor = (pool.empty((rows, cols), dtype) if pool is not None
+                       else torch.empty((rows, cols), dtype=dtype))
         self._bytes = byte_view(self.tensor)
         self._row_bytes = cols * self.tensor.element_size()
         self.rows_filled = 0
