@@ -1,5 +1,6 @@
 #include "client/cli/cli_main.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/status/status.h"
@@ -43,6 +44,7 @@ std::string ToolUsage(const FlagSet& global) {
                   "\nEvery subcommand prints one JSON object on stdout. A failure prints\n"
                   "{\"error\": {\"code\": ..., \"message\": ...}} and exits 1 (2 for usage "
                   "errors).\n"
+                  "The global flags may also follow the subcommand.\n"
                   "flce-client SUBCOMMAND --help describes a subcommand's flags.\n");
   return out;
 }
@@ -85,24 +87,37 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   }
   FlagSet flags(command->name, command->summary);
   command->declare(flags);
+  // The global flags are accepted after the subcommand too: people append
+  // --target to a command line they already have.
+  DeclareGlobal(flags);
   if (absl::Status s = flags.Parse({rest.begin() + 1, rest.end()}); !s.ok()) {
     return Fail(out, s, kExitUsage);
   }
   if (flags.help() || global.help()) {
-    out << flags.Usage()
-        << "\nglobal flags (before the subcommand): --target, --timeout-s, --max-message-mb\n";
+    out << flags.Usage();
     return kExitOk;
   }
+  for (const char* name : {"target", "timeout-s", "max-message-mb"}) {
+    if (global.has(name) && flags.has(name)) {
+      return Fail(out,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "flce-client: --", name, " given both before and after the subcommand")),
+                  kExitUsage);
+    }
+  }
+  const FlagSet& target_flags = flags.has("target") ? flags : global;
+  const FlagSet& timeout_flags = flags.has("timeout-s") ? flags : global;
+  const FlagSet& size_flags = flags.has("max-message-mb") ? flags : global;
 
   ClientOptions options;
-  options.target = global.str("target");
-  const double timeout_s = global.f64("timeout-s");
+  options.target = target_flags.str("target");
+  const double timeout_s = timeout_flags.f64("timeout-s");
   if (!(timeout_s >= 0) || std::isinf(timeout_s)) {
     return Fail(out, absl::InvalidArgumentError("flce-client: --timeout-s must be >= 0"),
                 kExitUsage);
   }
   options.timeout = timeout_s > 0 ? absl::Seconds(timeout_s) : absl::InfiniteDuration();
-  const int64_t max_mb = global.i64("max-message-mb");
+  const int64_t max_mb = size_flags.i64("max-message-mb");
   if (max_mb < 1 || max_mb > 2047) {
     return Fail(out,
                 absl::InvalidArgumentError("flce-client: --max-message-mb must be in [1, 2047]"),

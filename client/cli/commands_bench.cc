@@ -108,8 +108,9 @@ absl::StatusOr<CommandResult> RunBench(const FlagSet& flags, CliEnv& env) {
   if (!failed.ok()) return failed;
 
   const double median_ms = Median(step_ms);
-  const double bytes_up = static_cast<double>(hidden.size() + targets.size() * 4);
-  const double bytes_down = static_cast<double>(last.grad_input.size());
+  const int64_t bytes_up = static_cast<int64_t>(hidden.size() + targets.size() * 4);
+  const int64_t bytes_down = static_cast<int64_t>(last.grad_input.size());
+  const double step_s = median_ms / 1e3;
   return CommandResult{
       {{"head", head.head_id()},
        {"vocab_size", head.vocab_size()},
@@ -125,11 +126,11 @@ absl::StatusOr<CommandResult> RunBench(const FlagSet& flags, CliEnv& env) {
          {"min", *std::min_element(step_ms.begin(), step_ms.end())},
          {"max", *std::max_element(step_ms.begin(), step_ms.end())}}},
        {"engine_ms_median", Median(engine_ms)},
-       {"tokens_per_s", tokens / (median_ms / 1e3)},
+       {"tokens_per_s", tokens / step_s},
        {"bytes_up_per_step", bytes_up},
        {"bytes_down_per_step", bytes_down},
-       {"gb_per_s_up", bytes_up / (median_ms / 1e3) / 1e9},
-       {"gb_per_s_down", bytes_down / (median_ms / 1e3) / 1e9},
+       {"gb_per_s_up", bytes_up / step_s / 1e9},
+       {"gb_per_s_down", bytes_down / step_s / 1e9},
        {"loss", last.summary.loss()}}};
 }
 

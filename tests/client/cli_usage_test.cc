@@ -83,6 +83,19 @@ TEST(CliUsageTest, GlobalFlagErrorsExit2) {
   EXPECT_NE(out3.str().find("unknown flag --port"), std::string::npos);
 }
 
+TEST(CliUsageTest, GlobalFlagsMayFollowTheSubcommandButNotTwice) {
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli({"list-heads", "--target", "127.0.0.1:1", "--timeout-s", "5"}, out, err,
+                   false),
+            1);
+  EXPECT_EQ(OneObject(out.str())["error"]["code"], "UNAVAILABLE") << out.str();
+  std::ostringstream twice;
+  EXPECT_EQ(RunCli({"--target", "127.0.0.1:1", "list-heads", "--target", "127.0.0.1:2"}, twice,
+                   err, false),
+            2);
+  EXPECT_NE(twice.str().find("given both before and after"), std::string::npos) << twice.str();
+}
+
 TEST(CliUsageTest, HelpForTheToolAndEverySubcommand) {
   std::ostringstream out, err;
   ASSERT_EQ(RunCli({"--help"}, out, err, false), 0);

@@ -113,6 +113,9 @@ struct Malformed {
   const char* message_part;  // the error must say what is wrong
 };
 
+// Names the case in test listings instead of dumping the struct's bytes.
+void PrintTo(const Malformed& malformed, std::ostream* os) { *os << malformed.name; }
+
 class NpyMalformedTest : public ::testing::TestWithParam<Malformed> {};
 
 TEST_P(NpyMalformedTest, IsInvalidArgumentNamingTheProblem) {
