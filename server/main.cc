@@ -5,12 +5,16 @@
 // With no head given it serves the embedded demo head "demo" (V=32000,
 // H=512, bf16). SIGTERM / SIGINT: stop accepting, drain (--drain-seconds),
 // exit 0. An engine that fails for good: exit 1.
-#include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -44,9 +48,42 @@ ABSL_FLAG(int, threads, 0, "CPU engine threads (0 = all cores)");
 ABSL_FLAG(std::string, cuda_plugin, "",
           "path of libflce_cuda.so (default: $FLCE_CUDA_PLUGIN, beside the binary, ...)");
 
+namespace {
+
+// Abseil spells flags with underscores; flce documents them with dashes
+// (--metrics-port). Both are accepted: dashes in a flag's name become
+// underscores, its value is left alone.
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int signal) {
+  unsigned char byte = static_cast<unsigned char>(signal);
+  ssize_t unused = write(g_signal_pipe[1], &byte, 1);
+  (void)unused;
+}
+
+std::vector<std::string> DashesToUnderscores(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& arg = args[i];
+    if (arg == "--") break;
+    if (arg.size() < 3 || arg[0] != '-' || arg[1] != '-') continue;
+    size_t end = arg.find('=');
+    if (end == std::string::npos) end = arg.size();
+    for (size_t c = 2; c < end; ++c) {
+      if (arg[c] == '-') arg[c] = '_';
+    }
+  }
+  return args;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("flce-server: fused linear + cross-entropy LM-head service");
-  absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> args = DashesToUnderscores(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
 
   flce::server::ServerConfig config;
   config.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
@@ -68,13 +105,18 @@ int main(int argc, char** argv) {
   config.drain = absl::Seconds(absl::GetFlag(FLAGS_drain_seconds));
   config.threads = absl::GetFlag(FLAGS_threads);
 
-  // Signals go to one thread that waits for them; every other thread
-  // (gRPC's, the engine's) inherits the blocked mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A handler that only writes to a pipe (async-signal-safe, whichever
+  // thread takes the signal: libraries such as OpenBLAS start threads before
+  // main, so masking signals here cannot route them to one thread).
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+    flce::server::LogError("cannot create the signal pipe");
+    return 2;
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
 
   auto server = flce::server::FlceServer::Create(config);
   if (!server.ok()) {
@@ -82,9 +124,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   flce::server::FlceServer* running = server->get();
-  std::thread([signals, running] {
-    int signal = 0;
-    if (sigwait(&signals, &signal) != 0) return;
+  std::thread([running] {
+    unsigned char signal = 0;
+    while (read(g_signal_pipe[0], &signal, 1) < 0 && errno == EINTR) {
+    }
     flce::server::LogInfo(absl::StrCat("signal ", signal == SIGTERM ? "SIGTERM" : "SIGINT",
                                        ": shutting down"));
     running->Shutdown();

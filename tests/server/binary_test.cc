@@ -1,0 +1,243 @@
+// The shipped flce-server binary: SIGTERM drains a call in flight and exits
+// 0; /metrics is served by prometheus-cpp's exposer in the same process as
+// the CUDA plugin (when this tree builds one), and health answers SERVING.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "tests/server/server_test_util.h"
+
+extern char** environ;
+
+namespace flce::server::test {
+namespace {
+
+using ::flce::test::MakeProblem;
+using ::testing::HasSubstr;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A flce-server child process with its stderr in a file.
+class ServerProcess {
+ public:
+  ServerProcess(std::vector<std::string> args, std::vector<std::string> extra_env) {
+    log_ = absl::StrCat(::testing::TempDir(), "/flce-server-", getpid(), "-", ++counter_, ".log");
+    args.insert(args.begin(), FLCE_SERVER_BINARY);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_strings = std::move(extra_env);
+    for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+    std::vector<char*> envp;
+    for (std::string& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    spawned_ = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), envp.data()) == 0;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+
+  ~ServerProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  bool spawned() const { return spawned_; }
+  pid_t pid() const { return pid_; }
+  std::string log() const { return ReadFile(log_); }
+
+  // The gRPC port from the "serving ... on port N" log line; 0 on timeout.
+  int WaitForPort() {
+    std::regex serving("serving flce.v1.Flce on port ([0-9]+)");
+    for (int i = 0; i < 600; ++i) {
+      std::smatch m;
+      std::string text = log();
+      if (std::regex_search(text, m, serving)) return std::stoi(m[1]);
+      int status;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return 0;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return 0;
+  }
+
+  // The exit code, or -signal; -1000 if it did not exit in time.
+  int WaitExit(std::chrono::seconds timeout) {
+    auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      int status;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1000;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::string log_;
+  pid_t pid_ = -1;
+  bool spawned_ = false;
+  bool exited_ = false;
+};
+
+std::unique_ptr<v1::Flce::Stub> StubFor(int port) {
+  return v1::Flce::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                               grpc::InsecureChannelCredentials()));
+}
+
+// GET path over a plain socket; the whole response, or "" on failure.
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  std::string request =
+      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return "";
+  }
+  std::string response;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
+  close(fd);
+  return response;
+}
+
+// grpc.health.v1.Health/Check for the whole server, without generated
+// stubs: the request is an empty message, SERVING is field 1 = 1 (08 01).
+int HealthStatus(int port) {
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::ByteBuffer request;  // empty HealthCheckRequest
+  grpc::Slice empty("", 0);
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag;
+  bool ok;
+  cq.Next(&tag, &ok);
+  if (!status.ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  response.Dump(&slices);
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
+}
+
+Problem DemoSizedProblem() {
+  ProblemSpec ps;
+  ps.vocab_size = 101;  // targets only; the demo head has V = 32000
+  ps.hidden_size = 512;
+  ps.num_tokens = 96;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  return MakeProblem(ps);
+}
+
+TEST(BinaryTest, SigtermDrainsTheCallInFlightAndExitsZero) {
+  ServerProcess server({"--port=0", "--metrics-port=0", "--device=cpu", "--drain-seconds=20",
+                        "--threads=2"},
+                       {});
+  ASSERT_TRUE(server.spawned());
+  int port = server.WaitForPort();
+  ASSERT_GT(port, 0) << server.log();
+  auto stub = StubFor(port);
+  Problem problem = DemoSizedProblem();
+  ComputeOptions options;
+  options.rows_per_chunk = 16;
+  options.pause_after_chunks = 2;
+  options.on_pause = [&] {
+    kill(server.pid(), SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  };
+  ComputeOutcome out = Compute(*stub, MakeHeader(problem, "demo", "s", "r1"), problem, options);
+  EXPECT_TRUE(out.status.ok()) << out.status.error_message() << "\n" << server.log();
+  EXPECT_TRUE(out.has_summary);
+  EXPECT_EQ(out.grad_rows, problem.spec.num_tokens);
+  EXPECT_GT(out.summary.loss(), 0.0);
+  EXPECT_EQ(server.WaitExit(std::chrono::seconds(30)), 0) << server.log();
+  EXPECT_THAT(server.log(), HasSubstr("SIGTERM"));
+}
+
+TEST(BinaryTest, MetricsExposerServesBesideTheCudaPlugin) {
+  int metrics_port = FreePort();
+  std::vector<std::string> env;
+#ifdef FLCE_TEST_CUDA_PLUGIN
+  env.push_back(absl::StrCat("FLCE_CUDA_PLUGIN=", FLCE_TEST_CUDA_PLUGIN));
+#endif
+  ServerProcess server({"--port=0", absl::StrCat("--metrics-port=", metrics_port),
+                        "--device=auto", "--threads=2"},
+                       env);
+  ASSERT_TRUE(server.spawned());
+  int port = server.WaitForPort();
+  ASSERT_GT(port, 0) << server.log();
+#ifdef FLCE_TEST_CUDA_PLUGIN
+  // The plugin (and cuBLASLt with it) is loaded whether or not a GPU is
+  // present: this is the combination that broke civetweb when linked.
+  std::string maps = ReadFile(absl::StrCat("/proc/", server.pid(), "/maps"));
+  EXPECT_THAT(maps, HasSubstr("libflce_cuda.so"));
+  EXPECT_THAT(maps, HasSubstr("libcublasLt"));
+#endif
+  EXPECT_EQ(HealthStatus(port), 1) << "grpc.health.v1 should answer SERVING";
+  auto stub = StubFor(port);
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub->GetServerInfo(&context, v1::ServerInfoRequest(), &info).ok());
+  std::string metrics = HttpGet(metrics_port, "/metrics");
+  EXPECT_THAT(metrics, HasSubstr("200 OK"));
+  EXPECT_THAT(metrics, HasSubstr("flce_requests_total{"));
+  EXPECT_THAT(metrics, HasSubstr("rpc=\"GetServerInfo\""));
+  EXPECT_THAT(metrics, HasSubstr("flce_request_duration_seconds_bucket"));
+  EXPECT_THAT(metrics, HasSubstr("flce_inflight_requests"));
+  kill(server.pid(), SIGTERM);
+  EXPECT_EQ(server.WaitExit(std::chrono::seconds(30)), 0) << server.log();
+}
+
+}  // namespace
+}  // namespace flce::server::test

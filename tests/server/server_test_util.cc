@@ -1,0 +1,287 @@
+#include "tests/server/server_test_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/engine_factory.h"
+#include "server/log.h"
+
+namespace flce::server::test {
+
+ServerConfig TestConfig() {
+  ServerConfig config;
+  config.address = "127.0.0.1:0";
+  config.metrics_port = 0;
+  config.device = "cpu";
+  config.embedded_demo_head = false;
+  config.threads = 2;
+  config.rpc_threads = 2;
+  config.workspace_bytes = int64_t{64} << 20;
+  config.drain = absl::Seconds(5);
+  return config;
+}
+
+void ServerTest::StartServer(const ServerConfig& config) {
+  SetLogQuiet(true);
+  absl::StatusOr<std::unique_ptr<FlceServer>> server = FlceServer::Create(config);
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = std::move(*server);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  // Each test gets its own connection (the global subchannel pool would
+  // share one with a server of an earlier test on a reused port).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  channel_ = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                       grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::Flce::NewStub(channel_);
+}
+
+void ServerTest::TearDown() {
+  stub_.reset();
+  channel_.reset();
+  if (server_ != nullptr) {
+    server_->Shutdown();
+    server_.reset();
+  }
+}
+
+grpc::Status UploadHead(v1::Flce::Stub& stub, const std::string& head_id, const Problem& problem,
+                        int chunks, v1::HeadInfo* info) {
+  grpc::ClientContext context;
+  v1::HeadInfo local;
+  auto writer = stub.UploadHead(&context, info != nullptr ? info : &local);
+  v1::UploadHeadRequest header;
+  header.mutable_header()->set_head_id(head_id);
+  header.mutable_header()->set_vocab_size(problem.spec.vocab_size);
+  header.mutable_header()->set_hidden_size(problem.spec.hidden_size);
+  header.mutable_header()->set_dtype(problem.spec.head_dtype == DType::kF32    ? v1::DTYPE_FP32
+                                     : problem.spec.head_dtype == DType::kF16  ? v1::DTYPE_FP16
+                                                                               : v1::DTYPE_BF16);
+  header.mutable_header()->set_has_bias(problem.spec.has_bias);
+  writer->Write(header);
+  auto send = [&](v1::TensorRole role, const std::string& bytes) {
+    int64_t total = static_cast<int64_t>(bytes.size());
+    int64_t step = std::max<int64_t>(1, (total + chunks - 1) / chunks);
+    for (int64_t offset = 0; offset < total; offset += step) {
+      v1::UploadHeadRequest chunk;
+      chunk.mutable_chunk()->set_role(role);
+      chunk.mutable_chunk()->set_byte_offset(offset);
+      chunk.mutable_chunk()->set_data(bytes.substr(offset, step));
+      if (!writer->Write(chunk)) return;
+    }
+  };
+  send(v1::TENSOR_WEIGHT, problem.weight_bytes);
+  if (problem.spec.has_bias) send(v1::TENSOR_BIAS, problem.bias_bytes);
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+v1::ComputeHeader MakeHeader(const Problem& problem, const std::string& head_id,
+                             const std::string& session_id, const std::string& request_id) {
+  v1::ComputeHeader header;
+  header.set_request_id(request_id);
+  header.set_head_id(head_id);
+  header.set_session_id(session_id);
+  header.set_reduction(v1::REDUCTION_SUM);
+  header.set_num_tokens(problem.spec.num_tokens);
+  header.set_targets(std::string(reinterpret_cast<const char*>(problem.targets.data()),
+                                 problem.targets.size() * sizeof(int32_t)));
+  header.set_hidden_dtype(problem.spec.hidden_dtype == DType::kF32   ? v1::DTYPE_FP32
+                          : problem.spec.hidden_dtype == DType::kF16 ? v1::DTYPE_FP16
+                                                                     : v1::DTYPE_BF16);
+  if (problem.spec.ignore_index != -100) header.set_ignore_index(problem.spec.ignore_index);
+  return header;
+}
+
+v1::ComputeRequest HeaderMessage(const v1::ComputeHeader& header) {
+  v1::ComputeRequest request;
+  *request.mutable_header() = header;
+  return request;
+}
+
+v1::ComputeRequest HiddenMessage(int64_t token_offset, std::string data) {
+  v1::ComputeRequest request;
+  request.mutable_hidden()->set_token_offset(token_offset);
+  request.mutable_hidden()->set_data(std::move(data));
+  return request;
+}
+
+namespace {
+
+// Reads every response of a Compute stream into `out`.
+void ReadAll(grpc::ClientReaderWriter<v1::ComputeRequest, v1::ComputeResponse>* stream,
+             int64_t hidden_size, int64_t num_tokens, bool fp32, ComputeOutcome* out) {
+  if (fp32) {
+    out->grad_input.assign(num_tokens * hidden_size, std::numeric_limits<float>::quiet_NaN());
+  }
+  v1::ComputeResponse response;
+  while (stream->Read(&response)) {
+    if (response.has_grad_input()) {
+      const v1::GradInputChunk& g = response.grad_input();
+      ++out->grad_messages;
+      out->grad_rows += g.num_tokens();
+      if (fp32 && g.token_offset() >= 0 && g.token_offset() + g.num_tokens() <= num_tokens &&
+          static_cast<int64_t>(g.data().size()) == g.num_tokens() * hidden_size * 4) {
+        std::memcpy(out->grad_input.data() + g.token_offset() * hidden_size, g.data().data(),
+                    g.data().size());
+      }
+    } else if (response.has_token_outputs()) {
+      out->token_outputs.push_back(response.token_outputs());
+    } else if (response.has_summary()) {
+      out->summary = response.summary();
+      out->has_summary = true;
+    }
+  }
+}
+
+}  // namespace
+
+ComputeOutcome Compute(v1::Flce::Stub& stub, const v1::ComputeHeader& header,
+                       const Problem& problem, const ComputeOptions& options) {
+  ComputeOutcome out;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + options.deadline);
+  auto stream = stub.Compute(&context);
+  int64_t hidden_size = problem.spec.hidden_size;
+  int64_t num_tokens = problem.spec.num_tokens;
+  std::thread reader([&] {
+    ReadAll(stream.get(), hidden_size, num_tokens, problem.spec.hidden_dtype == DType::kF32,
+            &out);
+  });
+  stream->Write(HeaderMessage(header));
+  int64_t row_bytes = hidden_size * DTypeSize(problem.spec.hidden_dtype);
+  std::vector<int64_t> offsets;
+  for (int64_t t = 0; t < num_tokens; t += options.rows_per_chunk) offsets.push_back(t);
+  if (options.shuffle) std::shuffle(offsets.begin(), offsets.end(), std::mt19937(17));
+  bool cancelled = false;
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    if (static_cast<int>(i) == options.pause_after_chunks) {
+      if (options.on_pause) options.on_pause();
+      if (options.cancel_at_pause) {
+        cancelled = true;
+        break;
+      }
+    }
+    int64_t rows = std::min(options.rows_per_chunk, num_tokens - offsets[i]);
+    if (!stream->Write(HiddenMessage(
+            offsets[i], problem.hidden_bytes.substr(offsets[i] * row_bytes, rows * row_bytes)))) {
+      break;
+    }
+  }
+  if (cancelled) {
+    context.TryCancel();
+  } else {
+    stream->WritesDone();
+  }
+  reader.join();
+  out.status = stream->Finish();
+  return out;
+}
+
+ComputeOutcome ComputeMessages(v1::Flce::Stub& stub,
+                               const std::vector<v1::ComputeRequest>& messages) {
+  ComputeOutcome out;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub.Compute(&context);
+  std::thread reader([&] { ReadAll(stream.get(), 0, 0, false, &out); });
+  for (const v1::ComputeRequest& m : messages) {
+    if (!stream->Write(m)) break;
+  }
+  stream->WritesDone();
+  reader.join();
+  out.status = stream->Finish();
+  return out;
+}
+
+FetchedGrad FetchGrad(v1::Flce::Stub& stub, const std::string& head_id,
+                      const std::string& session_id, bool reset, const std::string& request_id,
+                      v1::DType dtype, int64_t chunk_rows) {
+  FetchedGrad out;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::FetchGradRequest request;
+  request.set_head_id(head_id);
+  request.set_session_id(session_id);
+  request.set_reset(reset);
+  request.set_request_id(request_id);
+  request.set_dtype(dtype);
+  request.set_chunk_rows(chunk_rows);
+  auto reader = stub.FetchGrad(&context, request);
+  v1::FetchGradResponse response;
+  while (reader->Read(&response)) {
+    if (response.has_header()) {
+      out.header = response.header();
+      int64_t v = out.header.vocab_size();
+      out.weight.assign(v * out.header.hidden_size(), std::numeric_limits<float>::quiet_NaN());
+      if (out.header.has_bias()) out.bias.assign(v, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    const v1::GradChunk& chunk = response.chunk();
+    ++out.chunks;
+    bool bf16 = out.header.dtype() == v1::DTYPE_BF16;
+    int64_t width = chunk.role() == v1::TENSOR_WEIGHT ? out.header.hidden_size() : 1;
+    std::vector<float>& dst = chunk.role() == v1::TENSOR_WEIGHT ? out.weight : out.bias;
+    int64_t count = chunk.rows() * width;
+    if ((chunk.row_offset() + chunk.rows()) * width > static_cast<int64_t>(dst.size()) ||
+        static_cast<int64_t>(chunk.data().size()) != count * (bf16 ? 2 : 4)) {
+      ADD_FAILURE() << "malformed grad chunk at row " << chunk.row_offset();
+      continue;
+    }
+    ToFloat(bf16 ? DType::kBF16 : DType::kF32, chunk.data().data(),
+            dst.data() + chunk.row_offset() * width, count);
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+grpc::Status Commit(v1::Flce::Stub& stub, const std::string& head_id,
+                    const std::string& session_id, const std::string& request_id, float scale,
+                    bool discard, v1::CommitResponse* response) {
+  grpc::ClientContext context;
+  v1::CommitRequest request;
+  request.set_head_id(head_id);
+  request.set_session_id(session_id);
+  request.set_request_id(request_id);
+  request.set_scale(scale);
+  request.set_discard(discard);
+  v1::CommitResponse local;
+  return stub.Commit(&context, request, response != nullptr ? response : &local);
+}
+
+std::vector<double> Doubles(const std::vector<float>& values) {
+  return std::vector<double>(values.begin(), values.end());
+}
+
+std::vector<double> Scaled(const std::vector<double>& values, double scale) {
+  std::vector<double> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = values[i] * scale;
+  return out;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+}  // namespace flce::server::test

@@ -1,0 +1,117 @@
+// An in-process flce server on 127.0.0.1 (CPU engine, free port) and blocking
+// client helpers over the generated stubs, shared by the server suites.
+//
+// Usage:
+//   class MyTest : public ServerTest {};
+//   TEST_F(MyTest, X) {
+//     StartServer(TestConfig());
+//     Problem p = MakeProblem(ps);
+//     ASSERT_TRUE(UploadHead(stub(), "h", p).ok());
+//     ComputeOutcome out = Compute(stub(), MakeHeader(p, "h", "s", "r1"), p);
+//   }
+#ifndef FLCE_TESTS_SERVER_SERVER_TEST_UTIL_H_
+#define FLCE_TESTS_SERVER_SERVER_TEST_UTIL_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flce/v1/flce.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/flce_server.h"
+#include "server/server_config.h"
+#include "tests/support/problem.h"
+
+namespace flce::server::test {
+
+using ::flce::test::Problem;
+using ::flce::test::ProblemSpec;
+
+// 127.0.0.1:0, no metrics port, no demo head, 2 engine threads.
+ServerConfig TestConfig();
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void StartServer(const ServerConfig& config);
+  void TearDown() override;
+  v1::Flce::Stub& stub() { return *stub_; }
+  FlceServer& server() { return *server_; }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+
+ private:
+  std::unique_ptr<FlceServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Flce::Stub> stub_;
+};
+
+// Uploads a problem's weight (and bias) in `chunks` messages.
+grpc::Status UploadHead(v1::Flce::Stub& stub, const std::string& head_id, const Problem& problem,
+                        int chunks = 3, v1::HeadInfo* info = nullptr);
+
+// A header for the whole problem: targets, hidden dtype, sum reduction.
+v1::ComputeHeader MakeHeader(const Problem& problem, const std::string& head_id,
+                             const std::string& session_id, const std::string& request_id);
+
+struct ComputeOutcome {
+  grpc::Status status;
+  v1::ComputeSummary summary;
+  bool has_summary = false;
+  std::vector<float> grad_input;  // fp32 hidden only: BT x H (NaN where not sent)
+  int grad_messages = 0;
+  int64_t grad_rows = 0;
+  std::vector<v1::TokenOutputsChunk> token_outputs;
+};
+
+struct ComputeOptions {
+  int64_t rows_per_chunk = 7;
+  bool shuffle = true;
+  // Called after this many chunks were written (-1: never); the rest follow.
+  int pause_after_chunks = -1;
+  std::function<void()> on_pause;
+  // Stop after the pause instead of sending the rest (no WritesDone).
+  bool cancel_at_pause = false;
+  std::chrono::milliseconds deadline{30000};
+};
+
+// Sends the header and the problem's hidden bytes in chunks, reads
+// everything back on a second thread.
+ComputeOutcome Compute(v1::Flce::Stub& stub, const v1::ComputeHeader& header,
+                       const Problem& problem, const ComputeOptions& options = {});
+
+// Sends exactly these messages, then closes; reads everything back.
+ComputeOutcome ComputeMessages(v1::Flce::Stub& stub,
+                               const std::vector<v1::ComputeRequest>& messages);
+
+v1::ComputeRequest HeaderMessage(const v1::ComputeHeader& header);
+v1::ComputeRequest HiddenMessage(int64_t token_offset, std::string data);
+
+struct FetchedGrad {
+  grpc::Status status;
+  v1::GradHeader header;
+  std::vector<float> weight;  // V x H
+  std::vector<float> bias;    // V, when the head has one
+  int chunks = 0;
+};
+
+FetchedGrad FetchGrad(v1::Flce::Stub& stub, const std::string& head_id,
+                      const std::string& session_id, bool reset = false,
+                      const std::string& request_id = "", v1::DType dtype = v1::DTYPE_FP32,
+                      int64_t chunk_rows = 0);
+
+grpc::Status Commit(v1::Flce::Stub& stub, const std::string& head_id,
+                    const std::string& session_id, const std::string& request_id, float scale,
+                    bool discard, v1::CommitResponse* response = nullptr);
+
+std::vector<double> Doubles(const std::vector<float>& values);
+std::vector<double> Scaled(const std::vector<double>& values, double scale);
+
+// A free TCP port on 127.0.0.1 (bound and released).
+int FreePort();
+
+}  // namespace flce::server::test
+
+#endif  // FLCE_TESTS_SERVER_SERVER_TEST_UTIL_H_
