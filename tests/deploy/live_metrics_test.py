@@ -60,7 +60,8 @@ class Server:
         return self.proc.poll() is None
 
     def log_text(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path, errors="replace") as f:
             return f.read()
 
@@ -231,7 +232,7 @@ def main():
             continue
         c.check(after_types.get(fam) == info["type"],
                 f"{fam} is exported as {after_types.get(fam)}, the contract says {info['type']}")
-        for _, labels in fc.select(after, series):
+        for labels, _ in fc.select(after, series):
             got = set(labels) - {"le"}
             c.check(got == set(info["labels"]),
                     f"{fam} has labels {sorted(got)}, the contract says {info['labels']}")
