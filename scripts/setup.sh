@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config git ca-certificates curl openssl
+  build-essential cmake ninja-build pkg-config git ca-certificates curl openssl prometheus docker-compose
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
   prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
