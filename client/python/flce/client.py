@@ -101,9 +101,11 @@ class Client:
 
     # ------------------------------------------------------------ lifecycle --
     def wait_ready(self, timeout: float = 10.0) -> "Client":
+        ready = grpc.channel_ready_future(self._channel)
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+            ready.result(timeout=timeout)
         except grpc.FutureTimeoutError:
+            ready.cancel()  # else its polling thread outlives a closed channel
             raise FlceError("Connect", grpc.StatusCode.UNAVAILABLE,
                             f"no server at {self.target} after {timeout} s") from None
         return self

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Union
 
+import grpc
 import torch
 from torch import nn
 
 from flce import safetensors
 from flce.autograd import CallConfig, FusedLoss, PerTokenLoss
 from flce.client import Client, GradResult
+from flce.errors import FlceError
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -101,8 +103,13 @@ class RemoteLMHead(nn.Module):
                 param.grad.add_(grad)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module API)
-        """Zeroes the server session's grad_W accumulator."""
-        self.client.zero_grad(self.head_id, session_id=self.session_id)
+        """Zeroes the server session's grad_W accumulator (a session the server does not
+        have yet holds no gradient: nothing to do)."""
+        try:
+            self.client.zero_grad(self.head_id, session_id=self.session_id)
+        except FlceError as err:
+            if err.code != grpc.StatusCode.NOT_FOUND:
+                raise
 
     # -------------------------------------------------------------- forward --
     def _config(self) -> CallConfig:
