@@ -18,6 +18,10 @@ skip='/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libc
 
 libs=()
 for elf in "$@"; do
+  if ! ldd "$elf" >/dev/null; then
+    echo "runtime-packages: cannot read the libraries of $elf" >&2
+    exit 1
+  fi
   if ldd "$elf" | grep -q 'not found'; then
     echo "runtime-packages: $elf has unresolved libraries:" >&2
     ldd "$elf" | grep 'not found' >&2
@@ -30,19 +34,29 @@ for elf in "$@"; do
 done
 
 ((${#libs[@]})) || exit 0
-for lib in $(printf '%s\n' "${libs[@]}" | sort -u); do
-  # dpkg may register /usr/lib/... or /lib/... (merged /usr): match on the file name,
-  # and follow symlinks so that libfoo.so.1 -> libfoo.so.1.2.3 finds its owner.
-  real="$(readlink -f "$lib")"
-  owner=""
-  for candidate in "$lib" "$real"; do
-    owner="$(dpkg-query -S "*/$(basename "$candidate")" 2>/dev/null | grep -v '^diversion' \
-             | head -n 1 | sed 's/: .*//; s/,.*//; s/:.*//' || true)"
-    [[ -n "$owner" ]] && break
+# Owners from dpkg's file lists, in one pass. Each library is looked up by its path and,
+# through symlinks, its real file's path, each with and without a leading /usr (merged
+# /usr: dpkg may have registered /lib/... or /usr/lib/...).
+variants() {
+  local p
+  for p in "$1" "$(readlink -f "$1")"; do
+    p="${p#/usr}"
+    printf '%s\n' "$p" "/usr$p"
   done
+}
+mapfile -t unique < <(printf '%s\n' "${libs[@]}" | sort -u)
+patterns="$(for lib in "${unique[@]}"; do variants "$lib"; done | sort -u)"
+owners="$(grep -H -x -F -f <(printf '%s\n' "$patterns") /var/lib/dpkg/info/*.list || true)"
+for lib in "${unique[@]}"; do
+  owner=""
+  while read -r v; do
+    owner="$(printf '%s\n' "$owners" | awk -F: -v v="$v" '$NF == v { print $1; exit }')"
+    [[ -n "$owner" ]] && break
+  done < <(variants "$lib")
   if [[ -z "$owner" ]]; then
     echo "runtime-packages: no package owns $lib" >&2
     exit 1
   fi
-  echo "$owner"
+  owner="$(basename "$owner" .list)"
+  echo "${owner%%:*}"
 done | sort -u
