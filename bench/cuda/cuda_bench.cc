@@ -52,10 +52,12 @@ struct Flags {
   int warmup = 1;
   int64_t workspace_mb = 2048;
   int64_t wall_mb = 0;  // > 0: naive/separate refused at the budget also run with this one
-  int64_t fuse_mn_tokens = 2048;
+  int64_t fuse_mn_tokens = 1024;
   std::vector<int> shapes = {0, 1, 2};
-  std::vector<std::string> strategies = {"chunked", "vocab_split", "fuse_mn",
-                                         "separate", "naive",       "auto"};
+  // chunked_two_pass: the chunked plan with the two-pass row kernel
+  // (FLCE_CUDA_ROW_KERNEL=two_pass), to measure what the cluster kernel saves.
+  std::vector<std::string> strategies = {"chunked", "chunked_two_pass", "vocab_split", "fuse_mn",
+                                         "separate", "naive", "auto"};
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -270,7 +272,8 @@ int Main(int argc, char** argv) {
     std::printf("  3-GEMM bound: %.2f ms (%.0f TFLOP/s)\n", bound_ms, flops / bound_ms / 1e9);
 
     for (const std::string& name : flags.strategies) {
-      const Strategy strategy = ParseStrategy(name);
+      const bool two_pass = name == "chunked_two_pass";
+      const Strategy strategy = two_pass ? Strategy::kChunked : ParseStrategy(name);
       nlohmann::json rec = {{"strategy", name},     {"BT", sh.bt},   {"H", sh.h},
                             {"V", sh.v},            {"dtype", "bf16"}, {"gemm_bound_ms", bound_ms},
                             {"gpu", gpu},           {"date", date},  {"commit", flags.commit},
@@ -310,10 +313,12 @@ int Main(int argc, char** argv) {
         rec["extrapolated_from_tokens"] = r.rows;
       }
       absl::Status run_status;
+      if (two_pass) setenv("FLCE_CUDA_ROW_KERNEL", "two_pass", 1);
       double ms = TimeMedian(stream, warmup, runs, [&]() {
         run_status = runner->RunOnDevice(*head, *plan, r);
         return run_status.ok();
       });
+      unsetenv("FLCE_CUDA_ROW_KERNEL");
       if (ms < 0) {
         rec["error"] = run_status.ToString();
         std::printf("  %-12s failed: %s\n", name.c_str(), run_status.ToString().c_str());

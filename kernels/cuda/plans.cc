@@ -1,8 +1,11 @@
 #include "kernels/cuda/plans.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cluster_row_kernel.cuh"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/cuda/fuse_mn_kernel.cuh"
@@ -143,6 +146,13 @@ absl::Status Backward(const Exec& exec, const HeadView& head, const DeviceReques
         gemm.GradBias(dlogits, ld_d, s.ones, r.rows, head.padded_vocab, r.grad_bias));
   }
   return absl::OkStatus();
+}
+
+// FLCE_CUDA_ROW_KERNEL=two_pass selects the two-pass row kernel (benchmarks
+// compare both; tests flip it).
+bool UseClusterRows() {
+  const char* env = std::getenv("FLCE_CUDA_ROW_KERNEL");
+  return env == nullptr || std::string(env) != "two_pass";
 }
 
 bool WantsBackward(const DeviceRequest& r) {
@@ -293,15 +303,14 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
       const int64_t per_tok = head.padded_vocab * 4 + tb.total() + slot_tok;
       int64_t chunk = AlignDown((budget - 64 * 1024) / per_tok, ChunkPolicy::kTokenAlign);
       chunk = std::min(chunk, ChunkPolicy::kMaxTokens);
-      if (req.chunk_tokens > 0) chunk = std::min(chunk, req.chunk_tokens);
-      chunk = std::min(chunk, AlignUp(n, ChunkPolicy::kTokenAlign));
-      if (req.chunk_tokens > 0 && req.chunk_tokens < ChunkPolicy::kTokenAlign) {
-        chunk = std::min(chunk, req.chunk_tokens);
-      }
+      // The floor applies to what the budget allows, not to a caller's
+      // explicit (possibly tiny) chunk_tokens.
       if (chunk < std::min<int64_t>(ChunkPolicy::kMinTokens, n)) {
         return Exhausted("chunked plan", per_tok * ChunkPolicy::kMinTokens, budget,
                          "Raise --workspace-mb.");
       }
+      if (req.chunk_tokens > 0) chunk = std::min(chunk, req.chunk_tokens);
+      chunk = std::min(chunk, AlignUp(n, ChunkPolicy::kTokenAlign));
       plan.chunk_tokens = chunk;
       plan.scratch_bytes = ScratchBytes(chunk, head.padded_vocab, tb, 0);
       if (req.streaming) {
@@ -387,7 +396,14 @@ absl::Status RunChunk(const Exec& exec, const HeadView& head, const Plan& plan,
   args.in = r.in;
   args.out = r.out;
   args.params = r.params;
-  FLCE_RETURN_IF_ERROR(LaunchFusedRows(head.dtype, args, exec.stream, exec.health));
+  // One device read per logit when the row fits a cluster's shared memory;
+  // otherwise the two-pass kernel (a second read, mostly from L2).
+  absl::Status rows_st = absl::FailedPreconditionError("cluster kernel disabled");
+  if (UseClusterRows()) rows_st = LaunchClusterRows(head.dtype, args, exec.stream, exec.health);
+  if (absl::IsFailedPrecondition(rows_st)) {
+    rows_st = LaunchFusedRows(head.dtype, args, exec.stream, exec.health);
+  }
+  FLCE_RETURN_IF_ERROR(rows_st);
   if (!backward) return absl::OkStatus();
   return Backward(exec, head, r, s, x, s.logits, head.padded_vocab * 4 / DTypeSize(head.dtype));
 }

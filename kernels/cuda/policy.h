@@ -36,6 +36,18 @@ static_assert(RowKernelPolicy::kThreads % 32 == 0, "whole warps");
 static_assert(RowKernelPolicy::kVec == 4, "kernels use float4 loads");
 static_assert(VocabPolicy::kAlign % RowKernelPolicy::kVec == 0, "rows start 16-byte aligned");
 
+struct ClusterRowPolicy {
+  // A row is split over a thread-block cluster; each block stages its
+  // segment of fp32 logits in shared memory so the row is read from device
+  // memory once. At most kMaxSegmentBytes per block keeps two blocks per SM
+  // (one loading while the other computes).
+  static constexpr int kThreads = 256;
+  static constexpr int kMaxCluster = 8;  // portable cluster size
+  static constexpr int64_t kMaxSegmentBytes = 100 * 1024;
+};
+static_assert(ClusterRowPolicy::kThreads % 32 == 0, "whole warps");
+static_assert(ClusterRowPolicy::kMaxSegmentBytes % 16 == 0, "16-byte copies");
+
 struct VocabSplitPolicy {
   // Vocab columns per split; the split's fp32 logits for every token of a
   // token chunk live in the workspace.

@@ -18,5 +18,7 @@ for bin in "$dist"/flce_* "$dist"/libflce_cuda.so; do
 done | sort -u |
   grep -v -E 'libc\.so|libm\.so|libstdc|libgcc_s|ld-linux|libcudart|libcublas|libdl\.so|libpthread|librt\.so' |
   xargs -r -I{} cp -L {} "$dist/lib/"
+# Debug info stays here: the tree that travels is limited to 64 MiB.
+strip --strip-debug "$dist"/flce_* "$dist"/libflce_cuda.so "$dist"/lib/*
 git -C "$root" rev-parse HEAD >"$dist/COMMIT"
 du -sh "$dist"

@@ -105,6 +105,44 @@ TEST(CudaEngineTest, EveryStrategyOnSeedVocabularyMatchesReference) {
   }
 }
 
+// The chunked plan's two row kernels (single-pass cluster, two-pass
+// fallback) compute the same function; FLCE_CUDA_ROW_KERNEL flips them.
+TEST(CudaEngineTest, ClusterAndTwoPassRowKernelsAgree) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  ProblemSpec ps;
+  ps.vocab_size = 100003;  // padded 100096: a cluster of 4 blocks
+  ps.hidden_size = 72;
+  ps.num_tokens = 50;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  ps.has_bias = true;
+  Problem problem = MakeProblem(ps);
+  ComputeSpec spec = FullSpec(Strategy::kChunked);
+  spec.options.label_smoothing = 0.1f;
+  spec.options.softcap = 20.0f;
+  spec.entropy_weights = RandomFloats(ps.num_tokens, 0.0f, 0.2f, FreshSeed());
+  ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, spec));
+  EngineRun runs[2];
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1) setenv("FLCE_CUDA_ROW_KERNEL", "two_pass", 1);
+    auto run = RunProblem(**engine, problem, spec, {});
+    unsetenv("FLCE_CUDA_ROW_KERNEL");
+    ASSERT_TRUE(run.ok()) << run.status();
+    runs[i] = *run;
+    const Errors e = Compare(*run, ref);
+    std::printf("  [%s row kernel] loss %.2e per-token %.2e grad_input %.2e grad_W %.2e\n",
+                i == 0 ? "cluster" : "two-pass", e.loss, e.per_token, e.grad_input, e.grad_w);
+    EXPECT_LE(e.loss, 1e-4);
+    EXPECT_LE(e.per_token, 1e-4);
+    EXPECT_LE(e.grad_input, 5e-3);
+    EXPECT_LE(e.grad_w, 5e-3);
+  }
+  EXPECT_LE(RelativeError(runs[0].grad_weight, runs[1].grad_weight), 1e-6);
+  EXPECT_LE(RelativeError(ToDoubles(runs[0].result.per_token_loss),
+                          ToDoubles(runs[1].result.per_token_loss)), 1e-6);
+}
+
 // Peaked rows (W x 10, targets at the argmax, p_y near 1) with every option:
 // where fp32 logits and the expm1 form of p_y - 1 matter.
 TEST(CudaEngineTest, PeakedRowsWithEveryOption) {
