@@ -28,8 +28,7 @@ void DeclareGlobal(FlagSet& flags) {
   flags.String("target", "server address, host:port", "127.0.0.1:50051");
   flags.Double("timeout-s", "deadline of each call in seconds; 0 = none", "300");
   flags.Int("max-message-mb",
-            "largest gRPC message sent or received; keep <= the server's --max-message-mb",
-            "64");
+            "largest gRPC message sent or received; keep <= the server's --max-message-mb", "64");
 }
 
 std::string ToolUsage(const FlagSet& global) {
@@ -70,10 +69,10 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
       out << ToolUsage(global);
       return kExitOk;
     }
-    return Fail(out,
-                absl::InvalidArgumentError(
-                    "flce-client: no subcommand given (see flce-client --help)"),
-                kExitUsage);
+    return Fail(
+        out,
+        absl::InvalidArgumentError("flce-client: no subcommand given (see flce-client --help)"),
+        kExitUsage);
   }
   const Command* command = nullptr;
   for (const Command& c : Commands()) {

@@ -39,8 +39,7 @@ const std::vector<Command>& Commands() {
       {"fetch-grad", "Writes a session's accumulated grad_W (and grad_b) to .npy files.",
        DeclareFetchGrad, RunFetchGrad},
       {"zero-grad", "Zeroes a session's accumulated gradient.", DeclareZeroGrad, RunZeroGrad},
-      {"sessions", "Lists sessions, or deletes one with --delete.", DeclareSessions,
-       RunSessions},
+      {"sessions", "Lists sessions, or deletes one with --delete.", DeclareSessions, RunSessions},
       {"bench", "Drives a head with random data; reports tokens/s and GB/s on the wire.",
        DeclareBench, RunBench},
   };
@@ -48,9 +47,8 @@ const std::vector<Command>& Commands() {
 }
 
 absl::Status UsageError(absl::string_view command, absl::string_view message) {
-  absl::Status status = absl::InvalidArgumentError(
-      absl::StrCat("flce-client ", command, ": ", message, " (see flce-client ", command,
-                   " --help)"));
+  absl::Status status = absl::InvalidArgumentError(absl::StrCat(
+      "flce-client ", command, ": ", message, " (see flce-client ", command, " --help)"));
   status.SetPayload(kUsagePayload, absl::Cord("1"));
   return status;
 }

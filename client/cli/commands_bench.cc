@@ -88,8 +88,7 @@ absl::StatusOr<CommandResult> RunBench(const FlagSet& flags, CliEnv& env) {
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<ComputeOutcome> outcome = client->Compute(args);
     const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count();
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (!outcome.ok()) {
       failed = outcome.status();
       break;
@@ -111,27 +110,26 @@ absl::StatusOr<CommandResult> RunBench(const FlagSet& flags, CliEnv& env) {
   const int64_t bytes_up = static_cast<int64_t>(hidden.size() + targets.size() * 4);
   const int64_t bytes_down = static_cast<int64_t>(last.grad_input.size());
   const double step_s = median_ms / 1e3;
-  return CommandResult{
-      {{"head", head.head_id()},
-       {"vocab_size", head.vocab_size()},
-       {"hidden_size", hidden_size},
-       {"hidden_dtype", WireDTypeName(dtype)},
-       {"tokens", tokens},
-       {"steps", steps},
-       {"forward_only", forward_only},
-       {"engine", last.summary.engine()},
-       {"strategy_used", last.summary.strategy_used()},
-       {"step_ms",
-        {{"median", median_ms},
-         {"min", *std::min_element(step_ms.begin(), step_ms.end())},
-         {"max", *std::max_element(step_ms.begin(), step_ms.end())}}},
-       {"engine_ms_median", Median(engine_ms)},
-       {"tokens_per_s", tokens / step_s},
-       {"bytes_up_per_step", bytes_up},
-       {"bytes_down_per_step", bytes_down},
-       {"gb_per_s_up", bytes_up / step_s / 1e9},
-       {"gb_per_s_down", bytes_down / step_s / 1e9},
-       {"loss", last.summary.loss()}}};
+  return CommandResult{{{"head", head.head_id()},
+                        {"vocab_size", head.vocab_size()},
+                        {"hidden_size", hidden_size},
+                        {"hidden_dtype", WireDTypeName(dtype)},
+                        {"tokens", tokens},
+                        {"steps", steps},
+                        {"forward_only", forward_only},
+                        {"engine", last.summary.engine()},
+                        {"strategy_used", last.summary.strategy_used()},
+                        {"step_ms",
+                         {{"median", median_ms},
+                          {"min", *std::min_element(step_ms.begin(), step_ms.end())},
+                          {"max", *std::max_element(step_ms.begin(), step_ms.end())}}},
+                        {"engine_ms_median", Median(engine_ms)},
+                        {"tokens_per_s", tokens / step_s},
+                        {"bytes_up_per_step", bytes_up},
+                        {"bytes_down_per_step", bytes_down},
+                        {"gb_per_s_up", bytes_up / step_s / 1e9},
+                        {"gb_per_s_down", bytes_down / step_s / 1e9},
+                        {"loss", last.summary.loss()}}};
 }
 
 }  // namespace flce::cli

@@ -81,18 +81,17 @@ absl::StatusOr<CommandResult> RunCompute(const FlagSet& flags, CliEnv& env) {
                         ReadFloatTensor(flags.str("hidden"), flags.str("dtype")));
   FLCE_ASSIGN_OR_RETURN(Targets targets, ReadTargets(flags.str("targets")));
   if (hidden.shape.size() < 2 || hidden.shape.back() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flags.str("hidden"), ": hidden must be (tokens, H) or (..., H); got shape (",
-        absl::StrJoin(hidden.shape, ", "), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(flags.str("hidden"), ": hidden must be (tokens, H) or (..., H); got shape (",
+                     absl::StrJoin(hidden.shape, ", "), ")"));
   }
   const int64_t hidden_size = hidden.shape.back();
-  const int64_t tokens = std::accumulate(hidden.shape.begin(), hidden.shape.end() - 1,
-                                         int64_t{1}, std::multiplies<int64_t>());
+  const int64_t tokens = std::accumulate(hidden.shape.begin(), hidden.shape.end() - 1, int64_t{1},
+                                         std::multiplies<int64_t>());
   if (static_cast<int64_t>(targets.values.size()) != tokens) {
     return absl::InvalidArgumentError(absl::StrCat(flags.str("targets"), " has ",
                                                    targets.values.size(), " targets but ",
-                                                   flags.str("hidden"), " has ", tokens,
-                                                   " rows"));
+                                                   flags.str("hidden"), " has ", tokens, " rows"));
   }
 
   ComputeArgs args;

@@ -73,9 +73,11 @@ absl::StatusOr<CommandResult> RunFetchGrad(const FlagSet& flags, CliEnv& env) {
   json["out"] = flags.str("out");
   if (flags.has("out-bias")) {
     if (!header.has_bias()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "head ", args.head_id, " has no bias: there is no grad_b for --out-bias (grad_W was "
-          "written to ", flags.str("out"), ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("head ", args.head_id,
+                       " has no bias: there is no grad_b for --out-bias (grad_W was "
+                       "written to ",
+                       flags.str("out"), ")"));
     }
     FLCE_RETURN_IF_ERROR(WriteWireTensor(
         flags.str("out-bias"), WireTensor{header.dtype(), {header.vocab_size()}, grad.bias}));
@@ -111,9 +113,8 @@ absl::StatusOr<CommandResult> RunSessions(const FlagSet& flags, CliEnv& env) {
     }
     FLCE_ASSIGN_OR_RETURN(Client * client, env.client());
     FLCE_RETURN_IF_ERROR(client->DeleteSession(flags.str("head"), flags.str("session")));
-    return CommandResult{{{"deleted",
-                           {{"head_id", flags.str("head")},
-                            {"session_id", flags.str("session")}}}}};
+    return CommandResult{
+        {{"deleted", {{"head_id", flags.str("head")}, {"session_id", flags.str("session")}}}}};
   }
   if (flags.has("session")) {
     return UsageError("sessions", "--session is only for --delete; list with --head");

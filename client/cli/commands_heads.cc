@@ -21,8 +21,7 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 void DeclareLoadWeight(FlagSet& flags) {
   flags.String("head", "head id to create or replace").Required();
-  flags.String("weight", "V x H weight .npy: '<f4', '<f2', or '<u2' with --dtype bf16")
-      .Required();
+  flags.String("weight", "V x H weight .npy: '<f4', '<f2', or '<u2' with --dtype bf16").Required();
   flags.String("bias", "length-V bias .npy, same rules as --weight");
   flags.Choice("dtype", {"bf16", "fp16", "fp32"}, "",
                "the head's dtype (converted if the file differs); default: the file's");
@@ -73,8 +72,7 @@ void DeclareLoadFile(FlagSet& flags) {
   flags.String("path", ".safetensors file, relative to the server's --head-root").Required();
   flags.String("weight-tensor", "tensor name of the weight, e.g. lm_head.weight").Required();
   flags.String("bias-tensor", "tensor name of the bias, e.g. lm_head.bias");
-  flags.Choice("dtype", {"bf16", "fp16", "fp32"}, "",
-               "resident dtype; default: the file's");
+  flags.Choice("dtype", {"bf16", "fp16", "fp32"}, "", "resident dtype; default: the file's");
 }
 
 absl::StatusOr<CommandResult> RunLoadFile(const FlagSet& flags, CliEnv& env) {
@@ -115,8 +113,8 @@ void DeclareUnload(FlagSet& flags) { flags.String("head", "head id").Required();
 absl::StatusOr<CommandResult> RunUnload(const FlagSet& flags, CliEnv& env) {
   FLCE_ASSIGN_OR_RETURN(Client * client, env.client());
   FLCE_ASSIGN_OR_RETURN(v1::UnloadHeadResponse response, client->UnloadHead(flags.str("head")));
-  return CommandResult{{{"head", HeadInfoJson(response.head())},
-                        {"sessions_dropped", response.sessions_dropped()}}};
+  return CommandResult{
+      {{"head", HeadInfoJson(response.head())}, {"sessions_dropped", response.sessions_dropped()}}};
 }
 
 }  // namespace flce::cli

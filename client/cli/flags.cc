@@ -4,10 +4,10 @@
 #include <cstdlib>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/match.h"
 
 namespace flce::cli {
 
@@ -48,8 +48,7 @@ FlagSet::Declared FlagSet::Bool(const std::string& name, const std::string& help
   return Declare(name, Def{FlagType::kBool, help, "false", {}});
 }
 
-FlagSet::Declared FlagSet::Choice(const std::string& name,
-                                  const std::vector<std::string>& choices,
+FlagSet::Declared FlagSet::Choice(const std::string& name, const std::vector<std::string>& choices,
                                   const std::string& default_value, const std::string& help) {
   return Declare(name, Def{FlagType::kChoice, help, default_value, choices});
 }
@@ -182,20 +181,28 @@ double FlagSet::f64(const std::string& name) const {
 bool FlagSet::flag(const std::string& name) const { return Value(name) == "true"; }
 
 std::string FlagSet::Usage() const {
-  std::string out = command_.empty()
-                        ? "usage: flce-client [global flags] SUBCOMMAND [flags]\n"
-                        : absl::StrCat("usage: flce-client [global flags] ", command_,
-                                       " [flags]\n");
+  std::string out =
+      command_.empty() ? "usage: flce-client [global flags] SUBCOMMAND [flags]\n"
+                       : absl::StrCat("usage: flce-client [global flags] ", command_, " [flags]\n");
   absl::StrAppend(&out, "\n", summary_, "\n\nflags:\n");
   for (const std::string& name : order_) {
     const Def& def = defs_.at(name);
     std::string left = "--" + name;
     switch (def.type) {
-      case FlagType::kString: left += " S"; break;
-      case FlagType::kInt: left += " N"; break;
-      case FlagType::kDouble: left += " X"; break;
-      case FlagType::kBool: break;
-      case FlagType::kChoice: left += " " + absl::StrJoin(def.choices, "|"); break;
+      case FlagType::kString:
+        left += " S";
+        break;
+      case FlagType::kInt:
+        left += " N";
+        break;
+      case FlagType::kDouble:
+        left += " X";
+        break;
+      case FlagType::kBool:
+        break;
+      case FlagType::kChoice:
+        left += " " + absl::StrJoin(def.choices, "|");
+        break;
     }
     std::string right = def.help;
     if (def.required) {

@@ -82,8 +82,7 @@ class FlagSet {
   };
   Declared Declare(const std::string& name, Def def);
   const Def& Lookup(const std::string& name) const;
-  absl::Status CheckValue(const std::string& name, const Def& def,
-                          const std::string& value) const;
+  absl::Status CheckValue(const std::string& name, const Def& def, const std::string& value) const;
   absl::Status Error(const std::string& message) const;
   std::string Value(const std::string& name) const;
 

@@ -5,14 +5,10 @@
 namespace flce::cli {
 
 nlohmann::json HeadInfoJson(const v1::HeadInfo& head) {
-  return {{"head_id", head.head_id()},
-          {"vocab_size", head.vocab_size()},
-          {"hidden_size", head.hidden_size()},
-          {"dtype", WireDTypeName(head.dtype())},
-          {"has_bias", head.has_bias()},
-          {"version", head.version()},
-          {"weight_bytes", head.weight_bytes()},
-          {"source", head.source()},
+  return {{"head_id", head.head_id()},           {"vocab_size", head.vocab_size()},
+          {"hidden_size", head.hidden_size()},   {"dtype", WireDTypeName(head.dtype())},
+          {"has_bias", head.has_bias()},         {"version", head.version()},
+          {"weight_bytes", head.weight_bytes()}, {"source", head.source()},
           {"sessions", head.sessions()}};
 }
 

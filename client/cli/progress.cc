@@ -26,8 +26,8 @@ void Progress::Update(int64_t done, int64_t total, const std::string& unit) {
   std::string line;
   if (unit == "B") {
     const double mib = 1024.0 * 1024.0;
-    line = absl::StrFormat("\r%s: %5.1f%% (%.1f / %.1f MiB, %.0f MB/s)   ", label_, pct,
-                           done / mib, total / mib, seconds > 0 ? done / seconds / 1e6 : 0.0);
+    line = absl::StrFormat("\r%s: %5.1f%% (%.1f / %.1f MiB, %.0f MB/s)   ", label_, pct, done / mib,
+                           total / mib, seconds > 0 ? done / seconds / 1e6 : 0.0);
   } else {
     line = absl::StrFormat("\r%s: %d / %d %s   ", label_, done, total, unit);
   }

@@ -15,13 +15,15 @@ namespace {
 absl::StatusOr<v1::DType> FileDType(const std::string& path, NpyType type,
                                     const std::string& dtype_flag) {
   switch (type) {
-    case NpyType::kF32: return v1::DTYPE_FP32;
-    case NpyType::kF16: return v1::DTYPE_FP16;
+    case NpyType::kF32:
+      return v1::DTYPE_FP32;
+    case NpyType::kF16:
+      return v1::DTYPE_FP16;
     case NpyType::kU16:
       // NumPy has no bf16: a uint16 file is bf16 only when the caller says so.
       if (dtype_flag != "bf16") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, ": a '<u2' .npy is read as bf16 bits only with --dtype bf16"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": a '<u2' .npy is read as bf16 bits only with --dtype bf16"));
       }
       return v1::DTYPE_BF16;
     default:
@@ -33,16 +35,18 @@ absl::StatusOr<v1::DType> FileDType(const std::string& path, NpyType type,
 
 NpyType NpyTypeOf(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_FP16: return NpyType::kF16;
-    case v1::DTYPE_BF16: return NpyType::kU16;
-    default: return NpyType::kF32;
+    case v1::DTYPE_FP16:
+      return NpyType::kF16;
+    case v1::DTYPE_BF16:
+      return NpyType::kU16;
+    default:
+      return NpyType::kF32;
   }
 }
 
 }  // namespace
 
-absl::StatusOr<WireTensor> ReadFloatTensor(const std::string& path,
-                                           const std::string& dtype_flag) {
+absl::StatusOr<WireTensor> ReadFloatTensor(const std::string& path, const std::string& dtype_flag) {
   FLCE_ASSIGN_OR_RETURN(NpyArray array, ReadNpy(path));
   FLCE_ASSIGN_OR_RETURN(v1::DType file_dtype, FileDType(path, array.type, dtype_flag));
   WireTensor tensor;
@@ -76,8 +80,8 @@ absl::StatusOr<Targets> ReadTargets(const std::string& path) {
     return targets;
   }
   if (array.type != NpyType::kI64) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": targets must be '<i4' or '<i8', not '",
-                                                   NpyDescr(array.type), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": targets must be '<i4' or '<i8', not '", NpyDescr(array.type), "'"));
   }
   for (int64_t i = 0; i < n; ++i) {
     int64_t value;
@@ -95,13 +99,12 @@ absl::StatusOr<Targets> ReadTargets(const std::string& path) {
 absl::StatusOr<std::vector<float>> ReadFloat32(const std::string& path, int64_t n) {
   FLCE_ASSIGN_OR_RETURN(NpyArray array, ReadNpy(path));
   if (array.type != NpyType::kF32) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": expected '<f4', not '",
-                                                   NpyDescr(array.type), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": expected '<f4', not '", NpyDescr(array.type), "'"));
   }
   if (array.NumElements() != n) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", array.NumElements(),
-                                                   " elements, expected one per token (", n,
-                                                   ")"));
+                                                   " elements, expected one per token (", n, ")"));
   }
   std::vector<float> values(n);
   std::memcpy(values.data(), array.data.data(), n * 4);

@@ -22,8 +22,7 @@ struct WireTensor {
 // Reads a float tensor. '<f4' is fp32 and '<f2' fp16; '<u2' holds bf16 bits
 // and is accepted only with dtype_flag "bf16". dtype_flag "" keeps the file's
 // dtype; another one converts (rounding to nearest even).
-absl::StatusOr<WireTensor> ReadFloatTensor(const std::string& path,
-                                           const std::string& dtype_flag);
+absl::StatusOr<WireTensor> ReadFloatTensor(const std::string& path, const std::string& dtype_flag);
 
 // Reads targets from '<i4' or '<i8' (any shape, flattened in C order);
 // int64 values outside int32 are INVALID_ARGUMENT naming the first.

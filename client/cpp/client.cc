@@ -28,9 +28,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (options.target.empty()) return absl::InvalidArgumentError("target is empty");
   if (options.max_message_bytes <= kMessageOverhead ||
       options.max_message_bytes > std::numeric_limits<int>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_message_bytes must be in (", kMessageOverhead, ", 2 GiB); got ",
-                     options.max_message_bytes));
+    return absl::InvalidArgumentError(absl::StrCat("max_message_bytes must be in (",
+                                                   kMessageOverhead, ", 2 GiB); got ",
+                                                   options.max_message_bytes));
   }
   if (options.chunk_bytes <= 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
   grpc::ChannelArguments args;
@@ -61,8 +61,7 @@ int64_t Client::ChunkBytes(int64_t requested) const {
   return std::max<int64_t>(1, std::min(want, options_.max_message_bytes - kMessageOverhead));
 }
 
-absl::StatusOr<v1::HeadInfo> Client::LoadHeadFromFile(
-    const v1::LoadHeadFromFileRequest& request) {
+absl::StatusOr<v1::HeadInfo> Client::LoadHeadFromFile(const v1::LoadHeadFromFileRequest& request) {
   grpc::ClientContext context;
   Prepare(context);
   v1::HeadInfo info;

@@ -27,11 +27,11 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "client/cpp/client_options.h"
 #include "client/cpp/health_check.h"
 #include "flce/v1/flce.grpc.pb.h"
@@ -44,11 +44,11 @@ using ProgressCallback = std::function<void(int64_t done, int64_t total)>;
 
 struct HeadUpload {
   std::string head_id;
-  int64_t vocab_size = 0;   // V
-  int64_t hidden_size = 0;  // H
+  int64_t vocab_size = 0;            // V
+  int64_t hidden_size = 0;           // H
   v1::DType dtype = v1::DTYPE_BF16;  // of the bytes below and of the resident head
-  absl::string_view weight;  // V x H, row-major, little-endian
-  absl::string_view bias;    // V elements; empty = no bias
+  absl::string_view weight;          // V x H, row-major, little-endian
+  absl::string_view bias;            // V elements; empty = no bias
 };
 
 struct ComputeArgs {
@@ -57,7 +57,7 @@ struct ComputeArgs {
   // targets from below, and request_id with a fresh one when it is empty.
   v1::ComputeHeader header;
   std::vector<int32_t> targets;  // BT
-  absl::string_view hidden;       // BT x H in header.hidden_dtype
+  absl::string_view hidden;      // BT x H in header.hidden_dtype
   int64_t chunk_bytes = 0;       // hidden bytes per message; 0 = options' chunk_bytes
   ProgressCallback progress;     // hidden bytes sent; optional
 };

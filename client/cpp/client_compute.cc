@@ -73,15 +73,15 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   if (tokens == 0) return absl::InvalidArgumentError("no tokens: targets is empty");
   const int64_t hidden_bytes = static_cast<int64_t>(args.hidden.size());
   if (hidden_bytes == 0 || hidden_bytes % (tokens * elem) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hidden is ", hidden_bytes, " bytes, not a whole number of ", tokens, " rows of ",
-        WireDTypeName(args.header.hidden_dtype())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden is ", hidden_bytes, " bytes, not a whole number of ", tokens,
+                     " rows of ", WireDTypeName(args.header.hidden_dtype())));
   }
   const int64_t row_bytes = hidden_bytes / tokens;
   const int64_t chunk = ChunkBytes(args.chunk_bytes);
   if (row_bytes > chunk) {
-    return absl::InvalidArgumentError(absl::StrCat("one hidden row is ", row_bytes,
-                                                   " bytes, more than a chunk (", chunk, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("one hidden row is ", row_bytes, " bytes, more than a chunk (", chunk, ")"));
   }
   const int64_t rows_per_chunk = chunk / row_bytes;
 

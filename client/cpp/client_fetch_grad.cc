@@ -16,7 +16,7 @@ namespace {
 
 struct Target {
   const char* name;
-  int64_t rows = 0;       // weight rows or bias elements
+  int64_t rows = 0;  // weight rows or bias elements
   int64_t row_bytes = 0;
   std::string* buffer = nullptr;
   std::vector<uint8_t> seen;
@@ -30,8 +30,8 @@ absl::Status Place(Target& target, const v1::GradChunk& chunk) {
                                             at + n, ") outside [0, ", target.rows, ")"));
   }
   if (static_cast<int64_t>(chunk.data().size()) != n * target.row_bytes) {
-    return absl::InternalError(absl::StrCat("server sent ", chunk.data().size(), " bytes for ",
-                                            n, " ", target.name, " rows; expected ",
+    return absl::InternalError(absl::StrCat("server sent ", chunk.data().size(), " bytes for ", n,
+                                            " ", target.name, " rows; expected ",
                                             n * target.row_bytes));
   }
   for (int64_t r = at; r < at + n; ++r) {
@@ -80,9 +80,9 @@ absl::StatusOr<FetchedGrad> Client::FetchGrad(const FetchGradArgs& args) {
       const v1::GradHeader& h = fetched.header;
       const int64_t elem = WireDTypeSize(h.dtype());
       if (elem == 0 || h.vocab_size() <= 0 || h.hidden_size() <= 0) {
-        protocol = absl::InternalError(absl::StrCat("server sent a grad header with V=",
-                                                    h.vocab_size(), " H=", h.hidden_size(),
-                                                    " dtype=", WireDTypeName(h.dtype())));
+        protocol = absl::InternalError(
+            absl::StrCat("server sent a grad header with V=", h.vocab_size(),
+                         " H=", h.hidden_size(), " dtype=", WireDTypeName(h.dtype())));
         break;
       }
       weight = Target{"grad_W", h.vocab_size(), h.hidden_size() * elem, &fetched.weight,

@@ -16,9 +16,8 @@ absl::StatusOr<v1::HeadInfo> Client::UploadHead(const HeadUpload& upload,
   const int64_t elem = WireDTypeSize(upload.dtype);
   if (elem == 0) return absl::InvalidArgumentError("upload dtype is unspecified");
   if (upload.vocab_size <= 0 || upload.hidden_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("head shape must be positive; got V=",
-                                                   upload.vocab_size,
-                                                   " H=", upload.hidden_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "head shape must be positive; got V=", upload.vocab_size, " H=", upload.hidden_size));
   }
   // Checked here too so that a mistake costs no upload: the server rejects it
   // only after the bytes have travelled.

@@ -39,17 +39,21 @@ bool ReadVarint(absl::string_view bytes, size_t& pos, uint64_t& value) {
 
 const char* HealthStatusName(HealthStatus status) {
   switch (status) {
-    case HealthStatus::kUnknown: return "UNKNOWN";
-    case HealthStatus::kServing: return "SERVING";
-    case HealthStatus::kNotServing: return "NOT_SERVING";
-    case HealthStatus::kServiceUnknown: return "SERVICE_UNKNOWN";
+    case HealthStatus::kUnknown:
+      return "UNKNOWN";
+    case HealthStatus::kServing:
+      return "SERVING";
+    case HealthStatus::kNotServing:
+      return "NOT_SERVING";
+    case HealthStatus::kServiceUnknown:
+      return "SERVICE_UNKNOWN";
   }
   return "UNKNOWN";
 }
 
 std::string EncodeHealthCheckRequest(absl::string_view service) {
   std::string out;
-  if (service.empty()) return out;  // proto3 omits a default string
+  if (service.empty()) return out;                 // proto3 omits a default string
   out.push_back(static_cast<char>((1 << 3) | 2));  // field 1, length-delimited
   AppendVarint(out, service.size());
   out.append(service.data(), service.size());

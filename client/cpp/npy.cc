@@ -142,18 +142,17 @@ class HeaderParser {
 };
 
 absl::StatusOr<NpyType> TypeFromDescr(const std::string& descr) {
-  for (NpyType type : {NpyType::kF32, NpyType::kF16, NpyType::kU16, NpyType::kI32,
-                       NpyType::kI64, NpyType::kU8}) {
+  for (NpyType type :
+       {NpyType::kF32, NpyType::kF16, NpyType::kU16, NpyType::kI32, NpyType::kI64, NpyType::kU8}) {
     if (descr == NpyDescr(type)) return type;
   }
   if (!descr.empty() && descr[0] == '>') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "big-endian .npy data ('", descr, "') is not supported; save it little-endian ('<",
-        descr.substr(1), "')"));
+    return absl::InvalidArgumentError(absl::StrCat("big-endian .npy data ('", descr,
+                                                   "') is not supported; save it little-endian ('<",
+                                                   descr.substr(1), "')"));
   }
-  return absl::InvalidArgumentError(absl::StrCat(".npy dtype '", descr,
-                                                 "' is not supported; expected one of ",
-                                                 kSupported));
+  return absl::InvalidArgumentError(
+      absl::StrCat(".npy dtype '", descr, "' is not supported; expected one of ", kSupported));
 }
 
 absl::StatusOr<int64_t> CheckedElements(const std::vector<int64_t>& shape) {
@@ -189,24 +188,36 @@ void AppendLe(std::string& out, uint32_t value, int width) {
 
 const char* NpyDescr(NpyType type) {
   switch (type) {
-    case NpyType::kF32: return "<f4";
-    case NpyType::kF16: return "<f2";
-    case NpyType::kU16: return "<u2";
-    case NpyType::kI32: return "<i4";
-    case NpyType::kI64: return "<i8";
-    case NpyType::kU8: return "|u1";
+    case NpyType::kF32:
+      return "<f4";
+    case NpyType::kF16:
+      return "<f2";
+    case NpyType::kU16:
+      return "<u2";
+    case NpyType::kI32:
+      return "<i4";
+    case NpyType::kI64:
+      return "<i8";
+    case NpyType::kU8:
+      return "|u1";
   }
   return "?";
 }
 
 int64_t NpyItemSize(NpyType type) {
   switch (type) {
-    case NpyType::kF32: return 4;
-    case NpyType::kF16: return 2;
-    case NpyType::kU16: return 2;
-    case NpyType::kI32: return 4;
-    case NpyType::kI64: return 8;
-    case NpyType::kU8: return 1;
+    case NpyType::kF32:
+      return 4;
+    case NpyType::kF16:
+      return 2;
+    case NpyType::kU16:
+      return 2;
+    case NpyType::kI32:
+      return 4;
+    case NpyType::kI64:
+      return 8;
+    case NpyType::kU8:
+      return 1;
   }
   return 0;
 }
@@ -236,11 +247,10 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes) {
   if (bytes.size() < prefix) return absl::InvalidArgumentError("truncated .npy header");
   const uint64_t header_len = ReadLe(bytes.substr(8), len_width);
   if (bytes.size() < prefix + header_len) {
-    return absl::InvalidArgumentError(absl::StrCat("truncated .npy header: it declares ",
-                                                   header_len, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("truncated .npy header: it declares ", header_len, " bytes"));
   }
-  FLCE_ASSIGN_OR_RETURN(Header header,
-                        HeaderParser(bytes.substr(prefix, header_len)).Parse());
+  FLCE_ASSIGN_OR_RETURN(Header header, HeaderParser(bytes.substr(prefix, header_len)).Parse());
   FLCE_ASSIGN_OR_RETURN(NpyType type, TypeFromDescr(header.descr));
   FLCE_ASSIGN_OR_RETURN(int64_t elements, CheckedElements(header.shape));
   if (header.fortran_order) {
@@ -251,9 +261,9 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes) {
   const absl::string_view data = bytes.substr(prefix + header_len);
   const int64_t want = elements * NpyItemSize(type);
   if (static_cast<int64_t>(data.size()) != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ".npy data is ", data.size(), " bytes but shape ", ShapeText(header.shape), " of '",
-        header.descr, "' needs ", want));
+    return absl::InvalidArgumentError(absl::StrCat(".npy data is ", data.size(),
+                                                   " bytes but shape ", ShapeText(header.shape),
+                                                   " of '", header.descr, "' needs ", want));
   }
   NpyArray array;
   array.type = type;
@@ -270,9 +280,9 @@ absl::StatusOr<std::string> SerializeNpy(const NpyArray& array) {
                                                    " bytes but shape ", ShapeText(array.shape),
                                                    " needs ", want));
   }
-  std::string dict = absl::StrCat("{'descr': '", NpyDescr(array.type),
-                                  "', 'fortran_order': False, 'shape': ",
-                                  ShapeText(array.shape), ", }");
+  std::string dict =
+      absl::StrCat("{'descr': '", NpyDescr(array.type),
+                   "', 'fortran_order': False, 'shape': ", ShapeText(array.shape), ", }");
   // The data starts 64-byte aligned (NumPy's own rule); the header ends in '\n'.
   auto padded = [&](int len_width) {
     const size_t unpadded = kMagic.size() + 2 + len_width + dict.size() + 1;
@@ -305,8 +315,7 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
   absl::StatusOr<NpyArray> array = ParseNpy(buffer.str());
   if (!array.ok()) {
-    return absl::Status(array.status().code(),
-                        absl::StrCat(path, ": ", array.status().message()));
+    return absl::Status(array.status().code(), absl::StrCat(path, ": ", array.status().message()));
   }
   return array;
 }

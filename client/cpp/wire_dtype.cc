@@ -14,36 +14,50 @@ absl::StatusOr<v1::DType> ParseWireDType(absl::string_view name) {
 
 const char* WireDTypeName(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_FP32: return "fp32";
-    case v1::DTYPE_FP16: return "fp16";
-    case v1::DTYPE_BF16: return "bf16";
-    default: return "unspecified";
+    case v1::DTYPE_FP32:
+      return "fp32";
+    case v1::DTYPE_FP16:
+      return "fp16";
+    case v1::DTYPE_BF16:
+      return "bf16";
+    default:
+      return "unspecified";
   }
 }
 
 int64_t WireDTypeSize(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_FP32: return 4;
+    case v1::DTYPE_FP32:
+      return 4;
     case v1::DTYPE_FP16:
-    case v1::DTYPE_BF16: return 2;
-    default: return 0;
+    case v1::DTYPE_BF16:
+      return 2;
+    default:
+      return 0;
   }
 }
 
 absl::StatusOr<DType> ToHostDType(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_FP32: return DType::kF32;
-    case v1::DTYPE_FP16: return DType::kF16;
-    case v1::DTYPE_BF16: return DType::kBF16;
-    default: return absl::InvalidArgumentError("dtype is unspecified");
+    case v1::DTYPE_FP32:
+      return DType::kF32;
+    case v1::DTYPE_FP16:
+      return DType::kF16;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    default:
+      return absl::InvalidArgumentError("dtype is unspecified");
   }
 }
 
 v1::DType ToWireDType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return v1::DTYPE_FP32;
-    case DType::kF16: return v1::DTYPE_FP16;
-    case DType::kBF16: return v1::DTYPE_BF16;
+    case DType::kF32:
+      return v1::DTYPE_FP32;
+    case DType::kF16:
+      return v1::DTYPE_FP16;
+    case DType::kBF16:
+      return v1::DTYPE_BF16;
   }
   return v1::DTYPE_UNSPECIFIED;
 }

@@ -4,9 +4,9 @@
 #define FLCE_CLIENT_CPP_WIRE_DTYPE_H_
 
 #include <cstdint>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "flce/v1/flce.pb.h"
 #include "kernels/dtype.h"
 

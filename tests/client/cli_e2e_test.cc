@@ -82,14 +82,13 @@ class CliEndToEndTest : public ::testing::Test {
     port_ = FreePort();
     ASSERT_GT(port_, 0);
     server_ = new BackgroundProcess(
-        {kServerBin, "--host", "127.0.0.1", "--port", std::to_string(port_), "--metrics-port",
-         "0", "--device", "cpu", "--threads", "2", "--head-root", *dir_ + "/heads"},
+        {kServerBin, "--host", "127.0.0.1", "--port", std::to_string(port_), "--metrics-port", "0",
+         "--device", "cpu", "--threads", "2", "--head-root", *dir_ + "/heads"},
         *dir_ + "/server.log");
     ASSERT_TRUE(server_->started());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (std::chrono::steady_clock::now() < deadline) {
-      ASSERT_TRUE(server_->Running()) << "flce-server exited:\n"
-                                      << ReadFile(*dir_ + "/server.log");
+      ASSERT_TRUE(server_->Running()) << "flce-server exited:\n" << ReadFile(*dir_ + "/server.log");
       if (Cli({"--timeout-s", "2", "health"}).exit_code == 0) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
@@ -115,8 +114,7 @@ class CliEndToEndTest : public ::testing::Test {
   }
 
   static CliRun Cli(std::vector<std::string> args) {
-    std::vector<std::string> argv = {kClientBin, "--target",
-                                     "127.0.0.1:" + std::to_string(port_)};
+    std::vector<std::string> argv = {kClientBin, "--target", "127.0.0.1:" + std::to_string(port_)};
     argv.insert(argv.end(), args.begin(), args.end());
     ProcessResult result = RunProcess(argv, *dir_ + "/scratch");
     CliRun run;
@@ -188,9 +186,8 @@ TEST_F(CliEndToEndTest, ReadmeCommandsMatchTheFloat64Reference) {
   EXPECT_EQ(head["has_bias"], false);
 
   // int64 targets.
-  const nlohmann::json first =
-      Ok({"compute", "--head", "h1", "--session", "s1", "--hidden", h, "--targets",
-          Path("rt_t64.npy"), "--out-grad-input", gx});
+  const nlohmann::json first = Ok({"compute", "--head", "h1", "--session", "s1", "--hidden", h,
+                                   "--targets", Path("rt_t64.npy"), "--out-grad-input", gx});
   ASSERT_TRUE(first.contains("loss")) << first;
   EXPECT_NEAR(first["loss"].get<double>(), ref.loss, 1e-5 * std::abs(ref.loss));
   EXPECT_EQ(first["n_valid"], ref.n_valid);
@@ -212,8 +209,8 @@ TEST_F(CliEndToEndTest, ReadmeCommandsMatchTheFloat64Reference) {
   EXPECT_LE(RelativeError(grad_w, ref.grad_weight), 1e-5);
 
   // int32 targets, same data: the session's grad_W doubles.
-  const nlohmann::json second = Ok({"compute", "--head", "h1", "--session", "s1", "--hidden",
-                                    h, "--targets", Path("rt_t32.npy")});
+  const nlohmann::json second = Ok({"compute", "--head", "h1", "--session", "s1", "--hidden", h,
+                                    "--targets", Path("rt_t32.npy")});
   EXPECT_NEAR(second["loss"].get<double>(), ref.loss, 1e-5 * std::abs(ref.loss));
   EXPECT_NE(second["request_id"], first["request_id"]);
   grad = Ok({"fetch-grad", "--head", "h1", "--session", "s1", "--out", gw, "--reset"});
@@ -285,21 +282,35 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
   sum_spec.reduction = Reduction::kSum;
   const ReferenceOutput ref_sum = ComputeReference(MakeReferenceInput(p, sum_spec));
   const std::string prefix = Path("ev_tok");
-  const nlohmann::json summed =
-      Ok({"compute", "--head", "hb", "--session", "sb", "--hidden", h, "--targets", t,
-          "--dtype", "bf16", "--reduction", "sum", "--out-grad-input", Path("ev_gx.npy"),
-          "--per-token-out", prefix, "--accuracy", "--chunk-mb", "0.001"});
+  const nlohmann::json summed = Ok({"compute",
+                                    "--head",
+                                    "hb",
+                                    "--session",
+                                    "sb",
+                                    "--hidden",
+                                    h,
+                                    "--targets",
+                                    t,
+                                    "--dtype",
+                                    "bf16",
+                                    "--reduction",
+                                    "sum",
+                                    "--out-grad-input",
+                                    Path("ev_gx.npy"),
+                                    "--per-token-out",
+                                    prefix,
+                                    "--accuracy",
+                                    "--chunk-mb",
+                                    "0.001"});
   EXPECT_NEAR(summed["loss"].get<double>(), ref_sum.loss, 1e-5 * std::abs(ref_sum.loss));
   EXPECT_EQ(summed["hidden_dtype"], "bf16");
   EXPECT_EQ(summed["n_correct"], ref_sum.n_correct);
   NpyType type;
   std::vector<int64_t> shape;
   // grad_input comes back rounded to bf16.
-  EXPECT_LE(RelativeError(ReadFloats(Path("ev_gx.npy"), &shape, &type), ref_sum.grad_input),
-            1e-2);
+  EXPECT_LE(RelativeError(ReadFloats(Path("ev_gx.npy"), &shape, &type), ref_sum.grad_input), 1e-2);
   EXPECT_EQ(type, NpyType::kU16);
-  EXPECT_LE(RelativeError(ReadFloats(prefix + ".loss.npy", &shape), ref_sum.per_token_loss),
-            1e-5);
+  EXPECT_LE(RelativeError(ReadFloats(prefix + ".loss.npy", &shape), ref_sum.per_token_loss), 1e-5);
   EXPECT_EQ(shape, std::vector<int64_t>{ps.num_tokens});
   EXPECT_LE(RelativeError(ReadFloats(prefix + ".logprob.npy"), ref_sum.logprob), 1e-5);
   EXPECT_LE(RelativeError(ReadFloats(prefix + ".entropy.npy"), ref_sum.entropy), 1e-5);
@@ -320,8 +331,8 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
   ComputeSpec mean_spec;
   const ReferenceOutput ref_mean = ComputeReference(MakeReferenceInput(p, mean_spec));
   const nlohmann::json staged =
-      Ok({"compute", "--head", "hb", "--session", "sd", "--hidden", h, "--targets", t,
-          "--dtype", "bf16", "--deferred", "--request-id", "deferred-1"});
+      Ok({"compute", "--head", "hb", "--session", "sd", "--hidden", h, "--targets", t, "--dtype",
+          "bf16", "--deferred", "--request-id", "deferred-1"});
   EXPECT_EQ(staged["request_id"], "deferred-1");
   EXPECT_EQ(staged["staged"], true);
   EXPECT_EQ(staged["committed"], false);
@@ -331,13 +342,12 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
     if (s["session_id"] == "sd") saw_pending = s["pending"] == 1;
   }
   EXPECT_TRUE(saw_pending) << sessions;
-  const nlohmann::json commit = Ok({"commit", "--head", "hb", "--session", "sd",
-                                    "--request-id", "deferred-1", "--scale", "0.5"});
+  const nlohmann::json commit = Ok({"commit", "--head", "hb", "--session", "sd", "--request-id",
+                                    "deferred-1", "--scale", "0.5"});
   EXPECT_EQ(commit["state"], "COMMITTED");
   EXPECT_EQ(commit["replayed"], false);
   Ok({"fetch-grad", "--head", "hb", "--session", "sd", "--out", Path("ev_gd.npy")});
-  EXPECT_LE(RelativeError(ReadFloats(Path("ev_gd.npy")), Scaled(ref_mean.grad_weight, 0.5)),
-            1e-5);
+  EXPECT_LE(RelativeError(ReadFloats(Path("ev_gd.npy")), Scaled(ref_mean.grad_weight, 0.5)), 1e-5);
 
   const nlohmann::json zeroed = Ok({"zero-grad", "--head", "hb", "--session", "sd"});
   EXPECT_EQ(zeroed["zeroed"], true);
@@ -350,8 +360,8 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
     EXPECT_FALSE(s["head_id"] == "hb" && s["session_id"] == "sd") << sessions;
   }
 
-  const nlohmann::json bench = Ok({"bench", "--head", "hb", "--tokens", "32", "--steps", "3",
-                                   "--warmup", "1"});
+  const nlohmann::json bench =
+      Ok({"bench", "--head", "hb", "--tokens", "32", "--steps", "3", "--warmup", "1"});
   EXPECT_EQ(bench["tokens"], 32);
   EXPECT_GT(bench["tokens_per_s"].get<double>(), 0);
   EXPECT_GT(bench["step_ms"]["median"].get<double>(), 0);
@@ -375,8 +385,8 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
   EXPECT_EQ(loaded["vocab_size"], v);
   EXPECT_EQ(loaded["dtype"], "fp32");
   EXPECT_NE(loaded["source"].get<std::string>().find("small.safetensors"), std::string::npos);
-  const CliRun outside = Cli({"load-file", "--head", "hx", "--path", "../ev_w.npy",
-                              "--weight-tensor", "lm_head.weight"});
+  const CliRun outside = Cli(
+      {"load-file", "--head", "hx", "--path", "../ev_w.npy", "--weight-tensor", "lm_head.weight"});
   EXPECT_EQ(outside.exit_code, 1) << Describe(outside);
   EXPECT_EQ(outside.json["error"]["code"], "PERMISSION_DENIED") << Describe(outside);
 

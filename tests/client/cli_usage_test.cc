@@ -43,8 +43,7 @@ void ExpectUsageError(const std::vector<std::string>& args, const std::string& p
   const nlohmann::json json = OneObject(run.out);
   ASSERT_TRUE(json.contains("error")) << run.out;
   EXPECT_EQ(json["error"]["code"], "INVALID_ARGUMENT");
-  EXPECT_NE(json["error"]["message"].get<std::string>().find(part), std::string::npos)
-      << run.out;
+  EXPECT_NE(json["error"]["message"].get<std::string>().find(part), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find('\n'), run.out.size() - 1) << "more than one line: " << run.out;
 }
 
@@ -52,22 +51,22 @@ TEST(CliUsageTest, UsageErrorsExit2WithOneJsonObject) {
   ExpectUsageError({}, "no subcommand");
   ExpectUsageError({"frobnicate"}, "unknown subcommand 'frobnicate'");
   ExpectUsageError({"compute", "--head", "h"}, "missing required flag --session");
-  ExpectUsageError({"compute", "--head", "h", "--session", "s", "--hidden", "h.npy",
-                    "--targets", "t.npy", "--reduction", "avg"},
+  ExpectUsageError({"compute", "--head", "h", "--session", "s", "--hidden", "h.npy", "--targets",
+                    "t.npy", "--reduction", "avg"},
                    "mean|sum|none");
-  ExpectUsageError({"compute", "--head", "h", "--session", "s", "--hidden", "h.npy",
-                    "--targets", "t.npy", "--chunk-mb", "0"},
+  ExpectUsageError({"compute", "--head", "h", "--session", "s", "--hidden", "h.npy", "--targets",
+                    "t.npy", "--chunk-mb", "0"},
                    "--chunk-mb must be > 0");
   ExpectUsageError({"load-weight", "--head", "h", "--weight", "w.npy", "--dtype", "fp64"},
                    "bf16|fp16|fp32");
   ExpectUsageError({"fetch-grad", "--head", "h", "--session", "s"}, "--out");
-  ExpectUsageError({"fetch-grad", "--head", "h", "--session", "s", "--out", "g.npy",
-                    "--dtype", "fp16"},
-                   "fp32|bf16");
+  ExpectUsageError(
+      {"fetch-grad", "--head", "h", "--session", "s", "--out", "g.npy", "--dtype", "fp16"},
+      "fp32|bf16");
   ExpectUsageError({"sessions", "--delete", "--head", "h"}, "--delete needs --head and --session");
-  ExpectUsageError({"commit", "--head", "h", "--session", "s", "--request-id", "r", "--scale",
-                    "half"},
-                   "wants a number");
+  ExpectUsageError(
+      {"commit", "--head", "h", "--session", "s", "--request-id", "r", "--scale", "half"},
+      "wants a number");
   ExpectUsageError({"bench", "--steps", "0"}, "--steps must be >= 1");
   ExpectUsageError({"list-heads", "extra"}, "unexpected argument 'extra'");
 }
@@ -85,13 +84,12 @@ TEST(CliUsageTest, GlobalFlagErrorsExit2) {
 
 TEST(CliUsageTest, GlobalFlagsMayFollowTheSubcommandButNotTwice) {
   std::ostringstream out, err;
-  EXPECT_EQ(RunCli({"list-heads", "--target", "127.0.0.1:1", "--timeout-s", "5"}, out, err,
-                   false),
+  EXPECT_EQ(RunCli({"list-heads", "--target", "127.0.0.1:1", "--timeout-s", "5"}, out, err, false),
             1);
   EXPECT_EQ(OneObject(out.str())["error"]["code"], "UNAVAILABLE") << out.str();
   std::ostringstream twice;
-  EXPECT_EQ(RunCli({"--target", "127.0.0.1:1", "list-heads", "--target", "127.0.0.1:2"}, twice,
-                   err, false),
+  EXPECT_EQ(RunCli({"--target", "127.0.0.1:1", "list-heads", "--target", "127.0.0.1:2"}, twice, err,
+                   false),
             2);
   EXPECT_NE(twice.str().find("given both before and after"), std::string::npos) << twice.str();
 }
@@ -100,22 +98,20 @@ TEST(CliUsageTest, HelpForTheToolAndEverySubcommand) {
   std::ostringstream out, err;
   ASSERT_EQ(RunCli({"--help"}, out, err, false), 0);
   const std::vector<std::string> subcommands = {
-      "health",     "server-info", "load-weight", "load-file", "describe",
-      "list-heads", "unload",      "compute",     "commit",    "fetch-grad",
-      "zero-grad",  "sessions",    "bench"};
+      "health",  "server-info", "load-weight", "load-file", "describe", "list-heads", "unload",
+      "compute", "commit",      "fetch-grad",  "zero-grad", "sessions", "bench"};
   for (const std::string& name : subcommands) {
     EXPECT_NE(out.str().find("  " + name + " "), std::string::npos) << name;
     std::ostringstream sub_out;
     EXPECT_EQ(RunCli({name, "--help"}, sub_out, err, false), 0) << name;
-    EXPECT_NE(sub_out.str().find("usage: flce-client [global flags] " + name),
-              std::string::npos)
+    EXPECT_NE(sub_out.str().find("usage: flce-client [global flags] " + name), std::string::npos)
         << sub_out.str();
   }
 }
 
 TEST(CliUsageTest, UnreadableInputsFailWithTheirStatus) {
   const CliOutput run = RunArgs({"compute", "--head", "h", "--session", "s", "--hidden",
-                           "/nonexistent/h.npy", "--targets", "/nonexistent/t.npy"});
+                                 "/nonexistent/h.npy", "--targets", "/nonexistent/t.npy"});
   EXPECT_EQ(run.exit_code, 1);
   const nlohmann::json json = OneObject(run.out);
   EXPECT_EQ(json["error"]["code"], "NOT_FOUND");
@@ -135,8 +131,8 @@ TEST(CliUsageTest, MismatchedTargetsFailBeforeAnyCall) {
   const std::string h = std::string(dir) + "/h.npy", t = std::string(dir) + "/t.npy";
   ASSERT_TRUE(WriteNpy(h, NpyArray{NpyType::kF32, {3, 2}, std::string(24, '\0')}).ok());
   ASSERT_TRUE(WriteNpy(t, NpyArray{NpyType::kI32, {2}, std::string(8, '\0')}).ok());
-  const CliOutput run = RunArgs(
-      {"compute", "--head", "x", "--session", "s", "--hidden", h, "--targets", t});
+  const CliOutput run =
+      RunArgs({"compute", "--head", "x", "--session", "s", "--hidden", h, "--targets", t});
   EXPECT_EQ(run.exit_code, 1);
   const nlohmann::json json = OneObject(run.out);
   EXPECT_EQ(json["error"]["code"], "INVALID_ARGUMENT");

@@ -30,8 +30,9 @@ void ExpectError(const std::vector<std::string>& args, const std::string& part) 
 
 TEST(FlagsTest, ParsesEveryForm) {
   FlagSet flags = MakeFlags();
-  ASSERT_TRUE(flags.Parse({"--head", "h1", "--ignore-index", "-1", "--scale=0.25", "--reset",
-                           "--reduction", "sum"})
+  ASSERT_TRUE(flags
+                  .Parse({"--head", "h1", "--ignore-index", "-1", "--scale=0.25", "--reset",
+                          "--reduction", "sum"})
                   .ok());
   EXPECT_EQ(flags.str("head"), "h1");
   EXPECT_EQ(flags.i64("ignore-index"), -1);  // a negative value is a value, not a flag

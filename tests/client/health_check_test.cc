@@ -22,7 +22,12 @@ TEST(HealthCheckTest, DecodesTheStatus) {
 
 TEST(HealthCheckTest, SkipsUnknownFields) {
   // field 2 string "ab", field 3 fixed32, field 4 fixed64, then status.
-  std::string bytes("\x12\x02" "ab" "\x1d\x01\x02\x03\x04" "\x21", 10);
+  std::string bytes(
+      "\x12\x02"
+      "ab"
+      "\x1d\x01\x02\x03\x04"
+      "\x21",
+      10);
   bytes += std::string(8, '\x07');
   bytes += std::string("\x08\x02", 2);
   absl::StatusOr<HealthStatus> status = DecodeHealthCheckResponse(bytes);
@@ -31,9 +36,12 @@ TEST(HealthCheckTest, SkipsUnknownFields) {
 }
 
 TEST(HealthCheckTest, RejectsMalformedBytes) {
-  EXPECT_FALSE(DecodeHealthCheckResponse(std::string("\x08", 1)).ok());          // no value
-  EXPECT_FALSE(DecodeHealthCheckResponse(std::string("\x12\x05" "ab", 4)).ok());  // short
-  EXPECT_FALSE(DecodeHealthCheckResponse(std::string("\x0b\x00", 2)).ok());      // group
+  EXPECT_FALSE(DecodeHealthCheckResponse(std::string("\x08", 1)).ok());  // no value
+  EXPECT_FALSE(DecodeHealthCheckResponse(std::string("\x12\x05"
+                                                     "ab",
+                                                     4))
+                   .ok());                                                   // short
+  EXPECT_FALSE(DecodeHealthCheckResponse(std::string("\x0b\x00", 2)).ok());  // group
 }
 
 TEST(HealthCheckTest, NamesStatuses) {

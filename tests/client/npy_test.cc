@@ -25,7 +25,8 @@ std::string NumpyHeader(const std::string& dict, int major = 1) {
   std::string out = "\x93NUMPY";
   out.push_back(static_cast<char>(major));
   out.push_back(0);
-  for (int i = 0; i < len_width; ++i) out.push_back(static_cast<char>((header_len >> (8 * i)) & 0xff));
+  for (int i = 0; i < len_width; ++i)
+    out.push_back(static_cast<char>((header_len >> (8 * i)) & 0xff));
   out += dict;
   out.append(header_len - dict.size() - 1, ' ');
   out += '\n';
@@ -53,7 +54,7 @@ TEST(NpyTest, RoundTripsEveryTypeAndShape) {
     NpyType type;
     std::vector<int64_t> shape;
   };
-  const Case cases[] = {{NpyType::kF32, {3, 5}},   {NpyType::kF16, {7}},
+  const Case cases[] = {{NpyType::kF32, {3, 5}},    {NpyType::kF16, {7}},
                         {NpyType::kU16, {2, 3, 4}}, {NpyType::kI32, {1}},
                         {NpyType::kI64, {4, 1}},    {NpyType::kU8, {9}},
                         {NpyType::kF32, {}},        {NpyType::kF32, {0, 4}}};
@@ -131,28 +132,26 @@ const std::string kFour(16, '\0');  // data of a (2, 2) '<f4' array
 INSTANTIATE_TEST_SUITE_P(
     Files, NpyMalformedTest,
     ::testing::Values(
-        Malformed{"magic", "NUMPY\x01\x00\x10\x00{}", "magic"},
-        Malformed{"empty", "", "magic"},
-        Malformed{"version3",
-                  NumpyHeader("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }", 3) +
-                      kFour,
-                  "version 3"},
+        Malformed{"magic", "NUMPY\x01\x00\x10\x00{}", "magic"}, Malformed{"empty", "", "magic"},
+        Malformed{
+            "version3",
+            NumpyHeader("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }", 3) + kFour,
+            "version 3"},
         Malformed{"truncated header",
                   NumpyHeader("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }")
                       .substr(0, 40),
                   "truncated"},
         Malformed{"fortran",
-                  NumpyHeader("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }") +
-                      kFour,
+                  NumpyHeader("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }") + kFour,
                   "Fortran"},
-        Malformed{"big endian",
-                  NumpyHeader("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 2), }") +
-                      kFour,
-                  "big-endian"},
-        Malformed{"float64",
-                  NumpyHeader("{'descr': '<f8', 'fortran_order': False, 'shape': (2, 1), }") +
-                      kFour,
-                  "'<f8' is not supported"},
+        Malformed{
+            "big endian",
+            NumpyHeader("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 2), }") + kFour,
+            "big-endian"},
+        Malformed{
+            "float64",
+            NumpyHeader("{'descr': '<f8', 'fortran_order': False, 'shape': (2, 1), }") + kFour,
+            "'<f8' is not supported"},
         Malformed{"structured",
                   NumpyHeader("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2,), "
                               "}") +
