@@ -96,6 +96,25 @@ class Client:
         return p.returncode, parsed, out + p.stderr
 
 
+def healthcheck_argv(root):
+    """The Dockerfile's HEALTHCHECK command (exec form), as an argv."""
+    import deploy_checks
+    text = open(os.path.join(root, "Dockerfile"), encoding="utf-8").read()
+    for instruction, args in deploy_checks.dockerfile_instructions(text):
+        if instruction == "HEALTHCHECK" and "CMD" in args:
+            return deploy_checks.exec_form(args.split("CMD", 1)[1].strip())
+    return None
+
+
+def run_healthcheck(argv, client_binary, port):
+    argv = [client_binary] + [a.replace("127.0.0.1:50051", f"127.0.0.1:{port}") for a in argv[1:]]
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=30)
+    print(f"$ HEALTHCHECK {' '.join(argv[1:])} -> exit {p.returncode}: {p.stdout.strip()[:200]}",
+          flush=True)
+    return p.returncode
+
+
 def scrape(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode("utf-8")
@@ -144,6 +163,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="flce-deploy-") as work:
         server = Server(args.server, work)
         client = Client(args.client, server.port)
+        hc = None
         try:
             # Wait for SERVING (the same command as the image's HEALTHCHECK).
             deadline = time.time() + 90
@@ -166,9 +186,13 @@ def main():
                 print(server.log_text())
                 return c.finish()
 
-            # 1. health again: a non-Flce RPC.
-            rc, _, _ = client("health")
-            c.check(rc == 0, "flce-client health failed on a SERVING server")
+            # 1. health again, as the image's HEALTHCHECK runs it: a non-Flce RPC.
+            hc = healthcheck_argv(root)
+            if c.check(bool(hc), "the Dockerfile has no exec-form HEALTHCHECK CMD"):
+                c.check(run_healthcheck(hc, args.client, server.port) == 0,
+                        "the Dockerfile's HEALTHCHECK command fails on a SERVING server")
+            else:
+                client("health")
             # 2. describe the embedded demo head.
             rc, info, text = client("describe", "--head", "demo")
             c.check(rc == 0, f"describe --head demo failed: {text}")
@@ -206,20 +230,30 @@ def main():
             def delta(after, name, **labels):
                 return fc.total(after, name, **labels) - fc.total(before, name, **labels)
 
-            # Metrics are recorded as calls finish: poll until the counters settle.
+            # Counters are recorded as calls finish, and gauges may be refreshed by the
+            # server's periodic sweeper (every second): poll until both settle.
+            def settled(samples):
+                return (all(delta(samples, "flce_requests_total", rpc=r, code=k) >= n
+                            for (r, k), n in expected_requests.items())
+                        and fc.total(samples, "flce_heads_loaded") >= 1
+                        and fc.total(samples, "flce_sessions") >= 1
+                        and fc.total(samples, "flce_workspace_budget_bytes") > 0)
+
             after_types, after = {}, []
-            deadline = time.time() + 10
+            deadline = time.time() + 15
             while time.time() < deadline:
                 after_types, after = scrape(server.metrics_port)
-                if all(delta(after, "flce_requests_total", rpc=r, code=k) >= n
-                       for (r, k), n in expected_requests.items()):
+                if settled(after):
                     break
-                time.sleep(0.2)
+                time.sleep(0.25)
             time.sleep(0.3)
             after_types, after = scrape(server.metrics_port)
         finally:
             rc = server.stop()
         c.check(rc == 0, f"flce-server exited with {rc} on SIGTERM")
+        if hc:
+            c.check(run_healthcheck(hc, args.client, server.port) != 0,
+                    "the Dockerfile's HEALTHCHECK command succeeds with no server")
         log = server.log_text()
 
     # --- the contract: every family exported, with its type and labels --------------
