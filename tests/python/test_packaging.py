@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,12 @@ import pytest
 from flce import _codegen
 
 REPO = Path(__file__).resolve().parents[2]
+needs_protoc = pytest.mark.skipif(
+    not (shutil.which("protoc") and shutil.which("grpc_python_plugin")),
+    reason="protoc and grpc_python_plugin are not installed")
 
 
+@needs_protoc
 def test_generate_into_a_fresh_folder(tmp_path):
     _codegen.generate(out_dir=tmp_path)
     for stub in _codegen.STUBS:
@@ -24,6 +29,7 @@ def test_generate_into_a_fresh_folder(tmp_path):
     assert not _codegen.stale(tmp_path)
 
 
+@needs_protoc
 def test_stubs_older_than_the_proto_are_stale(tmp_path):
     _codegen.generate(out_dir=tmp_path)
     stub = tmp_path / _codegen.STUBS[0]
@@ -31,6 +37,7 @@ def test_stubs_older_than_the_proto_are_stale(tmp_path):
     assert _codegen.stale(tmp_path)
 
 
+@needs_protoc
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs Debian's python3")
 def test_pip_install_into_system_site_packages_venv(tmp_path):
     venv = tmp_path / "venv"

@@ -302,3 +302,20 @@ def test_head_from_target_string(server_target):
     want = local_run(lin, h, y, lambda z, y: F.cross_entropy(z, y))
     assert rel(lin.weight.grad, want[2]) <= TOL
     head.client.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@BIAS
+def test_cuda_hidden(client, bias):
+    """hidden on a GPU: the loss and grad_input come back on that device."""
+    lin, h, y = make_problem(bias, seed=20)
+    head = new_head(client, lin)
+    x = h.cuda().requires_grad_(True)
+    loss = head(x, y.cuda()) * 2.0
+    loss.backward()
+    assert loss.device == x.device and x.grad.device == x.device
+    want = local_run(lin, h, y, lambda z, y: F.cross_entropy(z, y) * 2.0)
+    g = head.fetch_grad()
+    check(want, (loss.detach().cpu(), x.grad.cpu(), g.weight, g.bias))
+    out = head(x, y.cuda(), return_logprob=True)
+    assert out.logprob.device == x.device

@@ -1,0 +1,79 @@
+#!/usr/bin/python3
+"""Training steps through RemoteLMHead against a running server, timed from the client.
+
+Reports per step: wall time, the server's own engine time (ComputeSummary.timings), and
+the client's CPU time — the main thread (chunk decoding, autograd, Python glue) and the
+whole process (adds gRPC's threads and the request-encoding thread) — so the share of a
+step the client spends in Python can be read off against the engine.
+
+    /usr/bin/python3 client/python/bench_step.py --target 127.0.0.1:50051 \
+        --tokens 65535 --hidden 1024 --vocab 176245 [--device cuda]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import flce  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="127.0.0.1:50051")
+    p.add_argument("--tokens", type=int, default=65535)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=176245)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--device", default="cpu", help="where hidden lives (cpu or cuda)")
+    args = p.parse_args()
+    n, h, v = args.tokens, args.hidden, args.vocab
+    g = torch.Generator().manual_seed(0)
+    client = flce.Client(args.target, timeout=600).wait_ready(60)
+    head = flce.RemoteLMHead(client, "bench-step")
+    w = (torch.randn(v, h, generator=g) / h ** 0.5).to(torch.bfloat16)
+    t0 = time.perf_counter()
+    info = client.upload_head("bench-step", w)
+    print(f"upload {v}x{h} bf16 ({info.weight_bytes / 2**20:.0f} MiB): "
+          f"{time.perf_counter() - t0:.2f} s", flush=True)
+    del w
+    hidden = torch.randn(n, h, generator=g).to(torch.bfloat16).to(args.device)
+    y = torch.randint(0, v, (n,), generator=g)
+    y[torch.rand(n, generator=g) < 0.05] = -100
+    y = y.to(args.device)
+    rows = []
+    for step in range(args.steps + 1):  # the first is a warm-up
+        x = hidden.detach().requires_grad_(True)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        wall0, proc0, main0 = time.perf_counter(), time.process_time(), time.thread_time()
+        loss = head(x, y)
+        loss.backward()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - wall0
+        row = (wall, time.thread_time() - main0, time.process_time() - proc0,
+               head.last_summary.timings.engine_ms / 1e3, head.last_summary.timings.total_ms / 1e3)
+        if step:
+            rows.append(row)
+        print(f"step {step}: loss {float(loss):.4f}  wall {wall * 1e3:.0f} ms  main-thread CPU "
+              f"{row[1] * 1e3:.0f} ms  process CPU {row[2] * 1e3:.0f} ms  engine "
+              f"{row[3] * 1e3:.0f} ms  server total {row[4] * 1e3:.0f} ms", flush=True)
+    med = [statistics.median(c) for c in zip(*rows)]
+    moved = 2 * n * h * 2
+    print(f"median of {len(rows)}: wall {med[0] * 1e3:.0f} ms, engine {med[3] * 1e3:.0f} ms "
+          f"({med[3] / med[0]:.0%} of wall), client main thread CPU {med[1] * 1e3:.0f} ms "
+          f"({med[1] / med[0]:.0%}), client process CPU {med[2] * 1e3:.0f} ms; "
+          f"{moved / 2**20:.0f} MiB moved, {moved / med[0] / 1e9:.2f} GB/s end to end; "
+          f"engine {head.last_summary.engine}")
+    client.unload_head("bench-step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
