@@ -251,6 +251,28 @@ TEST_F(ComputeTest, RepeatedFetchWithResetReturnsTheSameGradient) {
   for (float g : next.weight) ASSERT_EQ(g, 0.0f);
 }
 
+TEST_F(ComputeTest, ZeroGradClearsTheAccumulator) {
+  StartServer(TestConfig());
+  Problem problem = MakeProblem(SmallSpec());
+  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r1"), problem).status.ok());
+  FetchedGrad before = FetchGrad(stub(), "h", "s");
+  ASSERT_EQ(before.header.contributions(), 1);
+  grpc::ClientContext context;
+  v1::ZeroGradRequest request;
+  request.set_head_id("h");
+  request.set_session_id("s");
+  v1::ZeroGradResponse response;
+  ASSERT_TRUE(stub().ZeroGrad(&context, request, &response).ok());
+  FetchedGrad after = FetchGrad(stub(), "h", "s");
+  EXPECT_EQ(after.header.contributions(), 0);
+  for (float g : after.weight) ASSERT_EQ(g, 0.0f);
+  // Accumulation starts again from zero.
+  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r2"), problem).status.ok());
+  FetchedGrad again = FetchGrad(stub(), "h", "s");
+  EXPECT_LE(RelativeError(Doubles(again.weight), Doubles(before.weight)), 1e-6);
+}
+
 TEST_F(ComputeTest, SeveralSessionsAccumulateExactly) {
   ServerConfig config = TestConfig();
   config.max_pending = 4;

@@ -37,6 +37,8 @@ ServerConfig TestConfig();
 class ServerTest : public ::testing::Test {
  protected:
   void StartServer(const ServerConfig& config);
+  // With an engine made by the test (nullptr: config.device's engine).
+  void StartServer(const ServerConfig& config, std::unique_ptr<Engine> engine);
   void TearDown() override;
   v1::Flce::Stub& stub() { return *stub_; }
   FlceServer& server() { return *server_; }
