@@ -5,6 +5,7 @@
 // untouched, and every other subcommand once.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -327,6 +328,29 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
             1e-2);
   EXPECT_EQ(type, NpyType::kU16);
 
+  // Forward only: the loss, and the session's gradient untouched.
+  const nlohmann::json evaluated =
+      Ok({"compute", "--head", "hb", "--session", "sb", "--hidden", h, "--targets", t, "--dtype",
+          "bf16", "--reduction", "sum", "--forward-only"});
+  EXPECT_NEAR(evaluated["loss"].get<double>(), ref_sum.loss, 1e-5 * std::abs(ref_sum.loss));
+  Ok({"fetch-grad", "--head", "hb", "--session", "sb", "--out", Path("ev_gw.npy")});
+  EXPECT_LE(RelativeError(ReadFloats(Path("ev_gw.npy")), ref_sum.grad_weight), 1e-5);
+
+  // Per-token weights a_t from a file (reduction none).
+  ComputeSpec weighted_spec;
+  weighted_spec.reduction = Reduction::kNone;
+  weighted_spec.token_weights = RandomFloats(ps.num_tokens, 0.0f, 2.0f, p.seed + 1);
+  const ReferenceOutput ref_weighted = ComputeReference(MakeReferenceInput(p, weighted_spec));
+  WriteArray(Path("ev_tw.npy"), NpyType::kF32, {ps.num_tokens}, weighted_spec.token_weights.data(),
+             ps.num_tokens * 4);
+  const nlohmann::json weighted =
+      Ok({"compute", "--head", "hb", "--session", "sw", "--hidden", h, "--targets", t, "--dtype",
+          "bf16", "--reduction", "none", "--token-weights", Path("ev_tw.npy")});
+  EXPECT_NEAR(weighted["loss"].get<double>(), ref_weighted.loss,
+              1e-5 * std::abs(ref_weighted.loss));
+  Ok({"fetch-grad", "--head", "hb", "--session", "sw", "--out", Path("ev_gww.npy")});
+  EXPECT_LE(RelativeError(ReadFloats(Path("ev_gww.npy")), ref_weighted.grad_weight), 1e-5);
+
   // Deferred commit with a scale.
   ComputeSpec mean_spec;
   const ReferenceOutput ref_mean = ComputeReference(MakeReferenceInput(p, mean_spec));
@@ -360,8 +384,11 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
     EXPECT_FALSE(s["head_id"] == "hb" && s["session_id"] == "sd") << sessions;
   }
 
-  const nlohmann::json bench =
-      Ok({"bench", "--head", "hb", "--tokens", "32", "--steps", "3", "--warmup", "1"});
+  const CliRun bench_run =
+      Cli({"bench", "--head", "hb", "--tokens", "32", "--steps", "3", "--warmup", "1"});
+  ASSERT_EQ(bench_run.exit_code, 0) << Describe(bench_run);
+  EXPECT_EQ(bench_run.err, "") << "progress is for terminals only";
+  const nlohmann::json& bench = bench_run.json;
   EXPECT_EQ(bench["tokens"], 32);
   EXPECT_GT(bench["tokens_per_s"].get<double>(), 0);
   EXPECT_GT(bench["step_ms"]["median"].get<double>(), 0);
