@@ -217,9 +217,10 @@ class FakeFlce(pb_grpc.FlceServicer):
     def ListSessions(self, request, context):
         with self.lock:
             keys = set(self.grads) | {k[:2] for k in self.staged}
+            pending = {k: sum(1 for st in self.staged if st[:2] == k) for k in keys}
         return pb.ListSessionsResponse(sessions=[
-            pb.SessionInfo(head_id=h, session_id=s) for h, s in sorted(keys)
-            if not request.head_id or h == request.head_id])
+            pb.SessionInfo(head_id=h, session_id=s, pending=pending[(h, s)])
+            for h, s in sorted(keys) if not request.head_id or h == request.head_id])
 
     def GetServerInfo(self, request, context):
         return pb.ServerInfo(instance_id=uuid.uuid4().hex, engine="fake")

@@ -319,3 +319,30 @@ def test_cuda_hidden(client, bias):
     check(want, (loss.detach().cpu(), x.grad.cpu(), g.weight, g.bias))
     out = head(x, y.cuda(), return_logprob=True)
     assert out.logprob.device == x.device
+
+
+def test_forward_without_backward_discards_its_staged_grad(client):
+    """A graph dropped before backward must not leave its grad_W staged (the server caps
+    staged contributions per session) nor let it land."""
+    lin, h, y = make_problem(False, seed=21)
+    head = new_head(client, lin)
+    for _ in range(3):  # more than the server's default --max-pending (2)
+        loss = head(h.clone().requires_grad_(True), y)
+        del loss
+    pending = [s.pending for s in client.sessions(head.head_id)
+               if s.session_id == head.session_id]
+    assert pending in ([], [0])
+    head(h.clone().requires_grad_(True), y).backward()
+    g = head.fetch_grad()
+    assert g.header.contributions == 1
+    want = local_run(lin, h, y, lambda z, y: F.cross_entropy(z, y))
+    assert rel(g.weight, want[2]) <= TOL
+
+
+def test_second_backward_through_retained_graph_raises(client):
+    lin, h, y = make_problem(False, seed=22)
+    head = new_head(client, lin)
+    loss = head(h.clone().requires_grad_(True), y)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="already backpropagated"):
+        loss.backward()

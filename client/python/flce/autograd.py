@@ -41,6 +41,37 @@ class CallConfig:
             strategy=self.strategy, chunk_tokens=self.chunk_tokens, **kw)
 
 
+class StagedContribution:
+    """A deferred call's grad_W, staged on the server until backward commits it.
+
+    If the graph dies without a backward (a forward run with grad enabled and never
+    differentiated, or an exception in between), the contribution is discarded, so that
+    it neither lands late nor holds one of the session's --max-pending slots."""
+
+    def __init__(self, cfg: CallConfig, request_id: str):
+        self.cfg = cfg
+        self.request_id = request_id
+        self.done = False
+
+    def commit(self, scale: float) -> None:
+        if self.done:
+            raise RuntimeError("this flce loss was already backpropagated: its grad_W was "
+                               "committed once and cannot be applied again (retain_graph)")
+        self.done = True
+        self.cfg.client.commit(self.cfg.head_id, self.request_id, scale,
+                               session_id=self.cfg.session_id)
+
+    def __del__(self):
+        if self.done:
+            return
+        self.done = True
+        try:
+            self.cfg.client.commit(self.cfg.head_id, self.request_id, 0.0,
+                                   session_id=self.cfg.session_id, discard=True)
+        except Exception:  # noqa: BLE001 (a finalizer must not raise; the server's TTL cleans up)
+            pass
+
+
 def _scaled(grad: torch.Tensor, scale: torch.Tensor, device) -> torch.Tensor:
     """grad × scale in fp32, rounded once to grad's dtype (bf16 would round scale too)."""
     if scale.numel() == 1 and float(scale) == 1.0:
@@ -59,15 +90,14 @@ class FusedLoss(torch.autograd.Function):
                              grad_input=ctx.needs_input_grad[0], deferred_commit=True)
         if sink is not None:
             sink.append(result.summary)
-        ctx.cfg, ctx.request_id, ctx.device = cfg, request_id, hidden.device
+        ctx.staged = StagedContribution(cfg, request_id)
+        ctx.device = hidden.device
         ctx.grad_input = result.grad_input  # not an input or output: held as an attribute
         return torch.tensor(result.loss, dtype=torch.float32, device=hidden.device)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        cfg = ctx.cfg
-        cfg.client.commit(cfg.head_id, ctx.request_id, float(grad_output),
-                          session_id=cfg.session_id)
+        ctx.staged.commit(float(grad_output))
         grad_input, ctx.grad_input = ctx.grad_input, None
         if grad_input is not None and ctx.needs_input_grad[0]:
             grad_input = _scaled(grad_input, grad_output, ctx.device)
