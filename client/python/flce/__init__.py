@@ -9,7 +9,8 @@
 from flce.client import Client, ComputeResult, GradResult
 from flce.errors import FlceError
 from flce.module import LMHeadOutput, RemoteLMHead
+from flce import safetensors
 
 __all__ = ["Client", "ComputeResult", "GradResult", "FlceError", "LMHeadOutput",
-           "RemoteLMHead"]
+           "RemoteLMHead", "safetensors"]
 __version__ = "0.1.0"
