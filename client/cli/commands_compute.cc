@@ -1,4 +1,6 @@
 // compute: one Compute call from .npy files.
+#include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"

@@ -59,7 +59,7 @@ struct ComputeArgs {
   std::vector<int32_t> targets;  // BT
   absl::string_view hidden;      // BT x H in header.hidden_dtype
   int64_t chunk_bytes = 0;       // hidden bytes per message; 0 = options' chunk_bytes
-  ProgressCallback progress;     // hidden bytes sent; optional
+  ProgressCallback progress;     // hidden bytes sent; called on the sending thread
 };
 
 struct ComputeOutcome {
