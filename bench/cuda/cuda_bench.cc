@@ -13,6 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -25,7 +27,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/cuda/bench_data.cuh"
+#include "kernels/cuda/cluster_row_kernel.cuh"
 #include "kernels/cuda/cuda_engine.h"
+#include "kernels/cuda/fused_row_kernel.cuh"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/policy.h"
 #include "nlohmann/json.hpp"
 
@@ -53,6 +58,7 @@ struct Flags {
   int64_t workspace_mb = 2048;
   int64_t wall_mb = 0;  // > 0: naive/separate refused at the budget also run with this one
   int64_t fuse_mn_tokens = 1024;
+  bool stages = true;  // per-stage times of one chunked chunk
   std::vector<int> shapes = {0, 1, 2};
   // chunked_two_pass: the chunked plan with the two-pass row kernel
   // (FLCE_CUDA_ROW_KERNEL=two_pass), to measure what the cluster kernel saves.
@@ -74,6 +80,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (const char* v = val("workspace-mb")) f->workspace_mb = std::atoll(v);
     else if (const char* v = val("wall-mb")) f->wall_mb = std::atoll(v);
     else if (const char* v = val("fuse-mn-tokens")) f->fuse_mn_tokens = std::atoll(v);
+    else if (const char* v = val("stages")) f->stages = std::string(v) != "0";
     else if (const char* v = val("shapes")) {
       f->shapes.clear();
       for (absl::string_view s : absl::StrSplit(v, ',')) {
@@ -141,6 +148,77 @@ double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function
   cudaEventDestroy(b);
   std::sort(ms.begin(), ms.end());
   return ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+}
+
+// Times each stage of one chunk of the chunked plan on its own (median of
+// `reps`, CUDA events): where the time above the three-GEMM bound goes.
+nlohmann::json StageBreakdown(CudaEngine& engine, const CudaHead& head, const Plan& plan,
+                              const DeviceRequest& req, int reps) {
+  nlohmann::json out;
+  const cuda::HeadView hv = head.view();
+  const int64_t rows = std::min(plan.chunk_tokens, req.rows);
+  std::lock_guard<std::mutex> lock(engine.submit_mutex());
+  auto scratch = engine.Scratch(plan.scratch_bytes, "stage breakdown");
+  if (!scratch.ok()) return out;
+  float* logits = reinterpret_cast<float*>(*scratch);
+  cudaStream_t stream = engine.compute_stream();
+  cuda::Gemm gemm;
+  gemm.handle = engine.exec().cublas;
+  gemm.stream = stream;
+  gemm.health = engine.context()->health();
+  gemm.dtype = hv.dtype;
+  cuda::FusedRowArgs args;
+  args.logits = logits;
+  args.ld_logits = hv.padded_vocab;
+  args.padded_vocab = hv.padded_vocab;
+  args.rows = rows;
+  args.dlogits = logits;
+  args.dlogits_row_bytes = hv.padded_vocab * 4;
+  args.in = req.in;
+  args.out = req.out;
+  args.params = req.params;
+  auto logits_gemm = [&]() {
+    return gemm.Logits(req.hidden, hv.weight, rows, hv.padded_vocab, hv.hidden, logits,
+                       hv.padded_vocab).ok();
+  };
+  auto time_with_setup = [&](const std::function<bool()>& setup, const std::function<bool()>& fn) {
+    std::vector<double> ms;
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    for (int i = 0; i < reps + 1; ++i) {
+      if (setup && !setup()) return -1.0;
+      cudaEventRecord(a, stream);
+      if (!fn()) return -1.0;
+      cudaEventRecord(b, stream);
+      cudaEventSynchronize(b);
+      float t = 0;
+      cudaEventElapsedTime(&t, a, b);
+      if (i > 0) ms.push_back(t);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  const int64_t ld_d = hv.padded_vocab * 4 / DTypeSize(hv.dtype);
+  out["chunk_tokens"] = rows;
+  out["logits_gemm_fp32_ms"] = time_with_setup(nullptr, logits_gemm);
+  out["row_kernel_cluster_ms"] = time_with_setup(logits_gemm, [&]() {
+    return cuda::LaunchClusterRows(hv.dtype, args, stream, gemm.health).ok();
+  });
+  out["row_kernel_two_pass_ms"] = time_with_setup(logits_gemm, [&]() {
+    return cuda::LaunchFusedRows(hv.dtype, args, stream, gemm.health).ok();
+  });
+  out["grad_input_gemm_ms"] = time_with_setup(nullptr, [&]() {
+    return gemm.GradInput(logits, ld_d, hv.weight, rows, hv.padded_vocab, hv.hidden,
+                          req.grad_input, hv.dtype, 0.0f).ok();
+  });
+  out["grad_weight_gemm_ms"] = time_with_setup(nullptr, [&]() {
+    return gemm.GradWeight(logits, ld_d, req.hidden, rows, hv.padded_vocab, hv.hidden,
+                           req.grad_weight).ok();
+  });
+  return out;
 }
 
 std::string Today() {
@@ -270,6 +348,24 @@ int Main(int argc, char** argv) {
     }
     const double flops = 6.0 * sh.bt * sh.v * sh.h;
     std::printf("  3-GEMM bound: %.2f ms (%.0f TFLOP/s)\n", bound_ms, flops / bound_ms / 1e9);
+    if (flags.stages) {
+      PlanRequest pr;
+      pr.strategy = Strategy::kChunked;
+      pr.num_tokens = sh.bt;
+      pr.hidden_dtype = DType::kBF16;
+      auto plan = engine->PlanFor(*head, pr);
+      if (plan.ok()) {
+        nlohmann::json st = StageBreakdown(*engine, *head, *plan, req, 5);
+        const double chunks = std::ceil(double(sh.bt) / plan->chunk_tokens);
+        std::printf("  one chunk of %lld tokens (x%.0f chunks): %s\n",
+                    (long long)plan->chunk_tokens, chunks, st.dump().c_str());
+        nlohmann::json rec = {{"strategy", "chunked_stage_breakdown"}, {"BT", sh.bt}, {"H", sh.h},
+                              {"V", sh.v}, {"dtype", "bf16"}, {"gemm_bound_ms", bound_ms},
+                              {"gpu", gpu}, {"date", date}, {"commit", flags.commit},
+                              {"chunks", chunks}, {"stages_per_chunk_ms", st}};
+        records.push_back(rec);
+      }
+    }
 
     for (const std::string& name : flags.strategies) {
       const bool two_pass = name == "chunked_two_pass";

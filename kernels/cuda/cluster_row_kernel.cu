@@ -49,9 +49,11 @@ __global__ void __launch_bounds__(Policy::kThreads)
   const int32_t y = args.in.target[row];
   int64_t real_end = p.vocab - c0;  // columns of this segment that are real
   if (real_end > n) real_end = n;
+  const RowConsts kc = MakeConsts(p);
+  // Pass A over shared memory: transform in place, max / argmax / sum z /
+  // z_y per thread. Columns come in increasing order per thread, so a strict
+  // '>' keeps the lowest index among ties.
   RowState st = EmptyState();
-  // Each thread walks 4-column groups in increasing column order, so the
-  // per-thread argmax keeps the lowest index among ties.
   for (int64_t i = threadIdx.x * 4; i < real_end; i += Policy::kThreads * 4) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -59,9 +61,28 @@ __global__ void __launch_bounds__(Policy::kThreads)
         const int64_t j = c0 + i + k;
         float r = z[i + k];
         if (bias != nullptr) r += ToFloat(bias[j]);
-        const float zz = TransformLogit(r, p);
+        const float zz = TransformLogit(r, p, kc);
         z[i + k] = zz;
-        PushColumn(st, zz, static_cast<int32_t>(j), y);
+        st.sum_z += zz;
+        if (zz > st.amax_value) {
+          st.amax_value = zz;
+          st.amax_index = static_cast<int32_t>(j);
+        }
+        if (j == y) st.zy = zz;
+      }
+    }
+  }
+  // Pass B: sum-exp around the thread's own max: one exp per column, no
+  // rescaling.
+  st.m = st.amax_value;
+  for (int64_t i = threadIdx.x * 4; i < real_end; i += Policy::kThreads * 4) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (i + k < real_end) {
+        const float d = z[i + k] - st.m;
+        const float e = __expf(d);
+        st.s += e;
+        st.sez += e * d;
       }
     }
   }
@@ -87,7 +108,7 @@ __global__ void __launch_bounds__(Policy::kThreads)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int64_t j = c0 + i + k;
-      d[k] = j < p.vocab ? ColumnGrad(z[i + k], static_cast<int32_t>(j), g, p) : 0.0f;
+      d[k] = j < p.vocab ? ColumnGrad(z[i + k], static_cast<int32_t>(j), g, p, kc) : 0.0f;
     }
     if constexpr (sizeof(T) == 4) {
       *reinterpret_cast<float4*>(drow + i) = make_float4(d[0], d[1], d[2], d[3]);

@@ -42,7 +42,7 @@ struct Vec4Store<__half> {
 
 template <typename T>
 __device__ __forceinline__ float4 LoadZ(const float* row, const T* bias, int64_t j,
-                                        const LossParams& p) {
+                                        const LossParams& p, const RowConsts& k) {
   float4 r = *reinterpret_cast<const float4*>(row + j);
   if (bias != nullptr) {
     r.x += ToFloat(bias[j]);
@@ -50,10 +50,10 @@ __device__ __forceinline__ float4 LoadZ(const float* row, const T* bias, int64_t
     r.z += ToFloat(bias[j + 2]);
     r.w += ToFloat(bias[j + 3]);
   }
-  r.x = TransformLogit(r.x, p);
-  r.y = TransformLogit(r.y, p);
-  r.z = TransformLogit(r.z, p);
-  r.w = TransformLogit(r.w, p);
+  r.x = TransformLogit(r.x, p, k);
+  r.y = TransformLogit(r.y, p, k);
+  r.z = TransformLogit(r.z, p, k);
+  r.w = TransformLogit(r.w, p, k);
   return r;
 }
 
@@ -66,13 +66,14 @@ __global__ void __launch_bounds__(Policy::kThreads)
   const float* logits = args.logits + row * args.ld_logits;
   const T* bias = static_cast<const T*>(args.bias);
   const LossParams p = args.params;
+  const RowConsts kc = MakeConsts(p);
   const int64_t vocab = p.vocab;
   const int32_t y = args.in.target[row];
 
   // Pass 1: online max / sum-exp over the real columns.
   RowState st = EmptyState();
   for (int64_t j = threadIdx.x * Policy::kVec; j < vocab; j += Policy::kTile) {
-    float4 z = LoadZ(logits, bias, j, p);
+    float4 z = LoadZ(logits, bias, j, p, kc);
     PushColumn(st, z.x, static_cast<int32_t>(j), y);
     if (j + 1 < vocab) PushColumn(st, z.y, static_cast<int32_t>(j + 1), y);
     if (j + 2 < vocab) PushColumn(st, z.z, static_cast<int32_t>(j + 2), y);
@@ -99,12 +100,12 @@ __global__ void __launch_bounds__(Policy::kThreads)
     float pr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const bool mine = j < args.padded_vocab;
     if (mine && j < vocab) {
-      float4 z4 = LoadZ(logits, bias, j, p);
+      float4 z4 = LoadZ(logits, bias, j, p, kc);
       const float z[4] = {z4.x, z4.y, z4.z, z4.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         if (j + k < vocab) {
-          d[k] = ColumnGrad(z[k], static_cast<int32_t>(j + k), g, p);
+          d[k] = ColumnGrad(z[k], static_cast<int32_t>(j + k), g, p, kc);
           if (prow != nullptr) pr[k] = expf(z[k] - g.lse);
         }
       }

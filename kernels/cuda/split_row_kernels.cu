@@ -22,6 +22,7 @@ __global__ void __launch_bounds__(Policy::kThreads)
   const float* lrow = args.logits + row * args.ld;
   const T* bias = static_cast<const T*>(args.bias);
   const LossParams p = args.params;
+  const RowConsts kc = MakeConsts(p);
   const int32_t y = args.target[row];
   int64_t end = p.vocab - args.col0;
   if (end > args.cols) end = args.cols;
@@ -33,7 +34,7 @@ __global__ void __launch_bounds__(Policy::kThreads)
     for (int k = 0; k < 4; ++k) {
       if (c + k < end) {
         const int64_t j = args.col0 + c + k;
-        PushColumn(st, TransformLogit(v[k] + BiasAt(bias, j), p), static_cast<int32_t>(j), y);
+        PushColumn(st, TransformLogit(v[k] + BiasAt(bias, j), p, kc), static_cast<int32_t>(j), y);
       }
     }
   }
@@ -57,6 +58,7 @@ __global__ void __launch_bounds__(Policy::kThreads)
   T* drow = reinterpret_cast<T*>(const_cast<float*>(lrow));
   const T* bias = static_cast<const T*>(args.bias);
   const LossParams p = args.params;
+  const RowConsts kc = MakeConsts(p);
   const RowGrad g = grad[row];
   constexpr bool kNarrow = sizeof(T) < sizeof(float);
   for (int64_t base = 0; base < args.cols; base += Policy::kTile) {
@@ -70,8 +72,8 @@ __global__ void __launch_bounds__(Policy::kThreads)
       for (int k = 0; k < 4; ++k) {
         const int64_t j = args.col0 + c + k;
         if (j < p.vocab) {
-          d[k] = ColumnGrad(TransformLogit(v[k] + BiasAt(bias, j), p), static_cast<int32_t>(j),
-                            g, p);
+          d[k] = ColumnGrad(TransformLogit(v[k] + BiasAt(bias, j), p, kc),
+                            static_cast<int32_t>(j), g, p, kc);
         }
       }
     }

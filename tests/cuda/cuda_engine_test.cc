@@ -138,9 +138,11 @@ TEST(CudaEngineTest, ClusterAndTwoPassRowKernelsAgree) {
     EXPECT_LE(e.grad_input, 5e-3);
     EXPECT_LE(e.grad_w, 5e-3);
   }
-  EXPECT_LE(RelativeError(runs[0].grad_weight, runs[1].grad_weight), 1e-6);
+  // Different reduction trees: fp32 stats differ in the last bits, which can
+  // flip a bf16 rounding of a few dlogits.
+  EXPECT_LE(RelativeError(runs[0].grad_weight, runs[1].grad_weight), 1e-4);
   EXPECT_LE(RelativeError(ToDoubles(runs[0].result.per_token_loss),
-                          ToDoubles(runs[1].result.per_token_loss)), 1e-6);
+                          ToDoubles(runs[1].result.per_token_loss)), 1e-5);
 }
 
 // Peaked rows (W x 10, targets at the argmax, p_y near 1) with every option:
