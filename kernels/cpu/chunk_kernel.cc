@@ -22,7 +22,8 @@ void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
   params.vocab_size = V;
   params.bias = head.bias();
   params.options = options;
-  ctx.pool.ParallelFor(M, [&](int thread, int64_t begin, int64_t end) {
+  // Rows are independent: one row per block balances best.
+  ctx.pool.ParallelFor(M, 1, [&](int thread, int64_t begin, int64_t end) {
     float* scratch = ctx.scratch.data() + thread * V;
     for (int64_t i = begin; i < end; ++i) {
       args.stats[i] = ProcessRow(params, logits + i * V, scratch, args.targets[i],
@@ -39,8 +40,8 @@ void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, H, M, 1.0f, logits, V, args.hidden,
                 H, 1.0f, args.grad->weight(), H);
     if (float* grad_bias = args.grad->bias(); grad_bias != nullptr) {
-      // Each thread owns a range of columns and adds rows in token order.
-      ctx.pool.ParallelFor(V, [&](int, int64_t begin, int64_t end) {
+      // Each block of columns adds its rows in token order, whoever runs it.
+      ctx.pool.ParallelFor(V, 2048, [&](int, int64_t begin, int64_t end) {
         for (int64_t i = 0; i < M; ++i) {
           const float* row = logits + i * V;
           for (int64_t j = begin; j < end; ++j) grad_bias[j] += row[j];

@@ -20,16 +20,19 @@ ThreadPool::~ThreadPool() {
   for (std::thread& worker : workers_) worker.join();
 }
 
-void ThreadPool::RunRange(int index) {
-  const int64_t parts = threads();
-  const int64_t begin = n_ * index / parts;
-  const int64_t end = n_ * (index + 1) / parts;
-  if (begin < end) (*fn_)(index, begin, end);
+void ThreadPool::RunBlocks(int index) {
+  while (true) {
+    const int64_t begin = next_.fetch_add(grain_);
+    if (begin >= n_) return;
+    (*fn_)(index, begin, std::min(n_, begin + grain_));
+  }
 }
 
-void ThreadPool::ParallelFor(int64_t n, const std::function<void(int, int64_t, int64_t)>& fn) {
+void ThreadPool::ParallelFor(int64_t n, int64_t grain,
+                             const std::function<void(int, int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  if (workers_.empty() || n == 1) {
+  grain = std::max<int64_t>(grain, 1);
+  if (workers_.empty() || n <= grain) {
     fn(0, 0, n);
     return;
   }
@@ -37,11 +40,13 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int, int64_t, i
     std::lock_guard<std::mutex> lock(mu_);
     fn_ = &fn;
     n_ = n;
+    grain_ = grain;
+    next_ = 0;
     pending_ = static_cast<int>(workers_.size());
     ++generation_;
   }
   work_cv_.notify_all();
-  RunRange(0);
+  RunBlocks(0);
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [this] { return pending_ == 0; });
   fn_ = nullptr;
@@ -56,8 +61,8 @@ void ThreadPool::WorkerLoop(int index) {
       if (stop_) return;
       seen = generation_;
     }
-    // fn_ and n_ stay fixed until every worker has reported back.
-    RunRange(index);
+    // fn_, n_ and grain_ stay fixed until every worker has reported back.
+    RunBlocks(index);
     {
       std::lock_guard<std::mutex> lock(mu_);
       --pending_;

@@ -1,10 +1,12 @@
 // A fixed pool of worker threads for the CPU engine's row passes.
-// ParallelFor splits [0, n) into one contiguous range per thread, always the
-// same way for the same n, so every element is computed by the same code in
-// the same order whatever the timing: results are bitwise repeatable.
+// ParallelFor hands out [0, n) in blocks of `grain` to whichever thread is
+// free (a shared machine deschedules threads; a static split would wait for
+// the slowest). Callers make each block's result independent of the thread
+// that runs it, so results stay bitwise repeatable.
 #ifndef FLCE_KERNELS_CPU_THREAD_POOL_H_
 #define FLCE_KERNELS_CPU_THREAD_POOL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -24,13 +26,15 @@ class ThreadPool {
 
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // Runs fn(thread_index, begin, end) over a static partition of [0, n) and
-  // returns when all ranges are done. Not reentrant: one caller at a time.
-  void ParallelFor(int64_t n, const std::function<void(int, int64_t, int64_t)>& fn);
+  // Runs fn(thread_index, begin, end) over blocks of [0, n) of at most
+  // `grain` elements and returns when all are done; thread_index < threads()
+  // names per-thread scratch. Not reentrant: one caller at a time.
+  void ParallelFor(int64_t n, int64_t grain,
+                   const std::function<void(int, int64_t, int64_t)>& fn);
 
  private:
   void WorkerLoop(int index);
-  void RunRange(int index);
+  void RunBlocks(int index);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
@@ -38,6 +42,8 @@ class ThreadPool {
   std::condition_variable done_cv_;
   const std::function<void(int, int64_t, int64_t)>* fn_ = nullptr;  // guarded by mu_
   int64_t n_ = 0;
+  int64_t grain_ = 1;
+  std::atomic<int64_t> next_{0};
   uint64_t generation_ = 0;
   int pending_ = 0;
   bool stop_ = false;

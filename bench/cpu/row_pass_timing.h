@@ -1,0 +1,16 @@
+// The CPU engine's row pass alone (softmax statistics, loss, dr in place) over
+// BT rows of V logits, on the engine's kind of thread pool: what the engine
+// adds to the three GEMMs.
+#ifndef FLCE_BENCH_CPU_ROW_PASS_TIMING_H_
+#define FLCE_BENCH_CPU_ROW_PASS_TIMING_H_
+
+#include <cstdint>
+
+namespace flce::bench {
+
+// Milliseconds for BT rows, processed chunk by chunk as the engine does.
+double TimeRowPass(int64_t num_tokens, int64_t vocab_size, int64_t chunk_tokens, int threads);
+
+}  // namespace flce::bench
+
+#endif  // FLCE_BENCH_CPU_ROW_PASS_TIMING_H_
