@@ -61,7 +61,7 @@ def main() -> int:
                head.last_summary.timings.engine_ms / 1e3, head.last_summary.timings.total_ms / 1e3)
         if step:
             rows.append(row)
-        print(f"step {step}: loss {float(loss):.4f}  wall {wall * 1e3:.0f} ms  main-thread CPU "
+        print(f"step {step}: loss {float(loss.detach()):.4f}  wall {wall * 1e3:.0f} ms  main-thread CPU "
               f"{row[1] * 1e3:.0f} ms  process CPU {row[2] * 1e3:.0f} ms  engine "
               f"{row[3] * 1e3:.0f} ms  server total {row[4] * 1e3:.0f} ms", flush=True)
     med = [statistics.median(c) for c in zip(*rows)]

@@ -56,8 +56,8 @@ def reference(h, w, b, y, *, ignore_index=-100, eps=0.0, s=0.0, c=0.0, tau=1.0,
     per_token = {"loss": ell.detach(), "entropy": ent.detach(),
                  "logprob": torch.where(valid, zy - lse, torch.zeros_like(lse)).detach(),
                  "correct": (valid & (z.argmax(1) == ys)).to(torch.uint8)}
-    loss = float((a * ell).sum())
-    z_loss = float((a * torch.where(valid, zl, torch.zeros_like(zl))).sum())
+    loss = float((a * ell).sum().detach())
+    z_loss = float((a * torch.where(valid, zl, torch.zeros_like(zl))).sum().detach())
     return (loss, z_loss, n_valid, per_token, h.grad, w.grad,
             b.grad if b is not None else None)
 

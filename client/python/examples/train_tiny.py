@@ -86,7 +86,7 @@ def train(args, data: torch.Tensor, vocab: int, remote: bool):
         opt.step()
         if remote:
             head.load_from_module(model.lm_head, dtype=torch.float32)  # serve the new weight
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     if remote:
         head.client.unload_head(args.head_id)
         head.client.close()

@@ -74,9 +74,16 @@ class StagedContribution:
 
 def _scaled(grad: torch.Tensor, scale: torch.Tensor, device) -> torch.Tensor:
     """grad × scale in fp32, rounded once to grad's dtype (bf16 would round scale too)."""
+    grad = _to_device(grad, device)
     if scale.numel() == 1 and float(scale) == 1.0:
-        return grad.to(device)
-    return (grad.to(device, torch.float32) * scale.to(device, torch.float32)).to(grad.dtype)
+        return grad
+    return (grad.to(torch.float32) * scale.to(device, torch.float32)).to(grad.dtype)
+
+
+def _to_device(t: torch.Tensor, device) -> torch.Tensor:
+    # from pinned memory the copy is asynchronous; torch's pinned-memory cache keeps the
+    # block alive until the copy has finished
+    return t.to(device, non_blocking=t.is_pinned())
 
 
 class FusedLoss(torch.autograd.Function):
@@ -156,5 +163,6 @@ class PerTokenLoss(torch.autograd.Function):
             e = g_entropy.detach().to("cpu", torch.float32).reshape(-1)
         result = cfg.compute(hidden, targets, reduction="none", token_weights=a,
                              entropy_weights=e, grad_input=ctx.needs_input_grad[0])
-        grad_input = result.grad_input.to(hidden.device) if ctx.needs_input_grad[0] else None
+        grad_input = (_to_device(result.grad_input, hidden.device)
+                      if ctx.needs_input_grad[0] else None)
         return grad_input, None, None, None, None, None, None, None

@@ -191,8 +191,9 @@ class Client:
                 ) -> ComputeResult:
         """One Compute call over hidden [N, H] (fp32/fp16/bf16) and targets [N].
 
-        grad_input comes back in hidden's dtype on the CPU; with deferred_commit the call's
-        grad_W stays staged until commit(request_id)."""
+        grad_input comes back in hidden's dtype on the CPU (pinned when hidden is on a GPU,
+        ready for a fast copy back); with deferred_commit the call's grad_W stays staged
+        until commit(request_id)."""
         if hidden.dim() != 2 or targets.dim() != 1 or targets.shape[0] != hidden.shape[0]:
             raise ValueError(f"need hidden [N, H] and targets [N], got {tuple(hidden.shape)} "
                              f"and {tuple(targets.shape)}")
@@ -235,13 +236,15 @@ class Client:
         wanted = [(k, dt) for k, dt in _TOKEN_FIELDS
                   if {"loss": per_token_loss, "logprob": logprob, "entropy": entropy,
                       "correct": accuracy}[k]]
-        return self._run_compute(requests(), n, h, hidden.dtype, want_grad_input, wanted)
+        return self._run_compute(requests(), n, h, hidden.dtype, want_grad_input, wanted,
+                                 hidden.is_cuda)
 
     @translate("Compute")
     def _run_compute(self, requests: Iterable, n: int, h: int, dtype: torch.dtype,
-                     want_grad_input: bool, wanted: Sequence[Tuple[str, torch.dtype]]
-                     ) -> ComputeResult:
-        grad = tensors.RowAssembler(n, h, dtype, self.pool) if want_grad_input else None
+                     want_grad_input: bool, wanted: Sequence[Tuple[str, torch.dtype]],
+                     on_gpu: bool) -> ComputeResult:
+        pool = tensors.PinnedPool if on_gpu else self.pool
+        grad = tensors.RowAssembler(n, h, dtype, pool) if want_grad_input else None
         per_token = {k: tensors.RowAssembler(n, 1, dt) for k, dt in wanted}
         summary = None
         for msg in self._compute(requests, timeout=self.timeout):
