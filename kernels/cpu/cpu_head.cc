@@ -94,8 +94,22 @@ absl::StatusOr<std::shared_ptr<const Head>> CpuHeadBuilder::Finish() {
     return absl::FailedPreconditionError(absl::StrCat(
         "bias incomplete: byte ", missing, " of ", bias_bytes_.size(), " never written"));
   }
-  finished_ = true;
+  // A non-finite weight would make every logit of its row meaningless (and
+  // the row pass assumes finite logits): refuse the head instead.
   const int64_t count = spec_.vocab_size * spec_.hidden_size;
+  if (int64_t bad = FirstNonFinite(spec_.dtype, weight_bytes_.data(), count); bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("weight element (", bad / spec_.hidden_size,
+                                                   ", ", bad % spec_.hidden_size,
+                                                   ") is not finite (NaN or Inf)"));
+  }
+  if (spec_.has_bias) {
+    if (int64_t bad = FirstNonFinite(spec_.dtype, bias_bytes_.data(), spec_.vocab_size);
+        bad >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bias element ", bad, " is not finite (NaN or Inf)"));
+    }
+  }
+  finished_ = true;
   std::vector<float> weight(count);
   ToFloat(spec_.dtype, weight_bytes_.data(), weight.data(), count);
   std::string().swap(weight_bytes_);

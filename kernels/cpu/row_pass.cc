@@ -42,51 +42,59 @@ float RowMax(const float* row, int64_t V) {
   return m;
 }
 
-double RowSum(const float* row, int64_t V) {
-  double lanes[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= V; j += kLanes) {
-    for (int k = 0; k < kLanes; ++k) lanes[k] += row[j + k];
-  }
-  double sum = 0.0;
-  for (int k = 0; k < kLanes; ++k) sum += lanes[k];
-  for (; j < V; ++j) sum += row[j];
-  return sum;
-}
+// Over the row: q_j = exp(z_j - m) into q; returns sum_j q_j, sum_j q_j (z_j - m)
+// and sum_j z_j. Float lanes over blocks of kBlock elements keep the loop
+// vector-wide; each block's lanes then go into double, so no float sum ever
+// runs over more than kBlock / kLanes terms.
+constexpr int64_t kBlock = 256;
 
-// q_j = exp(z_j - m) into scratch; returns sum_j q_j and sum_j q_j (z_j - m).
-void ExpShifted(const float* row, float m, int64_t V, float* q, double* sum_q,
-                double* sum_qz) {
-  double lanes_q[kLanes] = {};
-  double lanes_qz[kLanes] = {};
+struct ExpSums {
+  double q = 0.0;
+  double qz = 0.0;
+  double z = 0.0;
+};
+
+ExpSums ExpShifted(const float* row, float m, int64_t V, float* q) {
+  ExpSums sums;
   int64_t j = 0;
-  for (; j + kLanes <= V; j += kLanes) {
-    for (int k = 0; k < kLanes; ++k) {
-      const float shifted = row[j + k] - m;
-      const float e = FastExp(shifted);
-      q[j + k] = e;
-      lanes_q[k] += e;
-      lanes_qz[k] += e * shifted;
+  for (; j + kBlock <= V; j += kBlock) {
+    float lanes_q[kLanes] = {};
+    float lanes_qz[kLanes] = {};
+    float lanes_z[kLanes] = {};
+    for (int64_t b = j; b < j + kBlock; b += kLanes) {
+      for (int k = 0; k < kLanes; ++k) {
+        const float z = row[b + k];
+        const float shifted = z - m;
+        const float e = FastExp(shifted);
+        q[b + k] = e;
+        lanes_q[k] += e;
+        lanes_qz[k] += e * shifted;
+        lanes_z[k] += z;
+      }
     }
-  }
-  double total_q = 0.0;
-  double total_qz = 0.0;
-  for (int k = 0; k < kLanes; ++k) {
-    total_q += lanes_q[k];
-    total_qz += lanes_qz[k];
+    for (int k = 0; k < kLanes; ++k) {
+      sums.q += lanes_q[k];
+      sums.qz += lanes_qz[k];
+      sums.z += lanes_z[k];
+    }
   }
   for (; j < V; ++j) {
     const float shifted = row[j] - m;
     q[j] = FastExp(shifted);
-    total_q += q[j];
-    total_qz += q[j] * shifted;
+    sums.q += q[j];
+    sums.qz += q[j] * shifted;
+    sums.z += row[j];
   }
-  *sum_q = total_q;
-  *sum_qz = total_qz;
+  return sums;
 }
 
 }  // namespace
 
+// x86-64: an AVX2 copy beside the baseline one, chosen at load time (no
+// FMA in either, so both round alike).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 RowStats ProcessRow(const RowPassParams& params, float* row, float* scratch, int32_t target,
                     double token_weight, double entropy_weight, bool want_dr) {
   const int64_t V = params.vocab_size;
@@ -98,10 +106,10 @@ RowStats ProcessRow(const RowPassParams& params, float* row, float* scratch, int
   const float m = RowMax(row, V);
   int64_t argmax = 0;
   while (row[argmax] != m) ++argmax;  // the first maximum: ties go low
-  const double sum_z = RowSum(row, V);
-  double sum_q = 0.0;
-  double sum_qz = 0.0;
-  ExpShifted(row, m, V, scratch, &sum_q, &sum_qz);
+  const ExpSums sums = ExpShifted(row, m, V, scratch);
+  const double sum_q = sums.q;
+  const double sum_qz = sums.qz;
+  const double sum_z = sums.z;
   // sum_q = 1 + rest (the max contributes exp(0) = 1): log1p keeps the small
   // rest exact, which is all that separates p_y from 1 in a confident row.
   const double log_sum = std::log1p(sum_q - 1.0);

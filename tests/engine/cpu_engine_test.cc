@@ -1,6 +1,7 @@
 // What only the CPU engine promises: its plan's name, its workspace bound,
 // its error messages, agreement across thread counts, and its exp's accuracy.
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -120,6 +121,20 @@ TEST(CpuEngineTest, MessagesNameTheTokenAndTheValue) {
   status = (*call)->Finish().status();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(status.message(), "hidden of token 4 never given (4 of 48 tokens received)");
+}
+
+TEST(CpuEngineTest, NonFiniteWeightIsRefused) {
+  auto engine = MakeCpu(64 << 20, 1);
+  ASSERT_NE(engine, nullptr);
+  HeadSpec spec{5, 4, DType::kF32, false};
+  std::vector<float> weight(20, 0.5f);
+  weight[9] = std::numeric_limits<float>::infinity();
+  auto builder = engine->BeginHead(spec);
+  ASSERT_TRUE(builder.ok());
+  ASSERT_TRUE((*builder)->WriteWeight(0, weight.data(), 80).ok());
+  absl::Status status = (*builder)->Finish().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "weight element (2, 1) is not finite (NaN or Inf)");
 }
 
 TEST(CpuEngineTest, AddHiddenAfterFinishFails) {
