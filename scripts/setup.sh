@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
   prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-venv python3-numpy python3-grpcio python3-protobuf python3-torch
+  python3 python3-venv python3-numpy python3-grpcio python3-protobuf python3-torch python3-pytest
 )
 
 missing=()
