@@ -43,7 +43,8 @@ def _int_field(field: int, value: int) -> bytes:
 
 
 def _wrap(outer_field: int, inner_head: bytes, payload) -> bytes:
-    """outer { inner_head..., bytes field 3-or-2 = payload } in one copy of payload."""
+    """A length-delimited `outer_field` holding inner_head (the inner message's fields and
+    its bytes field's key and length) followed by payload, which is copied exactly once."""
     n = len(inner_head) + len(payload)
     return b"".join((_key(outer_field, _LEN), varint(n), inner_head, payload))
 
