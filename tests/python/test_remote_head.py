@@ -346,3 +346,13 @@ def test_second_backward_through_retained_graph_raises(client):
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="already backpropagated"):
         loss.backward()
+
+
+def test_per_call_options_override_the_module(client):
+    lin, h, y = make_problem(True, seed=23, ignore_index=3)
+    head = new_head(client, lin)  # module defaults: ignore_index -100, no smoothing
+    check(local_run(lin, h, y,
+                    lambda z, y: F.cross_entropy(z, y, ignore_index=3, label_smoothing=0.2)),
+          remote_run(head, h, y,
+                     lambda m, h, y: m(h, y, ignore_index=3, label_smoothing=0.2)))
+    assert head.ignore_index == -100 and head.label_smoothing == 0.0

@@ -77,13 +77,15 @@ class Client:
 
     def __init__(self, target: str = "localhost:50051", *, session_id: Optional[str] = None,
                  chunk_bytes: int = tensors.DEFAULT_CHUNK_BYTES,
-                 timeout: Optional[float] = None, max_message_bytes: int = 64 << 20,
+                 timeout: Optional[float] = None, max_message_bytes: int = -1,
                  channel: Optional[grpc.Channel] = None):
         self.target = target
         self.session_id = session_id or f"py-{uuid.uuid4().hex[:12]}"
         self.chunk_bytes = chunk_bytes
         self.timeout = timeout
         self.pool = BufferPool()  # grad_input and grad_W memory, recycled once released
+        # the server sizes its messages by --max-message-mb; ours are chunk_bytes at most,
+        # so only the receive side needs to follow it (-1 = no client-side limit)
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)]
         self._channel = channel or grpc.insecure_channel(target, options=opts)

@@ -20,6 +20,8 @@ from flce.client import Client, GradResult
 from flce.errors import FlceError
 
 REDUCTIONS = ("mean", "sum", "none")
+_LOSS_OPTIONS = ("ignore_index", "label_smoothing", "z_loss", "softcap", "temperature",
+                 "strategy", "chunk_tokens")
 
 
 class LMHeadOutput(NamedTuple):
@@ -112,16 +114,19 @@ class RemoteLMHead(nn.Module):
                 raise
 
     # -------------------------------------------------------------- forward --
-    def _config(self) -> CallConfig:
-        return CallConfig(self.client, self.head_id, self.session_id, self.ignore_index,
-                          self.label_smoothing, self.z_loss, self.softcap, self.temperature,
-                          self.strategy, self.chunk_tokens)
+    def _config(self, overrides: dict) -> CallConfig:
+        values = {k: getattr(self, k) for k in _LOSS_OPTIONS}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return CallConfig(self.client, self.head_id, self.session_id, **values)
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor, *,
-                reduction: Optional[str] = None, return_logprob: bool = False,
-                return_entropy: bool = False):
+                reduction: Optional[str] = None, ignore_index: Optional[int] = None,
+                label_smoothing: Optional[float] = None, z_loss: Optional[float] = None,
+                softcap: Optional[float] = None, temperature: Optional[float] = None,
+                return_logprob: bool = False, return_entropy: bool = False):
         """hidden [..., H], targets [...] → loss; with return_logprob / return_entropy an
-        LMHeadOutput whose per-token tensors are differentiable (RL objectives)."""
+        LMHeadOutput whose per-token tensors are differentiable (RL objectives). Loss
+        options given here override the module's for this call."""
         reduction = reduction or self.reduction
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
@@ -131,7 +136,8 @@ class RemoteLMHead(nn.Module):
         shape = targets.shape
         h2 = hidden.reshape(-1, hidden.shape[-1])
         y = targets.reshape(-1)
-        cfg = self._config()
+        cfg = self._config(dict(ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                z_loss=z_loss, softcap=softcap, temperature=temperature))
         sink: list = []
         anchor = self._weight_anchor if torch.is_grad_enabled() else self._weight_anchor.detach()
         per_token = reduction == "none" or return_logprob or return_entropy
