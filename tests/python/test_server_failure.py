@@ -14,7 +14,7 @@ import flce
 from conftest import RealServer
 
 V, H = 16000, 256
-BIG = 8192  # tokens: seconds of CPU engine work, long enough to fail in the middle
+BIG = 32768  # tokens: ~0.8 TFLOP of CPU engine work, still running when the failure lands
 
 
 @pytest.fixture
