@@ -60,10 +60,11 @@ struct Flags {
   int64_t fuse_mn_tokens = 1024;
   bool stages = true;  // per-stage times of one chunked chunk
   std::vector<int> shapes = {0, 1, 2};
-  // chunked_two_pass: the chunked plan with the two-pass row kernel
-  // (FLCE_CUDA_ROW_KERNEL=two_pass), to measure what the cluster kernel saves.
-  std::vector<std::string> strategies = {"chunked", "chunked_two_pass", "vocab_split", "fuse_mn",
-                                         "separate", "naive", "auto"};
+  // chunked_cluster / chunked_two_pass: the chunked plan with one row
+  // kernel forced (FLCE_CUDA_ROW_KERNEL), to compare them.
+  std::vector<std::string> strategies = {"chunked",     "chunked_cluster", "chunked_two_pass",
+                                         "vocab_split", "fuse_mn",         "separate",
+                                         "naive",       "auto"};
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -368,8 +369,10 @@ int Main(int argc, char** argv) {
     }
 
     for (const std::string& name : flags.strategies) {
-      const bool two_pass = name == "chunked_two_pass";
-      const Strategy strategy = two_pass ? Strategy::kChunked : ParseStrategy(name);
+      const char* row_kernel = name == "chunked_two_pass" ? "two_pass"
+                               : name == "chunked_cluster" ? "cluster"
+                                                           : nullptr;
+      const Strategy strategy = row_kernel != nullptr ? Strategy::kChunked : ParseStrategy(name);
       nlohmann::json rec = {{"strategy", name},     {"BT", sh.bt},   {"H", sh.h},
                             {"V", sh.v},            {"dtype", "bf16"}, {"gemm_bound_ms", bound_ms},
                             {"gpu", gpu},           {"date", date},  {"commit", flags.commit},
@@ -409,7 +412,7 @@ int Main(int argc, char** argv) {
         rec["extrapolated_from_tokens"] = r.rows;
       }
       absl::Status run_status;
-      if (two_pass) setenv("FLCE_CUDA_ROW_KERNEL", "two_pass", 1);
+      if (row_kernel != nullptr) setenv("FLCE_CUDA_ROW_KERNEL", row_kernel, 1);
       double ms = TimeMedian(stream, warmup, runs, [&]() {
         run_status = runner->RunOnDevice(*head, *plan, r);
         return run_status.ok();

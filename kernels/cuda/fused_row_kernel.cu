@@ -72,12 +72,24 @@ __global__ void __launch_bounds__(Policy::kThreads)
 
   // Pass 1: online max / sum-exp over the real columns.
   RowState st = EmptyState();
-  for (int64_t j = threadIdx.x * Policy::kVec; j < vocab; j += Policy::kTile) {
-    float4 z = LoadZ(logits, bias, j, p, kc);
-    PushColumn(st, z.x, static_cast<int32_t>(j), y);
-    if (j + 1 < vocab) PushColumn(st, z.y, static_cast<int32_t>(j + 1), y);
-    if (j + 2 < vocab) PushColumn(st, z.z, static_cast<int32_t>(j + 2), y);
-    if (j + 3 < vocab) PushColumn(st, z.w, static_cast<int32_t>(j + 3), y);
+  constexpr int kU = Policy::kUnroll;
+  for (int64_t base = threadIdx.x * Policy::kVec; base < vocab; base += Policy::kTile * kU) {
+    float4 z4[kU];
+    // Every load of the group is in flight before the first is used.
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t j = base + u * Policy::kTile;
+      if (j < vocab) z4[u] = LoadZ(logits, bias, j, p, kc);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t j = base + u * Policy::kTile;
+      if (j < vocab) {
+        const float z[4] = {z4[u].x, z4[u].y, z4[u].z, z4[u].w};
+        const int count = vocab - j < 4 ? static_cast<int>(vocab - j) : 4;
+        PushFour(st, z, static_cast<int32_t>(j), count, y);
+      }
+    }
   }
   st = BlockReduceState<Policy::kThreads>(st, scratch);
   if (threadIdx.x == 0) {
@@ -94,29 +106,37 @@ __global__ void __launch_bounds__(Policy::kThreads)
   float* prow = args.probs != nullptr ? args.probs + row * args.ld_logits : nullptr;
   const bool narrowing_in_place =
       sizeof(T) < sizeof(float) && static_cast<const void*>(drow) == static_cast<const void*>(logits);
-  for (int64_t base = 0; base < args.padded_vocab; base += Policy::kTile) {
-    const int64_t j = base + threadIdx.x * Policy::kVec;
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    float pr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const bool mine = j < args.padded_vocab;
-    if (mine && j < vocab) {
-      float4 z4 = LoadZ(logits, bias, j, p, kc);
-      const float z[4] = {z4.x, z4.y, z4.z, z4.w};
+  for (int64_t base = 0; base < args.padded_vocab; base += Policy::kTile * kU) {
+    float d[kU][4];
+    float pr[kU][4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if (j + k < vocab) {
-          d[k] = ColumnGrad(z[k], static_cast<int32_t>(j + k), g, p, kc);
-          if (prow != nullptr) pr[k] = expf(z[k] - g.lse);
+    for (int u = 0; u < kU; ++u) {
+      const int64_t j = base + u * Policy::kTile + threadIdx.x * Policy::kVec;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) d[u][k] = pr[u][k] = 0.0f;
+      if (j < args.padded_vocab && j < vocab) {
+        float4 z4 = LoadZ(logits, bias, j, p, kc);
+        const float z[4] = {z4.x, z4.y, z4.z, z4.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (j + k < vocab) {
+            d[u][k] = ColumnGrad(z[k], static_cast<int32_t>(j + k), g, p, kc);
+            if (prow != nullptr) pr[u][k] = __expf(z[k] - g.lse);
+          }
         }
       }
     }
-    // Every thread has read this tile's fp32 bytes before anyone writes the
-    // narrow dlogits that overlap them.
+    // Every thread has read this tile group's fp32 bytes before anyone
+    // writes the narrow dlogits that overlap them.
     if (narrowing_in_place) __syncthreads();
-    if (mine) {
-      Vec4Store<T>::Store(drow + j, d[0], d[1], d[2], d[3]);
-      if (prow != nullptr) {
-        *reinterpret_cast<float4*>(prow + j) = make_float4(pr[0], pr[1], pr[2], pr[3]);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t j = base + u * Policy::kTile + threadIdx.x * Policy::kVec;
+      if (j < args.padded_vocab) {
+        Vec4Store<T>::Store(drow + j, d[u][0], d[u][1], d[u][2], d[u][3]);
+        if (prow != nullptr) {
+          *reinterpret_cast<float4*>(prow + j) = make_float4(pr[u][0], pr[u][1], pr[u][2], pr[u][3]);
+        }
       }
     }
   }

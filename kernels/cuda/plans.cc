@@ -18,6 +18,8 @@
 namespace flce::cuda {
 namespace {
 
+constexpr bool kClusterRowsByDefault = false;
+
 int64_t AlignDown(int64_t v, int64_t a) { return v / a * a; }
 int64_t AlignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
@@ -148,11 +150,13 @@ absl::Status Backward(const Exec& exec, const HeadView& head, const DeviceReques
   return absl::OkStatus();
 }
 
-// FLCE_CUDA_ROW_KERNEL=two_pass selects the two-pass row kernel (benchmarks
-// compare both; tests flip it).
+// FLCE_CUDA_ROW_KERNEL=cluster | two_pass picks the chunked plan's row
+// kernel (benchmarks compare both; tests flip it). The default is the one
+// measured faster on the H200 (docs/perf/cuda.md).
 bool UseClusterRows() {
   const char* env = std::getenv("FLCE_CUDA_ROW_KERNEL");
-  return env == nullptr || std::string(env) != "two_pass";
+  if (env == nullptr || *env == '\0') return kClusterRowsByDefault;
+  return std::string(env) == "cluster";
 }
 
 bool WantsBackward(const DeviceRequest& r) {
