@@ -178,6 +178,9 @@ absl::Status ComputeJob::Complete() {
   FLCE_RETURN_IF_ERROR(rows_->CheckComplete());
   FLCE_ASSIGN_OR_RETURN(ComputeResult result, call_->Finish());
   call_.reset();
+  // A client that left before the end gets nothing committed (a cancel that
+  // lands after this point is covered by idempotent retries).
+  FLCE_RETURN_IF_ERROR(channel_->CheckAlive());
   if (slot_held_) {
     // CompleteContribution releases the slot whatever it returns.
     slot_held_ = false;

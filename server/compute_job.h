@@ -35,6 +35,8 @@ class ComputeChannel {
   // Blocks while the queued responses exceed the output bound, so that a
   // client that does not read cannot make the server buffer a whole request.
   virtual absl::Status WaitForRoom() = 0;
+  // CANCELLED or DEADLINE_EXCEEDED once the call is gone, else OK.
+  virtual absl::Status CheckAlive() = 0;
 };
 
 class ComputeJob {

@@ -131,6 +131,11 @@ class ComputeStream : public ComputeChannel,
     if (first != nullptr) reactor_->StartWrite(first);
   }
 
+  absl::Status CheckAlive() override {
+    absl::MutexLock lock(&mu_);
+    return cancelled_ ? GoneStatus() : absl::OkStatus();
+  }
+
   absl::Status WaitForRoom() override {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
@@ -200,7 +205,10 @@ class ComputeStream : public ComputeChannel,
       finish_status_ = status;
       if (!status.ok()) {
         // Only the message already on the wire stays.
-        while (out_.size() > (writing_ ? 1u : 0u)) out_.pop_back();
+        while (out_.size() > (writing_ ? 1u : 0u)) {
+          out_bytes_ -= static_cast<int64_t>(out_.back()->ByteSizeLong());
+          out_.pop_back();
+        }
       }
       finish = ReserveFinishLocked();
     }

@@ -245,8 +245,7 @@ TEST_F(BadInputTest, RepeatOfACallInFlightIsAborted) {
   options.pause_after_chunks = 1;
   ComputeOutcome repeat;
   options.on_pause = [&] {
-    // Let the first call's header reach the server before the repeat.
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ASSERT_TRUE(WaitForPending(stub(), "s", 1));  // the first call holds the id
     repeat = ComputeMessages(stub(), Messages(MakeHeader(problem_, "h", "s", "twice")));
   };
   ComputeOutcome first = Compute(stub(), MakeHeader(problem_, "h", "s", "twice"), problem_, options);

@@ -193,6 +193,9 @@ TEST(BinaryTest, SigtermDrainsTheCallInFlightAndExitsZero) {
   options.rows_per_chunk = 16;
   options.pause_after_chunks = 2;
   options.on_pause = [&] {
+    // Signal only once the server holds the call (its session slot is taken):
+    // a call still in the client's buffers would be refused, not drained.
+    ASSERT_TRUE(WaitForPending(*stub, "s", 1)) << server.log();
     kill(server.pid(), SIGTERM);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   };

@@ -387,7 +387,10 @@ TEST_F(ComputeTest, HeadReplacedWhileCallInFlightFinishesOnOldHead) {
   options.pause_after_chunks = 2;
   grpc::Status replaced;
   v1::HeadInfo replaced_info;
-  options.on_pause = [&] { replaced = UploadHead(stub(), "h", new_head, 2, &replaced_info); };
+  options.on_pause = [&] {
+    ASSERT_TRUE(WaitForPending(stub(), "s", 1));  // the call took its head snapshot
+    replaced = UploadHead(stub(), "h", new_head, 2, &replaced_info);
+  };
   ComputeOutcome out = Compute(stub(), MakeHeader(old_head, "h", "s", "r1"), old_head, options);
   ASSERT_TRUE(replaced.ok()) << replaced.error_message();
   EXPECT_EQ(replaced_info.version(), 2u);

@@ -263,6 +263,20 @@ grpc::Status Commit(v1::Flce::Stub& stub, const std::string& head_id,
   return stub.Commit(&context, request, response != nullptr ? response : &local);
 }
 
+bool WaitForPending(v1::Flce::Stub& stub, const std::string& session_id, int64_t pending) {
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext context;
+    v1::ListSessionsResponse sessions;
+    if (stub.ListSessions(&context, v1::ListSessionsRequest(), &sessions).ok()) {
+      for (const auto& s : sessions.sessions()) {
+        if (s.session_id() == session_id && s.pending() == pending) return true;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 std::vector<double> Doubles(const std::vector<float>& values) {
   return std::vector<double>(values.begin(), values.end());
 }

@@ -108,6 +108,10 @@ grpc::Status Commit(v1::Flce::Stub& stub, const std::string& head_id,
                     const std::string& session_id, const std::string& request_id, float scale,
                     bool discard, v1::CommitResponse* response = nullptr);
 
+// Waits (up to 5 s) until the session shows `pending` staged contributions:
+// proof that the server holds a call, not just the client's buffers.
+bool WaitForPending(v1::Flce::Stub& stub, const std::string& session_id, int64_t pending);
+
 std::vector<double> Doubles(const std::vector<float>& values);
 std::vector<double> Scaled(const std::vector<double>& values, double scale);
 
