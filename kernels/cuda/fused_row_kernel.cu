@@ -1,5 +1,7 @@
 #include "kernels/cuda/fused_row_kernel.cuh"
 
+#include <cstdlib>
+
 #include "kernels/cuda/policy.h"
 #include "kernels/cuda/row_math.cuh"
 
@@ -62,7 +64,9 @@ __global__ void __launch_bounds__(Policy::kThreads)
     FusedRowKernel(FusedRowArgs args) {
   __shared__ RowState scratch[Policy::kThreads / 32];
   __shared__ RowGrad row_grad;
-  const int64_t row = blockIdx.x;
+  // A capped grid walks the rows: fewer rows in flight keep a row's second
+  // read in L2.
+  for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
   const float* logits = args.logits + row * args.ld_logits;
   const T* bias = static_cast<const T*>(args.bias);
   const LossParams p = args.params;
@@ -98,7 +102,7 @@ __global__ void __launch_bounds__(Policy::kThreads)
     row_grad = FinishRow(st, y, a, e, p, args.out, row);
   }
   __syncthreads();
-  if (args.dlogits == nullptr) return;
+  if (args.dlogits == nullptr) continue;
   const RowGrad g = row_grad;
 
   // Pass 2: dlogits, tile by tile.
@@ -140,12 +144,25 @@ __global__ void __launch_bounds__(Policy::kThreads)
       }
     }
   }
+  }  // rows
+}
+
+// Blocks in flight: FLCE_CUDA_ROW_GRID overrides (benchmarks sweep it);
+// otherwise RowKernelPolicy's choice. 0 = one block per row.
+int64_t RowGridCap(int64_t padded_vocab) {
+  if (const char* env = std::getenv("FLCE_CUDA_ROW_GRID"); env != nullptr && *env != '\0') {
+    return std::atoll(env);
+  }
+  return RowKernelPolicy::GridCap(padded_vocab);
 }
 
 template <typename T>
 absl::Status Launch(const FusedRowArgs& args, cudaStream_t stream, DeviceHealth* health) {
   if (args.rows <= 0) return absl::OkStatus();
-  FusedRowKernel<T><<<static_cast<unsigned>(args.rows), Policy::kThreads, 0, stream>>>(args);
+  int64_t grid = args.rows;
+  const int64_t cap = RowGridCap(args.padded_vocab);
+  if (cap > 0 && grid > cap) grid = cap;
+  FusedRowKernel<T><<<static_cast<unsigned>(grid), Policy::kThreads, 0, stream>>>(args);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }

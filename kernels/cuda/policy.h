@@ -33,6 +33,11 @@ struct RowKernelPolicy {
   static constexpr int kVec = 4;
   static constexpr int kTile = kThreads * kVec;
   static constexpr int kUnroll = 4;
+  // Blocks in flight for a row of padded_vocab fp32 logits; 0 = one block per
+  // row. (Chosen from the stage sweep in docs/perf/cuda.md.)
+  static constexpr int64_t GridCap(int64_t padded_vocab) {
+    return padded_vocab > 0 ? 0 : 0;
+  }
 };
 static_assert(RowKernelPolicy::kUnroll >= 1 && RowKernelPolicy::kUnroll <= 8, "sane unroll");
 static_assert(RowKernelPolicy::kThreads % 32 == 0, "whole warps");
