@@ -62,9 +62,10 @@ struct Flags {
   std::vector<int> shapes = {0, 1, 2};
   // chunked_cluster / chunked_two_pass: the chunked plan with one row
   // kernel forced (FLCE_CUDA_ROW_KERNEL), to compare them.
+  // chunked_overlap: FLCE_CUDA_OVERLAP=1 (row kernel beside the GEMMs).
   std::vector<std::string> strategies = {"chunked",     "chunked_cluster", "chunked_two_pass",
-                                         "vocab_split", "fuse_mn",         "separate",
-                                         "naive",       "auto"};
+                                         "chunked_overlap", "vocab_split", "fuse_mn",
+                                         "separate",    "naive",           "auto"};
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -381,7 +382,9 @@ int Main(int argc, char** argv) {
       const char* row_kernel = name == "chunked_two_pass" ? "two_pass"
                                : name == "chunked_cluster" ? "cluster"
                                                            : nullptr;
-      const Strategy strategy = row_kernel != nullptr ? Strategy::kChunked : ParseStrategy(name);
+      const Strategy strategy = row_kernel != nullptr || name == "chunked_overlap"
+                                    ? Strategy::kChunked
+                                    : ParseStrategy(name);
       nlohmann::json rec = {{"strategy", name},     {"BT", sh.bt},   {"H", sh.h},
                             {"V", sh.v},            {"dtype", "bf16"}, {"gemm_bound_ms", bound_ms},
                             {"gpu", gpu},           {"date", date},  {"commit", flags.commit},
@@ -422,11 +425,13 @@ int Main(int argc, char** argv) {
       }
       absl::Status run_status;
       if (row_kernel != nullptr) setenv("FLCE_CUDA_ROW_KERNEL", row_kernel, 1);
+      if (name == "chunked_overlap") setenv("FLCE_CUDA_OVERLAP", "1", 1);
       double ms = TimeMedian(stream, warmup, runs, [&]() {
         run_status = runner->RunOnDevice(*head, *plan, r);
         return run_status.ok();
       });
       unsetenv("FLCE_CUDA_ROW_KERNEL");
+      unsetenv("FLCE_CUDA_OVERLAP");
       if (ms < 0) {
         rec["error"] = run_status.ToString();
         std::printf("  %-12s failed: %s\n", name.c_str(), run_status.ToString().c_str());

@@ -23,6 +23,10 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineConfi
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->compute_, cudaStreamNonBlocking), health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->upload_, cudaStreamNonBlocking), health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->download_, cudaStreamNonBlocking), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->side_, cudaStreamNonBlocking), health);
+  for (cudaEvent_t& ev : e->events_) {
+    FLCE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), health);
+  }
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&e->cublas_), health);
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(e->cublas_, e->compute_), health);
   return e;
@@ -34,8 +38,11 @@ CudaEngine::~CudaEngine() {
   // there is nothing to wait for.
   if (healthy()) cudaStreamSynchronize(compute_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
-  for (cudaStream_t s : {compute_, upload_, download_}) {
+  for (cudaStream_t s : {compute_, upload_, download_, side_}) {
     if (s != nullptr) cudaStreamDestroy(s);
+  }
+  for (cudaEvent_t ev : events_) {
+    if (ev != nullptr) cudaEventDestroy(ev);
   }
 }
 
@@ -80,6 +87,8 @@ Exec CudaEngine::exec() const {
   e.cublas = cublas_;
   e.stream = compute_;
   e.health = ctx_->health();
+  e.side = side_;
+  for (int i = 0; i < 4; ++i) e.events[i] = events_[i];
   return e;
 }
 

@@ -79,6 +79,8 @@ class CudaEngine : public Engine {
   cudaStream_t compute_ = nullptr;
   cudaStream_t upload_ = nullptr;
   cudaStream_t download_ = nullptr;
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};
   std::mutex submit_mu_;
   std::mutex pool_mu_;
   std::vector<std::unique_ptr<SlotMemory>> free_slots_;

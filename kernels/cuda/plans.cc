@@ -159,6 +159,11 @@ bool UseClusterRows() {
   return std::string(env) == "cluster";
 }
 
+bool UseOverlap() {
+  const char* env = std::getenv("FLCE_CUDA_OVERLAP");
+  return env != nullptr && std::string(env) == "1";
+}
+
 bool WantsBackward(const DeviceRequest& r) {
   return r.grad_input != nullptr || r.grad_weight != nullptr || r.grad_bias != nullptr;
 }
@@ -380,15 +385,86 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
   return absl::InvalidArgumentError("unknown strategy");
 }
 
+// The chunked plan's row kernel: single-pass cluster when selected and the
+// row fits a cluster, else the two-pass kernel.
+absl::Status LaunchRows(const Exec& exec, const HeadView& head, const FusedRowArgs& args,
+                        cudaStream_t stream) {
+  absl::Status st = absl::FailedPreconditionError("cluster kernel not selected");
+  if (UseClusterRows()) st = LaunchClusterRows(head.dtype, args, stream, exec.health);
+  if (absl::IsFailedPrecondition(st)) st = LaunchFusedRows(head.dtype, args, stream, exec.health);
+  return st;
+}
+
+// Two half-chunks: the row kernel of one half runs on the side stream beside
+// the logits GEMM / grad_input GEMM of the other; grad_W and grad_b take the
+// whole chunk at the end (one pass over the fp32 accumulator).
+//   compute: L(A) ->e0 L(B) ->e1 [e2] GI(A) [e3] GI(B) GW GB
+//   side:    [e0] R(A) ->e2 [e1] R(B) ->e3
+absl::Status RunChunkOverlapped(const Exec& exec, const HeadView& head, const DeviceRequest& r,
+                                const Scratch& s, const void* x, const FusedRowArgs& args,
+                                int64_t ld_d) {
+  const Gemm gemm = MakeGemm(exec, head);
+  const int64_t half = AlignDown(r.rows / 2, ChunkPolicy::kTokenAlign);
+  const int64_t rows[2] = {half, r.rows - half};
+  const int64_t first[2] = {0, half};
+  const int64_t xes = DTypeSize(head.dtype);
+  for (int h = 0; h < 2; ++h) {
+    FLCE_RETURN_IF_ERROR(gemm.Logits(static_cast<const char*>(x) + first[h] * head.hidden * xes,
+                                     head.weight, rows[h], head.padded_vocab, head.hidden,
+                                     s.logits + first[h] * head.padded_vocab, head.padded_vocab));
+    FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(exec.events[h], exec.stream), exec.health);
+  }
+  for (int h = 0; h < 2; ++h) {
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(exec.side, exec.events[h], 0), exec.health);
+    FusedRowArgs a = args;
+    a.rows = rows[h];
+    a.logits = args.logits + first[h] * head.padded_vocab;
+    a.dlogits = const_cast<float*>(a.logits);
+    a.in.target += first[h];
+    a.in.token_weight += first[h];
+    a.in.entropy_weight += first[h];
+    auto shift = [&](auto* p) { return p == nullptr ? p : p + first[h]; };
+    a.out.loss = shift(a.out.loss);
+    a.out.z_loss = shift(a.out.z_loss);
+    a.out.logprob = shift(a.out.logprob);
+    a.out.entropy = shift(a.out.entropy);
+    a.out.argmax = shift(a.out.argmax);
+    FLCE_RETURN_IF_ERROR(LaunchRows(exec, head, a, exec.side));
+    FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(exec.events[2 + h], exec.side), exec.health);
+  }
+  const bool direct = r.hidden_dtype == head.dtype;
+  const int64_t hs = DTypeSize(r.hidden_dtype);
+  for (int h = 0; h < 2; ++h) {
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(exec.stream, exec.events[2 + h], 0), exec.health);
+    if (r.grad_input == nullptr) continue;
+    const void* d = s.logits + first[h] * head.padded_vocab;
+    void* out = direct ? static_cast<void*>(static_cast<char*>(r.grad_input) + first[h] * head.hidden * hs)
+                       : static_cast<void*>(s.gi32 + first[h] * head.hidden);
+    FLCE_RETURN_IF_ERROR(gemm.GradInput(d, ld_d, head.weight, rows[h], head.padded_vocab,
+                                        head.hidden, out, direct ? head.dtype : DType::kF32, 0.0f));
+  }
+  if (r.grad_input != nullptr && !direct) {
+    FLCE_RETURN_IF_ERROR(LaunchConvert(DType::kF32, s.gi32, r.hidden_dtype, r.grad_input,
+                                       r.rows * head.hidden, exec.stream, exec.health));
+  }
+  DeviceRequest rest = r;
+  rest.grad_input = nullptr;  // done above
+  return Backward(exec, head, rest, s, x, s.logits, ld_d);
+}
+
 absl::Status RunChunk(const Exec& exec, const HeadView& head, const Plan& plan,
                       const DeviceRequest& r, char* scratch) {
   if (r.rows > plan.chunk_tokens) return absl::InternalError("chunk larger than the plan's");
   const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, false);
   const Scratch s = Carve(scratch, plan.chunk_tokens, head.padded_vocab, tb, head, false, false);
   FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s));
-  FLCE_RETURN_IF_ERROR(MakeGemm(exec, head).Logits(x, head.weight, r.rows, head.padded_vocab,
-                                                   head.hidden, s.logits, head.padded_vocab));
   const bool backward = WantsBackward(r);
+  const bool overlap =
+      backward && UseOverlap() && exec.side != nullptr && r.rows >= 2 * ChunkPolicy::kTokenAlign;
+  if (!overlap) {
+    FLCE_RETURN_IF_ERROR(MakeGemm(exec, head).Logits(x, head.weight, r.rows, head.padded_vocab,
+                                                     head.hidden, s.logits, head.padded_vocab));
+  }
   FusedRowArgs args;
   args.logits = s.logits;
   args.ld_logits = head.padded_vocab;
@@ -400,16 +476,13 @@ absl::Status RunChunk(const Exec& exec, const HeadView& head, const Plan& plan,
   args.in = r.in;
   args.out = r.out;
   args.params = r.params;
-  // One device read per logit when the row fits a cluster's shared memory;
-  // otherwise the two-pass kernel (a second read, mostly from L2).
-  absl::Status rows_st = absl::FailedPreconditionError("cluster kernel disabled");
-  if (UseClusterRows()) rows_st = LaunchClusterRows(head.dtype, args, exec.stream, exec.health);
-  if (absl::IsFailedPrecondition(rows_st)) {
-    rows_st = LaunchFusedRows(head.dtype, args, exec.stream, exec.health);
+  const int64_t ld_d = head.padded_vocab * 4 / DTypeSize(head.dtype);
+  if (backward && UseOverlap() && exec.side != nullptr && r.rows >= 2 * ChunkPolicy::kTokenAlign) {
+    return RunChunkOverlapped(exec, head, r, s, x, args, ld_d);
   }
-  FLCE_RETURN_IF_ERROR(rows_st);
+  FLCE_RETURN_IF_ERROR(LaunchRows(exec, head, args, exec.stream));
   if (!backward) return absl::OkStatus();
-  return Backward(exec, head, r, s, x, s.logits, head.padded_vocab * 4 / DTypeSize(head.dtype));
+  return Backward(exec, head, r, s, x, s.logits, ld_d);
 }
 
 absl::Status RunPlan(const Exec& exec, const HeadView& head, const Plan& plan,

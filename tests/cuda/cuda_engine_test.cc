@@ -145,6 +145,44 @@ TEST(CudaEngineTest, ClusterAndTwoPassRowKernelsAgree) {
                           ToDoubles(runs[1].result.per_token_loss)), 1e-5);
 }
 
+// FLCE_CUDA_OVERLAP=1 runs each chunk as two halves on two streams; the
+// results must be the same function (and bitwise repeatable).
+TEST(CudaEngineTest, OverlappedChunksMatchReference) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  ProblemSpec ps;
+  ps.vocab_size = 20011;
+  ps.hidden_size = 64;
+  ps.num_tokens = 700;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kF32;  // the fp32 grad_input path of both halves
+  ps.has_bias = true;
+  Problem problem = MakeProblem(ps);
+  ComputeSpec spec = FullSpec(Strategy::kChunked);
+  spec.chunk_tokens = 320;
+  spec.deterministic = true;
+  spec.options.z_loss_scale = 1e-3f;
+  ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, spec));
+  setenv("FLCE_CUDA_OVERLAP", "1", 1);
+  HarnessOptions options;
+  options.seed = FreshSeed();
+  options.rows_per_block = 100;
+  auto a = RunProblem(**engine, problem, spec, options);
+  auto b = RunProblem(**engine, problem, spec, options);
+  unsetenv("FLCE_CUDA_OVERLAP");
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  const Errors e = Compare(*a, ref);
+  std::printf("  [overlapped halves] loss %.2e per-token %.2e grad_input %.2e grad_W %.2e grad_b %.2e\n",
+              e.loss, e.per_token, e.grad_input, e.grad_w, e.grad_b);
+  EXPECT_LE(e.loss, 1e-4);
+  EXPECT_LE(e.per_token, 1e-4);
+  EXPECT_LE(e.grad_input, 5e-3);
+  EXPECT_LE(e.grad_w, 5e-3);
+  EXPECT_LE(e.grad_b, 5e-3);
+  EXPECT_TRUE(a->grad_input == b->grad_input);
+  EXPECT_TRUE(a->grad_weight == b->grad_weight);
+}
+
 // Peaked rows (W x 10, targets at the argmax, p_y near 1) with every option:
 // where fp32 logits and the expm1 form of p_y - 1 matter.
 TEST(CudaEngineTest, PeakedRowsWithEveryOption) {
