@@ -2,7 +2,19 @@
 
 #include <cblas.h>
 
+#include <chrono>
+
 namespace flce::cpu {
+namespace {
+
+// Adds the time since `since` to `total` and restarts the clock.
+void Lap(std::chrono::steady_clock::time_point& since, double& total) {
+  const auto now = std::chrono::steady_clock::now();
+  total += std::chrono::duration<double, std::milli>(now - since).count();
+  since = now;
+}
+
+}  // namespace
 
 void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
               const ChunkArgs& args) {
@@ -13,9 +25,13 @@ void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
   ctx.Reserve(M, V, H);
   float* logits = ctx.logits.data();
   const float* W = head.weight();
+  PhaseTimes& times = ctx.phase_times;
+  ++times.chunks;
+  auto clock = std::chrono::steady_clock::now();
 
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, V, H, 1.0f, args.hidden, H, W, H,
               0.0f, logits, V);
+  Lap(clock, times.logits_gemm);
 
   const bool want_dr = args.want_grad_input || args.grad != nullptr;
   RowPassParams params;
@@ -30,15 +46,18 @@ void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
                                  args.token_weights[i], args.entropy_weights[i], want_dr);
     }
   });
+  Lap(clock, times.row_pass);
   if (!want_dr) return;
 
   if (args.want_grad_input) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, H, V, 1.0f, logits, V, W, H, 0.0f,
                 ctx.grad_input.data(), H);
+    Lap(clock, times.grad_input_gemm);
   }
   if (args.grad != nullptr) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, H, M, 1.0f, logits, V, args.hidden,
                 H, 1.0f, args.grad->weight(), H);
+    Lap(clock, times.grad_weight_gemm);
     if (float* grad_bias = args.grad->bias(); grad_bias != nullptr) {
       // Each block of columns adds its rows in token order, whoever runs it.
       ctx.pool.ParallelFor(V, 2048, [&](int, int64_t begin, int64_t end) {
@@ -47,6 +66,7 @@ void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
           for (int64_t j = begin; j < end; ++j) grad_bias[j] += row[j];
         }
       });
+      Lap(clock, times.grad_bias);
     }
   }
 }

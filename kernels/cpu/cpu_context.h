@@ -21,6 +21,17 @@ namespace flce::cpu {
 // at most for real vocabularies.
 inline constexpr int64_t kDefaultChunkTokens = 1024;
 
+// Where chunk time went since the engine started (milliseconds), for the
+// benchmark's breakdown; updated with mu held.
+struct PhaseTimes {
+  double logits_gemm = 0.0;
+  double row_pass = 0.0;
+  double grad_input_gemm = 0.0;
+  double grad_weight_gemm = 0.0;
+  double grad_bias = 0.0;
+  int64_t chunks = 0;
+};
+
 struct CpuContext {
   explicit CpuContext(int threads_in, int64_t budget_bytes)
       : threads(threads_in), budget(budget_bytes), pool(threads_in) {}
@@ -46,6 +57,7 @@ struct CpuContext {
   std::vector<float> logits;      // chunk x V: logits, then dr in place
   std::vector<float> grad_input;  // chunk x H
   std::vector<float> scratch;     // threads x V: exp(z - max) per row
+  PhaseTimes phase_times;
 
  private:
   void UpdatePeak();

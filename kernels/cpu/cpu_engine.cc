@@ -34,6 +34,11 @@ EngineInfo CpuEngine::info() const {
   return info;
 }
 
+PhaseTimes CpuEngine::phase_times() const {
+  std::lock_guard<std::mutex> lock(ctx_->mu);
+  return ctx_->phase_times;
+}
+
 absl::StatusOr<std::unique_ptr<HeadBuilder>> CpuEngine::BeginHead(const HeadSpec& spec) {
   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<CpuHeadBuilder> builder, CpuHeadBuilder::Create(spec));
   return std::unique_ptr<HeadBuilder>(std::move(builder));

@@ -31,6 +31,8 @@ class CpuEngine : public Engine {
                                                             ComputeSpec spec,
                                                             GradInputSink sink) override;
   bool healthy() const override { return true; }
+  // Time per phase of every chunk so far (waits for a running chunk).
+  PhaseTimes phase_times() const;
 
  private:
   std::shared_ptr<CpuContext> ctx_;
