@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <iostream>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
@@ -33,6 +35,20 @@ namespace {
 using ::flce::test::MakeProblem;
 using ::testing::HasSubstr;
 
+// The binary and plugin this tree built, unless the environment names others
+// (a copy of the build run on another machine).
+std::string ServerBinary() {
+  const char* env = std::getenv("FLCE_SERVER_BINARY");
+  return env != nullptr && *env != '\0' ? env : FLCE_SERVER_BINARY;
+}
+
+#ifdef FLCE_TEST_CUDA_PLUGIN
+std::string CudaPlugin() {
+  const char* env = std::getenv("FLCE_TEST_CUDA_PLUGIN");
+  return env != nullptr && *env != '\0' ? env : FLCE_TEST_CUDA_PLUGIN;
+}
+#endif
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
@@ -45,7 +61,7 @@ class ServerProcess {
  public:
   ServerProcess(std::vector<std::string> args, std::vector<std::string> extra_env) {
     log_ = absl::StrCat(::testing::TempDir(), "/flce-server-", getpid(), "-", ++counter_, ".log");
-    args.insert(args.begin(), FLCE_SERVER_BINARY);
+    args.insert(args.begin(), ServerBinary());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -212,7 +228,7 @@ TEST(BinaryTest, MetricsExposerServesBesideTheCudaPlugin) {
   int metrics_port = FreePort();
   std::vector<std::string> env;
 #ifdef FLCE_TEST_CUDA_PLUGIN
-  env.push_back(absl::StrCat("FLCE_CUDA_PLUGIN=", FLCE_TEST_CUDA_PLUGIN));
+  env.push_back(absl::StrCat("FLCE_CUDA_PLUGIN=", CudaPlugin()));
 #endif
   ServerProcess server({"--port=0", absl::StrCat("--metrics-port=", metrics_port),
                         "--device=auto", "--threads=2"},
@@ -232,12 +248,23 @@ TEST(BinaryTest, MetricsExposerServesBesideTheCudaPlugin) {
   grpc::ClientContext context;
   v1::ServerInfo info;
   ASSERT_TRUE(stub->GetServerInfo(&context, v1::ServerInfoRequest(), &info).ok());
+  // A compute on the demo head with whatever engine --device=auto chose (the
+  // CUDA engine on a GPU machine), beside the exposer.
+  Problem problem = DemoSizedProblem();
+  ComputeOutcome out = Compute(*stub, MakeHeader(problem, "demo", "s", "r1"), problem);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message() << "\n" << server.log();
+  EXPECT_EQ(out.grad_rows, problem.spec.num_tokens);
+  EXPECT_TRUE(std::isfinite(out.summary.loss()));
+  EXPECT_GT(out.summary.loss(), 0.0);
+  EXPECT_EQ(out.summary.engine(), info.engine());
+  std::cerr << "engine: " << info.engine() << ", loss " << out.summary.loss() << "\n";
   std::string metrics = HttpGet(metrics_port, "/metrics");
   EXPECT_THAT(metrics, HasSubstr("200 OK"));
   EXPECT_THAT(metrics, HasSubstr("flce_requests_total{"));
   EXPECT_THAT(metrics, HasSubstr("rpc=\"GetServerInfo\""));
   EXPECT_THAT(metrics, HasSubstr("flce_request_duration_seconds_bucket"));
   EXPECT_THAT(metrics, HasSubstr("flce_inflight_requests"));
+  EXPECT_THAT(metrics, HasSubstr("flce_tokens_total{head=\"demo\""));
   kill(server.pid(), SIGTERM);
   EXPECT_EQ(server.WaitExit(std::chrono::seconds(30)), 0) << server.log();
 }
