@@ -212,15 +212,6 @@ nlohmann::json StageBreakdown(CudaEngine& engine, const CudaHead& head, const Pl
   out["row_kernel_two_pass_ms"] = time_with_setup(logits_gemm, [&]() {
     return cuda::LaunchFusedRows(hv.dtype, args, stream, gemm.health).ok();
   });
-  // The two-pass kernel with capped grids (rows in flight).
-  for (int cap : {66, 132, 264, 396, 528}) {
-    setenv("FLCE_CUDA_ROW_GRID", std::to_string(cap).c_str(), 1);
-    out["row_kernel_two_pass_grid" + std::to_string(cap) + "_ms"] =
-        time_with_setup(logits_gemm, [&]() {
-          return cuda::LaunchFusedRows(hv.dtype, args, stream, gemm.health).ok();
-        });
-    unsetenv("FLCE_CUDA_ROW_GRID");
-  }
   out["grad_input_gemm_ms"] = time_with_setup(nullptr, [&]() {
     return gemm.GradInput(logits, ld_d, hv.weight, rows, hv.padded_vocab, hv.hidden,
                           req.grad_input, hv.dtype, 0.0f).ok();

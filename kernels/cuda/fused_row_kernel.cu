@@ -1,7 +1,5 @@
 #include "kernels/cuda/fused_row_kernel.cuh"
 
-#include <cstdlib>
-
 #include "kernels/cuda/policy.h"
 #include "kernels/cuda/row_math.cuh"
 
@@ -64,9 +62,7 @@ __global__ void __launch_bounds__(Policy::kThreads)
     FusedRowKernel(FusedRowArgs args) {
   __shared__ RowState scratch[Policy::kThreads / 32];
   __shared__ RowGrad row_grad;
-  // A capped grid walks the rows: fewer rows in flight keep a row's second
-  // read in L2.
-  for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
+  const int64_t row = blockIdx.x;
   const float* logits = args.logits + row * args.ld_logits;
   const T* bias = static_cast<const T*>(args.bias);
   const LossParams p = args.params;
@@ -76,24 +72,12 @@ __global__ void __launch_bounds__(Policy::kThreads)
 
   // Pass 1: online max / sum-exp over the real columns.
   RowState st = EmptyState();
-  constexpr int kU = Policy::kUnroll;
-  for (int64_t base = threadIdx.x * Policy::kVec; base < vocab; base += Policy::kTile * kU) {
-    float4 z4[kU];
-    // Every load of the group is in flight before the first is used.
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t j = base + u * Policy::kTile;
-      if (j < vocab) z4[u] = LoadZ(logits, bias, j, p, kc);
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t j = base + u * Policy::kTile;
-      if (j < vocab) {
-        const float z[4] = {z4[u].x, z4[u].y, z4[u].z, z4[u].w};
-        const int count = vocab - j < 4 ? static_cast<int>(vocab - j) : 4;
-        PushFour(st, z, static_cast<int32_t>(j), count, y);
-      }
-    }
+  for (int64_t j = threadIdx.x * Policy::kVec; j < vocab; j += Policy::kTile) {
+    float4 z = LoadZ(logits, bias, j, p, kc);
+    PushColumn(st, z.x, static_cast<int32_t>(j), y);
+    if (j + 1 < vocab) PushColumn(st, z.y, static_cast<int32_t>(j + 1), y);
+    if (j + 2 < vocab) PushColumn(st, z.z, static_cast<int32_t>(j + 2), y);
+    if (j + 3 < vocab) PushColumn(st, z.w, static_cast<int32_t>(j + 3), y);
   }
   st = BlockReduceState<Policy::kThreads>(st, scratch);
   if (threadIdx.x == 0) {
@@ -102,7 +86,7 @@ __global__ void __launch_bounds__(Policy::kThreads)
     row_grad = FinishRow(st, y, a, e, p, args.out, row);
   }
   __syncthreads();
-  if (args.dlogits == nullptr) continue;
+  if (args.dlogits == nullptr) return;
   const RowGrad g = row_grad;
 
   // Pass 2: dlogits, tile by tile.
@@ -110,59 +94,38 @@ __global__ void __launch_bounds__(Policy::kThreads)
   float* prow = args.probs != nullptr ? args.probs + row * args.ld_logits : nullptr;
   const bool narrowing_in_place =
       sizeof(T) < sizeof(float) && static_cast<const void*>(drow) == static_cast<const void*>(logits);
-  for (int64_t base = 0; base < args.padded_vocab; base += Policy::kTile * kU) {
-    float d[kU][4];
-    float pr[kU][4];
+  for (int64_t base = 0; base < args.padded_vocab; base += Policy::kTile) {
+    const int64_t j = base + threadIdx.x * Policy::kVec;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float pr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const bool mine = j < args.padded_vocab;
+    if (mine && j < vocab) {
+      float4 z4 = LoadZ(logits, bias, j, p, kc);
+      const float z[4] = {z4.x, z4.y, z4.z, z4.w};
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t j = base + u * Policy::kTile + threadIdx.x * Policy::kVec;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) d[u][k] = pr[u][k] = 0.0f;
-      if (j < args.padded_vocab && j < vocab) {
-        float4 z4 = LoadZ(logits, bias, j, p, kc);
-        const float z[4] = {z4.x, z4.y, z4.z, z4.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if (j + k < vocab) {
-            d[u][k] = ColumnGrad(z[k], static_cast<int32_t>(j + k), g, p, kc);
-            if (prow != nullptr) pr[u][k] = __expf(z[k] - g.lse);
-          }
+      for (int k = 0; k < 4; ++k) {
+        if (j + k < vocab) {
+          d[k] = ColumnGrad(z[k], static_cast<int32_t>(j + k), g, p, kc);
+          if (prow != nullptr) pr[k] = expf(z[k] - g.lse);
         }
       }
     }
-    // Every thread has read this tile group's fp32 bytes before anyone
-    // writes the narrow dlogits that overlap them.
+    // Every thread has read this tile's fp32 bytes before anyone writes the
+    // narrow dlogits that overlap them.
     if (narrowing_in_place) __syncthreads();
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t j = base + u * Policy::kTile + threadIdx.x * Policy::kVec;
-      if (j < args.padded_vocab) {
-        Vec4Store<T>::Store(drow + j, d[u][0], d[u][1], d[u][2], d[u][3]);
-        if (prow != nullptr) {
-          *reinterpret_cast<float4*>(prow + j) = make_float4(pr[u][0], pr[u][1], pr[u][2], pr[u][3]);
-        }
+    if (mine) {
+      Vec4Store<T>::Store(drow + j, d[0], d[1], d[2], d[3]);
+      if (prow != nullptr) {
+        *reinterpret_cast<float4*>(prow + j) = make_float4(pr[0], pr[1], pr[2], pr[3]);
       }
     }
   }
-  }  // rows
-}
-
-// Blocks in flight: FLCE_CUDA_ROW_GRID overrides (benchmarks sweep it);
-// otherwise RowKernelPolicy's choice. 0 = one block per row.
-int64_t RowGridCap(int64_t padded_vocab) {
-  if (const char* env = std::getenv("FLCE_CUDA_ROW_GRID"); env != nullptr && *env != '\0') {
-    return std::atoll(env);
-  }
-  return RowKernelPolicy::GridCap(padded_vocab);
 }
 
 template <typename T>
 absl::Status Launch(const FusedRowArgs& args, cudaStream_t stream, DeviceHealth* health) {
   if (args.rows <= 0) return absl::OkStatus();
-  int64_t grid = args.rows;
-  const int64_t cap = RowGridCap(args.padded_vocab);
-  if (cap > 0 && grid > cap) grid = cap;
-  FusedRowKernel<T><<<static_cast<unsigned>(grid), Policy::kThreads, 0, stream>>>(args);
+  FusedRowKernel<T><<<static_cast<unsigned>(args.rows), Policy::kThreads, 0, stream>>>(args);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }

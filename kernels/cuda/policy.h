@@ -27,19 +27,13 @@ static_assert(ChunkPolicy::kMaxTokens % ChunkPolicy::kTokenAlign == 0, "aligned 
 
 struct RowKernelPolicy {
   // One block per logits row; each thread handles kVec consecutive fp32
-  // columns per 16-byte load, kUnroll loads issued before any is used (one
-  // load in flight per thread left the H200 at ~2.7 TB/s effective).
+  // columns per step (one 16-byte load). Measured 2026-11-29 (H200): four
+  // loads in flight per thread, or a capped grid walking the rows, made this
+  // kernel ~2x slower, not faster (docs/perf/cuda.md, step 5).
   static constexpr int kThreads = 512;
   static constexpr int kVec = 4;
   static constexpr int kTile = kThreads * kVec;
-  static constexpr int kUnroll = 4;
-  // Blocks in flight for a row of padded_vocab fp32 logits; 0 = one block per
-  // row. (Chosen from the stage sweep in docs/perf/cuda.md.)
-  static constexpr int64_t GridCap(int64_t padded_vocab) {
-    return padded_vocab > 0 ? 0 : 0;
-  }
 };
-static_assert(RowKernelPolicy::kUnroll >= 1 && RowKernelPolicy::kUnroll <= 8, "sane unroll");
 static_assert(RowKernelPolicy::kThreads % 32 == 0, "whole warps");
 static_assert(RowKernelPolicy::kVec == 4, "kernels use float4 loads");
 static_assert(VocabPolicy::kAlign % RowKernelPolicy::kVec == 0, "rows start 16-byte aligned");

@@ -94,42 +94,6 @@ __device__ __forceinline__ void PushColumn(RowState& st, float z, int32_t j, int
   }
 }
 
-// Adds up to four consecutive columns j0..j0+count-1 (count in 1..4): one
-// rescale per group instead of one per column.
-__device__ __forceinline__ void PushFour(RowState& st, const float (&z)[4], int32_t j0, int count,
-                                         int32_t y) {
-  float mx = z[0];
-  int arg = 0;
-#pragma unroll
-  for (int k = 1; k < 4; ++k) {
-    if (k < count && z[k] > mx) {
-      mx = z[k];
-      arg = k;
-    }
-  }
-  if (mx > st.m) {
-    const float f = st.s > 0.0f ? __expf(st.m - mx) : 0.0f;
-    st.sez = st.s > 0.0f ? f * (st.sez + (st.m - mx) * st.s) : 0.0f;
-    st.s *= f;
-    st.m = mx;
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    if (k < count) {
-      const float d = z[k] - st.m;
-      const float e = __expf(d);
-      st.s += e;
-      st.sez += e * d;
-      st.sum_z += z[k];
-      if (j0 + k == y) st.zy = z[k];
-    }
-  }
-  if (mx > st.amax_value) {
-    st.amax_value = mx;
-    st.amax_index = j0 + arg;
-  }
-}
-
 __device__ __forceinline__ RowState MergeStates(const RowState& a, const RowState& b) {
   RowState out;
   out.m = fmaxf(a.m, b.m);
