@@ -1,0 +1,93 @@
+// Pieces of the server on their own: the outcome log's bound, hidden-row
+// bookkeeping, --head-root resolution, and the status mapping.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/head_loader.h"
+#include "server/session_store.h"
+#include "server/status_mapping.h"
+#include "server/validation.h"
+
+namespace flce::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(OutcomeLogTest, ForgetsOldestFinishedOutcomesButKeepsStagedOnes) {
+  OutcomeLog log(3);
+  log.Set("staged", Outcome{ContributionState::kStaged, 0.0f});
+  log.Set("a", Outcome{ContributionState::kCommitted, 1.0f});
+  log.Set("b", Outcome{ContributionState::kDiscarded, 0.0f});
+  log.Set("c", Outcome{ContributionState::kCommitted, 2.0f});  // evicts "a", not "staged"
+  EXPECT_NE(log.Find("staged"), nullptr);
+  EXPECT_EQ(log.Find("a"), nullptr);
+  ASSERT_NE(log.Find("c"), nullptr);
+  EXPECT_EQ(log.Find("c")->scale, 2.0f);
+  EXPECT_EQ(log.size(), 3u);
+  // Updating an entry in place does not grow the log.
+  log.Set("staged", Outcome{ContributionState::kCommitted, 0.5f});
+  EXPECT_EQ(log.size(), 3u);
+  log.Set("d", Outcome{ContributionState::kCommitted, 1.0f});  // now "staged" is the oldest
+  EXPECT_EQ(log.Find("staged"), nullptr);
+  EXPECT_NE(log.Find("b"), nullptr);
+  log.Erase("b");
+  EXPECT_EQ(log.Find("b"), nullptr);
+  EXPECT_EQ(log.size(), 2u);
+}
+
+TEST(HiddenRowTrackerTest, AcceptsAnyOrderAndRejectsOverlapsAndGaps) {
+  HiddenRowTracker rows(10);
+  EXPECT_EQ(*rows.Accept(6, 4 * 8, 8), 4);
+  EXPECT_EQ(*rows.Accept(0, 3 * 8, 8), 3);
+  absl::StatusOr<int64_t> overlap = rows.Accept(2, 2 * 8, 8);
+  EXPECT_EQ(overlap.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(overlap.status().message(), HasSubstr("rows [2, 4) overlap rows [0, 3)"));
+  absl::StatusOr<int64_t> overlap_next = rows.Accept(5, 2 * 8, 8);
+  EXPECT_THAT(overlap_next.status().message(), HasSubstr("overlap rows [6, 10)"));
+  EXPECT_THAT(rows.CheckComplete().message(), HasSubstr("first missing row 3"));
+  EXPECT_EQ(*rows.Accept(3, 3 * 8, 8), 3);
+  EXPECT_TRUE(rows.CheckComplete().ok());
+  EXPECT_FALSE(rows.Accept(-1, 8, 8).ok());
+  EXPECT_FALSE(rows.Accept(0, 0, 8).ok());
+}
+
+TEST(ResolveUnderRootTest, AcceptsInsideAndRefusesOutside) {
+  namespace fs = std::filesystem;
+  fs::path base = fs::temp_directory_path() / absl::StrCat("flce-root-", getpid());
+  fs::create_directories(base / "root" / "d");
+  std::ofstream(base / "root" / "d" / "x") << "x";
+  std::ofstream(base / "secret") << "s";
+  std::string root = (base / "root").string();
+  absl::StatusOr<std::string> inside = ResolveUnderRoot(root, "d/../d/x");
+  ASSERT_TRUE(inside.ok()) << inside.status();
+  EXPECT_EQ(*inside, fs::canonical(base / "root" / "d" / "x").string());
+  EXPECT_EQ(ResolveUnderRoot(root, "../secret").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // A sibling whose name starts with the root's is still outside.
+  fs::create_directories(base / "rootx");
+  std::ofstream(base / "rootx" / "y") << "y";
+  EXPECT_EQ(ResolveUnderRoot(root, (base / "rootx" / "y").string()).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ResolveUnderRoot(root, "d/missing").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ResolveUnderRoot("", "d/x").status().code(), absl::StatusCode::kFailedPrecondition);
+  fs::remove_all(base);
+}
+
+TEST(StatusMappingTest, KeepsCodeAndMessage) {
+  grpc::Status s = ToGrpcStatus(absl::ResourceExhaustedError("--max-pending=2"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(s.error_message(), "--max-pending=2");
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  EXPECT_EQ(ToGrpcStatus(absl::PermissionDeniedError("x")).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_STREQ(GrpcCodeName(grpc::StatusCode::INVALID_ARGUMENT), "INVALID_ARGUMENT");
+}
+
+}  // namespace
+}  // namespace flce::server
