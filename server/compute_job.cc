@@ -76,16 +76,15 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   header_ = header;
   FLCE_RETURN_IF_ERROR(ValidateId(header.head_id(), "head_id"));
   FLCE_ASSIGN_OR_RETURN(head_, ctx_.heads->Get(header.head_id()));
-  if (header.has_expected_head_version() &&
-      header.expected_head_version() != head_.version) {
+  if (header.has_expected_head_version() && header.expected_head_version() != head_.version) {
     return absl::FailedPreconditionError(absl::StrCat(
         "head \"", head_.head_id, "\" is at version ", head_.version,
         "; the request expects expected_head_version = ", header.expected_head_version()));
   }
   const HeadSpec& head_spec = head_.head->spec();
   FLCE_ASSIGN_OR_RETURN(
-      spec_, ComputeSpecFromHeader(header, head_spec,
-                                   ComputeLimits{ctx_.config.max_request_tokens}));
+      spec_,
+      ComputeSpecFromHeader(header, head_spec, ComputeLimits{ctx_.config.max_request_tokens}));
   row_bytes_ = head_spec.hidden_size * DTypeSize(spec_.hidden_dtype);
   rows_.emplace(spec_.num_tokens);
   forward_only_ = header.outputs().forward_only();
@@ -125,8 +124,8 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
 
 absl::Status ComputeJob::AddChunk(const v1::HiddenChunk& chunk) {
   FLCE_ASSIGN_OR_RETURN(
-      int64_t rows, rows_->Accept(chunk.token_offset(),
-                                  static_cast<int64_t>(chunk.data().size()), row_bytes_));
+      int64_t rows,
+      rows_->Accept(chunk.token_offset(), static_cast<int64_t>(chunk.data().size()), row_bytes_));
   FLCE_RETURN_IF_ERROR(CheckHiddenFinite(spec_.hidden_dtype, chunk.data().data(), rows,
                                          head_.head->spec().hidden_size, chunk.token_offset()));
   FLCE_RETURN_IF_ERROR(channel_->WaitForRoom());

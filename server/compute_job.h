@@ -67,8 +67,8 @@ class ComputeJob {
   bool forward_only_ = false;
   bool deferred_ = false;
   std::shared_ptr<Session> session_;
-  bool slot_held_ = false;     // BeginContribution took a pending slot
-  BeginResult begin_;          // replay or not
+  bool slot_held_ = false;  // BeginContribution took a pending slot
+  BeginResult begin_;       // replay or not
   std::unique_ptr<GradBuffer> staging_;
   std::unique_ptr<ComputeCall> call_;
   std::optional<HiddenRowTracker> rows_;

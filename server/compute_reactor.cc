@@ -22,8 +22,7 @@ constexpr size_t kMaxQueuedRequests = 2;
 
 // Shared by the reactor (gRPC's threads), the worker thread and the engine's
 // sink. Outlives the reactor: the worker holds it until it is done.
-class ComputeStream : public ComputeChannel,
-                      public std::enable_shared_from_this<ComputeStream> {
+class ComputeStream : public ComputeChannel, public std::enable_shared_from_this<ComputeStream> {
  public:
   ComputeStream(const ServiceContext& ctx, grpc::CallbackServerContext* call,
                 ComputeReactor* reactor)

@@ -13,8 +13,7 @@ namespace {
 constexpr int64_t kMessageOverhead = 4096;
 }  // namespace
 
-FetchGradReactor::FetchGradReactor(const ServiceContext& ctx,
-                                   const v1::FetchGradRequest* request)
+FetchGradReactor::FetchGradReactor(const ServiceContext& ctx, const v1::FetchGradRequest* request)
     : ctx_(ctx), request_(*request), scope_(ctx.metrics, "FetchGrad") {
   ctx_.pool->Schedule([this] { Step(/*first=*/true); });
 }
@@ -67,11 +66,15 @@ absl::Status FetchGradReactor::Prepare() {
   FLCE_RETURN_IF_ERROR(ValidateId(request_.session_id(), "session_id"));
   switch (request_.dtype()) {
     case v1::DTYPE_UNSPECIFIED:
-    case v1::DTYPE_FP32: dtype_ = DType::kF32; break;
-    case v1::DTYPE_BF16: dtype_ = DType::kBF16; break;
+    case v1::DTYPE_FP32:
+      dtype_ = DType::kF32;
+      break;
+    case v1::DTYPE_BF16:
+      dtype_ = DType::kBF16;
+      break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dtype = ", v1::DType_Name(request_.dtype()), " is not DTYPE_FP32 or DTYPE_BF16"));
+      return absl::InvalidArgumentError(absl::StrCat("dtype = ", v1::DType_Name(request_.dtype()),
+                                                     " is not DTYPE_FP32 or DTYPE_BF16"));
   }
   if (request_.chunk_rows() < 0) {
     return absl::InvalidArgumentError(
@@ -86,10 +89,11 @@ absl::Status FetchGradReactor::Prepare() {
                                                 request_.reset(), request_.request_id()));
   const GradBuffer& grad = *snapshot_.grad;
   int64_t row_bytes = grad.hidden_size() * DTypeSize(dtype_);
-  int64_t fit = std::max<int64_t>(1, (ctx_.config.max_message_bytes - kMessageOverhead) / row_bytes);
+  int64_t fit =
+      std::max<int64_t>(1, (ctx_.config.max_message_bytes - kMessageOverhead) / row_bytes);
   chunk_rows_ = request_.chunk_rows() > 0 ? std::min(request_.chunk_rows(), fit) : fit;
-  bias_chunk_ = std::max<int64_t>(
-      1, (ctx_.config.max_message_bytes - kMessageOverhead) / DTypeSize(dtype_));
+  bias_chunk_ =
+      std::max<int64_t>(1, (ctx_.config.max_message_bytes - kMessageOverhead) / DTypeSize(dtype_));
   v1::GradHeader* header = response_.mutable_header();
   header->set_vocab_size(grad.vocab_size());
   header->set_hidden_size(grad.hidden_size());

@@ -80,10 +80,10 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   heads_.SetShapeGuard([sessions = sessions_.get()](const std::string& head_id) {
     std::vector<std::string> ids = sessions->SessionIds(head_id);
     if (ids.empty()) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "head \"", head_id, "\" has sessions holding gradients of its current shape (",
-        absl::StrJoin(ids, ", "),
-        "): delete them (DeleteSession) or upload under another head_id"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("head \"", head_id, "\" has sessions holding gradients of its current shape (",
+                     absl::StrJoin(ids, ", "),
+                     "): delete them (DeleteSession) or upload under another head_id"));
   });
   FLCE_ASSIGN_OR_RETURN(metrics_, Metrics::Create(config.metrics_port));
   pool_ = std::make_unique<ThreadPool>(config.rpc_threads);
@@ -112,11 +112,9 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config.address));
   }
   server_->GetHealthCheckService()->SetServingStatus(true);
-  LogInfo(absl::StrCat("serving flce.v1.Flce on port ", port_, ", instance ",
-                       ctx_.instance_id,
-                       metrics_->port() != 0
-                           ? absl::StrCat(", /metrics on port ", metrics_->port())
-                           : std::string(", metrics not served")));
+  LogInfo(absl::StrCat("serving flce.v1.Flce on port ", port_, ", instance ", ctx_.instance_id,
+                       metrics_->port() != 0 ? absl::StrCat(", /metrics on port ", metrics_->port())
+                                             : std::string(", metrics not served")));
   housekeeping_ = std::thread([this] { Housekeeping(); });
   return absl::OkStatus();
 }
@@ -126,8 +124,7 @@ absl::Status FlceServer::PreloadHead() {
   std::shared_ptr<const Head> head;
   std::string source;
   if (!config.head_file.empty()) {
-    FLCE_ASSIGN_OR_RETURN(head, LoadSafetensorsHead(*engine_, config.head_file,
-                                                    config.head_tensor,
+    FLCE_ASSIGN_OR_RETURN(head, LoadSafetensorsHead(*engine_, config.head_file, config.head_tensor,
                                                     config.head_bias_tensor, std::nullopt));
     source = absl::StrCat("file:", config.head_file);
   } else if (config.embedded_demo_head) {

@@ -47,9 +47,9 @@ grpc::ServerReadReactor<v1::UploadHeadRequest>* FlceService::UploadHead(
   return new UploadHeadReactor(ctx_, call, response);
 }
 
-grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(
-    grpc::CallbackServerContext* call, const v1::LoadHeadFromFileRequest* request,
-    v1::HeadInfo* response) {
+grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(grpc::CallbackServerContext* call,
+                                                        const v1::LoadHeadFromFileRequest* request,
+                                                        v1::HeadInfo* response) {
   return RunUnary(ctx_, call, "LoadHeadFromFile", true, [this, request, response] {
     FLCE_RETURN_IF_ERROR(ValidateId(request->head_id(), "head_id"));
     FLCE_ASSIGN_OR_RETURN(std::string path,
@@ -61,9 +61,8 @@ grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(
     FLCE_ASSIGN_OR_RETURN(std::shared_ptr<const Head> head,
                           LoadSafetensorsHead(*ctx_.engine, path, request->weight_tensor(),
                                               request->bias_tensor(), dtype));
-    FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
-                          ctx_.heads->Put(request->head_id(), std::move(head),
-                                          absl::StrCat("file:", request->path())));
+    FLCE_ASSIGN_OR_RETURN(HeadEntry entry, ctx_.heads->Put(request->head_id(), std::move(head),
+                                                           absl::StrCat("file:", request->path())));
     FillHeadInfo(entry, ctx_.sessions->Count(entry.head_id), response);
     return absl::OkStatus();
   });
@@ -118,10 +117,10 @@ grpc::ServerUnaryReactor* FlceService::Commit(grpc::CallbackServerContext* call,
       return absl::InvalidArgumentError(
           absl::StrCat("scale = ", request->scale(), " is not finite"));
     }
-    FLCE_ASSIGN_OR_RETURN(CommitResult result,
-                          ctx_.sessions->Commit(request->head_id(), request->session_id(),
-                                                request->request_id(), request->scale(),
-                                                request->discard()));
+    FLCE_ASSIGN_OR_RETURN(
+        CommitResult result,
+        ctx_.sessions->Commit(request->head_id(), request->session_id(), request->request_id(),
+                              request->scale(), request->discard()));
     response->set_state(ToProto(result.state));
     response->set_replayed(result.replayed);
     response->set_scale(result.scale);

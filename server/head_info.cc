@@ -12,8 +12,9 @@ void FillHeadInfo(const HeadEntry& entry, int64_t sessions, v1::HeadInfo* out) {
   out->set_dtype(DTypeToProto(spec.dtype));
   out->set_has_bias(spec.has_bias);
   out->set_version(entry.version);
-  out->set_weight_bytes((spec.vocab_size * spec.hidden_size + (spec.has_bias ? spec.vocab_size : 0)) *
-                        DTypeSize(spec.dtype));
+  out->set_weight_bytes(
+      (spec.vocab_size * spec.hidden_size + (spec.has_bias ? spec.vocab_size : 0)) *
+      DTypeSize(spec.dtype));
   out->set_source(entry.source);
   out->set_sessions(sessions);
 }
@@ -30,10 +31,14 @@ void FillSessionInfo(const SessionSummary& summary, v1::SessionInfo* out) {
 
 v1::ContributionState ToProto(ContributionState state) {
   switch (state) {
-    case ContributionState::kInFlight: return v1::CONTRIBUTION_UNKNOWN;
-    case ContributionState::kStaged: return v1::CONTRIBUTION_STAGED;
-    case ContributionState::kCommitted: return v1::CONTRIBUTION_COMMITTED;
-    case ContributionState::kDiscarded: return v1::CONTRIBUTION_DISCARDED;
+    case ContributionState::kInFlight:
+      return v1::CONTRIBUTION_UNKNOWN;
+    case ContributionState::kStaged:
+      return v1::CONTRIBUTION_STAGED;
+    case ContributionState::kCommitted:
+      return v1::CONTRIBUTION_COMMITTED;
+    case ContributionState::kDiscarded:
+      return v1::CONTRIBUTION_DISCARDED;
   }
   return v1::CONTRIBUTION_UNKNOWN;
 }

@@ -37,8 +37,8 @@ absl::StatusOr<std::string> RealPath(const std::string& path) {
 
 // Streams `elements` values of `tensor` (file dtype `from`) into `write` as
 // `to`, a block at a time.
-absl::Status StreamTensor(const SafetensorsFile& file, const SafetensorsTensor& tensor,
-                          DType from, DType to, int64_t elements,
+absl::Status StreamTensor(const SafetensorsFile& file, const SafetensorsTensor& tensor, DType from,
+                          DType to, int64_t elements,
                           const std::function<absl::Status(int64_t, const void*, int64_t)>& write) {
   int64_t block = std::max<int64_t>(1, kBlockBytes / 4);
   std::string raw;
@@ -47,8 +47,8 @@ absl::Status StreamTensor(const SafetensorsFile& file, const SafetensorsTensor& 
   for (int64_t begin = 0; begin < elements; begin += block) {
     int64_t n = std::min(block, elements - begin);
     raw.resize(n * DTypeSize(from));
-    FLCE_RETURN_IF_ERROR(file.Read(tensor, begin * DTypeSize(from), n * DTypeSize(from),
-                                   raw.data()));
+    FLCE_RETURN_IF_ERROR(
+        file.Read(tensor, begin * DTypeSize(from), n * DTypeSize(from), raw.data()));
     if (from == to) {
       FLCE_RETURN_IF_ERROR(write(begin * DTypeSize(to), raw.data(), n * DTypeSize(to)));
       continue;
@@ -77,8 +77,8 @@ absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, const std:
   if (!real.ok()) {
     // A path that cannot be resolved is judged lexically, so that probing
     // outside the root learns nothing about what exists there.
-    bool outside = (path.front() == '/' && !absl::StartsWith(path, prefix)) ||
-                   absl::StrContains(path, "..");
+    bool outside =
+        (path.front() == '/' && !absl::StartsWith(path, prefix)) || absl::StrContains(path, "..");
     if (outside) {
       return absl::PermissionDeniedError(
           absl::StrCat("path \"", path, "\" is outside --head-root"));
@@ -86,22 +86,24 @@ absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, const std:
     return absl::NotFoundError(absl::StrCat("path \"", path, "\" not found under --head-root"));
   }
   if (!absl::StartsWith(*real, prefix)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "path \"", path, "\" resolves to ", *real, ", outside --head-root ", real_root));
+    return absl::PermissionDeniedError(absl::StrCat("path \"", path, "\" resolves to ", *real,
+                                                    ", outside --head-root ", real_root));
   }
   return *real;
 }
 
-absl::StatusOr<std::shared_ptr<const Head>> LoadSafetensorsHead(
-    Engine& engine, const std::string& path, const std::string& weight_tensor,
-    const std::string& bias_tensor, std::optional<DType> dtype) {
+absl::StatusOr<std::shared_ptr<const Head>> LoadSafetensorsHead(Engine& engine,
+                                                                const std::string& path,
+                                                                const std::string& weight_tensor,
+                                                                const std::string& bias_tensor,
+                                                                std::optional<DType> dtype) {
   FLCE_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
   if (weight_tensor.empty()) return absl::InvalidArgumentError("weight_tensor is empty");
   FLCE_ASSIGN_OR_RETURN(const SafetensorsTensor* weight, file.Find(weight_tensor));
   if (weight->shape.size() != 2 || weight->shape[0] <= 0 || weight->shape[1] <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor \"", weight_tensor, "\" has ", weight->shape.size(),
-        " dimensions; a head's weight is [vocab_size, hidden_size]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", weight_tensor, "\" has ", weight->shape.size(),
+                     " dimensions; a head's weight is [vocab_size, hidden_size]"));
   }
   FLCE_ASSIGN_OR_RETURN(DType weight_dtype, DTypeFromSafetensors(weight->dtype));
   HeadSpec spec;
@@ -113,18 +115,18 @@ absl::StatusOr<std::shared_ptr<const Head>> LoadSafetensorsHead(
   if (!bias_tensor.empty()) {
     FLCE_ASSIGN_OR_RETURN(bias, file.Find(bias_tensor));
     if (bias->shape.size() != 1 || bias->shape[0] != spec.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", bias_tensor, "\" is not a [", spec.vocab_size, "] bias vector"));
+      return absl::InvalidArgumentError(absl::StrCat("tensor \"", bias_tensor, "\" is not a [",
+                                                     spec.vocab_size, "] bias vector"));
     }
     FLCE_ASSIGN_OR_RETURN(bias_dtype, DTypeFromSafetensors(bias->dtype));
     spec.has_bias = true;
   }
   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<HeadBuilder> builder, engine.BeginHead(spec));
-  FLCE_RETURN_IF_ERROR(StreamTensor(
-      file, *weight, weight_dtype, spec.dtype, spec.vocab_size * spec.hidden_size,
-      [&](int64_t offset, const void* data, int64_t bytes) {
-        return builder->WriteWeight(offset, data, bytes);
-      }));
+  FLCE_RETURN_IF_ERROR(StreamTensor(file, *weight, weight_dtype, spec.dtype,
+                                    spec.vocab_size * spec.hidden_size,
+                                    [&](int64_t offset, const void* data, int64_t bytes) {
+                                      return builder->WriteWeight(offset, data, bytes);
+                                    }));
   if (bias != nullptr) {
     FLCE_RETURN_IF_ERROR(StreamTensor(file, *bias, bias_dtype, spec.dtype, spec.vocab_size,
                                       [&](int64_t offset, const void* data, int64_t bytes) {

@@ -8,8 +8,7 @@
 namespace flce::server {
 
 bool SameGradShape(const HeadSpec& a, const HeadSpec& b) {
-  return a.vocab_size == b.vocab_size && a.hidden_size == b.hidden_size &&
-         a.has_bias == b.has_bias;
+  return a.vocab_size == b.vocab_size && a.hidden_size == b.hidden_size && a.has_bias == b.has_bias;
 }
 
 void HeadRegistry::SetShapeGuard(ShapeGuard guard) {
@@ -32,8 +31,7 @@ absl::StatusOr<HeadEntry> HeadRegistry::Put(const std::string& head_id,
                                             const std::string& source) {
   absl::MutexLock lock(&mu_);
   auto it = heads_.find(head_id);
-  if (it != heads_.end() && !SameGradShape(it->second.head->spec(), head->spec()) &&
-      shape_guard_) {
+  if (it != heads_.end() && !SameGradShape(it->second.head->spec(), head->spec()) && shape_guard_) {
     absl::Status guard = shape_guard_(head_id);
     if (!guard.ok()) return guard;
   }
@@ -53,8 +51,7 @@ absl::StatusOr<HeadEntry> HeadRegistry::Get(const std::string& head_id) const {
   std::vector<std::string> ids;
   for (const auto& [id, entry] : heads_) ids.push_back(id);
   return absl::NotFoundError(absl::StrCat("head_id \"", head_id, "\" is not loaded (heads: ",
-                                          ids.empty() ? "none" : absl::StrJoin(ids, ", "),
-                                          ")"));
+                                          ids.empty() ? "none" : absl::StrJoin(ids, ", "), ")"));
 }
 
 absl::StatusOr<HeadEntry> HeadRegistry::Remove(const std::string& head_id) {

@@ -16,9 +16,12 @@ std::atomic<bool> g_quiet{false};
 
 const char* LevelLetter(LogLevel level) {
   switch (level) {
-    case LogLevel::kInfo: return "I";
-    case LogLevel::kWarning: return "W";
-    case LogLevel::kError: return "E";
+    case LogLevel::kInfo:
+      return "I";
+    case LogLevel::kWarning:
+      return "W";
+    case LogLevel::kError:
+      return "E";
   }
   return "?";
 }
@@ -29,9 +32,9 @@ void SetLogQuiet(bool quiet) { g_quiet.store(quiet); }
 
 void Log(LogLevel level, absl::string_view message) {
   if (level == LogLevel::kInfo && g_quiet.load()) return;
-  std::string line = absl::StrCat(
-      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()), " ",
-      LevelLetter(level), " flce-server: ", message, "\n");
+  std::string line =
+      absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()), " ",
+                   LevelLetter(level), " flce-server: ", message, "\n");
   // One write() per line: concurrent lines never interleave.
   ssize_t unused = write(STDERR_FILENO, line.data(), line.size());
   (void)unused;

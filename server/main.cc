@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -128,8 +127,8 @@ int main(int argc, char** argv) {
     unsigned char signal = 0;
     while (read(g_signal_pipe[0], &signal, 1) < 0 && errno == EINTR) {
     }
-    flce::server::LogInfo(absl::StrCat("signal ", signal == SIGTERM ? "SIGTERM" : "SIGINT",
-                                       ": shutting down"));
+    flce::server::LogInfo(
+        absl::StrCat("signal ", signal == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down"));
     running->Shutdown();
   }).detach();
 

@@ -55,8 +55,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(int port) {
   if (port != 0) {
     // civetweb reports failures (port taken, no worker thread) as exceptions.
     try {
-      metrics->exposer_ =
-          std::make_unique<prometheus::Exposer>(absl::StrCat("0.0.0.0:", port));
+      metrics->exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat("0.0.0.0:", port));
     } catch (const std::exception& e) {
       return absl::UnavailableError(
           absl::StrCat("cannot serve /metrics on --metrics-port=", port, ": ", e.what()));
@@ -78,16 +77,15 @@ void Metrics::RecordRequest(absl::string_view rpc, grpc::StatusCode code, double
   duration_->Add({{"rpc", std::string(rpc)}}, kBuckets).Observe(seconds);
 }
 
-void Metrics::RecordCompute(absl::string_view head_id, absl::string_view strategy,
-                            int64_t tokens, double engine_seconds) {
+void Metrics::RecordCompute(absl::string_view head_id, absl::string_view strategy, int64_t tokens,
+                            double engine_seconds) {
   tokens_->Add({{"head", std::string(head_id)}, {"strategy", std::string(strategy)}})
       .Increment(static_cast<double>(tokens));
   // 0.1 ms to 10 s in ~x2.5 steps (docs/METRICS.md).
   static const prometheus::Histogram::BucketBoundaries kBuckets = {
       0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
       0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
-  engine_duration_->Add({{"strategy", std::string(strategy)}}, kBuckets)
-      .Observe(engine_seconds);
+  engine_duration_->Add({{"strategy", std::string(strategy)}}, kBuckets).Observe(engine_seconds);
 }
 
 void Metrics::InflightAdd(absl::string_view rpc, double delta) {

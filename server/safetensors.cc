@@ -29,16 +29,15 @@ int64_t DTypeBytes(const std::string& dtype) {
   return 0;
 }
 
-absl::Status PreadAll(int fd, int64_t offset, int64_t bytes, void* out,
-                      const std::string& path) {
+absl::Status PreadAll(int fd, int64_t offset, int64_t bytes, void* out, const std::string& path) {
   char* dst = static_cast<char*>(out);
   while (bytes > 0) {
     ssize_t n = pread(fd, dst, static_cast<size_t>(bytes), offset);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      return absl::DataLossError(absl::StrCat(path, ": short read at byte ", offset,
-                                              n < 0 ? absl::StrCat(": ", std::strerror(errno))
-                                                    : std::string(" (end of file)")));
+      return absl::DataLossError(absl::StrCat(
+          path, ": short read at byte ", offset,
+          n < 0 ? absl::StrCat(": ", std::strerror(errno)) : std::string(" (end of file)")));
     }
     dst += n;
     offset += n;
@@ -82,8 +81,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   int64_t size = st.st_size;
   uint8_t len_bytes[8];
   if (size < 8) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a .safetensors file (",
-                                                   size, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a .safetensors file (", size, " bytes)"));
   }
   absl::Status read = PreadAll(fd, 0, 8, len_bytes, path);
   if (!read.ok()) return read;
@@ -91,8 +90,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
   if (header_len == 0 || header_len > static_cast<uint64_t>(kMaxHeaderBytes) ||
       static_cast<int64_t>(header_len) > size - 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": header length ", header_len, " does not fit the file's ", size, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_len,
+                                                   " does not fit the file's ", size, " bytes"));
   }
   std::string header(header_len, '\0');
   read = PreadAll(fd, 8, static_cast<int64_t>(header_len), header.data(), path);
@@ -108,12 +107,11 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     if (it.key() == "__metadata__") continue;
     const nlohmann::json& t = it.value();
     auto bad = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": tensor \"", it.key(), "\": ", why));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", it.key(), "\": ", why));
     };
-    if (!t.is_object() || !t.contains("dtype") || !t["dtype"].is_string() ||
-        !t.contains("shape") || !t["shape"].is_array() || !t.contains("data_offsets") ||
-        !t["data_offsets"].is_array() || t["data_offsets"].size() != 2) {
+    if (!t.is_object() || !t.contains("dtype") || !t["dtype"].is_string() || !t.contains("shape") ||
+        !t["shape"].is_array() || !t.contains("data_offsets") || !t["data_offsets"].is_array() ||
+        t["data_offsets"].size() != 2) {
       return bad("needs dtype, shape and data_offsets [begin, end]");
     }
     SafetensorsTensor tensor;
@@ -153,8 +151,8 @@ absl::StatusOr<const SafetensorsTensor*> SafetensorsFile::Find(const std::string
                                           " (tensors: ", absl::StrJoin(names, ", "), ")"));
 }
 
-absl::Status SafetensorsFile::Read(const SafetensorsTensor& tensor, int64_t offset,
-                                   int64_t bytes, void* out) const {
+absl::Status SafetensorsFile::Read(const SafetensorsTensor& tensor, int64_t offset, int64_t bytes,
+                                   void* out) const {
   if (offset < 0 || bytes < 0 || offset + bytes > tensor.end - tensor.begin) {
     return absl::OutOfRangeError(absl::StrCat("read past tensor \"", tensor.name, "\""));
   }

@@ -13,8 +13,8 @@ namespace flce::server {
 struct ServerConfig {
   // "host:port"; port 0 picks a free one (FlceServer::port() says which).
   std::string address = "0.0.0.0:50051";
-  int metrics_port = 9464;  // 0 = no /metrics exposer
-  std::string device = "auto";  // "cpu", "cuda" or "auto"
+  int metrics_port = 9464;       // 0 = no /metrics exposer
+  std::string device = "auto";   // "cpu", "cuda" or "auto"
   std::string cuda_plugin_path;  // empty = the loader's search order
   int64_t workspace_bytes = int64_t{2048} << 20;
   int64_t max_message_bytes = int64_t{64} << 20;
@@ -30,7 +30,7 @@ struct ServerConfig {
   std::string head_id = "demo";
   bool embedded_demo_head = true;
   absl::Duration drain = absl::Seconds(30);
-  int threads = 0;  // engine threads; 0 = hardware concurrency
+  int threads = 0;      // engine threads; 0 = hardware concurrency
   int rpc_threads = 4;  // workers for unary RPCs, uploads and fetches
   // How often the sweeper looks for idle sessions and the engine's health.
   absl::Duration sweep_interval = absl::Seconds(1);

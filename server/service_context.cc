@@ -32,8 +32,7 @@ void RpcScope::Done(const grpc::Status& status) {
   }
   if (metrics_ == nullptr) return;
   metrics_->InflightAdd(rpc_, -1);
-  metrics_->RecordRequest(rpc_, status.error_code(),
-                          absl::ToDoubleSeconds(absl::Now() - start_));
+  metrics_->RecordRequest(rpc_, status.error_code(), absl::ToDoubleSeconds(absl::Now() - start_));
 }
 
 absl::Status EngineStatus(const Engine& engine, absl::Status status) {

@@ -58,8 +58,9 @@ Session::Session(std::string head_id, std::string session_id, HeadSpec spec,
 SessionStore::SessionStore(Engine* engine, SessionLimits limits)
     : engine_(engine), limits_(limits) {}
 
-absl::StatusOr<std::shared_ptr<Session>> SessionStore::GetOrCreate(
-    const std::string& head_id, const std::string& session_id, const HeadSpec& spec) {
+absl::StatusOr<std::shared_ptr<Session>> SessionStore::GetOrCreate(const std::string& head_id,
+                                                                   const std::string& session_id,
+                                                                   const HeadSpec& spec) {
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find({head_id, session_id});
@@ -67,10 +68,10 @@ absl::StatusOr<std::shared_ptr<Session>> SessionStore::GetOrCreate(
       const HeadSpec& have = it->second->spec();
       if (have.vocab_size != spec.vocab_size || have.hidden_size != spec.hidden_size ||
           have.has_bias != spec.has_bias) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            Describe(head_id, session_id), " holds a ", have.vocab_size, " x ",
-            have.hidden_size, " gradient; the head is now ", spec.vocab_size, " x ",
-            spec.hidden_size, ": delete the session first"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(Describe(head_id, session_id), " holds a ", have.vocab_size, " x ",
+                         have.hidden_size, " gradient; the head is now ", spec.vocab_size, " x ",
+                         spec.hidden_size, ": delete the session first"));
       }
       return it->second;
     }
@@ -82,23 +83,23 @@ absl::StatusOr<std::shared_ptr<Session>> SessionStore::GetOrCreate(
   }
   // Allocating (and zeroing) V x H fp32 takes a while: not under the lock.
   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<GradBuffer> grad, engine_->NewGradBuffer(spec));
-  auto session = std::make_shared<Session>(head_id, session_id, spec, std::move(grad),
-                                           limits_.outcome_log);
+  auto session =
+      std::make_shared<Session>(head_id, session_id, spec, std::move(grad), limits_.outcome_log);
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = sessions_.emplace(Key{head_id, session_id}, session);
   if (inserted) {
     if (static_cast<int64_t>(sessions_.size()) > limits_.max_sessions) {
       sessions_.erase(it);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot create ", Describe(head_id, session_id), ": --max-sessions=",
-          limits_.max_sessions, " reached"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot create ", Describe(head_id, session_id),
+                       ": --max-sessions=", limits_.max_sessions, " reached"));
     }
   }
   return it->second;  // another call may have created it meanwhile
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionStore::Find(
-    const std::string& head_id, const std::string& session_id) const {
+absl::StatusOr<std::shared_ptr<Session>> SessionStore::Find(const std::string& head_id,
+                                                            const std::string& session_id) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find({head_id, session_id});
   if (it == sessions_.end()) {
@@ -139,8 +140,8 @@ absl::StatusOr<BeginResult> SessionStore::BeginContribution(Session& session,
 }
 
 absl::Status SessionStore::CompleteContribution(Session& session, const std::string& request_id,
-                                                std::unique_ptr<GradBuffer> staging,
-                                                bool deferred, int64_t tokens) {
+                                                std::unique_ptr<GradBuffer> staging, bool deferred,
+                                                int64_t tokens) {
   absl::MutexLock lock(&session.mu_);
   --session.in_flight_;
   session.last_used_ = absl::Now();
@@ -200,8 +201,8 @@ absl::StatusOr<CommitResult> SessionStore::Commit(const std::string& head_id,
   }
   auto staged = session->staged_.find(request_id);
   if (staged == session->staged_.end()) {
-    return absl::InternalError(absl::StrCat("request_id \"", request_id,
-                                            "\" is staged but its buffer is gone"));
+    return absl::InternalError(
+        absl::StrCat("request_id \"", request_id, "\" is staged but its buffer is gone"));
   }
   if (discard) {
     result.state = ContributionState::kDiscarded;
@@ -228,8 +229,7 @@ absl::StatusOr<GradSnapshot> SessionStore::Snapshot(const std::string& head_id,
       return GradSnapshot{session->last_reset_grad_, session->last_reset_contributions_, true};
     }
   }
-  FLCE_ASSIGN_OR_RETURN(std::unique_ptr<GradBuffer> fresh,
-                        engine_->NewGradBuffer(session->spec()));
+  FLCE_ASSIGN_OR_RETURN(std::unique_ptr<GradBuffer> fresh, engine_->NewGradBuffer(session->spec()));
   absl::MutexLock lock(&session->mu_);
   session->last_used_ = absl::Now();
   GradSnapshot snapshot;
@@ -264,8 +264,7 @@ absl::Status SessionStore::Delete(const std::string& head_id, const std::string&
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find({head_id, session_id});
     if (it == sessions_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat(Describe(head_id, session_id), " does not exist"));
+      return absl::NotFoundError(absl::StrCat(Describe(head_id, session_id), " does not exist"));
     }
     session = std::move(it->second);
     sessions_.erase(it);

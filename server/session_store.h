@@ -147,9 +147,8 @@ class SessionStore {
   // A private copy of the accumulator; with reset, the accumulator itself,
   // replaced by a zeroed one. A reset repeating the last reset's request id
   // returns that reset's gradient again.
-  absl::StatusOr<GradSnapshot> Snapshot(const std::string& head_id,
-                                        const std::string& session_id, bool reset,
-                                        const std::string& request_id);
+  absl::StatusOr<GradSnapshot> Snapshot(const std::string& head_id, const std::string& session_id,
+                                        bool reset, const std::string& request_id);
   absl::Status Zero(const std::string& head_id, const std::string& session_id);
   absl::Status Delete(const std::string& head_id, const std::string& session_id);
   // Drops every session of a head; returns how many.

@@ -10,8 +10,8 @@
 
 namespace flce::server {
 
-UploadHeadReactor::UploadHeadReactor(const ServiceContext& ctx,
-                                     grpc::CallbackServerContext* call, v1::HeadInfo* response)
+UploadHeadReactor::UploadHeadReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
+                                     v1::HeadInfo* response)
     : ctx_(ctx), call_(call), response_(response), scope_(ctx.metrics, "UploadHead") {
   StartRead(&request_);
 }
@@ -68,20 +68,20 @@ absl::Status UploadHeadReactor::Handle(const v1::UploadHeadRequest& request) {
     return absl::InvalidArgumentError("a bias chunk arrived but the header says has_bias = false");
   }
   int64_t& received = bias ? bias_received_ : weight_received_;
-  int64_t expected = (bias ? spec_.vocab_size : spec_.vocab_size * spec_.hidden_size) *
-                     DTypeSize(spec_.dtype);
+  int64_t expected =
+      (bias ? spec_.vocab_size : spec_.vocab_size * spec_.hidden_size) * DTypeSize(spec_.dtype);
   const char* name = bias ? "bias" : "weight";
   if (chunk.byte_offset() != received) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, " chunk has byte_offset ", chunk.byte_offset(), "; expected ",
-                     received, " (chunks arrive in order, without gaps)"));
+    return absl::InvalidArgumentError(absl::StrCat(name, " chunk has byte_offset ",
+                                                   chunk.byte_offset(), "; expected ", received,
+                                                   " (chunks arrive in order, without gaps)"));
   }
   int64_t bytes = static_cast<int64_t>(chunk.data().size());
   if (received + bytes > expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " bytes: expected ", expected, " (", spec_.vocab_size,
-        bias ? "" : absl::StrCat(" x ", spec_.hidden_size), " x ", DTypeName(spec_.dtype),
-        "), got at least ", received + bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " bytes: expected ", expected, " (", spec_.vocab_size,
+                     bias ? "" : absl::StrCat(" x ", spec_.hidden_size), " x ",
+                     DTypeName(spec_.dtype), "), got at least ", received + bytes));
   }
   if (bias) {
     FLCE_RETURN_IF_ERROR(builder_->WriteBias(received, chunk.data().data(), bytes));
@@ -105,10 +105,9 @@ absl::Status UploadHeadReactor::Complete() {
   }
   int64_t bias_expected = spec_.has_bias ? spec_.vocab_size * DTypeSize(spec_.dtype) : 0;
   if (bias_received_ != bias_expected) {
-    return absl::InvalidArgumentError(absl::StrCat("bias bytes: expected ", bias_expected,
-                                                   " (", spec_.vocab_size, " x ",
-                                                   DTypeName(spec_.dtype), "), got ",
-                                                   bias_received_));
+    return absl::InvalidArgumentError(absl::StrCat("bias bytes: expected ", bias_expected, " (",
+                                                   spec_.vocab_size, " x ", DTypeName(spec_.dtype),
+                                                   "), got ", bias_received_));
   }
   FLCE_ASSIGN_OR_RETURN(std::shared_ptr<const Head> head, builder_->Finish());
   builder_.reset();

@@ -18,22 +18,20 @@ absl::Status CheckFloatRange(absl::string_view field, float value, float lo, flo
                              bool lo_open) {
   bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && value <= hi;
   if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("options.", field, " = ", value,
-                                                 " is outside ", lo_open ? "(" : "[", lo,
-                                                 ", ", hi, "]"));
+  return absl::InvalidArgumentError(absl::StrCat("options.", field, " = ", value, " is outside ",
+                                                 lo_open ? "(" : "[", lo, ", ", hi, "]"));
 }
 
 // num_tokens fp32 values, finite; empty = not given.
-absl::StatusOr<std::vector<float>> PerTokenFloats(const std::string& bytes,
-                                                  absl::string_view field,
+absl::StatusOr<std::vector<float>> PerTokenFloats(const std::string& bytes, absl::string_view field,
                                                   int64_t num_tokens) {
   std::vector<float> out;
   if (bytes.empty()) return out;
   int64_t want = num_tokens * static_cast<int64_t>(sizeof(float));
   if (static_cast<int64_t>(bytes.size()) != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " has ", bytes.size(), " bytes; expected ", want,
-                     " (num_tokens ", num_tokens, " x 4-byte fp32) or none"));
+    return absl::InvalidArgumentError(absl::StrCat(field, " has ", bytes.size(),
+                                                   " bytes; expected ", want, " (num_tokens ",
+                                                   num_tokens, " x 4-byte fp32) or none"));
   }
   out.resize(num_tokens);
   std::memcpy(out.data(), bytes.data(), bytes.size());
@@ -50,9 +48,12 @@ absl::StatusOr<std::vector<float>> PerTokenFloats(const std::string& bytes,
 
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
   switch (dtype) {
-    case v1::DTYPE_FP32: return DType::kF32;
-    case v1::DTYPE_FP16: return DType::kF16;
-    case v1::DTYPE_BF16: return DType::kBF16;
+    case v1::DTYPE_FP32:
+      return DType::kF32;
+    case v1::DTYPE_FP16:
+      return DType::kF16;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(field, " = ", v1::DType_Name(dtype),
@@ -62,9 +63,12 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
 
 v1::DType DTypeToProto(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return v1::DTYPE_FP32;
-    case DType::kF16: return v1::DTYPE_FP16;
-    case DType::kBF16: return v1::DTYPE_BF16;
+    case DType::kF32:
+      return v1::DTYPE_FP32;
+    case DType::kF16:
+      return v1::DTYPE_FP16;
+    case DType::kBF16:
+      return v1::DTYPE_BF16;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
@@ -94,8 +98,8 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
   }
   if (header.num_tokens() > limits.max_request_tokens) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("num_tokens = ", header.num_tokens(), " exceeds --max-request-tokens=",
-                     limits.max_request_tokens));
+        absl::StrCat("num_tokens = ", header.num_tokens(),
+                     " exceeds --max-request-tokens=", limits.max_request_tokens));
   }
   spec.num_tokens = header.num_tokens();
   auto dtype = DTypeFromProto(header.hidden_dtype(), "hidden_dtype");
@@ -105,9 +109,9 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
   spec.ignore_index = header.has_ignore_index() ? header.ignore_index() : -100;
   int64_t want_target_bytes = spec.num_tokens * static_cast<int64_t>(sizeof(int32_t));
   if (static_cast<int64_t>(header.targets().size()) != want_target_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("targets has ", header.targets().size(), " bytes; expected ",
-                     want_target_bytes, " (num_tokens ", spec.num_tokens, " x int32)"));
+    return absl::InvalidArgumentError(absl::StrCat("targets has ", header.targets().size(),
+                                                   " bytes; expected ", want_target_bytes,
+                                                   " (num_tokens ", spec.num_tokens, " x int32)"));
   }
   spec.targets.resize(spec.num_tokens);
   std::memcpy(spec.targets.data(), header.targets().data(), want_target_bytes);
@@ -115,27 +119,45 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
     int32_t y = spec.targets[t];
     if (y == spec.ignore_index) continue;
     if (y < 0 || y >= head.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "targets[", t, "] = ", y, " is outside [0, ", head.vocab_size,
-          ") and is not ignore_index (", spec.ignore_index, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("targets[", t, "] = ", y, " is outside [0, ",
+                                                     head.vocab_size, ") and is not ignore_index (",
+                                                     spec.ignore_index, ")"));
     }
   }
 
   switch (header.reduction()) {
-    case v1::REDUCTION_MEAN: spec.reduction = Reduction::kMean; break;
-    case v1::REDUCTION_SUM: spec.reduction = Reduction::kSum; break;
-    case v1::REDUCTION_NONE: spec.reduction = Reduction::kNone; break;
+    case v1::REDUCTION_MEAN:
+      spec.reduction = Reduction::kMean;
+      break;
+    case v1::REDUCTION_SUM:
+      spec.reduction = Reduction::kSum;
+      break;
+    case v1::REDUCTION_NONE:
+      spec.reduction = Reduction::kNone;
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("reduction = ", static_cast<int>(header.reduction()), " is unknown"));
   }
   switch (header.strategy()) {
-    case v1::STRATEGY_AUTO: spec.strategy = Strategy::kAuto; break;
-    case v1::STRATEGY_CHUNKED: spec.strategy = Strategy::kChunked; break;
-    case v1::STRATEGY_VOCAB_SPLIT: spec.strategy = Strategy::kVocabSplit; break;
-    case v1::STRATEGY_FUSE_MN: spec.strategy = Strategy::kFuseMN; break;
-    case v1::STRATEGY_SEPARATE: spec.strategy = Strategy::kSeparate; break;
-    case v1::STRATEGY_NAIVE: spec.strategy = Strategy::kNaive; break;
+    case v1::STRATEGY_AUTO:
+      spec.strategy = Strategy::kAuto;
+      break;
+    case v1::STRATEGY_CHUNKED:
+      spec.strategy = Strategy::kChunked;
+      break;
+    case v1::STRATEGY_VOCAB_SPLIT:
+      spec.strategy = Strategy::kVocabSplit;
+      break;
+    case v1::STRATEGY_FUSE_MN:
+      spec.strategy = Strategy::kFuseMN;
+      break;
+    case v1::STRATEGY_SEPARATE:
+      spec.strategy = Strategy::kSeparate;
+      break;
+    case v1::STRATEGY_NAIVE:
+      spec.strategy = Strategy::kNaive;
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("strategy = ", static_cast<int>(header.strategy()), " is unknown"));
@@ -192,15 +214,15 @@ absl::StatusOr<HeadSpec> HeadSpecFromUpload(const v1::UploadHeadHeader& header) 
   if (!id.ok()) return id;
   HeadSpec spec;
   if (header.vocab_size() <= 0 || header.hidden_size() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("vocab_size = ", header.vocab_size(), " and hidden_size = ",
-                     header.hidden_size(), " must both be at least 1"));
+    return absl::InvalidArgumentError(absl::StrCat("vocab_size = ", header.vocab_size(),
+                                                   " and hidden_size = ", header.hidden_size(),
+                                                   " must both be at least 1"));
   }
   // V x H x 4 bytes must fit an int64 with room to spare.
   if (header.vocab_size() > (int64_t{1} << 31) || header.hidden_size() > (int64_t{1} << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("vocab_size = ", header.vocab_size(), " x hidden_size = ",
-                     header.hidden_size(), " is beyond any head flce can hold"));
+    return absl::InvalidArgumentError(absl::StrCat("vocab_size = ", header.vocab_size(),
+                                                   " x hidden_size = ", header.hidden_size(),
+                                                   " is beyond any head flce can hold"));
   }
   spec.vocab_size = header.vocab_size();
   spec.hidden_size = header.hidden_size();
@@ -214,10 +236,10 @@ absl::StatusOr<HeadSpec> HeadSpecFromUpload(const v1::UploadHeadHeader& header) 
 absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset, int64_t bytes,
                                                  int64_t row_bytes) {
   if (bytes <= 0 || bytes % row_bytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hidden chunk at token_offset ", token_offset, " has ", bytes,
-        " bytes, not a positive multiple of a row's ", row_bytes,
-        " bytes (hidden_size x dtype size)"));
+    return absl::InvalidArgumentError(absl::StrCat("hidden chunk at token_offset ", token_offset,
+                                                   " has ", bytes,
+                                                   " bytes, not a positive multiple of a row's ",
+                                                   row_bytes, " bytes (hidden_size x dtype size)"));
   }
   int64_t rows = bytes / row_bytes;
   if (token_offset < 0 || token_offset >= num_tokens_ || rows > num_tokens_ - token_offset) {
@@ -232,9 +254,9 @@ absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset, int64_t b
   if (next != ranges_.begin()) {
     auto prev = std::prev(next);
     if (prev->second > token_offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hidden chunk rows [", token_offset, ", ", end, ") overlap rows [", prev->first,
-          ", ", prev->second, ") already received"));
+      return absl::InvalidArgumentError(absl::StrCat("hidden chunk rows [", token_offset, ", ", end,
+                                                     ") overlap rows [", prev->first, ", ",
+                                                     prev->second, ") already received"));
     }
   }
   ranges_[token_offset] = end;
@@ -249,18 +271,18 @@ absl::Status HiddenRowTracker::CheckComplete() const {
     if (begin != expect) break;
     expect = end;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("hidden rows missing: received ", received_, " of num_tokens = ",
-                   num_tokens_, "; first missing row ", expect));
+  return absl::InvalidArgumentError(absl::StrCat("hidden rows missing: received ", received_,
+                                                 " of num_tokens = ", num_tokens_,
+                                                 "; first missing row ", expect));
 }
 
-absl::Status CheckHiddenFinite(DType dtype, const void* data, int64_t rows,
-                               int64_t hidden_size, int64_t token_offset) {
+absl::Status CheckHiddenFinite(DType dtype, const void* data, int64_t rows, int64_t hidden_size,
+                               int64_t token_offset) {
   int64_t bad = FirstNonFinite(dtype, data, rows * hidden_size);
   if (bad < 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("hidden holds NaN or Inf at token ", token_offset + bad / hidden_size,
-                   " (element ", bad % hidden_size, ")"));
+  return absl::InvalidArgumentError(absl::StrCat("hidden holds NaN or Inf at token ",
+                                                 token_offset + bad / hidden_size, " (element ",
+                                                 bad % hidden_size, ")"));
 }
 
 }  // namespace flce::server

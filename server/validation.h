@@ -65,8 +65,8 @@ class HiddenRowTracker {
 
 // INVALID_ARGUMENT naming the first token (and element) holding NaN or Inf in
 // `rows` rows of `hidden_size` elements starting at token `token_offset`.
-absl::Status CheckHiddenFinite(DType dtype, const void* data, int64_t rows,
-                               int64_t hidden_size, int64_t token_offset);
+absl::Status CheckHiddenFinite(DType dtype, const void* data, int64_t rows, int64_t hidden_size,
+                               int64_t token_offset);
 
 }  // namespace flce::server
 

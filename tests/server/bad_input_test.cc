@@ -52,9 +52,8 @@ class BadInputTest : public ServerTest {
     ASSERT_TRUE(after.status.ok());
     EXPECT_EQ(after.weight, before_.weight);
     EXPECT_EQ(after.header.contributions(), before_.header.contributions());
-    ComputeOutcome good =
-        Compute(stub(), MakeHeader(problem_, "h", "other", "good-" + std::to_string(++n_)),
-                problem_);
+    ComputeOutcome good = Compute(
+        stub(), MakeHeader(problem_, "h", "other", "good-" + std::to_string(++n_)), problem_);
     EXPECT_TRUE(good.status.ok()) << good.status.error_message();
   }
 
@@ -91,10 +90,12 @@ TEST_F(BadInputTest, TargetAtOrAboveVocab) {
   v1::ComputeHeader header = MakeHeader(problem_, "h", "s", "bad");
   std::vector<int32_t> targets = problem_.targets;
   targets[7] = 97;
-  header.set_targets(std::string(reinterpret_cast<const char*>(targets.data()), targets.size() * 4));
+  header.set_targets(
+      std::string(reinterpret_cast<const char*>(targets.data()), targets.size() * 4));
   ComputeOutcome out = ComputeMessages(stub(), Messages(header));
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(out.status.error_message(), AllOf(HasSubstr("targets[7] = 97"), HasSubstr("[0, 97)")));
+  EXPECT_THAT(out.status.error_message(),
+              AllOf(HasSubstr("targets[7] = 97"), HasSubstr("[0, 97)")));
   ExpectUntouchedAndServing();
 }
 
@@ -102,7 +103,8 @@ TEST_F(BadInputTest, NegativeTargetOtherThanIgnoreIndex) {
   v1::ComputeHeader header = MakeHeader(problem_, "h", "s", "bad");
   std::vector<int32_t> targets = problem_.targets;
   targets[3] = -1;
-  header.set_targets(std::string(reinterpret_cast<const char*>(targets.data()), targets.size() * 4));
+  header.set_targets(
+      std::string(reinterpret_cast<const char*>(targets.data()), targets.size() * 4));
   ComputeOutcome out = ComputeMessages(stub(), Messages(header));
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(out.status.error_message(), HasSubstr("targets[3] = -1"));
@@ -114,7 +116,8 @@ TEST_F(BadInputTest, TargetsByteCountMismatch) {
   header.set_targets(header.targets().substr(0, 12));
   ComputeOutcome out = ComputeMessages(stub(), Messages(header));
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(out.status.error_message(), AllOf(HasSubstr("targets has 12 bytes"), HasSubstr("80")));
+  EXPECT_THAT(out.status.error_message(),
+              AllOf(HasSubstr("targets has 12 bytes"), HasSubstr("80")));
   ExpectUntouchedAndServing();
 }
 
@@ -141,37 +144,38 @@ TEST_F(BadInputTest, UnknownSession) {
 }
 
 TEST_F(BadInputTest, OverlappingChunks) {
-  ComputeOutcome out = ComputeMessages(
-      stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")), HiddenMessage(0, Rows(0, 10)),
-               HiddenMessage(8, Rows(8, 12))});
+  ComputeOutcome out =
+      ComputeMessages(stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")),
+                               HiddenMessage(0, Rows(0, 10)), HiddenMessage(8, Rows(8, 12))});
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(out.status.error_message(),
-              AllOf(HasSubstr("rows [8, 20) overlap rows [0, 10)")));
+  EXPECT_THAT(out.status.error_message(), AllOf(HasSubstr("rows [8, 20) overlap rows [0, 10)")));
   ExpectUntouchedAndServing();
 }
 
 TEST_F(BadInputTest, MissingChunks) {
-  ComputeOutcome out = ComputeMessages(
-      stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")), HiddenMessage(0, Rows(0, 10)),
-               HiddenMessage(15, Rows(15, 5))});
+  ComputeOutcome out =
+      ComputeMessages(stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")),
+                               HiddenMessage(0, Rows(0, 10)), HiddenMessage(15, Rows(15, 5))});
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(out.status.error_message(),
-              AllOf(HasSubstr("received 15 of num_tokens = 20"), HasSubstr("first missing row 10")));
+  EXPECT_THAT(out.status.error_message(), AllOf(HasSubstr("received 15 of num_tokens = 20"),
+                                                HasSubstr("first missing row 10")));
   ExpectUntouchedAndServing();
 }
 
 TEST_F(BadInputTest, OutOfRangeChunk) {
   ComputeOutcome out = ComputeMessages(
-      stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")), HiddenMessage(15, Rows(0, 10))});
+      stub(),
+      {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")), HiddenMessage(15, Rows(0, 10))});
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(out.status.error_message(), HasSubstr("rows [15, 25) are outside [0, num_tokens = 20)"));
+  EXPECT_THAT(out.status.error_message(),
+              HasSubstr("rows [15, 25) are outside [0, num_tokens = 20)"));
   ExpectUntouchedAndServing();
 }
 
 TEST_F(BadInputTest, ChunkNotAMultipleOfARow) {
-  ComputeOutcome out = ComputeMessages(
-      stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")),
-               HiddenMessage(0, Rows(0, 2).substr(0, row_bytes_ + 3))});
+  ComputeOutcome out =
+      ComputeMessages(stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")),
+                               HiddenMessage(0, Rows(0, 2).substr(0, row_bytes_ + 3))});
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(out.status.error_message(), HasSubstr("not a positive multiple of a row's 64 bytes"));
   ExpectUntouchedAndServing();
@@ -181,9 +185,9 @@ TEST_F(BadInputTest, NaNInHiddenNamesTheToken) {
   std::string rows = Rows(10, 10);
   float nan = std::numeric_limits<float>::quiet_NaN();
   std::memcpy(rows.data() + (3 * 16 + 5) * 4, &nan, 4);  // token 13, element 5
-  ComputeOutcome out = ComputeMessages(
-      stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")), HiddenMessage(0, Rows(0, 10)),
-               HiddenMessage(10, rows)});
+  ComputeOutcome out =
+      ComputeMessages(stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")),
+                               HiddenMessage(0, Rows(0, 10)), HiddenMessage(10, rows)});
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(out.status.error_message(), AllOf(HasSubstr("token 13"), HasSubstr("element 5")));
   ExpectUntouchedAndServing();
@@ -193,9 +197,9 @@ TEST_F(BadInputTest, InfInHiddenNamesTheToken) {
   std::string rows = Rows(0, 10);
   float inf = -std::numeric_limits<float>::infinity();
   std::memcpy(rows.data() + (4 * 16) * 4, &inf, 4);  // token 4
-  ComputeOutcome out = ComputeMessages(
-      stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")), HiddenMessage(0, rows),
-               HiddenMessage(10, Rows(10, 10))});
+  ComputeOutcome out =
+      ComputeMessages(stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "bad")),
+                               HiddenMessage(0, rows), HiddenMessage(10, Rows(10, 10))});
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(out.status.error_message(), HasSubstr("token 4"));
   ExpectUntouchedAndServing();
@@ -248,7 +252,8 @@ TEST_F(BadInputTest, RepeatOfACallInFlightIsAborted) {
     ASSERT_TRUE(WaitForPending(stub(), "s", 1));  // the first call holds the id
     repeat = ComputeMessages(stub(), Messages(MakeHeader(problem_, "h", "s", "twice")));
   };
-  ComputeOutcome first = Compute(stub(), MakeHeader(problem_, "h", "s", "twice"), problem_, options);
+  ComputeOutcome first =
+      Compute(stub(), MakeHeader(problem_, "h", "s", "twice"), problem_, options);
   EXPECT_TRUE(first.status.ok()) << first.status.error_message();
   EXPECT_EQ(repeat.status.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(repeat.status.error_message(), HasSubstr("\"twice\" is still in flight"));
@@ -285,28 +290,31 @@ v1::UploadHeadRequest UploadChunk(v1::TensorRole role, int64_t offset, int64_t b
 }
 
 TEST_F(BadInputTest, UploadWithTooFewBytes) {
-  grpc::Status s = UploadRaw(stub(), {UploadHeader("u", 10, 4), UploadChunk(v1::TENSOR_WEIGHT, 0, 100)});
+  grpc::Status s =
+      UploadRaw(stub(), {UploadHeader("u", 10, 4), UploadChunk(v1::TENSOR_WEIGHT, 0, 100)});
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), AllOf(HasSubstr("expected 160"), HasSubstr("got 100")));
   ExpectUntouchedAndServing();
 }
 
 TEST_F(BadInputTest, UploadWithTooManyBytes) {
-  grpc::Status s = UploadRaw(stub(), {UploadHeader("u", 10, 4), UploadChunk(v1::TENSOR_WEIGHT, 0, 100),
-                                      UploadChunk(v1::TENSOR_WEIGHT, 100, 100)});
+  grpc::Status s =
+      UploadRaw(stub(), {UploadHeader("u", 10, 4), UploadChunk(v1::TENSOR_WEIGHT, 0, 100),
+                         UploadChunk(v1::TENSOR_WEIGHT, 100, 100)});
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), AllOf(HasSubstr("expected 160"), HasSubstr("got at least 200")));
   ExpectUntouchedAndServing();
 }
 
 TEST_F(BadInputTest, UploadBiasMissingOrOutOfOrder) {
-  grpc::Status missing = UploadRaw(
-      stub(), {UploadHeader("u", 10, 4, true), UploadChunk(v1::TENSOR_WEIGHT, 0, 160)});
+  grpc::Status missing =
+      UploadRaw(stub(), {UploadHeader("u", 10, 4, true), UploadChunk(v1::TENSOR_WEIGHT, 0, 160)});
   EXPECT_EQ(missing.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(missing.error_message(), AllOf(HasSubstr("bias bytes: expected 40"), HasSubstr("got 0")));
-  grpc::Status gap = UploadRaw(
-      stub(), {UploadHeader("u", 10, 4), UploadChunk(v1::TENSOR_WEIGHT, 0, 80),
-               UploadChunk(v1::TENSOR_WEIGHT, 120, 40)});
+  EXPECT_THAT(missing.error_message(),
+              AllOf(HasSubstr("bias bytes: expected 40"), HasSubstr("got 0")));
+  grpc::Status gap =
+      UploadRaw(stub(), {UploadHeader("u", 10, 4), UploadChunk(v1::TENSOR_WEIGHT, 0, 80),
+                         UploadChunk(v1::TENSOR_WEIGHT, 120, 40)});
   EXPECT_EQ(gap.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(gap.error_message(), HasSubstr("byte_offset 120; expected 80"));
   grpc::Status no_header = UploadRaw(stub(), {UploadChunk(v1::TENSOR_WEIGHT, 0, 160)});
@@ -317,7 +325,8 @@ TEST_F(BadInputTest, UploadBiasMissingOrOutOfOrder) {
   v1::DescribeHeadRequest describe;
   describe.set_head_id("u");
   v1::HeadInfo info;
-  EXPECT_EQ(stub().DescribeHead(&context, describe, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(stub().DescribeHead(&context, describe, &info).error_code(),
+            grpc::StatusCode::NOT_FOUND);
   ExpectUntouchedAndServing();
 }
 

@@ -12,9 +12,9 @@
 
 #include <chrono>
 #include <cmath>
-#include <iostream>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -129,8 +129,8 @@ class ServerProcess {
 };
 
 std::unique_ptr<v1::Flce::Stub> StubFor(int port) {
-  return v1::Flce::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                               grpc::InsecureChannelCredentials()));
+  return v1::Flce::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
 }
 
 // GET path over a plain socket; the whole response, or "" on failure.
@@ -161,8 +161,8 @@ std::string HttpGet(int port, const std::string& path) {
 // grpc.health.v1.Health/Check for the whole server, without generated
 // stubs: the request is an empty message, SERVING is field 1 = 1 (08 01).
 int HealthStatus(int port) {
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -197,9 +197,8 @@ Problem DemoSizedProblem() {
 }
 
 TEST(BinaryTest, SigtermDrainsTheCallInFlightAndExitsZero) {
-  ServerProcess server({"--port=0", "--metrics-port=0", "--device=cpu", "--drain-seconds=20",
-                        "--threads=2"},
-                       {});
+  ServerProcess server(
+      {"--port=0", "--metrics-port=0", "--device=cpu", "--drain-seconds=20", "--threads=2"}, {});
   ASSERT_TRUE(server.spawned());
   int port = server.WaitForPort();
   ASSERT_GT(port, 0) << server.log();
@@ -230,9 +229,9 @@ TEST(BinaryTest, MetricsExposerServesBesideTheCudaPlugin) {
 #ifdef FLCE_TEST_CUDA_PLUGIN
   env.push_back(absl::StrCat("FLCE_CUDA_PLUGIN=", CudaPlugin()));
 #endif
-  ServerProcess server({"--port=0", absl::StrCat("--metrics-port=", metrics_port),
-                        "--device=auto", "--threads=2"},
-                       env);
+  ServerProcess server(
+      {"--port=0", absl::StrCat("--metrics-port=", metrics_port), "--device=auto", "--threads=2"},
+      env);
   ASSERT_TRUE(server.spawned());
   int port = server.WaitForPort();
   ASSERT_GT(port, 0) << server.log();

@@ -344,8 +344,8 @@ TEST_F(ComputeTest, ClientCancelMidwayLeavesGradUnchanged) {
   options.pause_after_chunks = 2;
   options.cancel_at_pause = true;
   options.on_pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); };
-  ComputeOutcome out = Compute(stub(), MakeHeader(problem, "h", "s", "cancelled"), problem,
-                               options);
+  ComputeOutcome out =
+      Compute(stub(), MakeHeader(problem, "h", "s", "cancelled"), problem, options);
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::CANCELLED);
   ExpectNoPending(stub(), "s");
   FetchedGrad after = FetchGrad(stub(), "h", "s");
@@ -475,8 +475,7 @@ TEST_F(ComputeTest, IdleSessionsExpire) {
   ASSERT_TRUE(Compute(stub(), header, problem).status.ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
   EXPECT_EQ(FetchGrad(stub(), "h", "s").status.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(Commit(stub(), "h", "s", "x", 1.0f, false).error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Commit(stub(), "h", "s", "x", 1.0f, false).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(ComputeTest, ServerInfoAndHeads) {

@@ -93,12 +93,14 @@ TEST_F(HeadsTest, LoadsBf16FileAsFp32WithBiasAndComputesLikeTheReference) {
   ps.hidden_dtype = DType::kF32;
   ps.has_bias = true;
   Problem problem = MakeProblem(ps);
-  WriteSafetensors(root_ / "sub" / "model.safetensors",
-                   {{"lm_head.weight", "BF16", {ps.vocab_size, ps.hidden_size}, problem.weight_bytes},
-                    {"lm_head.bias", "BF16", {ps.vocab_size}, problem.bias_bytes},
-                    {"other", "F32", {2}, std::string(8, '\0')}});
+  WriteSafetensors(
+      root_ / "sub" / "model.safetensors",
+      {{"lm_head.weight", "BF16", {ps.vocab_size, ps.hidden_size}, problem.weight_bytes},
+       {"lm_head.bias", "BF16", {ps.vocab_size}, problem.bias_bytes},
+       {"other", "F32", {2}, std::string(8, '\0')}});
   v1::HeadInfo info;
-  grpc::Status s = Load("sub/model.safetensors", "lm_head.weight", "lm_head.bias", v1::DTYPE_FP32, &info);
+  grpc::Status s =
+      Load("sub/model.safetensors", "lm_head.weight", "lm_head.bias", v1::DTYPE_FP32, &info);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(info.vocab_size(), 61);
   EXPECT_EQ(info.hidden_size(), 12);
@@ -154,7 +156,8 @@ TEST_F(HeadsTest, RefusesEverythingOutsideTheRoot) {
         std::string("link.safetensors"), std::string("sub/../../outside.safetensors"),
         std::string("/etc/passwd"), std::string("../does-not-exist")}) {
     grpc::Status s = Load(path, "w", "", v1::DTYPE_UNSPECIFIED, &info);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << path << ": " << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << path << ": " << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr("--head-root")) << path;
   }
   grpc::ClientContext context;

@@ -36,7 +36,8 @@ void ServerTest::StartServer(const ServerConfig& config) { StartServer(config, n
 void ServerTest::StartServer(const ServerConfig& config, std::unique_ptr<Engine> engine) {
   SetLogQuiet(true);
   absl::StatusOr<std::unique_ptr<FlceServer>> server =
-      engine != nullptr ? FlceServer::Create(config, std::move(engine)) : FlceServer::Create(config);
+      engine != nullptr ? FlceServer::Create(config, std::move(engine))
+                        : FlceServer::Create(config);
   ASSERT_TRUE(server.ok()) << server.status();
   server_ = std::move(*server);
   grpc::ChannelArguments args;
@@ -68,9 +69,9 @@ grpc::Status UploadHead(v1::Flce::Stub& stub, const std::string& head_id, const 
   header.mutable_header()->set_head_id(head_id);
   header.mutable_header()->set_vocab_size(problem.spec.vocab_size);
   header.mutable_header()->set_hidden_size(problem.spec.hidden_size);
-  header.mutable_header()->set_dtype(problem.spec.head_dtype == DType::kF32    ? v1::DTYPE_FP32
-                                     : problem.spec.head_dtype == DType::kF16  ? v1::DTYPE_FP16
-                                                                               : v1::DTYPE_BF16);
+  header.mutable_header()->set_dtype(problem.spec.head_dtype == DType::kF32   ? v1::DTYPE_FP32
+                                     : problem.spec.head_dtype == DType::kF16 ? v1::DTYPE_FP16
+                                                                              : v1::DTYPE_BF16);
   header.mutable_header()->set_has_bias(problem.spec.has_bias);
   writer->Write(header);
   auto send = [&](v1::TensorRole role, const std::string& bytes) {
@@ -159,8 +160,7 @@ ComputeOutcome Compute(v1::Flce::Stub& stub, const v1::ComputeHeader& header,
   int64_t hidden_size = problem.spec.hidden_size;
   int64_t num_tokens = problem.spec.num_tokens;
   std::thread reader([&] {
-    ReadAll(stream.get(), hidden_size, num_tokens, problem.spec.hidden_dtype == DType::kF32,
-            &out);
+    ReadAll(stream.get(), hidden_size, num_tokens, problem.spec.hidden_dtype == DType::kF32, &out);
   });
   stream->Write(HeaderMessage(header));
   int64_t row_bytes = hidden_size * DTypeSize(problem.spec.hidden_dtype);
@@ -249,9 +249,9 @@ FetchedGrad FetchGrad(v1::Flce::Stub& stub, const std::string& head_id,
   return out;
 }
 
-grpc::Status Commit(v1::Flce::Stub& stub, const std::string& head_id,
-                    const std::string& session_id, const std::string& request_id, float scale,
-                    bool discard, v1::CommitResponse* response) {
+grpc::Status Commit(v1::Flce::Stub& stub, const std::string& head_id, const std::string& session_id,
+                    const std::string& request_id, float scale, bool discard,
+                    v1::CommitResponse* response) {
   grpc::ClientContext context;
   v1::CommitRequest request;
   request.set_head_id(head_id);

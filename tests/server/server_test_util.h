@@ -104,9 +104,9 @@ FetchedGrad FetchGrad(v1::Flce::Stub& stub, const std::string& head_id,
                       const std::string& request_id = "", v1::DType dtype = v1::DTYPE_FP32,
                       int64_t chunk_rows = 0);
 
-grpc::Status Commit(v1::Flce::Stub& stub, const std::string& head_id,
-                    const std::string& session_id, const std::string& request_id, float scale,
-                    bool discard, v1::CommitResponse* response = nullptr);
+grpc::Status Commit(v1::Flce::Stub& stub, const std::string& head_id, const std::string& session_id,
+                    const std::string& request_id, float scale, bool discard,
+                    v1::CommitResponse* response = nullptr);
 
 // Waits (up to 5 s) until the session shows `pending` staged contributions:
 // proof that the server holds a call, not just the client's buffers.
