@@ -81,15 +81,6 @@ absl::StatusOr<char*> Workspace::Device(int64_t bytes, const char* purpose) {
   return static_cast<char*>(device_.get());
 }
 
-absl::StatusOr<char*> Workspace::Pinned(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (bytes > pinned_.bytes()) {
-    pinned_.Reset();
-    FLCE_ASSIGN_OR_RETURN(pinned_, PinnedBuffer::Allocate(bytes, health_));
-  }
-  return static_cast<char*>(pinned_.get());
-}
-
 void Workspace::AddRequestBytes(int64_t delta) {
   std::lock_guard<std::mutex> lock(mu_);
   request_bytes_ += delta;

@@ -69,8 +69,8 @@ class Carver {
   int64_t used_ = 0;
 };
 
-// The device workspace (grow-only up to the budget) and a pinned host pool of
-// the same kind. Callers hold the engine's compute lock while using them.
+// The device scratch workspace (grow-only up to the budget) and the peak
+// accounting. Callers hold the engine's submit lock while using Device().
 class Workspace {
  public:
   Workspace(int64_t budget_bytes, DeviceHealth* health)
@@ -78,10 +78,9 @@ class Workspace {
 
   // RESOURCE_EXHAUSTED naming needed vs available when over the budget.
   absl::StatusOr<char*> Device(int64_t bytes, const char* purpose);
-  absl::StatusOr<char*> Pinned(int64_t bytes);
 
-  // Request buffers (whole-request hidden/grad_input of buffered strategies)
-  // count towards the peak while they live.
+  // Request buffers (whole-request hidden/grad_input of buffered strategies,
+  // pooled upload/download slots) count towards the peak while they live.
   void AddRequestBytes(int64_t delta);
 
   int64_t budget() const { return budget_; }
@@ -92,7 +91,6 @@ class Workspace {
   int64_t budget_;
   DeviceHealth* health_;
   DeviceBuffer device_;
-  PinnedBuffer pinned_;
   mutable std::mutex mu_;
   int64_t request_bytes_ = 0;
   int64_t peak_ = 0;
