@@ -393,6 +393,48 @@ TEST(CudaEngineTest, ChunkedStreamsGradInputBeforeFinish) {
   EXPECT_EQ(delivered.load(), ps.num_tokens);
 }
 
+// Destroying a call mid-stream cancels it: no sink call after the
+// destructor returns, its slots go back to the pool, and the next call on the
+// same engine runs normally.
+TEST(CudaEngineTest, DestroyingACallMidStreamCancelsIt) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  ProblemSpec ps;
+  ps.vocab_size = 4099;
+  ps.hidden_size = 64;
+  ps.num_tokens = 1024;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  Problem problem = MakeProblem(ps);
+  auto head = BuildHead(**engine, problem, 2);
+  ASSERT_TRUE(head.ok()) << head.status();
+  ComputeSpec spec = FullSpec(Strategy::kChunked);
+  spec.num_tokens = ps.num_tokens;
+  spec.hidden_dtype = ps.hidden_dtype;
+  spec.targets = problem.targets;
+  spec.chunk_tokens = 128;
+  std::atomic<bool> destroyed{false};
+  std::atomic<int> late_calls{0};
+  {
+    auto call = (*engine)->StartCompute(*head, spec, [&](int64_t, int64_t, std::string) {
+      if (destroyed.load()) ++late_calls;
+    });
+    ASSERT_TRUE(call.ok()) << call.status();
+    const int64_t row_bytes = ps.hidden_size * 2;
+    for (int64_t t = 0; t < 600; t += 100) {
+      ASSERT_TRUE((*call)->AddHidden(t, 100, problem.hidden_bytes.data() + t * row_bytes).ok());
+    }
+    call->reset();
+    destroyed = true;
+  }
+  EXPECT_EQ(late_calls.load(), 0);
+  EXPECT_TRUE((*engine)->healthy());
+  auto run = RunProblem(**engine, problem, FullSpec(Strategy::kChunked), {});
+  ASSERT_TRUE(run.ok()) << run.status();
+  ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, FullSpec(Strategy::kChunked)));
+  EXPECT_LE(Compare(*run, ref).grad_input, 5e-3);
+}
+
 TEST(CudaEngineTest, InfoReportsDeviceAndBudget) {
   auto engine = MakeEngine(/*budget_mb=*/512);
   SKIP_WITHOUT_GPU(engine);
