@@ -23,6 +23,9 @@ void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
   const int64_t H = head.spec().hidden_size;
   if (M == 0) return;
   ctx.Reserve(M, V, H);
+  // OpenBLAS's thread count is process-wide; engines with different configs
+  // may share the process, so each chunk sets its own (cheap when unchanged).
+  openblas_set_num_threads(ctx.threads);
   float* logits = ctx.logits.data();
   const float* W = head.weight();
   PhaseTimes& times = ctx.phase_times;

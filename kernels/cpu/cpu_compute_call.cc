@@ -1,5 +1,6 @@
 #include "kernels/cpu/cpu_compute_call.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <utility>

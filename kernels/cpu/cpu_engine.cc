@@ -1,7 +1,5 @@
 #include "kernels/cpu/cpu_engine.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <thread>
 
@@ -20,11 +18,7 @@ int ResolveThreads(const EngineConfig& config) {
 }
 
 CpuEngine::CpuEngine(const EngineConfig& config)
-    : ctx_(std::make_shared<CpuContext>(ResolveThreads(config), config.workspace_bytes)) {
-  // OpenBLAS's thread count is process-wide; the engine owns the process's
-  // CPU work, so it sets it once to match its own pool.
-  openblas_set_num_threads(ctx_->threads);
-}
+    : ctx_(std::make_shared<CpuContext>(ResolveThreads(config), config.workspace_bytes)) {}
 
 EngineInfo CpuEngine::info() const {
   EngineInfo info;

@@ -33,7 +33,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   if (workers_.empty() || n <= grain) {
-    fn(0, 0, n);
+    for (int64_t begin = 0; begin < n; begin += grain) fn(0, begin, std::min(n, begin + grain));
     return;
   }
   {

@@ -1,11 +1,13 @@
 // What only the CPU engine promises: its plan's name, its workspace bound,
 // its error messages, agreement across thread counts, and its exp's accuracy.
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/fast_exp.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/engine_factory.h"
 #include "tests/engine/conformance_checks.h"
 #include "tests/support/engine_harness.h"
@@ -185,6 +187,25 @@ TEST(CpuEngineTest, ThreadCountsAgree) {
     EXPECT_LE(RelativeError(runs[i].grad_input, runs[0].grad_input), 1e-6);
     EXPECT_LE(RelativeError(runs[i].grad_weight, runs[0].grad_weight), 1e-6);
     EXPECT_LE(RelativeError(runs[i].grad_bias, runs[0].grad_bias), 1e-6);
+  }
+}
+
+TEST(ThreadPoolTest, EveryIndexExactlyOnce) {
+  for (int threads : {1, 2, 5}) {
+    cpu::ThreadPool pool(threads);
+    EXPECT_EQ(pool.threads(), threads);
+    for (int64_t n : {0, 1, 7, 1000}) {
+      for (int64_t grain : {1, 3, 64, 5000}) {
+        std::vector<std::atomic<int>> hits(n);
+        std::atomic<bool> bad_thread{false};
+        pool.ParallelFor(n, grain, [&](int thread, int64_t begin, int64_t end) {
+          if (thread < 0 || thread >= threads || end - begin > grain) bad_thread = true;
+          for (int64_t i = begin; i < end; ++i) ++hits[i];
+        });
+        EXPECT_FALSE(bad_thread);
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << n << " " << grain;
+      }
+    }
   }
 }
 
