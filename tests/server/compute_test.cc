@@ -411,6 +411,53 @@ TEST_F(ComputeTest, HeadReplacedWhileCallInFlightFinishesOnOldHead) {
   EXPECT_NEAR(next.summary.loss(), Reference(mixed).loss, kTol * std::abs(next.summary.loss()));
 }
 
+TEST_F(ComputeTest, ClientThatDoesNotReadStallsTheUploadInsteadOfFillingMemory) {
+  ServerConfig config = TestConfig();
+  config.max_message_bytes = 1 << 20;  // the server buffers at most 16 MiB of output
+  StartServer(config);
+  ProblemSpec ps;
+  ps.vocab_size = 16;
+  ps.hidden_size = 512;
+  ps.num_tokens = 32768;  // 64 MiB of fp32 hidden in, as much grad_input out
+  ps.head_dtype = DType::kF32;
+  ps.hidden_dtype = DType::kF32;
+  Problem problem = MakeProblem(ps);
+  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub().Compute(&context);
+  std::atomic<bool> all_written{false};
+  std::thread writer([&] {
+    stream->Write(HeaderMessage(MakeHeader(problem, "h", "s", "r1")));
+    constexpr int64_t kRows = 16;  // 32 KiB messages, under the 64 KiB limit
+    const int64_t row_bytes = ps.hidden_size * 4;
+    for (int64_t t = 0; t < ps.num_tokens; t += kRows) {
+      if (!stream->Write(
+              HiddenMessage(t, problem.hidden_bytes.substr(t * row_bytes, kRows * row_bytes)))) {
+        break;
+      }
+    }
+    stream->WritesDone();
+    all_written.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_FALSE(all_written.load()) << "the server kept reading while nobody read its output";
+
+  int64_t rows = 0;
+  bool summary = false;
+  v1::ComputeResponse response;
+  while (stream->Read(&response)) {
+    if (response.has_grad_input()) rows += response.grad_input().num_tokens();
+    summary |= response.has_summary();
+  }
+  writer.join();
+  grpc::Status status = stream->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(summary);
+  EXPECT_EQ(rows, ps.num_tokens);
+}
+
 TEST_F(ComputeTest, MaxRequestTokensIsEnforced) {
   ServerConfig config = TestConfig();
   config.max_request_tokens = 32;
