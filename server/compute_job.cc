@@ -86,6 +86,11 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
       spec_,
       ComputeSpecFromHeader(header, head_spec, ComputeLimits{ctx_.config.max_request_tokens}));
   row_bytes_ = head_spec.hidden_size * DTypeSize(spec_.hidden_dtype);
+  if (ctx_.metrics != nullptr) {
+    ctx_.metrics->AddReceivedBytes(
+        "Compute", static_cast<int64_t>(header.targets().size() + header.token_weights().size() +
+                                        header.entropy_weights().size()));
+  }
   rows_.emplace(spec_.num_tokens);
   forward_only_ = header.outputs().forward_only();
   deferred_ = header.commit() == v1::COMMIT_DEFERRED;
@@ -128,11 +133,17 @@ absl::Status ComputeJob::AddChunk(const v1::HiddenChunk& chunk) {
       rows_->Accept(chunk.token_offset(), static_cast<int64_t>(chunk.data().size()), row_bytes_));
   FLCE_RETURN_IF_ERROR(CheckHiddenFinite(spec_.hidden_dtype, chunk.data().data(), rows,
                                          head_.head->spec().hidden_size, chunk.token_offset()));
+  if (ctx_.metrics != nullptr) {
+    ctx_.metrics->AddReceivedBytes("Compute", static_cast<int64_t>(chunk.data().size()));
+  }
   FLCE_RETURN_IF_ERROR(channel_->WaitForRoom());
   return call_->AddHidden(chunk.token_offset(), rows, chunk.data().data());
 }
 
 void ComputeJob::OnGradInput(int64_t token_offset, int64_t rows, std::string data) {
+  if (ctx_.metrics != nullptr) {
+    ctx_.metrics->AddSentBytes("Compute", static_cast<int64_t>(data.size()));
+  }
   int64_t per_message = ItemsPerMessage(ctx_.config.max_message_bytes, row_bytes_);
   for (int64_t done = 0; done < rows; done += per_message) {
     int64_t n = std::min(per_message, rows - done);
@@ -169,6 +180,11 @@ void ComputeJob::SendTokenOutputs(const ComputeResult& result) {
     if (want.logprob) out->set_logprob(slice(result.logprob, begin, n));
     if (want.entropy) out->set_entropy(slice(result.entropy, begin, n));
     if (want.accuracy) out->set_correct(slice(result.correct, begin, n));
+    if (ctx_.metrics != nullptr) {
+      ctx_.metrics->AddSentBytes(
+          "Compute", static_cast<int64_t>(out->loss().size() + out->logprob().size() +
+                                          out->entropy().size() + out->correct().size()));
+    }
     channel_->Send(std::move(response));
   }
 }

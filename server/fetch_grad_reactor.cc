@@ -118,6 +118,9 @@ absl::StatusOr<bool> FetchGradReactor::NextChunk() {
     chunk->set_row_offset(next_row_);
     chunk->set_rows(rows);
     next_row_ += rows;
+    if (ctx_.metrics != nullptr) {
+      ctx_.metrics->AddSentBytes("FetchGrad", static_cast<int64_t>(data->size()));
+    }
     return true;
   }
   if (grad.has_bias() && next_bias_ < grad.vocab_size()) {
@@ -129,6 +132,9 @@ absl::StatusOr<bool> FetchGradReactor::NextChunk() {
     chunk->set_row_offset(next_bias_);
     chunk->set_rows(count);
     next_bias_ += count;
+    if (ctx_.metrics != nullptr) {
+      ctx_.metrics->AddSentBytes("FetchGrad", static_cast<int64_t>(data->size()));
+    }
     return true;
   }
   return false;

@@ -1,6 +1,7 @@
 #include "server/flce_server.h"
 
 #include <cstdio>
+#include <map>
 #include <random>
 #include <utility>
 
@@ -144,17 +145,16 @@ absl::Status FlceServer::PreloadHead() {
 
 void FlceServer::Housekeeping() {
   while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), ctx_.config.sweep_interval)) return;
-    }
     int64_t expired = sessions_->Sweep(absl::Now());
     if (expired > 0) {
       LogInfo(absl::StrCat(expired, " session(s) idle longer than --session-ttl dropped"));
     }
     Metrics::Snapshot gauges;
-    gauges.heads = static_cast<int64_t>(heads_.List().size());
+    std::vector<HeadEntry> heads = heads_.List();
+    gauges.heads = static_cast<int64_t>(heads.size());
+    std::map<std::string, int64_t> weight_bytes;
+    for (const HeadEntry& head : heads) weight_bytes[head.head_id] = head.head->resident_bytes();
+    metrics_->SetHeadWeights(weight_bytes);
     for (const SessionSummary& s : sessions_->List("")) {
       ++gauges.sessions;
       if (s.pending > 0) ++gauges.sessions_with_pending;
@@ -176,6 +176,11 @@ void FlceServer::Housekeeping() {
       // drain: the device cannot finish them.
       StopServing(absl::ZeroDuration());
       return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), ctx_.config.sweep_interval)) return;
     }
   }
 }

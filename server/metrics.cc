@@ -39,6 +39,18 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(int port) {
                             .Name("flce_inflight_requests")
                             .Help("RPCs in progress, by method")
                             .Register(registry);
+  metrics->received_ = &prometheus::BuildCounter()
+                            .Name("flce_received_bytes_total")
+                            .Help("Payload bytes received (tensor bytes in messages), by method")
+                            .Register(registry);
+  metrics->sent_ = &prometheus::BuildCounter()
+                        .Name("flce_sent_bytes_total")
+                        .Help("Payload bytes sent (tensor bytes in messages), by method")
+                        .Register(registry);
+  metrics->head_weight_ = &prometheus::BuildGauge()
+                               .Name("flce_head_weight_bytes")
+                               .Help("Resident bytes of each head")
+                               .Register(registry);
   auto gauge = [&registry](const char* name, const char* help) {
     return &prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
   };
@@ -94,6 +106,31 @@ void Metrics::InflightAdd(absl::string_view rpc, double delta) {
     gauge.Increment(delta);
   } else {
     gauge.Decrement(-delta);
+  }
+}
+
+void Metrics::AddReceivedBytes(absl::string_view rpc, int64_t bytes) {
+  received_->Add({{"rpc", std::string(rpc)}}).Increment(static_cast<double>(bytes));
+}
+
+void Metrics::AddSentBytes(absl::string_view rpc, int64_t bytes) {
+  sent_->Add({{"rpc", std::string(rpc)}}).Increment(static_cast<double>(bytes));
+}
+
+void Metrics::SetHeadWeights(const std::map<std::string, int64_t>& bytes_by_head) {
+  absl::MutexLock lock(&head_weight_mu_);
+  for (auto it = head_weight_gauges_.begin(); it != head_weight_gauges_.end();) {
+    if (bytes_by_head.count(it->first) == 0) {
+      head_weight_->Remove(it->second);
+      it = head_weight_gauges_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [head, bytes] : bytes_by_head) {
+    prometheus::Gauge*& gauge = head_weight_gauges_[head];
+    if (gauge == nullptr) gauge = &head_weight_->Add({{"head", head}});
+    gauge->Set(static_cast<double>(bytes));
   }
 }
 

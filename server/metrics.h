@@ -10,11 +10,14 @@
 #define FLCE_SERVER_METRICS_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/support/status_code_enum.h"
 
 namespace prometheus {
@@ -40,6 +43,10 @@ class Metrics {
   // flce_tokens_total{head,strategy} and flce_engine_duration_seconds{strategy}.
   void RecordCompute(absl::string_view head_id, absl::string_view strategy, int64_t tokens,
                      double engine_seconds);
+  // flce_received_bytes_total{rpc} / flce_sent_bytes_total{rpc}: tensor
+  // payload bytes in messages.
+  void AddReceivedBytes(absl::string_view rpc, int64_t bytes);
+  void AddSentBytes(absl::string_view rpc, int64_t bytes);
   // flce_inflight_requests{rpc}.
   void InflightAdd(absl::string_view rpc, double delta);
   // Gauges sampled by the server's housekeeping thread.
@@ -53,6 +60,8 @@ class Metrics {
     int64_t gpu_memory_total = 0;
   };
   void SetGauges(const Snapshot& snapshot);
+  // flce_head_weight_bytes{head}: exactly these heads (unloaded ones vanish).
+  void SetHeadWeights(const std::map<std::string, int64_t>& bytes_by_head);
 
   // The port the exposer listens on, 0 without one.
   int port() const { return port_; }
@@ -67,6 +76,11 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* duration_ = nullptr;
   prometheus::Family<prometheus::Histogram>* engine_duration_ = nullptr;
   prometheus::Family<prometheus::Gauge>* inflight_ = nullptr;
+  prometheus::Family<prometheus::Counter>* received_ = nullptr;
+  prometheus::Family<prometheus::Counter>* sent_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* head_weight_ = nullptr;
+  absl::Mutex head_weight_mu_;
+  std::map<std::string, prometheus::Gauge*> head_weight_gauges_ ABSL_GUARDED_BY(head_weight_mu_);
   prometheus::Gauge* heads_ = nullptr;
   prometheus::Gauge* sessions_ = nullptr;
   prometheus::Gauge* sessions_pending_ = nullptr;

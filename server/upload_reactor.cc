@@ -89,6 +89,7 @@ absl::Status UploadHeadReactor::Handle(const v1::UploadHeadRequest& request) {
     FLCE_RETURN_IF_ERROR(builder_->WriteWeight(received, chunk.data().data(), bytes));
   }
   received += bytes;
+  if (ctx_.metrics != nullptr) ctx_.metrics->AddReceivedBytes("UploadHead", bytes);
   return absl::OkStatus();
 }
 

@@ -264,6 +264,10 @@ TEST(BinaryTest, MetricsExposerServesBesideTheCudaPlugin) {
   EXPECT_THAT(metrics, HasSubstr("flce_request_duration_seconds_bucket"));
   EXPECT_THAT(metrics, HasSubstr("flce_inflight_requests"));
   EXPECT_THAT(metrics, HasSubstr("flce_tokens_total{head=\"demo\""));
+  EXPECT_THAT(metrics, HasSubstr("flce_received_bytes_total{rpc=\"Compute\"}"));
+  EXPECT_THAT(metrics, HasSubstr("flce_sent_bytes_total{rpc=\"Compute\"}"));
+  EXPECT_THAT(metrics, HasSubstr("flce_head_weight_bytes{head=\"demo\"}"));
+  EXPECT_THAT(metrics, HasSubstr("flce_heads_loaded 1"));
   kill(server.pid(), SIGTERM);
   EXPECT_EQ(server.WaitExit(std::chrono::seconds(30)), 0) << server.log();
 }
