@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -156,6 +157,12 @@ int Main() {
     out["warmup"] = warmup;
     out["flops_per_call"] = flops;
     out["openblas_config"] = openblas_get_config();
+    // Both change OpenBLAS's speed and how it shares cores with the row pass
+    // (docs/perf/cpu.md); they are read when the library loads.
+    for (const char* name : {"OPENBLAS_CORETYPE", "OPENBLAS_THREAD_TIMEOUT"}) {
+      const char* value = std::getenv(name);
+      out["env"][name] = value != nullptr ? value : "";
+    }
     out["row_pass_ms"] = row_pass_ms;
     out["sgemm_bound"] = {{"ms", bound_ms},
                           {"gflops", bound_gflops},
