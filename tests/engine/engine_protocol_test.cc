@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 
 #include "kernels/dtype.h"
 #include "tests/engine/engine_test_fixture.h"
@@ -269,6 +270,50 @@ TEST_P(EngineProtocolTest, EmptyRequest) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->loss, 0.0);
   EXPECT_EQ(result->n_valid, 0);
+}
+
+TEST_P(EngineProtocolTest, ConcurrentCallsFromTwoThreads) {
+  ProblemSpec ps;
+  ps.num_tokens = 64;
+  ps.has_bias = true;
+  Problem problems[2] = {MakeProblem(ps), MakeProblem(ps)};
+  ComputeSpec spec = BaseSpec();
+  spec.chunk_tokens = 16;
+  absl::StatusOr<EngineRun> runs[2];
+  std::thread threads[2];
+  for (int i = 0; i < 2; ++i) {
+    threads[i] = std::thread([&, i] {
+      HarnessOptions options;
+      options.rows_per_block = 4;
+      runs[i] = RunProblem(*engine_, problems[i], spec, options);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(runs[i].ok()) << runs[i].status();
+    ReferenceOutput ref = ComputeReference(MakeReferenceInput(problems[i], spec));
+    ExpectMatchesReference(*runs[i], ref, spec, TolFor(problems[i]));
+  }
+}
+
+TEST_P(EngineProtocolTest, DroppingACallBeforeFinishLeavesTheEngineUsable) {
+  Problem problem = MakeProblem(ProblemSpec{});
+  auto head = BuildHead(*engine_, problem, 1);
+  auto grad = engine_->NewGradBuffer(HeadSpecOf(problem));
+  ASSERT_TRUE(head.ok() && grad.ok());
+  {
+    ComputeSpec spec = BaseSpec();
+    spec.num_tokens = problem.spec.num_tokens;
+    spec.hidden_dtype = problem.spec.hidden_dtype;
+    spec.targets = problem.targets;
+    spec.grad_out = grad->get();
+    spec.chunk_tokens = 4;
+    auto call = engine_->StartCompute(*head, spec, [](int64_t, int64_t, std::string) {});
+    ASSERT_TRUE(call.ok());
+    ASSERT_TRUE((*call)->AddHidden(0, 10, problem.hidden_bytes.data()).ok());
+  }  // cancelled: grad's content is unspecified now
+  ASSERT_TRUE((*grad)->Zero().ok());
+  ExpectConforms(problem, BaseSpec());
 }
 
 // ---- bad input ----
