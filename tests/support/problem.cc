@@ -10,6 +10,7 @@ namespace {
 
 std::string ToBytes(DType dtype, const std::vector<float>& values) {
   std::string bytes(values.size() * DTypeSize(dtype), '\0');
+  if (values.empty()) return bytes;  // data() may be null
   FromFloat(dtype, values.data(), bytes.data(), static_cast<int64_t>(values.size()));
   return bytes;
 }
