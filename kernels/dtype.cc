@@ -85,6 +85,7 @@ uint16_t FloatToHalf(float value) {
 }
 
 void ToFloat(DType dtype, const void* src, float* dst, int64_t count) {
+  if (count <= 0) return;  // memcpy with a null pointer is undefined even for 0 bytes
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
@@ -103,6 +104,7 @@ void ToFloat(DType dtype, const void* src, float* dst, int64_t count) {
 }
 
 void FromFloat(DType dtype, const float* src, void* dst, int64_t count) {
+  if (count <= 0) return;
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
