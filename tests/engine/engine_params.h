@@ -1,5 +1,10 @@
 // The (engine, strategy) pairs every conformance test runs on, kept in one
 // place: add a strategy here and every suite picks it up.
+//
+// On a GPU host the CUDA cases run against the plugin this tree built, or
+// the one FLCE_CUDA_PLUGIN names:
+//   FLCE_CUDA_PLUGIN=/path/libflce_cuda.so flce_engine_tests --gtest_filter='*cuda*'
+// FLCE_TEST_PRINT_ERRORS=1 prints every comparison's relative errors.
 #ifndef FLCE_TESTS_ENGINE_ENGINE_PARAMS_H_
 #define FLCE_TESTS_ENGINE_ENGINE_PARAMS_H_
 
