@@ -23,7 +23,7 @@ double TimeRowPass(int64_t num_tokens, int64_t vocab_size, int64_t chunk_tokens,
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& v : source) v = normal(rng);
   std::vector<float> logits(C * V);
-  std::vector<float> scratch(threads * V);
+  std::vector<float> scratch(threads * cpu::kRowScratchPerVocab * V);
   cpu::RowPassParams params;
   params.vocab_size = V;
 
@@ -34,7 +34,7 @@ double TimeRowPass(int64_t num_tokens, int64_t vocab_size, int64_t chunk_tokens,
     const auto t0 = std::chrono::steady_clock::now();
     pool->ParallelFor(M, 1, [&](int thread, int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        cpu::ProcessRow(params, logits.data() + i * V, scratch.data() + thread * V,
+        cpu::ProcessRow(params, logits.data() + i * V, scratch.data() + thread * cpu::kRowScratchPerVocab * V,
                         static_cast<int32_t>(i % V), 1.0 / num_tokens, 0.0, true);
       }
     });

@@ -43,7 +43,7 @@ void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
   params.options = options;
   // Rows are independent: one row per block balances best.
   ctx.pool.ParallelFor(M, 1, [&](int thread, int64_t begin, int64_t end) {
-    float* scratch = ctx.scratch.data() + thread * V;
+    float* scratch = ctx.scratch.data() + thread * kRowScratchPerVocab * V;
     for (int64_t i = begin; i < end; ++i) {
       args.stats[i] = ProcessRow(params, logits + i * V, scratch, args.targets[i],
                                  args.token_weights[i], args.entropy_weights[i], want_dr);

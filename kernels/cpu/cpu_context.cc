@@ -3,13 +3,15 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/row_pass.h"
 
 namespace flce::cpu {
 
 int64_t CpuContext::BytesFor(int64_t chunk_tokens, int64_t vocab_size,
                              int64_t hidden_size) const {
   const int64_t floats = chunk_tokens * vocab_size + chunk_tokens * hidden_size +
-                         threads * vocab_size + chunk_tokens * hidden_size;
+                         threads * kRowScratchPerVocab * vocab_size +
+                         chunk_tokens * hidden_size;
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
@@ -30,7 +32,7 @@ absl::StatusOr<int64_t> CpuContext::ChooseChunkTokens(int64_t requested, int64_t
 void CpuContext::Reserve(int64_t chunk_tokens, int64_t vocab_size, int64_t hidden_size) {
   const size_t logits_size = static_cast<size_t>(chunk_tokens * vocab_size);
   const size_t grad_size = static_cast<size_t>(chunk_tokens * hidden_size);
-  const size_t scratch_size = static_cast<size_t>(threads * vocab_size);
+  const size_t scratch_size = static_cast<size_t>(threads * kRowScratchPerVocab * vocab_size);
   if (logits.size() < logits_size) logits.resize(logits_size);
   if (grad_input.size() < grad_size) grad_input.resize(grad_size);
   if (scratch.size() < scratch_size) scratch.resize(scratch_size);

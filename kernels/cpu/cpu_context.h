@@ -56,7 +56,7 @@ struct CpuContext {
   std::mutex mu;  // one chunk at a time uses the buffers below and the pool
   std::vector<float> logits;      // chunk x V: logits, then dr in place
   std::vector<float> grad_input;  // chunk x H
-  std::vector<float> scratch;     // threads x V: exp(z - max) per row
+  std::vector<float> scratch;     // threads x kRowScratchPerVocab x V (row_pass.h)
   PhaseTimes phase_times;
 
  private:

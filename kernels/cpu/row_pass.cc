@@ -12,8 +12,9 @@ namespace {
 // code, and the result does not depend on the machine's vector width.
 constexpr int kLanes = 8;
 
-// z = (r + b) capped and tempered, in place.
-void ToZ(const RowPassParams& params, float* row) {
+// z = (r + b) capped and tempered, in place; with a softcap, cap_grad gets
+// du/dr = sech^2(r / c) for every entry.
+void ToZ(const RowPassParams& params, float* row, float* cap_grad) {
   const int64_t V = params.vocab_size;
   if (params.bias != nullptr) {
     for (int64_t j = 0; j < V; ++j) row[j] += params.bias[j];
@@ -21,7 +22,16 @@ void ToZ(const RowPassParams& params, float* row) {
   const float cap = params.options.softcap;
   if (cap > 0.0f) {
     const float inv_cap = 1.0f / cap;
-    for (int64_t j = 0; j < V; ++j) row[j] = cap * std::tanh(row[j] * inv_cap);
+    for (int64_t j = 0; j < V; ++j) {
+      const float x = row[j] * inv_cap;
+      row[j] = cap * std::tanh(x);
+      // sech^2 x = 4e / (1 + e)^2 with e = exp(-2|x|), from x itself: where
+      // tanh x rounds to +-1 in fp32, 1 - (u/c)^2 would cancel to noise, and
+      // in a confident row those entries carry most of a small gradient.
+      const float e = FastExp(-2.0f * std::fabs(x));
+      const float one_plus_e = 1.0f + e;
+      cap_grad[j] = 4.0f * e / (one_plus_e * one_plus_e);
+    }
   }
   const float tau = params.options.temperature;
   if (tau != 1.0f) {
@@ -101,7 +111,8 @@ RowStats ProcessRow(const RowPassParams& params, float* row, float* scratch, int
   const LossOptions& o = params.options;
   const double eps = o.label_smoothing;
   const double s = o.z_loss_scale;
-  ToZ(params, row);
+  float* cap_grad = scratch + V;
+  ToZ(params, row, cap_grad);
 
   const float m = RowMax(row, V);
   int64_t argmax = 0;
@@ -146,12 +157,10 @@ RowStats ProcessRow(const RowPassParams& params, float* row, float* scratch, int
   const float inv_tau = 1.0f / o.temperature;
   const float cap = o.softcap;
   if (cap > 0.0f) {
-    const float tau_over_cap = o.temperature / cap;
     for (int64_t j = 0; j < V; ++j) {
       const float q = scratch[j];
       const float dz = q * pa - shift - q * pe * ((row[j] - m) - mean);
-      const float u = row[j] * tau_over_cap;  // u / c
-      row[j] = dz * inv_tau * (1.0f - u * u);
+      row[j] = dz * inv_tau * cap_grad[j];
     }
   } else {
     for (int64_t j = 0; j < V; ++j) {
@@ -167,10 +176,7 @@ RowStats ProcessRow(const RowPassParams& params, float* row, float* scratch, int
     const double dloss = std::expm1(logprob) + 2.0 * s * lse * p_y + eps - eps / V;
     const double dentropy = -p_y * (z_y_shifted - mean_shifted_z);
     double dr = (a * dloss + e * dentropy) / o.temperature;
-    if (cap > 0.0f) {
-      const double u = static_cast<double>(z_target) * o.temperature / cap;
-      dr *= 1.0 - u * u;
-    }
+    if (cap > 0.0f) dr *= cap_grad[target];
     row[target] = static_cast<float>(dr);
   }
   return stats;

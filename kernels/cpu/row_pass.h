@@ -26,9 +26,14 @@ struct RowStats {
   bool correct = false;  // argmax z == y (lowest index on ties)
 };
 
+// Floats of caller scratch ProcessRow needs per vocabulary entry: exp(z - max)
+// and the softcap's derivative.
+inline constexpr int64_t kRowScratchPerVocab = 2;
+
 // row: V raw logits (X W^T, no bias) in; when want_dr, V values of dr out
-// (otherwise z). scratch: V floats of the caller's. target < 0 means ignored;
-// token_weight is a_t (0 for ignored tokens), entropy_weight e_t.
+// (otherwise z). scratch: kRowScratchPerVocab x V floats of the caller's.
+// target < 0 means ignored; token_weight is a_t (0 for ignored tokens),
+// entropy_weight e_t.
 RowStats ProcessRow(const RowPassParams& params, float* row, float* scratch, int32_t target,
                     double token_weight, double entropy_weight, bool want_dr);
 
