@@ -1,4 +1,4 @@
-// A branch-free expf the compiler can vectorise (std::exp cannot be, without
+// A branch-free expf (and a tanh built on it) the compiler can vectorise (std::exp cannot be, without
 // -ffast-math, which would change every other rounding in the engine too).
 // Cody-Waite range reduction and Cephes' degree-6 polynomial: within 2 ulp of
 // std::exp on [-87, 88]; below -87 it returns ~1e-38 instead of underflowing
@@ -6,6 +6,7 @@
 #ifndef FLCE_KERNELS_CPU_FAST_EXP_H_
 #define FLCE_KERNELS_CPU_FAST_EXP_H_
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -29,6 +30,28 @@ inline float FastExp(float x) {
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return e * scale;
+}
+
+// tanh(x), and sech^2(x) = 1 - tanh^2(x) into *sech2, branch-free for the
+// vectoriser (std::tanh is not vectorised: it made a softcapped row pass ~7x
+// slower than a plain one). Both come from e = exp(-2|x|): tanh|x| =
+// (1 - e) / (1 + e) and sech^2 x = 4e / (1 + e)^2, which stays accurate where
+// tanh rounds to +-1 and 1 - tanh^2 would cancel to nothing. Below |x| = 0.625,
+// where 1 - e cancels instead, tanh takes Cephes' tanhf polynomial.
+inline float FastTanh(float x, float* sech2) {
+  const float ax = std::fabs(x);
+  const float e = FastExp(-2.0f * ax);
+  const float one_plus_e = 1.0f + e;
+  *sech2 = 4.0f * e / (one_plus_e * one_plus_e);
+  const float large = (1.0f - e) / one_plus_e;
+  const float z = ax * ax;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = p * z * ax + ax;
+  return std::copysign(ax < 0.625f ? small : large, x);
 }
 
 }  // namespace flce::cpu

@@ -22,16 +22,10 @@ void ToZ(const RowPassParams& params, float* row, float* cap_grad) {
   const float cap = params.options.softcap;
   if (cap > 0.0f) {
     const float inv_cap = 1.0f / cap;
-    for (int64_t j = 0; j < V; ++j) {
-      const float x = row[j] * inv_cap;
-      row[j] = cap * std::tanh(x);
-      // sech^2 x = 4e / (1 + e)^2 with e = exp(-2|x|), from x itself: where
-      // tanh x rounds to +-1 in fp32, 1 - (u/c)^2 would cancel to noise, and
-      // in a confident row those entries carry most of a small gradient.
-      const float e = FastExp(-2.0f * std::fabs(x));
-      const float one_plus_e = 1.0f + e;
-      cap_grad[j] = 4.0f * e / (one_plus_e * one_plus_e);
-    }
+    // sech^2 comes from the uncapped logit, not as 1 - (u/c)^2: where tanh
+    // rounds to +-1 in fp32 that would cancel to noise, and in a confident
+    // row those entries carry most of a small gradient.
+    for (int64_t j = 0; j < V; ++j) row[j] = cap * FastTanh(row[j] * inv_cap, &cap_grad[j]);
   }
   const float tau = params.options.temperature;
   if (tau != 1.0f) {

@@ -248,5 +248,28 @@ TEST(FastExpTest, WithinTwoUlpOfStdExp) {
   EXPECT_GE(cpu::FastExp(-1000.0f), 0.0f);
 }
 
+TEST(FastTanhTest, CloseToTanhAndItsDerivative) {
+  double worst_tanh = 0.0;
+  double worst_sech2 = 0.0;
+  for (float x = -40.0f; x <= 40.0f; x += 0.000377f) {
+    for (float v : {x, x * 1e-3f}) {  // and a dense sweep near 0
+      float sech2 = -1.0f;
+      const double got = cpu::FastTanh(v, &sech2);
+      const double want = std::tanh(static_cast<double>(v));
+      const double c = std::cosh(static_cast<double>(v));
+      if (want != 0.0) worst_tanh = std::max(worst_tanh, std::abs(got - want) / std::abs(want));
+      worst_sech2 = std::max(worst_sech2, std::abs(sech2 - 1.0 / (c * c)) * (c * c));
+    }
+  }
+  EXPECT_LE(worst_tanh, 4.0 * std::ldexp(1.0, -23)) << worst_tanh;
+  EXPECT_LE(worst_sech2, 8.0 * std::ldexp(1.0, -23)) << worst_sech2;
+  float sech2 = 0.0f;
+  EXPECT_EQ(cpu::FastTanh(0.0f, &sech2), 0.0f);
+  EXPECT_EQ(sech2, 1.0f);
+  EXPECT_EQ(cpu::FastTanh(100.0f, &sech2), 1.0f);
+  EXPECT_EQ(cpu::FastTanh(-100.0f, &sech2), -1.0f);
+  EXPECT_LT(sech2, 1e-30f);
+}
+
 }  // namespace
 }  // namespace flce::test
