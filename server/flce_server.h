@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/engine.h"
+#include "server/auth.h"
 #include "server/flce_service.h"
 #include "server/head_registry.h"
 #include "server/metrics.h"
@@ -33,21 +34,23 @@ namespace flce::server {
 
 // The engine config.device asks for: "cpu", "cuda" (UNAVAILABLE without a
 // GPU or the plugin) or "auto" (CUDA if it loads, else the CPU engine).
-absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const ServerConfig& config);
+absl::StatusOr<std::unique_ptr<Engine>>
+CreateEngine(const ServerConfig &config);
 
 class FlceServer {
- public:
-  static absl::StatusOr<std::unique_ptr<FlceServer>> Create(const ServerConfig& config);
+public:
+  static absl::StatusOr<std::unique_ptr<FlceServer>>
+  Create(const ServerConfig &config);
   // With an engine made elsewhere (tests).
-  static absl::StatusOr<std::unique_ptr<FlceServer>> Create(const ServerConfig& config,
-                                                            std::unique_ptr<Engine> engine);
-  ~FlceServer();  // Shutdown() first
-  FlceServer(const FlceServer&) = delete;
-  FlceServer& operator=(const FlceServer&) = delete;
+  static absl::StatusOr<std::unique_ptr<FlceServer>>
+  Create(const ServerConfig &config, std::unique_ptr<Engine> engine);
+  ~FlceServer(); // Shutdown() first
+  FlceServer(const FlceServer &) = delete;
+  FlceServer &operator=(const FlceServer &) = delete;
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_->port(); }
-  const std::string& instance_id() const { return ctx_.instance_id; }
+  const std::string &instance_id() const { return ctx_.instance_id; }
 
   // Health NOT_SERVING, no new calls, calls in flight get up to config.drain
   // to finish, then the rest are cancelled. Returns when all are gone.
@@ -56,10 +59,13 @@ class FlceServer {
   // Blocks until the server stopped: OK after Shutdown(), UNAVAILABLE if it
   // stopped because the engine became unhealthy.
   absl::Status Wait();
+  // Rereads --auth-token-file (SIGHUP); on error the previous tokens stay.
+  absl::Status ReloadAuth();
 
- private:
+private:
   FlceServer() = default;
-  absl::Status Start(const ServerConfig& config, std::unique_ptr<Engine> engine);
+  absl::Status Start(const ServerConfig &config,
+                     std::unique_ptr<Engine> engine);
   absl::Status PreloadHead();
   void Housekeeping();
   void StopServing(absl::Duration drain);
@@ -70,6 +76,7 @@ class FlceServer {
   HeadRegistry heads_;
   std::unique_ptr<SessionStore> sessions_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Authenticator> auth_;
   WorkTracker workers_;
   std::unique_ptr<ThreadPool> pool_;
   ServiceContext ctx_;
@@ -77,14 +84,14 @@ class FlceServer {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 
-  absl::Mutex shutdown_mu_;  // held for the whole shutdown
+  absl::Mutex shutdown_mu_; // held for the whole shutdown
   absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // housekeeping stops
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false; // housekeeping stops
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status stop_reason_ ABSL_GUARDED_BY(mu_);
   std::thread housekeeping_;
 };
 
-}  // namespace flce::server
+} // namespace flce::server
 
-#endif  // FLCE_SERVER_FLCE_SERVER_H_
+#endif // FLCE_SERVER_FLCE_SERVER_H_

@@ -1,11 +1,18 @@
-// Resident heads by id. A head is immutable: replacing one swaps in a new
-// shared_ptr and bumps the id's version, so calls in flight finish on the
+// Resident heads by (owner, id). A head is immutable: replacing one swaps in a
+// new shared_ptr and bumps the id's version, so calls in flight finish on the
 // head they started with.
+//
+// Owners: "" is the shared namespace (heads preloaded at start or put by an
+// admin: every tenant computes with them); any other owner is a tenant whose
+// heads nobody else sees. An id is either shared or private (to one or more
+// tenants, each with its own head), never both, so a (tenant, id) pair names
+// one head: the tenant's own if it has one, else the shared one.
 //
 // Usage:
 //   HeadRegistry heads;
-//   FLCE_ASSIGN_OR_RETURN(HeadEntry e, heads.Put("h1", head, "upload"));
-//   FLCE_ASSIGN_OR_RETURN(HeadEntry now, heads.Get("h1"));   // a snapshot
+//   FLCE_ASSIGN_OR_RETURN(HeadEntry e, heads.Put("", "h1", head, "upload"));
+//   FLCE_ASSIGN_OR_RETURN(HeadEntry now, heads.Get("tenant-a", "h1"));   // a
+//   snapshot
 #ifndef FLCE_SERVER_HEAD_REGISTRY_H_
 #define FLCE_SERVER_HEAD_REGISTRY_H_
 
@@ -14,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -25,43 +33,76 @@
 namespace flce::server {
 
 struct HeadEntry {
+  std::string owner; // "" = shared
   std::string head_id;
   std::shared_ptr<const Head> head;
   uint64_t version = 0;
-  std::string source;  // "upload", "file:<path>", "embedded-demo"
+  std::string source; // "upload", "file:<path>", "embedded-demo"
+};
+
+struct HeadLimits {
+  int64_t max_heads = 0; // resident heads, all owners; 0 = no limit
+  int64_t max_bytes = 0; // resident bytes, all owners; 0 = no limit
 };
 
 class HeadRegistry {
- public:
+public:
   // Called under the registry's lock before a head is replaced with a
   // different shape; a non-OK status refuses the replacement (sessions whose
   // gradients have the old shape).
-  using ShapeGuard = std::function<absl::Status(const std::string& head_id)>;
+  using ShapeGuard = std::function<absl::Status(const std::string &owner,
+                                                const std::string &id)>;
 
   void SetShapeGuard(ShapeGuard guard);
+  void SetLimits(HeadLimits limits);
 
-  // Adds or replaces head_id; returns the new entry (version bumped).
-  absl::StatusOr<HeadEntry> Put(const std::string& head_id, std::shared_ptr<const Head> head,
-                                const std::string& source);
-  // NOT_FOUND naming the id and the resident ones.
-  absl::StatusOr<HeadEntry> Get(const std::string& head_id) const;
-  // OK if head_id may be replaced by a head of shape `spec` (or is new).
-  absl::Status CheckReplaceable(const std::string& head_id, const HeadSpec& spec) const;
-  absl::StatusOr<HeadEntry> Remove(const std::string& head_id);
-  std::vector<HeadEntry> List() const;
+  // The owner a write of head_id by this caller goes to: "" for an admin,
+  // else the tenant. PERMISSION_DENIED when a non-admin names a shared head.
+  absl::StatusOr<std::string> WriteOwner(const std::string &tenant, bool admin,
+                                         const std::string &head_id) const;
 
- private:
+  // Adds or replaces (owner, head_id); returns the new entry (version
+  // bumped). RESOURCE_EXHAUSTED naming --max-heads / --max-head-bytes.
+  absl::StatusOr<HeadEntry> Put(const std::string &owner,
+                                const std::string &head_id,
+                                std::shared_ptr<const Head> head,
+                                const std::string &source);
+  // The head `tenant` sees under head_id: its own, else the shared one.
+  // NOT_FOUND naming the id and the ones the tenant sees.
+  absl::StatusOr<HeadEntry> Get(const std::string &tenant,
+                                const std::string &head_id) const;
+  // OK if (owner, head_id) may be replaced by a head of shape `spec` (or is
+  // new and fits the limits).
+  absl::Status CheckPut(const std::string &owner, const std::string &head_id,
+                        const HeadSpec &spec) const;
+  absl::StatusOr<HeadEntry> Remove(const std::string &owner,
+                                   const std::string &head_id);
+  // The heads `tenant` sees (its own and the shared ones).
+  std::vector<HeadEntry> List(const std::string &tenant) const;
+  std::vector<HeadEntry> ListAll() const;
+
+private:
+  using Key = std::pair<std::string, std::string>; // owner, head_id
+  absl::Status CheckLimitsLocked(const Key &key, int64_t new_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
-  std::map<std::string, HeadEntry> heads_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, HeadEntry> heads_ ABSL_GUARDED_BY(mu_);
   // Versions survive an unload, so that an expected_head_version taken before
   // an unload and re-upload never matches the new head by accident.
-  std::map<std::string, uint64_t> last_version_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, uint64_t> last_version_ ABSL_GUARDED_BY(mu_);
   ShapeGuard shape_guard_ ABSL_GUARDED_BY(mu_);
+  HeadLimits limits_ ABSL_GUARDED_BY(mu_);
 };
 
 // True if a and b have the same V, H and bias (the gradient's shape).
-bool SameGradShape(const HeadSpec& a, const HeadSpec& b);
+bool SameGradShape(const HeadSpec &a, const HeadSpec &b);
 
-}  // namespace flce::server
+// Bytes of a head of this shape: weight + bias in its dtype (HeadInfo's
+// weight_bytes, flce_head_weight_bytes, what --max-head-bytes counts). An
+// engine may keep more (the CPU engine converts bf16 to fp32).
+int64_t HeadBytes(const HeadSpec &spec);
 
-#endif  // FLCE_SERVER_HEAD_REGISTRY_H_
+} // namespace flce::server
+
+#endif // FLCE_SERVER_HEAD_REGISTRY_H_

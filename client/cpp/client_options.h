@@ -11,7 +11,7 @@
 namespace flce {
 
 struct ClientOptions {
-  std::string target = "127.0.0.1:50051";  // host:port, or any gRPC target URI
+  std::string target = "127.0.0.1:50051"; // host:port, or any gRPC target URI
   // The largest message the client sends or accepts. Keep it at or below the
   // server's --max-message-mb: chunks are cut to fit it.
   int64_t max_message_bytes = int64_t{64} << 20;
@@ -20,11 +20,28 @@ struct ClientOptions {
   int64_t chunk_bytes = int64_t{4} << 20;
   // Deadline of every call, counted from its start; InfiniteDuration = none.
   absl::Duration timeout = absl::Minutes(5);
-  // Transport security and per-call credentials (TLS roots, client
-  // certificates, a bearer token) are added here by a later version; the
-  // channel is insecure until then.
+
+  // Transport security. With `tls` (or any tls_* file given) the channel
+  // speaks TLS: the server's certificate is checked against tls_ca_file (PEM;
+  // empty = the system's roots), and tls_cert_file + tls_key_file (PEM) are
+  // presented to a server that wants client certificates (mutual TLS).
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // The name checked against the server's certificate instead of the
+  // target's host (e.g. when dialing an IP address the certificate lacks).
+  std::string tls_server_name;
+  // Sent as `authorization: Bearer <auth_token>` on every flce.v1 call
+  // (empty = none). Without TLS it crosses the network in clear text.
+  std::string auth_token;
+
+  bool uses_tls() const {
+    return tls || !tls_ca_file.empty() || !tls_cert_file.empty() ||
+           !tls_key_file.empty() || !tls_server_name.empty();
+  }
 };
 
-}  // namespace flce
+} // namespace flce
 
-#endif  // FLCE_CLIENT_CPP_CLIENT_OPTIONS_H_
+#endif // FLCE_CLIENT_CPP_CLIENT_OPTIONS_H_

@@ -1,0 +1,56 @@
+#include "server/request_log.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace flce::server {
+
+std::string QuoteLogValue(absl::string_view value) {
+  bool plain = !value.empty();
+  for (char c : value) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u >= 0x7f || c == '"' || c == '\\' || c == '=')
+      plain = false;
+  }
+  if (plain)
+    return std::string(value);
+  std::string out = "\"";
+  for (char c : value) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      absl::StrAppendFormat(&out, "\\x%02x", u);
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+  return out;
+}
+
+std::string FormatRequestLog(const RequestLogLine &line) {
+  std::string out =
+      absl::StrCat("request id=", QuoteLogValue(line.id), " rpc=", line.rpc);
+  if (!line.tenant.empty())
+    absl::StrAppend(&out, " tenant=", QuoteLogValue(line.tenant));
+  if (!line.head.empty())
+    absl::StrAppend(&out, " head=", QuoteLogValue(line.head));
+  if (!line.session.empty())
+    absl::StrAppend(&out, " session=", QuoteLogValue(line.session));
+  if (line.tokens >= 0)
+    absl::StrAppend(&out, " tokens=", line.tokens);
+  if (!line.strategy.empty())
+    absl::StrAppend(&out, " strategy=", QuoteLogValue(line.strategy));
+  absl::StrAppendFormat(&out, " duration_ms=%.3f code=%s",
+                        line.seconds * 1000.0, line.code);
+  if (line.code != "OK" && !line.message.empty()) {
+    absl::StrAppend(&out, " message=", QuoteLogValue(line.message));
+  }
+  return out;
+}
+
+} // namespace flce::server

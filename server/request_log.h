@@ -1,0 +1,38 @@
+// The one structured log line each RPC leaves when it ends, as key=value
+// pairs an operator can grep or a log shipper can split:
+//   request id=r1 rpc=Compute tenant=a head=demo session=s1 tokens=48
+//     strategy=chunked duration_ms=12.345 code=OK
+// Values with spaces, quotes or '=' are quoted; fields not known for the RPC
+// are left out; a failed call adds message="...". Never holds a token.
+#ifndef FLCE_SERVER_REQUEST_LOG_H_
+#define FLCE_SERVER_REQUEST_LOG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace flce::server {
+
+struct RequestLogLine {
+  std::string id; // the client's request id, else "#<call number>"
+  std::string rpc;
+  std::string tenant; // "" = anonymous (no auth) or not yet known
+  std::string head;
+  std::string session;
+  int64_t tokens = -1; // -1 = not a compute
+  std::string strategy;
+  double seconds = 0.0;
+  std::string code; // "OK", "INVALID_ARGUMENT", ...
+  std::string message;
+};
+
+std::string FormatRequestLog(const RequestLogLine &line);
+
+// value as is when it is a plain word, else in double quotes with `"` and `\`
+// escaped and control bytes as \xNN.
+std::string QuoteLogValue(absl::string_view value);
+
+} // namespace flce::server
+
+#endif // FLCE_SERVER_REQUEST_LOG_H_
