@@ -35,6 +35,7 @@ ABSL_FLAG(int64_t, chunk_tokens, 0, "engine token chunk; 0 = engine's choice");
 ABSL_FLAG(int64_t, workspace_mb, 2048, "engine workspace budget");
 ABSL_FLAG(std::string, dtypes, "fp32,bf16", "head (and hidden) dtypes to run");
 ABSL_FLAG(std::string, json, "", "write results here as JSON");
+ABSL_FLAG(float, softcap, 0.0f, "logit softcap c for the engine and the row pass; 0 = none");
 
 namespace flce::bench {
 namespace {
@@ -72,6 +73,7 @@ int Main() {
     problem.vocab_size = V;
     problem.hidden_size = H;
     problem.chunk_tokens = requested_chunk;
+    problem.options.softcap = absl::GetFlag(FLAGS_softcap);
     if (name == "fp32") {
       problem.dtype = DType::kF32;
     } else if (name == "bf16") {
@@ -97,7 +99,7 @@ int Main() {
   std::vector<std::array<std::vector<double>, 4>> phases(benches.size());
   for (int i = 0; i < warmup + runs; ++i) {
     const GemmTimes t = TimeThreeGemms(BT, V, H, chunk);
-    const double rows_ms = TimeRowPass(BT, V, chunk, threads);
+    const double rows_ms = TimeRowPass(BT, V, chunk, threads, absl::GetFlag(FLAGS_softcap));
     for (size_t d = 0; d < benches.size(); ++d) {
       const cpu::PhaseTimes before = cpu_engine->phase_times();
       absl::StatusOr<double> ms = benches[d]->RunOnce(/*backward=*/true);
@@ -151,6 +153,7 @@ int Main() {
     out["git_commit"] = GitCommit();
     out["cpu_model"] = CpuModel();
     out["threads"] = threads;
+    out["softcap"] = absl::GetFlag(FLAGS_softcap);
     out["shape"] = {{"bt", BT}, {"h", H}, {"v", V}};
     out["chunk_tokens"] = chunk;
     out["runs"] = runs;

@@ -49,6 +49,7 @@ absl::StatusOr<double> EngineBench::RunOnce(bool backward) {
   spec.hidden_dtype = problem_.dtype;
   spec.targets = targets_;
   spec.chunk_tokens = problem_.chunk_tokens;
+  spec.options = problem_.options;
   spec.outputs.grad_input = backward;
   spec.grad_out = backward ? grad_.get() : nullptr;
   std::atomic<int64_t> rows_back{0};

@@ -20,6 +20,7 @@ struct BenchProblem {
   DType dtype = DType::kF32;  // head and hidden
   int64_t chunk_tokens = 0;   // 0 = engine's choice
   int64_t rows_per_block = 1024;
+  LossOptions options;  // e.g. a softcap, which adds a tanh per logit
 };
 
 class EngineBench {

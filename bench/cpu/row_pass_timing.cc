@@ -11,7 +11,8 @@
 
 namespace flce::bench {
 
-double TimeRowPass(int64_t num_tokens, int64_t vocab_size, int64_t chunk_tokens, int threads) {
+double TimeRowPass(int64_t num_tokens, int64_t vocab_size, int64_t chunk_tokens, int threads,
+                   float softcap) {
   static std::unique_ptr<cpu::ThreadPool> pool;
   if (pool == nullptr || pool->threads() != threads) {
     pool = std::make_unique<cpu::ThreadPool>(threads);
@@ -26,6 +27,7 @@ double TimeRowPass(int64_t num_tokens, int64_t vocab_size, int64_t chunk_tokens,
   std::vector<float> scratch(threads * cpu::kRowScratchPerVocab * V);
   cpu::RowPassParams params;
   params.vocab_size = V;
+  params.options.softcap = softcap;
 
   double ms = 0.0;
   for (int64_t start = 0; start < num_tokens; start += C) {

@@ -8,8 +8,10 @@
 
 namespace flce::bench {
 
-// Milliseconds for BT rows, processed chunk by chunk as the engine does.
-double TimeRowPass(int64_t num_tokens, int64_t vocab_size, int64_t chunk_tokens, int threads);
+// Milliseconds for BT rows, processed chunk by chunk as the engine does;
+// softcap > 0 caps the logits as LossOptions::softcap does.
+double TimeRowPass(int64_t num_tokens, int64_t vocab_size, int64_t chunk_tokens, int threads,
+                   float softcap = 0.0f);
 
 }  // namespace flce::bench
 
