@@ -95,8 +95,11 @@ ExpSums ExpShifted(const float* row, float m, int64_t V, float* q) {
 }  // namespace
 
 // x86-64: an AVX2 copy beside the baseline one, chosen at load time (no
-// FMA in either, so both round alike).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// FMA in either, so both round alike). Not under ThreadSanitizer: its
+// instrumented ifunc resolver runs during relocation, before the sanitizer's
+// runtime is up, and the process dies before main.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx2", "default")))
 #endif
 RowStats ProcessRow(const RowPassParams& params, float* row, float* scratch, int32_t target,
