@@ -4,8 +4,7 @@
 // starts a comment, blank lines are skipped. Without a file every call is the
 // anonymous tenant "" with admin rights (a single-user server). The table is
 // swapped whole on Reload() (SIGHUP), so a call sees the old or the new one.
-// Tokens never leave this file: no log line, status message or metric holds
-// one.
+// Tokens never leave this file: no log line, status message or metric holds one.
 //
 // Usage:
 //   FLCE_ASSIGN_OR_RETURN(auto auth,
@@ -50,10 +49,9 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 class Authenticator {
-public:
+ public:
   // path "" = auth off (every call is the anonymous admin).
-  static absl::StatusOr<std::unique_ptr<Authenticator>>
-  Create(const std::string &path);
+  static absl::StatusOr<std::unique_ptr<Authenticator>> Create(const std::string& path);
 
   bool enabled() const { return !path_.empty(); }
   size_t token_count() const;
@@ -63,9 +61,9 @@ public:
   // The principal of a call from its metadata: `authorization: Bearer <token>`.
   // UNAUTHENTICATED without the header or with an unknown token.
   absl::StatusOr<Principal> Authenticate(
-      const std::multimap<grpc::string_ref, grpc::string_ref> &metadata) const;
+      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
 
-private:
+ private:
   explicit Authenticator(std::string path) : path_(std::move(path)) {}
 
   const std::string path_;
@@ -73,6 +71,6 @@ private:
   std::shared_ptr<const std::vector<TokenEntry>> tokens_ ABSL_GUARDED_BY(mu_);
 };
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_AUTH_H_
+#endif  // FLCE_SERVER_AUTH_H_

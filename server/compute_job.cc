@@ -15,21 +15,19 @@ namespace {
 constexpr int64_t kMessageOverhead = 4096;
 
 int64_t ItemsPerMessage(int64_t max_message_bytes, int64_t item_bytes) {
-  return std::max<int64_t>(1,
-                           (max_message_bytes - kMessageOverhead) / item_bytes);
+  return std::max<int64_t>(1, (max_message_bytes - kMessageOverhead) / item_bytes);
 }
 
-std::string AnonymousRequestId(const std::string &instance_id) {
+std::string AnonymousRequestId(const std::string& instance_id) {
   static std::atomic<uint64_t> counter{0};
   return absl::StrCat("anonymous-", instance_id, "-", counter.fetch_add(1));
 }
 
-} // namespace
+}  // namespace
 
-ComputeJob::ComputeJob(const ServiceContext &ctx, ComputeChannel *channel,
-                       const Principal &who, RpcScope *scope)
-    : ctx_(ctx), channel_(channel), who_(who), scope_(scope),
-      start_(scope->start()) {}
+ComputeJob::ComputeJob(const ServiceContext& ctx, ComputeChannel* channel, const Principal& who,
+                       RpcScope* scope)
+    : ctx_(ctx), channel_(channel), who_(who), scope_(scope), start_(scope->start()) {}
 
 ComputeJob::~ComputeJob() { Abandon(); }
 
@@ -44,11 +42,10 @@ void ComputeJob::Abandon() {
 }
 
 absl::Status ComputeJob::Run() {
-  FLCE_ASSIGN_OR_RETURN(std::optional<v1::ComputeRequest> first,
-                        channel_->Next());
+  FLCE_ASSIGN_OR_RETURN(std::optional<v1::ComputeRequest> first, channel_->Next());
   if (!first.has_value()) {
-    return absl::InvalidArgumentError("first message must be a header (the "
-                                      "stream closed before any message)");
+    return absl::InvalidArgumentError(
+        "first message must be a header (the stream closed before any message)");
   }
   if (!first->has_header()) {
     return absl::InvalidArgumentError(
@@ -67,43 +64,36 @@ absl::Status ComputeJob::Run() {
       break;
     }
     if ((*next)->has_header()) {
-      status = absl::InvalidArgumentError(
-          "header sent twice: only the first message is one");
+      status = absl::InvalidArgumentError("header sent twice: only the first message is one");
       break;
     }
     status = AddChunk((*next)->hidden());
   }
-  if (!status.ok())
-    Abandon();
+  if (!status.ok()) Abandon();
   return EngineStatus(*ctx_.engine, status);
 }
 
-absl::Status ComputeJob::Setup(const v1::ComputeHeader &header) {
+absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   header_ = header;
   scope_->set_request_id(header.request_id());
   scope_->set_head(header.head_id());
-  scope_->set_session(header.session_id().empty() ? "default"
-                                                  : header.session_id());
+  scope_->set_session(header.session_id().empty() ? "default" : header.session_id());
   scope_->set_tokens(header.num_tokens());
   FLCE_RETURN_IF_ERROR(ValidateId(header.head_id(), "head_id"));
   FLCE_ASSIGN_OR_RETURN(head_, ctx_.heads->Get(who_.tenant, header.head_id()));
-  if (header.has_expected_head_version() &&
-      header.expected_head_version() != head_.version) {
+  if (header.has_expected_head_version() && header.expected_head_version() != head_.version) {
     return absl::FailedPreconditionError(absl::StrCat(
         "head \"", head_.head_id, "\" is at version ", head_.version,
-        "; the request expects expected_head_version = ",
-        header.expected_head_version()));
+        "; the request expects expected_head_version = ", header.expected_head_version()));
   }
-  const HeadSpec &head_spec = head_.head->spec();
+  const HeadSpec& head_spec = head_.head->spec();
   FLCE_ASSIGN_OR_RETURN(
       spec_,
-      ComputeSpecFromHeader(header, head_spec,
-                            ComputeLimits{ctx_.config.max_request_tokens}));
+      ComputeSpecFromHeader(header, head_spec, ComputeLimits{ctx_.config.max_request_tokens}));
   row_bytes_ = head_spec.hidden_size * DTypeSize(spec_.hidden_dtype);
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddReceivedBytes(
-        "Compute", static_cast<int64_t>(header.targets().size() +
-                                        header.token_weights().size() +
+        "Compute", static_cast<int64_t>(header.targets().size() + header.token_weights().size() +
                                         header.entropy_weights().size()));
   }
   rows_.emplace(spec_.num_tokens);
@@ -113,8 +103,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader &header) {
   if (request_id_.empty()) {
     if (deferred_ && !forward_only_) {
       return absl::InvalidArgumentError(
-          "request_id is empty: COMMIT_DEFERRED needs it to name the "
-          "contribution in Commit");
+          "request_id is empty: COMMIT_DEFERRED needs it to name the contribution in Commit");
     }
     request_id_ = AnonymousRequestId(ctx_.instance_id);
   }
@@ -124,11 +113,9 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader &header) {
   FLCE_RETURN_IF_ERROR(ValidateId(session_id_, "session_id"));
 
   if (!forward_only_) {
-    FLCE_ASSIGN_OR_RETURN(session_,
-                          ctx_.sessions->GetOrCreate(who_.tenant, head_.head_id,
-                                                     session_id_, head_spec));
     FLCE_ASSIGN_OR_RETURN(
-        begin_, ctx_.sessions->BeginContribution(*session_, request_id_));
+        session_, ctx_.sessions->GetOrCreate(who_.tenant, head_.head_id, session_id_, head_spec));
+    FLCE_ASSIGN_OR_RETURN(begin_, ctx_.sessions->BeginContribution(*session_, request_id_));
     if (!begin_.replay) {
       slot_held_ = true;
       FLCE_ASSIGN_OR_RETURN(staging_, ctx_.engine->NewGradBuffer(head_spec));
@@ -137,42 +124,36 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader &header) {
   }
   absl::Time before = absl::Now();
   FLCE_ASSIGN_OR_RETURN(
-      call_, ctx_.engine->StartCompute(
-                 head_.head, spec_,
-                 [this](int64_t offset, int64_t rows, std::string data) {
-                   OnGradInput(offset, rows, std::move(data));
-                 }));
+      call_, ctx_.engine->StartCompute(head_.head, spec_,
+                                       [this](int64_t offset, int64_t rows, std::string data) {
+                                         OnGradInput(offset, rows, std::move(data));
+                                       }));
   wait_ms_ = absl::ToDoubleMilliseconds(absl::Now() - before);
   return absl::OkStatus();
 }
 
-absl::Status ComputeJob::AddChunk(const v1::HiddenChunk &chunk) {
-  FLCE_ASSIGN_OR_RETURN(int64_t rows,
-                        rows_->Accept(chunk.token_offset(),
-                                      static_cast<int64_t>(chunk.data().size()),
-                                      row_bytes_));
-  FLCE_RETURN_IF_ERROR(
-      CheckHiddenFinite(spec_.hidden_dtype, chunk.data().data(), rows,
-                        head_.head->spec().hidden_size, chunk.token_offset()));
+absl::Status ComputeJob::AddChunk(const v1::HiddenChunk& chunk) {
+  FLCE_ASSIGN_OR_RETURN(
+      int64_t rows,
+      rows_->Accept(chunk.token_offset(), static_cast<int64_t>(chunk.data().size()), row_bytes_));
+  FLCE_RETURN_IF_ERROR(CheckHiddenFinite(spec_.hidden_dtype, chunk.data().data(), rows,
+                                         head_.head->spec().hidden_size, chunk.token_offset()));
   if (ctx_.metrics != nullptr) {
-    ctx_.metrics->AddReceivedBytes("Compute",
-                                   static_cast<int64_t>(chunk.data().size()));
+    ctx_.metrics->AddReceivedBytes("Compute", static_cast<int64_t>(chunk.data().size()));
   }
   FLCE_RETURN_IF_ERROR(channel_->WaitForRoom());
   return call_->AddHidden(chunk.token_offset(), rows, chunk.data().data());
 }
 
-void ComputeJob::OnGradInput(int64_t token_offset, int64_t rows,
-                             std::string data) {
+void ComputeJob::OnGradInput(int64_t token_offset, int64_t rows, std::string data) {
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddSentBytes("Compute", static_cast<int64_t>(data.size()));
   }
-  int64_t per_message =
-      ItemsPerMessage(ctx_.config.max_message_bytes, row_bytes_);
+  int64_t per_message = ItemsPerMessage(ctx_.config.max_message_bytes, row_bytes_);
   for (int64_t done = 0; done < rows; done += per_message) {
     int64_t n = std::min(per_message, rows - done);
     auto response = std::make_unique<v1::ComputeResponse>();
-    v1::GradInputChunk *out = response->mutable_grad_input();
+    v1::GradInputChunk* out = response->mutable_grad_input();
     out->set_token_offset(token_offset + done);
     out->set_num_tokens(n);
     if (n == rows) {
@@ -184,38 +165,30 @@ void ComputeJob::OnGradInput(int64_t token_offset, int64_t rows,
   }
 }
 
-void ComputeJob::SendTokenOutputs(const ComputeResult &result) {
-  const OutputSelection &want = spec_.outputs;
-  if (!want.per_token_loss && !want.logprob && !want.entropy && !want.accuracy)
-    return;
+void ComputeJob::SendTokenOutputs(const ComputeResult& result) {
+  const OutputSelection& want = spec_.outputs;
+  if (!want.per_token_loss && !want.logprob && !want.entropy && !want.accuracy) return;
   // loss, logprob, entropy: 4 bytes each; correct: 1.
   int64_t per_message = ItemsPerMessage(ctx_.config.max_message_bytes, 13);
-  auto slice = [](const auto &values, int64_t begin, int64_t n) {
+  auto slice = [](const auto& values, int64_t begin, int64_t n) {
     using T = typename std::decay_t<decltype(values)>::value_type;
-    if (static_cast<int64_t>(values.size()) < begin + n)
-      return std::string();
-    return std::string(reinterpret_cast<const char *>(values.data() + begin),
-                       n * sizeof(T));
+    if (static_cast<int64_t>(values.size()) < begin + n) return std::string();
+    return std::string(reinterpret_cast<const char*>(values.data() + begin), n * sizeof(T));
   };
   for (int64_t begin = 0; begin < spec_.num_tokens; begin += per_message) {
     int64_t n = std::min(per_message, spec_.num_tokens - begin);
     auto response = std::make_unique<v1::ComputeResponse>();
-    v1::TokenOutputsChunk *out = response->mutable_token_outputs();
+    v1::TokenOutputsChunk* out = response->mutable_token_outputs();
     out->set_token_offset(begin);
     out->set_num_tokens(n);
-    if (want.per_token_loss)
-      out->set_loss(slice(result.per_token_loss, begin, n));
-    if (want.logprob)
-      out->set_logprob(slice(result.logprob, begin, n));
-    if (want.entropy)
-      out->set_entropy(slice(result.entropy, begin, n));
-    if (want.accuracy)
-      out->set_correct(slice(result.correct, begin, n));
+    if (want.per_token_loss) out->set_loss(slice(result.per_token_loss, begin, n));
+    if (want.logprob) out->set_logprob(slice(result.logprob, begin, n));
+    if (want.entropy) out->set_entropy(slice(result.entropy, begin, n));
+    if (want.accuracy) out->set_correct(slice(result.correct, begin, n));
     if (ctx_.metrics != nullptr) {
       ctx_.metrics->AddSentBytes(
-          "Compute",
-          static_cast<int64_t>(out->loss().size() + out->logprob().size() +
-                               out->entropy().size() + out->correct().size()));
+          "Compute", static_cast<int64_t>(out->loss().size() + out->logprob().size() +
+                                          out->entropy().size() + out->correct().size()));
     }
     channel_->Send(std::move(response));
   }
@@ -232,18 +205,17 @@ absl::Status ComputeJob::Complete() {
     // CompleteContribution releases the slot whatever it returns.
     slot_held_ = false;
     FLCE_RETURN_IF_ERROR(ctx_.sessions->CompleteContribution(
-        *session_, request_id_, std::move(staging_), deferred_,
-        spec_.num_tokens));
+        *session_, request_id_, std::move(staging_), deferred_, spec_.num_tokens));
   }
   scope_->set_strategy(result.strategy_used);
   if (ctx_.metrics != nullptr) {
-    ctx_.metrics->RecordCompute(head_.head_id, result.strategy_used,
-                                spec_.num_tokens, result.engine_ms / 1000.0);
+    ctx_.metrics->RecordCompute(head_.head_id, result.strategy_used, spec_.num_tokens,
+                                result.engine_ms / 1000.0);
   }
   SendTokenOutputs(result);
 
   auto response = std::make_unique<v1::ComputeResponse>();
-  v1::ComputeSummary *summary = response->mutable_summary();
+  v1::ComputeSummary* summary = response->mutable_summary();
   summary->set_loss(result.loss);
   summary->set_n_valid(result.n_valid);
   summary->set_z_loss(result.z_loss);
@@ -261,14 +233,13 @@ absl::Status ComputeJob::Complete() {
     if (begin_.replay) {
       summary->set_replayed(true);
       summary->set_staged(begin_.first.state == ContributionState::kStaged);
-      summary->set_committed(begin_.first.state ==
-                             ContributionState::kCommitted);
+      summary->set_committed(begin_.first.state == ContributionState::kCommitted);
     } else {
       summary->set_staged(deferred_);
       summary->set_committed(!deferred_);
     }
   }
-  v1::Timings *timings = summary->mutable_timings();
+  v1::Timings* timings = summary->mutable_timings();
   timings->set_engine_ms(result.engine_ms);
   timings->set_wait_ms(wait_ms_);
   timings->set_total_ms(absl::ToDoubleMilliseconds(absl::Now() - start_));
@@ -276,4 +247,4 @@ absl::Status ComputeJob::Complete() {
   return absl::OkStatus();
 }
 
-} // namespace flce::server
+}  // namespace flce::server

@@ -25,7 +25,7 @@ namespace flce::server {
 
 // The transport as the job sees it.
 class ComputeChannel {
-public:
+ public:
   virtual ~ComputeChannel() = default;
   // The next request message; nullopt once the client closed its side;
   // CANCELLED or DEADLINE_EXCEEDED once the call is gone.
@@ -40,26 +40,26 @@ public:
 };
 
 class ComputeJob {
-public:
+ public:
   // scope: the call's log line and start time; outlives the job.
-  ComputeJob(const ServiceContext &ctx, ComputeChannel *channel,
-             const Principal &who, RpcScope *scope);
+  ComputeJob(const ServiceContext& ctx, ComputeChannel* channel, const Principal& who,
+             RpcScope* scope);
   ~ComputeJob();
 
   absl::Status Run();
 
-private:
-  absl::Status Setup(const v1::ComputeHeader &header);
-  absl::Status AddChunk(const v1::HiddenChunk &chunk);
+ private:
+  absl::Status Setup(const v1::ComputeHeader& header);
+  absl::Status AddChunk(const v1::HiddenChunk& chunk);
   absl::Status Complete();
   void OnGradInput(int64_t token_offset, int64_t rows, std::string data);
-  void SendTokenOutputs(const ComputeResult &result);
+  void SendTokenOutputs(const ComputeResult& result);
   void Abandon();
 
-  const ServiceContext &ctx_;
-  ComputeChannel *channel_;
-  const Principal &who_;
-  RpcScope *scope_;
+  const ServiceContext& ctx_;
+  ComputeChannel* channel_;
+  const Principal& who_;
+  RpcScope* scope_;
   absl::Time start_;
   double wait_ms_ = 0.0;
 
@@ -71,14 +71,14 @@ private:
   bool forward_only_ = false;
   bool deferred_ = false;
   std::shared_ptr<Session> session_;
-  bool slot_held_ = false; // BeginContribution took a pending slot
-  BeginResult begin_;      // replay or not
+  bool slot_held_ = false;  // BeginContribution took a pending slot
+  BeginResult begin_;       // replay or not
   std::unique_ptr<GradBuffer> staging_;
   std::unique_ptr<ComputeCall> call_;
   std::optional<HiddenRowTracker> rows_;
   int64_t row_bytes_ = 0;
 };
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_COMPUTE_JOB_H_
+#endif  // FLCE_SERVER_COMPUTE_JOB_H_

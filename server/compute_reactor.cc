@@ -18,22 +18,22 @@ namespace {
 // Request messages read ahead of the worker. With 2, the next chunk is on
 // its way while the worker feeds the engine, and memory stays bounded.
 constexpr size_t kMaxQueuedRequests = 2;
-} // namespace
+}  // namespace
 
 // Shared by the reactor (gRPC's threads), the worker thread and the engine's
 // sink. Outlives the reactor: the worker holds it until it is done.
-class ComputeStream : public ComputeChannel,
-                      public std::enable_shared_from_this<ComputeStream> {
-public:
-  ComputeStream(const ServiceContext &ctx, grpc::CallbackServerContext *call,
-                ComputeReactor *reactor, Principal who,
-                std::unique_ptr<RpcScope> scope)
-      : ctx_(ctx), who_(std::move(who)), scope_(std::move(scope)),
-        reactor_(reactor), deadline_(absl::FromChrono(call->deadline())),
+class ComputeStream : public ComputeChannel, public std::enable_shared_from_this<ComputeStream> {
+ public:
+  ComputeStream(const ServiceContext& ctx, grpc::CallbackServerContext* call,
+                ComputeReactor* reactor, Principal who, std::unique_ptr<RpcScope> scope)
+      : ctx_(ctx),
+        who_(std::move(who)),
+        scope_(std::move(scope)),
+        reactor_(reactor),
+        deadline_(absl::FromChrono(call->deadline())),
         // Enough for a few full messages: the engine keeps producing while
         // one is on the wire.
-        max_out_bytes_(
-            std::max<int64_t>(4 * ctx.config.max_message_bytes, 16 << 20)) {}
+        max_out_bytes_(std::max<int64_t>(4 * ctx.config.max_message_bytes, 16 << 20)) {}
 
   void Start() {
     {
@@ -59,18 +59,17 @@ public:
       request_.Clear();
       read_more = ReserveReadLocked();
     }
-    if (read_more)
-      IssueRead();
+    if (read_more) IssueRead();
   }
 
   void OnWriteDone(bool ok) {
-    const v1::ComputeResponse *next = nullptr;
+    const v1::ComputeResponse* next = nullptr;
     bool finish = false;
     {
       absl::MutexLock lock(&mu_);
       out_bytes_ -= static_cast<int64_t>(out_.front()->ByteSizeLong());
       out_.pop_front();
-      if (!ok) { // the client is gone: nothing more will be written
+      if (!ok) {  // the client is gone: nothing more will be written
         cancelled_ = true;
         out_.clear();
         out_bytes_ = 0;
@@ -82,10 +81,8 @@ public:
       }
       finish = ReserveFinishLocked();
     }
-    if (next != nullptr)
-      reactor_->StartWrite(next);
-    if (finish)
-      reactor_->Finish(finish_status_);
+    if (next != nullptr) reactor_->StartWrite(next);
+    if (finish) reactor_->Finish(finish_status_);
   }
 
   void OnCancel() {
@@ -98,37 +95,32 @@ public:
     done_ = true;
   }
 
-  // --- ComputeChannel (worker and engine threads)
-  // ------------------------------
+  // --- ComputeChannel (worker and engine threads) ------------------------------
   absl::StatusOr<std::optional<v1::ComputeRequest>> Next() override {
     std::optional<v1::ComputeRequest> item;
     bool read_more = false;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](ComputeStream *s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+          +[](ComputeStream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
             return s->cancelled_ || !s->input_.empty() || s->input_closed_;
           },
           this));
-      if (cancelled_)
-        return GoneStatus();
-      if (input_.empty())
-        return std::optional<v1::ComputeRequest>(); // client closed
+      if (cancelled_) return GoneStatus();
+      if (input_.empty()) return std::optional<v1::ComputeRequest>();  // client closed
       item.emplace(std::move(input_.front()));
       input_.pop_front();
       read_more = ReserveReadLocked();
     }
-    if (read_more)
-      IssueRead();
+    if (read_more) IssueRead();
     return item;
   }
 
   void Send(std::unique_ptr<v1::ComputeResponse> response) override {
-    const v1::ComputeResponse *first = nullptr;
+    const v1::ComputeResponse* first = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      if (cancelled_ || finish_wanted_)
-        return;
+      if (cancelled_ || finish_wanted_) return;
       out_bytes_ += static_cast<int64_t>(response->ByteSizeLong());
       out_.push_back(std::move(response));
       if (!writing_) {
@@ -136,8 +128,7 @@ public:
         first = out_.front().get();
       }
     }
-    if (first != nullptr)
-      reactor_->StartWrite(first);
+    if (first != nullptr) reactor_->StartWrite(first);
   }
 
   absl::Status CheckAlive() override {
@@ -148,30 +139,28 @@ public:
   absl::Status WaitForRoom() override {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
-        +[](ComputeStream *s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+        +[](ComputeStream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
           return s->cancelled_ || s->out_bytes_ <= s->max_out_bytes_;
         },
         this));
-    if (cancelled_)
-      return GoneStatus();
+    if (cancelled_) return GoneStatus();
     return absl::OkStatus();
   }
 
-private:
+ private:
   void Work() {
     absl::Status status;
     {
       ComputeJob job(ctx_, this, who_, scope_.get());
       status = job.Run();
-    } // the job's engine call and buffers are gone before the status is sent
+    }  // the job's engine call and buffers are gone before the status is sent
     RequestFinish(ToGrpcStatus(status));
     ctx_.workers->End();
   }
 
   absl::Status GoneStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (absl::Now() >= deadline_) {
-      return absl::DeadlineExceededError(
-          "the call's deadline passed before it completed");
+      return absl::DeadlineExceededError("the call's deadline passed before it completed");
     }
     return absl::CancelledError("the client cancelled the call");
   }
@@ -197,15 +186,13 @@ private:
       read_starting_ = false;
       finish = ReserveFinishLocked();
     }
-    if (finish)
-      reactor_->Finish(finish_status_);
+    if (finish) reactor_->Finish(finish_status_);
   }
 
   // Finish may be sent once wanted, with no write in flight and no Start*
   // call under way: after it, OnDone may delete the reactor at any moment.
   bool ReserveFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!finish_wanted_ || finish_called_ || writing_ || read_starting_)
-      return false;
+    if (!finish_wanted_ || finish_called_ || writing_ || read_starting_) return false;
     finish_called_ = true;
     return true;
   }
@@ -226,18 +213,16 @@ private:
       finish = ReserveFinishLocked();
     }
     scope_->Done(status);
-    if (finish)
-      reactor_->Finish(status);
+    if (finish) reactor_->Finish(status);
   }
 
-  const ServiceContext &ctx_;
+  const ServiceContext& ctx_;
   const Principal who_;
-  std::unique_ptr<RpcScope> scope_; // set up and Done() on the worker thread
-  ComputeReactor
-      *reactor_; // valid until finish_called_ (then OnDone deletes it)
+  std::unique_ptr<RpcScope> scope_;  // set up and Done() on the worker thread
+  ComputeReactor* reactor_;          // valid until finish_called_ (then OnDone deletes it)
   const absl::Time deadline_;
   const int64_t max_out_bytes_;
-  v1::ComputeRequest request_; // the read buffer; one read at a time
+  v1::ComputeRequest request_;  // the read buffer; one read at a time
 
   absl::Mutex mu_;
   std::deque<v1::ComputeRequest> input_ ABSL_GUARDED_BY(mu_);
@@ -250,15 +235,13 @@ private:
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_wanted_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::Status finish_status_; // written before finish_called_, read after
+  grpc::Status finish_status_;  // written before finish_called_, read after
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-ComputeReactor::ComputeReactor(const ServiceContext &ctx,
-                               grpc::CallbackServerContext *call, Principal who,
-                               std::unique_ptr<RpcScope> scope)
-    : stream_(std::make_shared<ComputeStream>(ctx, call, this, std::move(who),
-                                              std::move(scope))) {
+ComputeReactor::ComputeReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
+                               Principal who, std::unique_ptr<RpcScope> scope)
+    : stream_(std::make_shared<ComputeStream>(ctx, call, this, std::move(who), std::move(scope))) {
   stream_->Start();
 }
 
@@ -271,4 +254,4 @@ void ComputeReactor::OnDone() {
   delete this;
 }
 
-} // namespace flce::server
+}  // namespace flce::server

@@ -26,21 +26,20 @@ namespace flce::server {
 
 class ComputeStream;
 
-class ComputeReactor
-    : public grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse> {
-public:
-  ComputeReactor(const ServiceContext &ctx, grpc::CallbackServerContext *call,
-                 Principal who, std::unique_ptr<RpcScope> scope);
+class ComputeReactor : public grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse> {
+ public:
+  ComputeReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call, Principal who,
+                 std::unique_ptr<RpcScope> scope);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
 
-private:
+ private:
   std::shared_ptr<ComputeStream> stream_;
 };
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_COMPUTE_REACTOR_H_
+#endif  // FLCE_SERVER_COMPUTE_REACTOR_H_

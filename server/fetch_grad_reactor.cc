@@ -11,14 +11,11 @@
 namespace flce::server {
 namespace {
 constexpr int64_t kMessageOverhead = 4096;
-} // namespace
+}  // namespace
 
-FetchGradReactor::FetchGradReactor(const ServiceContext &ctx,
-                                   const v1::FetchGradRequest *request,
-                                   Principal who,
-                                   std::unique_ptr<RpcScope> scope)
-    : ctx_(ctx), request_(*request), who_(std::move(who)),
-      scope_(std::move(scope)) {
+FetchGradReactor::FetchGradReactor(const ServiceContext& ctx, const v1::FetchGradRequest* request,
+                                   Principal who, std::unique_ptr<RpcScope> scope)
+    : ctx_(ctx), request_(*request), who_(std::move(who)), scope_(std::move(scope)) {
   scope_->set_request_id(request_.request_id());
   scope_->set_head(request_.head_id());
   scope_->set_session(request_.session_id());
@@ -37,7 +34,7 @@ void FetchGradReactor::OnCancel() { cancelled_.store(true); }
 
 void FetchGradReactor::OnDone() { delete this; }
 
-void FetchGradReactor::End(const absl::Status &status) {
+void FetchGradReactor::End(const absl::Status& status) {
   snapshot_.grad.reset();
   grpc::Status grpc_status = ToGrpcStatus(EngineStatus(*ctx_.engine, status));
   scope_->Done(grpc_status);
@@ -72,42 +69,37 @@ absl::Status FetchGradReactor::Prepare() {
   FLCE_RETURN_IF_ERROR(ValidateId(request_.head_id(), "head_id"));
   FLCE_RETURN_IF_ERROR(ValidateId(request_.session_id(), "session_id"));
   switch (request_.dtype()) {
-  case v1::DTYPE_UNSPECIFIED:
-  case v1::DTYPE_FP32:
-    dtype_ = DType::kF32;
-    break;
-  case v1::DTYPE_BF16:
-    dtype_ = DType::kBF16;
-    break;
-  default:
-    return absl::InvalidArgumentError(
-        absl::StrCat("dtype = ", v1::DType_Name(request_.dtype()),
-                     " is not DTYPE_FP32 or DTYPE_BF16"));
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_FP32:
+      dtype_ = DType::kF32;
+      break;
+    case v1::DTYPE_BF16:
+      dtype_ = DType::kBF16;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("dtype = ", v1::DType_Name(request_.dtype()),
+                                                     " is not DTYPE_FP32 or DTYPE_BF16"));
   }
   if (request_.chunk_rows() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_rows = ", request_.chunk_rows(), " is negative"));
   }
   uint64_t version = 0;
-  if (absl::StatusOr<HeadEntry> head =
-          ctx_.heads->Get(who_.tenant, request_.head_id());
+  if (absl::StatusOr<HeadEntry> head = ctx_.heads->Get(who_.tenant, request_.head_id());
       head.ok()) {
     version = head->version;
   }
-  FLCE_ASSIGN_OR_RETURN(snapshot_, ctx_.sessions->Snapshot(
-                                       who_.tenant, request_.head_id(),
-                                       request_.session_id(), request_.reset(),
-                                       request_.request_id()));
-  const GradBuffer &grad = *snapshot_.grad;
+  FLCE_ASSIGN_OR_RETURN(
+      snapshot_, ctx_.sessions->Snapshot(who_.tenant, request_.head_id(), request_.session_id(),
+                                         request_.reset(), request_.request_id()));
+  const GradBuffer& grad = *snapshot_.grad;
   int64_t row_bytes = grad.hidden_size() * DTypeSize(dtype_);
-  int64_t fit = std::max<int64_t>(
-      1, (ctx_.config.max_message_bytes - kMessageOverhead) / row_bytes);
-  chunk_rows_ =
-      request_.chunk_rows() > 0 ? std::min(request_.chunk_rows(), fit) : fit;
+  int64_t fit =
+      std::max<int64_t>(1, (ctx_.config.max_message_bytes - kMessageOverhead) / row_bytes);
+  chunk_rows_ = request_.chunk_rows() > 0 ? std::min(request_.chunk_rows(), fit) : fit;
   bias_chunk_ =
-      std::max<int64_t>(1, (ctx_.config.max_message_bytes - kMessageOverhead) /
-                               DTypeSize(dtype_));
-  v1::GradHeader *header = response_.mutable_header();
+      std::max<int64_t>(1, (ctx_.config.max_message_bytes - kMessageOverhead) / DTypeSize(dtype_));
+  v1::GradHeader* header = response_.mutable_header();
   header->set_vocab_size(grad.vocab_size());
   header->set_hidden_size(grad.hidden_size());
   header->set_dtype(DTypeToProto(dtype_));
@@ -119,42 +111,38 @@ absl::Status FetchGradReactor::Prepare() {
 }
 
 absl::StatusOr<bool> FetchGradReactor::NextChunk() {
-  const GradBuffer &grad = *snapshot_.grad;
+  const GradBuffer& grad = *snapshot_.grad;
   response_.Clear();
-  v1::GradChunk *chunk = response_.mutable_chunk();
+  v1::GradChunk* chunk = response_.mutable_chunk();
   if (next_row_ < grad.vocab_size()) {
     int64_t rows = std::min(chunk_rows_, grad.vocab_size() - next_row_);
-    std::string *data = chunk->mutable_data();
+    std::string* data = chunk->mutable_data();
     data->resize(rows * grad.hidden_size() * DTypeSize(dtype_));
-    FLCE_RETURN_IF_ERROR(
-        grad.CopyWeightRows(next_row_, rows, dtype_, data->data()));
+    FLCE_RETURN_IF_ERROR(grad.CopyWeightRows(next_row_, rows, dtype_, data->data()));
     chunk->set_role(v1::TENSOR_WEIGHT);
     chunk->set_row_offset(next_row_);
     chunk->set_rows(rows);
     next_row_ += rows;
     if (ctx_.metrics != nullptr) {
-      ctx_.metrics->AddSentBytes("FetchGrad",
-                                 static_cast<int64_t>(data->size()));
+      ctx_.metrics->AddSentBytes("FetchGrad", static_cast<int64_t>(data->size()));
     }
     return true;
   }
   if (grad.has_bias() && next_bias_ < grad.vocab_size()) {
     int64_t count = std::min(bias_chunk_, grad.vocab_size() - next_bias_);
-    std::string *data = chunk->mutable_data();
+    std::string* data = chunk->mutable_data();
     data->resize(count * DTypeSize(dtype_));
-    FLCE_RETURN_IF_ERROR(
-        grad.CopyBias(next_bias_, count, dtype_, data->data()));
+    FLCE_RETURN_IF_ERROR(grad.CopyBias(next_bias_, count, dtype_, data->data()));
     chunk->set_role(v1::TENSOR_BIAS);
     chunk->set_row_offset(next_bias_);
     chunk->set_rows(count);
     next_bias_ += count;
     if (ctx_.metrics != nullptr) {
-      ctx_.metrics->AddSentBytes("FetchGrad",
-                                 static_cast<int64_t>(data->size()));
+      ctx_.metrics->AddSentBytes("FetchGrad", static_cast<int64_t>(data->size()));
     }
     return true;
   }
   return false;
 }
 
-} // namespace flce::server
+}  // namespace flce::server

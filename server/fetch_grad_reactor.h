@@ -18,25 +18,23 @@
 
 namespace flce::server {
 
-class FetchGradReactor
-    : public grpc::ServerWriteReactor<v1::FetchGradResponse> {
-public:
-  FetchGradReactor(const ServiceContext &ctx,
-                   const v1::FetchGradRequest *request, Principal who,
+class FetchGradReactor : public grpc::ServerWriteReactor<v1::FetchGradResponse> {
+ public:
+  FetchGradReactor(const ServiceContext& ctx, const v1::FetchGradRequest* request, Principal who,
                    std::unique_ptr<RpcScope> scope);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
 
-private:
+ private:
   absl::Status Prepare();
   // Fills response_ with the next chunk; false when everything was sent.
   absl::StatusOr<bool> NextChunk();
   void Step(bool first);
-  void End(const absl::Status &status);
+  void End(const absl::Status& status);
 
-  const ServiceContext &ctx_;
+  const ServiceContext& ctx_;
   v1::FetchGradRequest request_;
   const Principal who_;
   std::unique_ptr<RpcScope> scope_;
@@ -51,6 +49,6 @@ private:
   int64_t next_bias_ = 0;
 };
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_FETCH_GRAD_REACTOR_H_
+#endif  // FLCE_SERVER_FETCH_GRAD_REACTOR_H_

@@ -28,23 +28,20 @@ std::string RandomInstanceId() {
   std::random_device device;
   std::mt19937_64 rng((static_cast<uint64_t>(device()) << 32) ^ device());
   char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx",
-                static_cast<unsigned long long>(rng()));
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(rng()));
   return buf;
 }
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<std::unique_ptr<Engine>>
-CreateEngine(const ServerConfig &config) {
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const ServerConfig& config) {
   EngineConfig engine_config;
   engine_config.workspace_bytes = config.workspace_bytes;
   engine_config.threads = config.threads;
-  if (config.device == "cpu")
-    return CreateCpuEngine(engine_config);
+  if (config.device == "cpu") return CreateCpuEngine(engine_config);
   if (config.device != "cuda" && config.device != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--device=", config.device, " is not one of cpu, cuda, auto"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device=", config.device, " is not one of cpu, cuda, auto"));
   }
   absl::StatusOr<std::unique_ptr<Engine>> cuda =
       LoadCudaEngine(engine_config, config.cuda_plugin_path);
@@ -52,31 +49,28 @@ CreateEngine(const ServerConfig &config) {
       cuda.status().code() != absl::StatusCode::kUnavailable) {
     return cuda;
   }
-  LogInfo(absl::StrCat("--device=auto: no CUDA engine (",
-                       cuda.status().message(), "); using the CPU engine"));
+  LogInfo(absl::StrCat("--device=auto: no CUDA engine (", cuda.status().message(),
+                       "); using the CPU engine"));
   return CreateCpuEngine(engine_config);
 }
 
-absl::StatusOr<std::unique_ptr<FlceServer>>
-FlceServer::Create(const ServerConfig &config) {
+absl::StatusOr<std::unique_ptr<FlceServer>> FlceServer::Create(const ServerConfig& config) {
   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngine(config));
   return Create(config, std::move(engine));
 }
 
-absl::StatusOr<std::unique_ptr<FlceServer>>
-FlceServer::Create(const ServerConfig &config, std::unique_ptr<Engine> engine) {
+absl::StatusOr<std::unique_ptr<FlceServer>> FlceServer::Create(const ServerConfig& config,
+                                                               std::unique_ptr<Engine> engine) {
   std::unique_ptr<FlceServer> server(new FlceServer());
   FLCE_RETURN_IF_ERROR(server->Start(config, std::move(engine)));
   return server;
 }
 
-absl::Status FlceServer::Start(const ServerConfig &config,
-                               std::unique_ptr<Engine> engine) {
+absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engine> engine) {
   if (config.max_message_bytes < (int64_t{64} << 10) ||
       config.max_message_bytes > (int64_t{2047} << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max-message-mb gives ", config.max_message_bytes,
-                     " bytes; need 64 KiB to 2047 MiB"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-message-mb gives ", config.max_message_bytes, " bytes; need 64 KiB to 2047 MiB"));
   }
   engine_ = std::move(engine);
   LogInfo(absl::StrCat("engine: ", engine_->info().name));
@@ -86,14 +80,11 @@ absl::Status FlceServer::Start(const ServerConfig &config,
   limits.ttl = config.session_ttl;
   sessions_ = std::make_unique<SessionStore>(engine_.get(), limits);
   heads_.SetShapeGuard(
-      [sessions = sessions_.get()](const std::string &owner,
-                                   const std::string &head_id) {
+      [sessions = sessions_.get()](const std::string& owner, const std::string& head_id) {
         std::vector<std::string> ids = sessions->SessionIds(owner, head_id);
-        if (ids.empty())
-          return absl::OkStatus();
+        if (ids.empty()) return absl::OkStatus();
         return absl::FailedPreconditionError(absl::StrCat(
-            "head \"", head_id,
-            "\" has sessions holding gradients of its current shape (",
+            "head \"", head_id, "\" has sessions holding gradients of its current shape (",
             absl::StrJoin(ids, ", "),
             "): delete them (DeleteSession) or upload under another head_id"));
       });
@@ -126,29 +117,24 @@ absl::Status FlceServer::Start(const ServerConfig &config,
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", config.address));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", config.address));
   }
   server_->GetHealthCheckService()->SetServingStatus(true);
   LogSecurity(config, auth_->token_count());
-  LogInfo(absl::StrCat(
-      "serving flce.v1.Flce on port ", port_, ", instance ", ctx_.instance_id,
-      metrics_->port() != 0
-          ? absl::StrCat(", /metrics on port ", metrics_->port())
-          : std::string(", metrics not served")));
+  LogInfo(absl::StrCat("serving flce.v1.Flce on port ", port_, ", instance ", ctx_.instance_id,
+                       metrics_->port() != 0 ? absl::StrCat(", /metrics on port ", metrics_->port())
+                                             : std::string(", metrics not served")));
   housekeeping_ = std::thread([this] { Housekeeping(); });
   return absl::OkStatus();
 }
 
 absl::Status FlceServer::PreloadHead() {
-  const ServerConfig &config = ctx_.config;
+  const ServerConfig& config = ctx_.config;
   std::shared_ptr<const Head> head;
   std::string source;
   if (!config.head_file.empty()) {
-    FLCE_ASSIGN_OR_RETURN(head, LoadSafetensorsHead(*engine_, config.head_file,
-                                                    config.head_tensor,
-                                                    config.head_bias_tensor,
-                                                    std::nullopt));
+    FLCE_ASSIGN_OR_RETURN(head, LoadSafetensorsHead(*engine_, config.head_file, config.head_tensor,
+                                                    config.head_bias_tensor, std::nullopt));
     source = absl::StrCat("file:", config.head_file);
   } else if (config.embedded_demo_head) {
     FLCE_ASSIGN_OR_RETURN(head, BuildDemoHead(*engine_));
@@ -158,13 +144,11 @@ absl::Status FlceServer::PreloadHead() {
   }
   FLCE_RETURN_IF_ERROR(ValidateId(config.head_id, "--head-id"));
   // Preloaded heads are shared: every tenant computes with them.
-  FLCE_ASSIGN_OR_RETURN(
-      HeadEntry entry,
-      heads_.Put(/*owner=*/"", config.head_id, std::move(head), source));
-  const HeadSpec &spec = entry.head->spec();
-  LogInfo(absl::StrCat("head \"", entry.head_id, "\" (", source,
-                       "): V=", spec.vocab_size, " H=", spec.hidden_size, " ",
-                       DTypeName(spec.dtype),
+  FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
+                        heads_.Put(/*owner=*/"", config.head_id, std::move(head), source));
+  const HeadSpec& spec = entry.head->spec();
+  LogInfo(absl::StrCat("head \"", entry.head_id, "\" (", source, "): V=", spec.vocab_size,
+                       " H=", spec.hidden_size, " ", DTypeName(spec.dtype),
                        spec.has_bias ? " with bias" : ""));
   return absl::OkStatus();
 }
@@ -173,22 +157,18 @@ void FlceServer::Housekeeping() {
   while (true) {
     int64_t expired = sessions_->Sweep(absl::Now());
     if (expired > 0) {
-      LogInfo(absl::StrCat(
-          expired, " session(s) idle longer than --session-ttl dropped"));
+      LogInfo(absl::StrCat(expired, " session(s) idle longer than --session-ttl dropped"));
     }
     Metrics::Snapshot gauges;
     std::vector<HeadEntry> heads = heads_.ListAll();
     gauges.heads = static_cast<int64_t>(heads.size());
-    // Labelled by head id only (no tenant label): tenants' heads of one id add
-    // up.
+    // Labelled by head id only (no tenant label): tenants' heads of one id add up.
     std::map<std::string, int64_t> weight_bytes;
-    for (const HeadEntry &head : heads)
-      weight_bytes[head.head_id] += HeadBytes(head.head->spec());
+    for (const HeadEntry& head : heads) weight_bytes[head.head_id] += HeadBytes(head.head->spec());
     metrics_->SetHeadWeights(weight_bytes);
-    for (const SessionSummary &s : sessions_->ListAll()) {
+    for (const SessionSummary& s : sessions_->ListAll()) {
       ++gauges.sessions;
-      if (s.pending > 0)
-        ++gauges.sessions_with_pending;
+      if (s.pending > 0) ++gauges.sessions_with_pending;
     }
     EngineInfo info = engine_->info();
     gauges.workspace_peak_bytes = info.workspace_peak_bytes;
@@ -198,8 +178,7 @@ void FlceServer::Housekeeping() {
     metrics_->SetGauges(gauges);
 
     if (!engine_->healthy()) {
-      LogError("the engine reports an unrecoverable device error: not serving, "
-               "stopping");
+      LogError("the engine reports an unrecoverable device error: not serving, stopping");
       {
         absl::MutexLock lock(&mu_);
         stop_reason_ = absl::UnavailableError("the engine became unhealthy");
@@ -211,12 +190,8 @@ void FlceServer::Housekeeping() {
     }
     {
       absl::MutexLock lock(&mu_);
-      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_;
-      };
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping),
-                               ctx_.config.sweep_interval))
-        return;
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), ctx_.config.sweep_interval)) return;
     }
   }
 }
@@ -225,14 +200,11 @@ void FlceServer::StopServing(absl::Duration drain) {
   absl::MutexLock shutdown(&shutdown_mu_);
   {
     absl::MutexLock lock(&mu_);
-    if (stopped_)
-      return;
+    if (stopped_) return;
   }
   server_->GetHealthCheckService()->SetServingStatus(false);
-  LogInfo(absl::StrCat("draining calls in flight (up to ",
-                       absl::FormatDuration(drain), ")"));
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    absl::ToChronoSeconds(drain));
+  LogInfo(absl::StrCat("draining calls in flight (up to ", absl::FormatDuration(drain), ")"));
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(drain));
   // Compute workers finish after their reactors; wait before anything they
   // use goes away.
   if (!workers_.WaitIdle(drain + absl::Seconds(30))) {
@@ -256,30 +228,26 @@ absl::Status FlceServer::ReloadAuth() {
                           tokens.status().message()));
     return tokens.status();
   }
-  LogInfo(absl::StrCat("auth tokens reloaded from ",
-                       ctx_.config.auth_token_file, ": ", *tokens,
+  LogInfo(absl::StrCat("auth tokens reloaded from ", ctx_.config.auth_token_file, ": ", *tokens,
                        " token(s)"));
   return absl::OkStatus();
 }
 
 absl::Status FlceServer::Wait() {
   absl::MutexLock lock(&mu_);
-  auto stopped = [this]()
-                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopped_; };
+  auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopped_; };
   mu_.Await(absl::Condition(&stopped));
   return stop_reason_;
 }
 
 FlceServer::~FlceServer() {
-  if (server_ != nullptr)
-    StopServing(absl::ZeroDuration());
+  if (server_ != nullptr) StopServing(absl::ZeroDuration());
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  if (housekeeping_.joinable())
-    housekeeping_.join();
-  pool_.reset(); // its tasks may still refer to the sessions
+  if (housekeeping_.joinable()) housekeeping_.join();
+  pool_.reset();  // its tasks may still refer to the sessions
 }
 
-} // namespace flce::server
+}  // namespace flce::server

@@ -34,23 +34,21 @@ namespace flce::server {
 
 // The engine config.device asks for: "cpu", "cuda" (UNAVAILABLE without a
 // GPU or the plugin) or "auto" (CUDA if it loads, else the CPU engine).
-absl::StatusOr<std::unique_ptr<Engine>>
-CreateEngine(const ServerConfig &config);
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const ServerConfig& config);
 
 class FlceServer {
-public:
-  static absl::StatusOr<std::unique_ptr<FlceServer>>
-  Create(const ServerConfig &config);
+ public:
+  static absl::StatusOr<std::unique_ptr<FlceServer>> Create(const ServerConfig& config);
   // With an engine made elsewhere (tests).
-  static absl::StatusOr<std::unique_ptr<FlceServer>>
-  Create(const ServerConfig &config, std::unique_ptr<Engine> engine);
-  ~FlceServer(); // Shutdown() first
-  FlceServer(const FlceServer &) = delete;
-  FlceServer &operator=(const FlceServer &) = delete;
+  static absl::StatusOr<std::unique_ptr<FlceServer>> Create(const ServerConfig& config,
+                                                            std::unique_ptr<Engine> engine);
+  ~FlceServer();  // Shutdown() first
+  FlceServer(const FlceServer&) = delete;
+  FlceServer& operator=(const FlceServer&) = delete;
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_->port(); }
-  const std::string &instance_id() const { return ctx_.instance_id; }
+  const std::string& instance_id() const { return ctx_.instance_id; }
 
   // Health NOT_SERVING, no new calls, calls in flight get up to config.drain
   // to finish, then the rest are cancelled. Returns when all are gone.
@@ -62,10 +60,9 @@ public:
   // Rereads --auth-token-file (SIGHUP); on error the previous tokens stay.
   absl::Status ReloadAuth();
 
-private:
+ private:
   FlceServer() = default;
-  absl::Status Start(const ServerConfig &config,
-                     std::unique_ptr<Engine> engine);
+  absl::Status Start(const ServerConfig& config, std::unique_ptr<Engine> engine);
   absl::Status PreloadHead();
   void Housekeeping();
   void StopServing(absl::Duration drain);
@@ -84,14 +81,14 @@ private:
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 
-  absl::Mutex shutdown_mu_; // held for the whole shutdown
+  absl::Mutex shutdown_mu_;  // held for the whole shutdown
   absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false; // housekeeping stops
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // housekeeping stops
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status stop_reason_ ABSL_GUARDED_BY(mu_);
   std::thread housekeeping_;
 };
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_FLCE_SERVER_H_
+#endif  // FLCE_SERVER_FLCE_SERVER_H_

@@ -20,19 +20,16 @@
 namespace flce::server {
 namespace {
 
-using UnaryWork =
-    std::function<absl::Status(const Principal &who, RpcScope &scope)>;
+using UnaryWork = std::function<absl::Status(const Principal& who, RpcScope& scope)>;
 
 // Runs `work` for a unary RPC, inline or on the pool, once the caller is
 // admitted, and finishes the call with its status, counted and logged.
-grpc::ServerUnaryReactor *RunUnary(const ServiceContext &ctx,
-                                   grpc::CallbackServerContext *call,
-                                   const char *rpc, bool on_pool,
-                                   UnaryWork work) {
-  grpc::ServerUnaryReactor *reactor = call->DefaultReactor();
+grpc::ServerUnaryReactor* RunUnary(const ServiceContext& ctx, grpc::CallbackServerContext* call,
+                                   const char* rpc, bool on_pool, UnaryWork work) {
+  grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
   auto scope = std::make_shared<RpcScope>(ctx, rpc);
   absl::StatusOr<Principal> who = Admit(ctx, *call, *scope);
-  auto finish = [reactor, scope](const grpc::Status &status) {
+  auto finish = [reactor, scope](const grpc::Status& status) {
     scope->Done(status);
     reactor->Finish(status);
   };
@@ -40,8 +37,7 @@ grpc::ServerUnaryReactor *RunUnary(const ServiceContext &ctx,
     finish(ToGrpcStatus(who.status()));
     return reactor;
   }
-  auto run = [&ctx, finish, scope, who = *std::move(who),
-              work = std::move(work)] {
+  auto run = [&ctx, finish, scope, who = *std::move(who), work = std::move(work)] {
     finish(ToGrpcStatus(EngineStatus(*ctx.engine, work(who, *scope))));
   };
   if (on_pool) {
@@ -53,20 +49,20 @@ grpc::ServerUnaryReactor *RunUnary(const ServiceContext &ctx,
 }
 
 // A streaming call refused at the gate: finishes at once with the status.
-template <typename Reactor> class RefusedReactor : public Reactor {
-public:
-  RefusedReactor(std::unique_ptr<RpcScope> scope, const grpc::Status &status) {
+template <typename Reactor>
+class RefusedReactor : public Reactor {
+ public:
+  RefusedReactor(std::unique_ptr<RpcScope> scope, const grpc::Status& status) {
     scope->Done(status);
     this->Finish(status);
   }
   void OnDone() override { delete this; }
 };
 
-} // namespace
+}  // namespace
 
-grpc::ServerReadReactor<v1::UploadHeadRequest> *
-FlceService::UploadHead(grpc::CallbackServerContext *call,
-                        v1::HeadInfo *response) {
+grpc::ServerReadReactor<v1::UploadHeadRequest>* FlceService::UploadHead(
+    grpc::CallbackServerContext* call, v1::HeadInfo* response) {
   auto scope = std::make_unique<RpcScope>(ctx_, "UploadHead");
   absl::StatusOr<Principal> who = Admit(ctx_, *call, *scope);
   if (!who.ok()) {
@@ -76,88 +72,71 @@ FlceService::UploadHead(grpc::CallbackServerContext *call,
   return new UploadHeadReactor(ctx_, call, response, *who, std::move(scope));
 }
 
-grpc::ServerUnaryReactor *
-FlceService::LoadHeadFromFile(grpc::CallbackServerContext *call,
-                              const v1::LoadHeadFromFileRequest *request,
-                              v1::HeadInfo *response) {
+grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(grpc::CallbackServerContext* call,
+                                                        const v1::LoadHeadFromFileRequest* request,
+                                                        v1::HeadInfo* response) {
   return RunUnary(
       ctx_, call, "LoadHeadFromFile", true,
-      [this, request, response](const Principal &who, RpcScope &scope) {
+      [this, request, response](const Principal& who, RpcScope& scope) {
         scope.set_head(request->head_id());
         FLCE_RETURN_IF_ERROR(ValidateId(request->head_id(), "head_id"));
-        FLCE_ASSIGN_OR_RETURN(
-            std::string owner,
-            ctx_.heads->WriteOwner(who.tenant, who.admin, request->head_id()));
-        FLCE_ASSIGN_OR_RETURN(
-            std::string path,
-            ResolveUnderRoot(ctx_.config.head_root, request->path()));
+        FLCE_ASSIGN_OR_RETURN(std::string owner,
+                              ctx_.heads->WriteOwner(who.tenant, who.admin, request->head_id()));
+        FLCE_ASSIGN_OR_RETURN(std::string path,
+                              ResolveUnderRoot(ctx_.config.head_root, request->path()));
         std::optional<DType> dtype;
         if (request->dtype() != v1::DTYPE_UNSPECIFIED) {
-          FLCE_ASSIGN_OR_RETURN(dtype,
-                                DTypeFromProto(request->dtype(), "dtype"));
+          FLCE_ASSIGN_OR_RETURN(dtype, DTypeFromProto(request->dtype(), "dtype"));
         }
-        FLCE_ASSIGN_OR_RETURN(
-            std::shared_ptr<const Head> head,
-            LoadSafetensorsHead(*ctx_.engine, path, request->weight_tensor(),
-                                request->bias_tensor(), dtype));
-        FLCE_ASSIGN_OR_RETURN(
-            HeadEntry entry,
-            ctx_.heads->Put(owner, request->head_id(), std::move(head),
-                            absl::StrCat("file:", request->path())));
-        FillHeadInfo(entry, ctx_.sessions->Count(who.tenant, entry.head_id),
-                     response);
-        return absl::OkStatus();
-      });
-}
-
-grpc::ServerUnaryReactor *
-FlceService::DescribeHead(grpc::CallbackServerContext *call,
-                          const v1::DescribeHeadRequest *request,
-                          v1::HeadInfo *response) {
-  return RunUnary(
-      ctx_, call, "DescribeHead", false,
-      [this, request, response](const Principal &who, RpcScope &scope) {
-        scope.set_head(request->head_id());
+        FLCE_ASSIGN_OR_RETURN(std::shared_ptr<const Head> head,
+                              LoadSafetensorsHead(*ctx_.engine, path, request->weight_tensor(),
+                                                  request->bias_tensor(), dtype));
         FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
-                              ctx_.heads->Get(who.tenant, request->head_id()));
-        FillHeadInfo(entry, ctx_.sessions->Count(who.tenant, entry.head_id),
-                     response);
+                              ctx_.heads->Put(owner, request->head_id(), std::move(head),
+                                              absl::StrCat("file:", request->path())));
+        FillHeadInfo(entry, ctx_.sessions->Count(who.tenant, entry.head_id), response);
         return absl::OkStatus();
       });
 }
 
-grpc::ServerUnaryReactor *
-FlceService::ListHeads(grpc::CallbackServerContext *call,
-                       const v1::ListHeadsRequest *request,
-                       v1::ListHeadsResponse *response) {
-  return RunUnary(
-      ctx_, call, "ListHeads", false,
-      [this, response](const Principal &who, RpcScope &) {
-        for (const HeadEntry &entry : ctx_.heads->List(who.tenant)) {
-          FillHeadInfo(entry, ctx_.sessions->Count(who.tenant, entry.head_id),
-                       response->add_heads());
-        }
-        return absl::OkStatus();
-      });
+grpc::ServerUnaryReactor* FlceService::DescribeHead(grpc::CallbackServerContext* call,
+                                                    const v1::DescribeHeadRequest* request,
+                                                    v1::HeadInfo* response) {
+  return RunUnary(ctx_, call, "DescribeHead", false,
+                  [this, request, response](const Principal& who, RpcScope& scope) {
+                    scope.set_head(request->head_id());
+                    FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
+                                          ctx_.heads->Get(who.tenant, request->head_id()));
+                    FillHeadInfo(entry, ctx_.sessions->Count(who.tenant, entry.head_id), response);
+                    return absl::OkStatus();
+                  });
 }
 
-grpc::ServerUnaryReactor *
-FlceService::UnloadHead(grpc::CallbackServerContext *call,
-                        const v1::UnloadHeadRequest *request,
-                        v1::UnloadHeadResponse *response) {
+grpc::ServerUnaryReactor* FlceService::ListHeads(grpc::CallbackServerContext* call,
+                                                 const v1::ListHeadsRequest* request,
+                                                 v1::ListHeadsResponse* response) {
+  return RunUnary(ctx_, call, "ListHeads", false,
+                  [this, response](const Principal& who, RpcScope&) {
+                    for (const HeadEntry& entry : ctx_.heads->List(who.tenant)) {
+                      FillHeadInfo(entry, ctx_.sessions->Count(who.tenant, entry.head_id),
+                                   response->add_heads());
+                    }
+                    return absl::OkStatus();
+                  });
+}
+
+grpc::ServerUnaryReactor* FlceService::UnloadHead(grpc::CallbackServerContext* call,
+                                                  const v1::UnloadHeadRequest* request,
+                                                  v1::UnloadHeadResponse* response) {
   return RunUnary(
       ctx_, call, "UnloadHead", true,
-      [this, request, response](const Principal &who, RpcScope &scope) {
+      [this, request, response](const Principal& who, RpcScope& scope) {
         scope.set_head(request->head_id());
-        // Not found for a head the caller cannot see, denied for a shared head
-        // it may not unload.
-        FLCE_RETURN_IF_ERROR(
-            ctx_.heads->Get(who.tenant, request->head_id()).status());
-        FLCE_ASSIGN_OR_RETURN(
-            std::string owner,
-            ctx_.heads->WriteOwner(who.tenant, who.admin, request->head_id()));
-        FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
-                              ctx_.heads->Remove(owner, request->head_id()));
+        // Not found for a head the caller cannot see, denied for a shared head it may not unload.
+        FLCE_RETURN_IF_ERROR(ctx_.heads->Get(who.tenant, request->head_id()).status());
+        FLCE_ASSIGN_OR_RETURN(std::string owner,
+                              ctx_.heads->WriteOwner(who.tenant, who.admin, request->head_id()));
+        FLCE_ASSIGN_OR_RETURN(HeadEntry entry, ctx_.heads->Remove(owner, request->head_id()));
         int64_t dropped = ctx_.sessions->DeleteHead(entry.owner, entry.head_id);
         FillHeadInfo(entry, dropped, response->mutable_head());
         response->set_sessions_dropped(dropped);
@@ -165,24 +144,22 @@ FlceService::UnloadHead(grpc::CallbackServerContext *call,
       });
 }
 
-grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse> *
-FlceService::Compute(grpc::CallbackServerContext *call) {
+grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse>* FlceService::Compute(
+    grpc::CallbackServerContext* call) {
   auto scope = std::make_unique<RpcScope>(ctx_, "Compute");
   absl::StatusOr<Principal> who = Admit(ctx_, *call, *scope);
   if (!who.ok()) {
-    return new RefusedReactor<
-        grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse>>(
+    return new RefusedReactor<grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse>>(
         std::move(scope), ToGrpcStatus(who.status()));
   }
   return new ComputeReactor(ctx_, call, *who, std::move(scope));
 }
 
-grpc::ServerUnaryReactor *FlceService::Commit(grpc::CallbackServerContext *call,
-                                              const v1::CommitRequest *request,
-                                              v1::CommitResponse *response) {
+grpc::ServerUnaryReactor* FlceService::Commit(grpc::CallbackServerContext* call,
+                                              const v1::CommitRequest* request,
+                                              v1::CommitResponse* response) {
   return RunUnary(
-      ctx_, call, "Commit", true,
-      [this, request, response](const Principal &who, RpcScope &scope) {
+      ctx_, call, "Commit", true, [this, request, response](const Principal& who, RpcScope& scope) {
         scope.set_request_id(request->request_id());
         scope.set_head(request->head_id());
         scope.set_session(request->session_id());
@@ -195,9 +172,8 @@ grpc::ServerUnaryReactor *FlceService::Commit(grpc::CallbackServerContext *call,
         }
         FLCE_ASSIGN_OR_RETURN(
             CommitResult result,
-            ctx_.sessions->Commit(who.tenant, request->head_id(),
-                                  request->session_id(), request->request_id(),
-                                  request->scale(), request->discard()));
+            ctx_.sessions->Commit(who.tenant, request->head_id(), request->session_id(),
+                                  request->request_id(), request->scale(), request->discard()));
         response->set_state(ToProto(result.state));
         response->set_replayed(result.replayed);
         response->set_scale(result.scale);
@@ -205,9 +181,8 @@ grpc::ServerUnaryReactor *FlceService::Commit(grpc::CallbackServerContext *call,
       });
 }
 
-grpc::ServerWriteReactor<v1::FetchGradResponse> *
-FlceService::FetchGrad(grpc::CallbackServerContext *call,
-                       const v1::FetchGradRequest *request) {
+grpc::ServerWriteReactor<v1::FetchGradResponse>* FlceService::FetchGrad(
+    grpc::CallbackServerContext* call, const v1::FetchGradRequest* request) {
   auto scope = std::make_unique<RpcScope>(ctx_, "FetchGrad");
   absl::StatusOr<Principal> who = Admit(ctx_, *call, *scope);
   if (!who.ok()) {
@@ -217,64 +192,56 @@ FlceService::FetchGrad(grpc::CallbackServerContext *call,
   return new FetchGradReactor(ctx_, request, *who, std::move(scope));
 }
 
-grpc::ServerUnaryReactor *
-FlceService::ZeroGrad(grpc::CallbackServerContext *call,
-                      const v1::ZeroGradRequest *request,
-                      v1::ZeroGradResponse *response) {
-  return RunUnary(ctx_, call, "ZeroGrad", true,
-                  [this, request](const Principal &who, RpcScope &scope) {
-                    scope.set_head(request->head_id());
-                    scope.set_session(request->session_id());
-                    return ctx_.sessions->Zero(who.tenant, request->head_id(),
-                                               request->session_id());
-                  });
+grpc::ServerUnaryReactor* FlceService::ZeroGrad(grpc::CallbackServerContext* call,
+                                                const v1::ZeroGradRequest* request,
+                                                v1::ZeroGradResponse* response) {
+  return RunUnary(
+      ctx_, call, "ZeroGrad", true, [this, request](const Principal& who, RpcScope& scope) {
+        scope.set_head(request->head_id());
+        scope.set_session(request->session_id());
+        return ctx_.sessions->Zero(who.tenant, request->head_id(), request->session_id());
+      });
 }
 
-grpc::ServerUnaryReactor *
-FlceService::ListSessions(grpc::CallbackServerContext *call,
-                          const v1::ListSessionsRequest *request,
-                          v1::ListSessionsResponse *response) {
+grpc::ServerUnaryReactor* FlceService::ListSessions(grpc::CallbackServerContext* call,
+                                                    const v1::ListSessionsRequest* request,
+                                                    v1::ListSessionsResponse* response) {
   return RunUnary(
       ctx_, call, "ListSessions", false,
-      [this, request, response](const Principal &who, RpcScope &scope) {
+      [this, request, response](const Principal& who, RpcScope& scope) {
         scope.set_head(request->head_id());
-        for (const SessionSummary &s :
-             ctx_.sessions->List(who.tenant, request->head_id())) {
+        for (const SessionSummary& s : ctx_.sessions->List(who.tenant, request->head_id())) {
           FillSessionInfo(s, response->add_sessions());
         }
         return absl::OkStatus();
       });
 }
 
-grpc::ServerUnaryReactor *
-FlceService::DeleteSession(grpc::CallbackServerContext *call,
-                           const v1::DeleteSessionRequest *request,
-                           v1::DeleteSessionResponse *response) {
-  return RunUnary(ctx_, call, "DeleteSession", true,
-                  [this, request](const Principal &who, RpcScope &scope) {
-                    scope.set_head(request->head_id());
-                    scope.set_session(request->session_id());
-                    return ctx_.sessions->Delete(who.tenant, request->head_id(),
-                                                 request->session_id());
-                  });
-}
-
-grpc::ServerUnaryReactor *
-FlceService::GetServerInfo(grpc::CallbackServerContext *call,
-                           const v1::ServerInfoRequest *request,
-                           v1::ServerInfo *response) {
+grpc::ServerUnaryReactor* FlceService::DeleteSession(grpc::CallbackServerContext* call,
+                                                     const v1::DeleteSessionRequest* request,
+                                                     v1::DeleteSessionResponse* response) {
   return RunUnary(
-      ctx_, call, "GetServerInfo", false,
-      [this, response](const Principal &, RpcScope &) {
-        EngineInfo info = ctx_.engine->info();
-        response->set_instance_id(ctx_.instance_id);
-        response->set_version(ctx_.version);
-        response->set_engine(info.name);
-        response->set_workspace_budget_bytes(info.workspace_budget_bytes);
-        response->set_max_request_tokens(ctx_.config.max_request_tokens);
-        response->set_max_message_bytes(ctx_.config.max_message_bytes);
-        return absl::OkStatus();
+      ctx_, call, "DeleteSession", true, [this, request](const Principal& who, RpcScope& scope) {
+        scope.set_head(request->head_id());
+        scope.set_session(request->session_id());
+        return ctx_.sessions->Delete(who.tenant, request->head_id(), request->session_id());
       });
 }
 
-} // namespace flce::server
+grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext* call,
+                                                     const v1::ServerInfoRequest* request,
+                                                     v1::ServerInfo* response) {
+  return RunUnary(ctx_, call, "GetServerInfo", false,
+                  [this, response](const Principal&, RpcScope&) {
+                    EngineInfo info = ctx_.engine->info();
+                    response->set_instance_id(ctx_.instance_id);
+                    response->set_version(ctx_.version);
+                    response->set_engine(info.name);
+                    response->set_workspace_budget_bytes(info.workspace_budget_bytes);
+                    response->set_max_request_tokens(ctx_.config.max_request_tokens);
+                    response->set_max_message_bytes(ctx_.config.max_message_bytes);
+                    return absl::OkStatus();
+                  });
+}
+
+}  // namespace flce::server

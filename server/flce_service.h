@@ -13,53 +13,47 @@
 namespace flce::server {
 
 class FlceService final : public v1::Flce::CallbackService {
-public:
-  explicit FlceService(const ServiceContext *ctx) : ctx_(*ctx) {}
+ public:
+  explicit FlceService(const ServiceContext* ctx) : ctx_(*ctx) {}
 
-  grpc::ServerReadReactor<v1::UploadHeadRequest> *
-  UploadHead(grpc::CallbackServerContext *call,
-             v1::HeadInfo *response) override;
-  grpc::ServerUnaryReactor *
-  LoadHeadFromFile(grpc::CallbackServerContext *call,
-                   const v1::LoadHeadFromFileRequest *request,
-                   v1::HeadInfo *response) override;
-  grpc::ServerUnaryReactor *DescribeHead(grpc::CallbackServerContext *call,
-                                         const v1::DescribeHeadRequest *request,
-                                         v1::HeadInfo *response) override;
-  grpc::ServerUnaryReactor *ListHeads(grpc::CallbackServerContext *call,
-                                      const v1::ListHeadsRequest *request,
-                                      v1::ListHeadsResponse *response) override;
-  grpc::ServerUnaryReactor *
-  UnloadHead(grpc::CallbackServerContext *call,
-             const v1::UnloadHeadRequest *request,
-             v1::UnloadHeadResponse *response) override;
-  grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse> *
-  Compute(grpc::CallbackServerContext *call) override;
-  grpc::ServerUnaryReactor *Commit(grpc::CallbackServerContext *call,
-                                   const v1::CommitRequest *request,
-                                   v1::CommitResponse *response) override;
-  grpc::ServerWriteReactor<v1::FetchGradResponse> *
-  FetchGrad(grpc::CallbackServerContext *call,
-            const v1::FetchGradRequest *request) override;
-  grpc::ServerUnaryReactor *ZeroGrad(grpc::CallbackServerContext *call,
-                                     const v1::ZeroGradRequest *request,
-                                     v1::ZeroGradResponse *response) override;
-  grpc::ServerUnaryReactor *
-  ListSessions(grpc::CallbackServerContext *call,
-               const v1::ListSessionsRequest *request,
-               v1::ListSessionsResponse *response) override;
-  grpc::ServerUnaryReactor *
-  DeleteSession(grpc::CallbackServerContext *call,
-                const v1::DeleteSessionRequest *request,
-                v1::DeleteSessionResponse *response) override;
-  grpc::ServerUnaryReactor *GetServerInfo(grpc::CallbackServerContext *call,
-                                          const v1::ServerInfoRequest *request,
-                                          v1::ServerInfo *response) override;
+  grpc::ServerReadReactor<v1::UploadHeadRequest>* UploadHead(grpc::CallbackServerContext* call,
+                                                             v1::HeadInfo* response) override;
+  grpc::ServerUnaryReactor* LoadHeadFromFile(grpc::CallbackServerContext* call,
+                                             const v1::LoadHeadFromFileRequest* request,
+                                             v1::HeadInfo* response) override;
+  grpc::ServerUnaryReactor* DescribeHead(grpc::CallbackServerContext* call,
+                                         const v1::DescribeHeadRequest* request,
+                                         v1::HeadInfo* response) override;
+  grpc::ServerUnaryReactor* ListHeads(grpc::CallbackServerContext* call,
+                                      const v1::ListHeadsRequest* request,
+                                      v1::ListHeadsResponse* response) override;
+  grpc::ServerUnaryReactor* UnloadHead(grpc::CallbackServerContext* call,
+                                       const v1::UnloadHeadRequest* request,
+                                       v1::UnloadHeadResponse* response) override;
+  grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse>* Compute(
+      grpc::CallbackServerContext* call) override;
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* call,
+                                   const v1::CommitRequest* request,
+                                   v1::CommitResponse* response) override;
+  grpc::ServerWriteReactor<v1::FetchGradResponse>* FetchGrad(
+      grpc::CallbackServerContext* call, const v1::FetchGradRequest* request) override;
+  grpc::ServerUnaryReactor* ZeroGrad(grpc::CallbackServerContext* call,
+                                     const v1::ZeroGradRequest* request,
+                                     v1::ZeroGradResponse* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* call,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* call,
+                                          const v1::DeleteSessionRequest* request,
+                                          v1::DeleteSessionResponse* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* call,
+                                          const v1::ServerInfoRequest* request,
+                                          v1::ServerInfo* response) override;
 
-private:
-  const ServiceContext &ctx_;
+ private:
+  const ServiceContext& ctx_;
 };
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_FLCE_SERVICE_H_
+#endif  // FLCE_SERVER_FLCE_SERVICE_H_

@@ -4,8 +4,8 @@
 
 namespace flce::server {
 
-void FillHeadInfo(const HeadEntry &entry, int64_t sessions, v1::HeadInfo *out) {
-  const HeadSpec &spec = entry.head->spec();
+void FillHeadInfo(const HeadEntry& entry, int64_t sessions, v1::HeadInfo* out) {
+  const HeadSpec& spec = entry.head->spec();
   out->set_head_id(entry.head_id);
   out->set_vocab_size(spec.vocab_size);
   out->set_hidden_size(spec.hidden_size);
@@ -17,7 +17,7 @@ void FillHeadInfo(const HeadEntry &entry, int64_t sessions, v1::HeadInfo *out) {
   out->set_sessions(sessions);
 }
 
-void FillSessionInfo(const SessionSummary &summary, v1::SessionInfo *out) {
+void FillSessionInfo(const SessionSummary& summary, v1::SessionInfo* out) {
   out->set_head_id(summary.head_id);
   out->set_session_id(summary.session_id);
   out->set_contributions(summary.contributions);
@@ -29,16 +29,16 @@ void FillSessionInfo(const SessionSummary &summary, v1::SessionInfo *out) {
 
 v1::ContributionState ToProto(ContributionState state) {
   switch (state) {
-  case ContributionState::kInFlight:
-    return v1::CONTRIBUTION_UNKNOWN;
-  case ContributionState::kStaged:
-    return v1::CONTRIBUTION_STAGED;
-  case ContributionState::kCommitted:
-    return v1::CONTRIBUTION_COMMITTED;
-  case ContributionState::kDiscarded:
-    return v1::CONTRIBUTION_DISCARDED;
+    case ContributionState::kInFlight:
+      return v1::CONTRIBUTION_UNKNOWN;
+    case ContributionState::kStaged:
+      return v1::CONTRIBUTION_STAGED;
+    case ContributionState::kCommitted:
+      return v1::CONTRIBUTION_COMMITTED;
+    case ContributionState::kDiscarded:
+      return v1::CONTRIBUTION_DISCARDED;
   }
   return v1::CONTRIBUTION_UNKNOWN;
 }
 
-} // namespace flce::server
+}  // namespace flce::server

@@ -10,10 +10,10 @@
 
 namespace flce::server {
 
-void FillHeadInfo(const HeadEntry &entry, int64_t sessions, v1::HeadInfo *out);
-void FillSessionInfo(const SessionSummary &summary, v1::SessionInfo *out);
+void FillHeadInfo(const HeadEntry& entry, int64_t sessions, v1::HeadInfo* out);
+void FillSessionInfo(const SessionSummary& summary, v1::SessionInfo* out);
 v1::ContributionState ToProto(ContributionState state);
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_HEAD_INFO_H_
+#endif  // FLCE_SERVER_HEAD_INFO_H_

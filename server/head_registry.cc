@@ -7,14 +7,12 @@
 
 namespace flce::server {
 
-bool SameGradShape(const HeadSpec &a, const HeadSpec &b) {
-  return a.vocab_size == b.vocab_size && a.hidden_size == b.hidden_size &&
-         a.has_bias == b.has_bias;
+bool SameGradShape(const HeadSpec& a, const HeadSpec& b) {
+  return a.vocab_size == b.vocab_size && a.hidden_size == b.hidden_size && a.has_bias == b.has_bias;
 }
 
-int64_t HeadBytes(const HeadSpec &spec) {
-  return (spec.vocab_size * spec.hidden_size +
-          (spec.has_bias ? spec.vocab_size : 0)) *
+int64_t HeadBytes(const HeadSpec& spec) {
+  return (spec.vocab_size * spec.hidden_size + (spec.has_bias ? spec.vocab_size : 0)) *
          DTypeSize(spec.dtype);
 }
 
@@ -28,25 +26,21 @@ void HeadRegistry::SetLimits(HeadLimits limits) {
   limits_ = limits;
 }
 
-absl::StatusOr<std::string>
-HeadRegistry::WriteOwner(const std::string &tenant, bool admin,
-                         const std::string &head_id) const {
-  if (admin)
-    return std::string();
+absl::StatusOr<std::string> HeadRegistry::WriteOwner(const std::string& tenant, bool admin,
+                                                     const std::string& head_id) const {
+  if (admin) return std::string();
   absl::MutexLock lock(&mu_);
   if (heads_.count({"", head_id}) > 0) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "head_id \"", head_id,
-        "\" is a shared head: only an admin token may replace or unload it"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("head_id \"", head_id,
+                     "\" is a shared head: only an admin token may replace or unload it"));
   }
   return tenant;
 }
 
-absl::Status HeadRegistry::CheckLimitsLocked(const Key &key,
-                                             int64_t new_bytes) const {
+absl::Status HeadRegistry::CheckLimitsLocked(const Key& key, int64_t new_bytes) const {
   auto it = heads_.find(key);
-  int64_t count =
-      static_cast<int64_t>(heads_.size()) + (it == heads_.end() ? 1 : 0);
+  int64_t count = static_cast<int64_t>(heads_.size()) + (it == heads_.end() ? 1 : 0);
   if (limits_.max_heads > 0 && count > limits_.max_heads) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot load head \"", key.second, "\": ", heads_.size(),
@@ -54,9 +48,8 @@ absl::Status HeadRegistry::CheckLimitsLocked(const Key &key,
   }
   if (limits_.max_bytes > 0) {
     int64_t total = new_bytes;
-    for (const auto &[k, entry] : heads_) {
-      if (k != key)
-        total += HeadBytes(entry.head->spec());
+    for (const auto& [k, entry] : heads_) {
+      if (k != key) total += HeadBytes(entry.head->spec());
     }
     if (total > limits_.max_bytes) {
       return absl::ResourceExhaustedError(
@@ -67,29 +60,24 @@ absl::Status HeadRegistry::CheckLimitsLocked(const Key &key,
   }
   // An id is shared or private, never both (see the header).
   if (key.first.empty()) {
-    for (const auto &[k, entry] : heads_) {
+    for (const auto& [k, entry] : heads_) {
       if (!k.first.empty() && k.second == key.second) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "head_id \"", key.second,
-            "\" is in use by a tenant's own head: choose another id"));
+            "head_id \"", key.second, "\" is in use by a tenant's own head: choose another id"));
       }
     }
   } else if (heads_.count({"", key.second}) > 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("head_id \"", key.second,
-                     "\" is a shared head: only an admin may replace it"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "head_id \"", key.second, "\" is a shared head: only an admin may replace it"));
   }
   return absl::OkStatus();
 }
 
-absl::Status HeadRegistry::CheckPut(const std::string &owner,
-                                    const std::string &head_id,
-                                    const HeadSpec &spec) const {
+absl::Status HeadRegistry::CheckPut(const std::string& owner, const std::string& head_id,
+                                    const HeadSpec& spec) const {
   absl::MutexLock lock(&mu_);
   Key key{owner, head_id};
-  if (absl::Status limits = CheckLimitsLocked(key, HeadBytes(spec));
-      !limits.ok())
-    return limits;
+  if (absl::Status limits = CheckLimitsLocked(key, HeadBytes(spec)); !limits.ok()) return limits;
   auto it = heads_.find(key);
   if (it == heads_.end() || SameGradShape(it->second.head->spec(), spec)) {
     return absl::OkStatus();
@@ -97,22 +85,18 @@ absl::Status HeadRegistry::CheckPut(const std::string &owner,
   return shape_guard_ ? shape_guard_(owner, head_id) : absl::OkStatus();
 }
 
-absl::StatusOr<HeadEntry> HeadRegistry::Put(const std::string &owner,
-                                            const std::string &head_id,
+absl::StatusOr<HeadEntry> HeadRegistry::Put(const std::string& owner, const std::string& head_id,
                                             std::shared_ptr<const Head> head,
-                                            const std::string &source) {
+                                            const std::string& source) {
   absl::MutexLock lock(&mu_);
   Key key{owner, head_id};
-  if (absl::Status limits = CheckLimitsLocked(key, HeadBytes(head->spec()));
-      !limits.ok()) {
+  if (absl::Status limits = CheckLimitsLocked(key, HeadBytes(head->spec())); !limits.ok()) {
     return limits;
   }
   auto it = heads_.find(key);
-  if (it != heads_.end() &&
-      !SameGradShape(it->second.head->spec(), head->spec()) && shape_guard_) {
+  if (it != heads_.end() && !SameGradShape(it->second.head->spec(), head->spec()) && shape_guard_) {
     absl::Status guard = shape_guard_(owner, head_id);
-    if (!guard.ok())
-      return guard;
+    if (!guard.ok()) return guard;
   }
   HeadEntry entry;
   entry.owner = owner;
@@ -124,43 +108,37 @@ absl::StatusOr<HeadEntry> HeadRegistry::Put(const std::string &owner,
   return entry;
 }
 
-absl::StatusOr<HeadEntry> HeadRegistry::Get(const std::string &tenant,
-                                            const std::string &head_id) const {
+absl::StatusOr<HeadEntry> HeadRegistry::Get(const std::string& tenant,
+                                            const std::string& head_id) const {
   absl::MutexLock lock(&mu_);
   auto it = heads_.find({tenant, head_id});
-  if (it == heads_.end())
-    it = heads_.find({"", head_id});
-  if (it != heads_.end())
-    return it->second;
+  if (it == heads_.end()) it = heads_.find({"", head_id});
+  if (it != heads_.end()) return it->second;
   std::vector<std::string> ids;
-  for (const auto &[key, entry] : heads_) {
-    if (key.first.empty() || key.first == tenant)
-      ids.push_back(key.second);
+  for (const auto& [key, entry] : heads_) {
+    if (key.first.empty() || key.first == tenant) ids.push_back(key.second);
   }
-  return absl::NotFoundError(
-      absl::StrCat("head_id \"", head_id, "\" is not loaded (heads: ",
-                   ids.empty() ? "none" : absl::StrJoin(ids, ", "), ")"));
+  return absl::NotFoundError(absl::StrCat("head_id \"", head_id, "\" is not loaded (heads: ",
+                                          ids.empty() ? "none" : absl::StrJoin(ids, ", "), ")"));
 }
 
-absl::StatusOr<HeadEntry> HeadRegistry::Remove(const std::string &owner,
-                                               const std::string &head_id) {
+absl::StatusOr<HeadEntry> HeadRegistry::Remove(const std::string& owner,
+                                               const std::string& head_id) {
   absl::MutexLock lock(&mu_);
   auto it = heads_.find({owner, head_id});
   if (it == heads_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("head_id \"", head_id, "\" is not loaded"));
+    return absl::NotFoundError(absl::StrCat("head_id \"", head_id, "\" is not loaded"));
   }
   HeadEntry entry = std::move(it->second);
   heads_.erase(it);
   return entry;
 }
 
-std::vector<HeadEntry> HeadRegistry::List(const std::string &tenant) const {
+std::vector<HeadEntry> HeadRegistry::List(const std::string& tenant) const {
   absl::MutexLock lock(&mu_);
   std::vector<HeadEntry> out;
-  for (const auto &[key, entry] : heads_) {
-    if (key.first.empty() || key.first == tenant)
-      out.push_back(entry);
+  for (const auto& [key, entry] : heads_) {
+    if (key.first.empty() || key.first == tenant) out.push_back(entry);
   }
   return out;
 }
@@ -169,9 +147,8 @@ std::vector<HeadEntry> HeadRegistry::ListAll() const {
   absl::MutexLock lock(&mu_);
   std::vector<HeadEntry> out;
   out.reserve(heads_.size());
-  for (const auto &[key, entry] : heads_)
-    out.push_back(entry);
+  for (const auto& [key, entry] : heads_) out.push_back(entry);
   return out;
 }
 
-} // namespace flce::server
+}  // namespace flce::server

@@ -33,57 +33,52 @@
 namespace flce::server {
 
 struct HeadEntry {
-  std::string owner; // "" = shared
+  std::string owner;  // "" = shared
   std::string head_id;
   std::shared_ptr<const Head> head;
   uint64_t version = 0;
-  std::string source; // "upload", "file:<path>", "embedded-demo"
+  std::string source;  // "upload", "file:<path>", "embedded-demo"
 };
 
 struct HeadLimits {
-  int64_t max_heads = 0; // resident heads, all owners; 0 = no limit
-  int64_t max_bytes = 0; // resident bytes, all owners; 0 = no limit
+  int64_t max_heads = 0;  // resident heads, all owners; 0 = no limit
+  int64_t max_bytes = 0;  // resident bytes, all owners; 0 = no limit
 };
 
 class HeadRegistry {
-public:
+ public:
   // Called under the registry's lock before a head is replaced with a
   // different shape; a non-OK status refuses the replacement (sessions whose
   // gradients have the old shape).
-  using ShapeGuard = std::function<absl::Status(const std::string &owner,
-                                                const std::string &id)>;
+  using ShapeGuard = std::function<absl::Status(const std::string& owner, const std::string& id)>;
 
   void SetShapeGuard(ShapeGuard guard);
   void SetLimits(HeadLimits limits);
 
   // The owner a write of head_id by this caller goes to: "" for an admin,
   // else the tenant. PERMISSION_DENIED when a non-admin names a shared head.
-  absl::StatusOr<std::string> WriteOwner(const std::string &tenant, bool admin,
-                                         const std::string &head_id) const;
+  absl::StatusOr<std::string> WriteOwner(const std::string& tenant, bool admin,
+                                         const std::string& head_id) const;
 
   // Adds or replaces (owner, head_id); returns the new entry (version
   // bumped). RESOURCE_EXHAUSTED naming --max-heads / --max-head-bytes.
-  absl::StatusOr<HeadEntry> Put(const std::string &owner,
-                                const std::string &head_id,
-                                std::shared_ptr<const Head> head,
-                                const std::string &source);
+  absl::StatusOr<HeadEntry> Put(const std::string& owner, const std::string& head_id,
+                                std::shared_ptr<const Head> head, const std::string& source);
   // The head `tenant` sees under head_id: its own, else the shared one.
   // NOT_FOUND naming the id and the ones the tenant sees.
-  absl::StatusOr<HeadEntry> Get(const std::string &tenant,
-                                const std::string &head_id) const;
+  absl::StatusOr<HeadEntry> Get(const std::string& tenant, const std::string& head_id) const;
   // OK if (owner, head_id) may be replaced by a head of shape `spec` (or is
   // new and fits the limits).
-  absl::Status CheckPut(const std::string &owner, const std::string &head_id,
-                        const HeadSpec &spec) const;
-  absl::StatusOr<HeadEntry> Remove(const std::string &owner,
-                                   const std::string &head_id);
+  absl::Status CheckPut(const std::string& owner, const std::string& head_id,
+                        const HeadSpec& spec) const;
+  absl::StatusOr<HeadEntry> Remove(const std::string& owner, const std::string& head_id);
   // The heads `tenant` sees (its own and the shared ones).
-  std::vector<HeadEntry> List(const std::string &tenant) const;
+  std::vector<HeadEntry> List(const std::string& tenant) const;
   std::vector<HeadEntry> ListAll() const;
 
-private:
-  using Key = std::pair<std::string, std::string>; // owner, head_id
-  absl::Status CheckLimitsLocked(const Key &key, int64_t new_bytes) const
+ private:
+  using Key = std::pair<std::string, std::string>;  // owner, head_id
+  absl::Status CheckLimitsLocked(const Key& key, int64_t new_bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
@@ -96,13 +91,13 @@ private:
 };
 
 // True if a and b have the same V, H and bias (the gradient's shape).
-bool SameGradShape(const HeadSpec &a, const HeadSpec &b);
+bool SameGradShape(const HeadSpec& a, const HeadSpec& b);
 
 // Bytes of a head of this shape: weight + bias in its dtype (HeadInfo's
 // weight_bytes, flce_head_weight_bytes, what --max-head-bytes counts). An
 // engine may keep more (the CPU engine converts bf16 to fp32).
-int64_t HeadBytes(const HeadSpec &spec);
+int64_t HeadBytes(const HeadSpec& spec);
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_HEAD_REGISTRY_H_
+#endif  // FLCE_SERVER_HEAD_REGISTRY_H_

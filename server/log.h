@@ -16,19 +16,13 @@ enum class LogLevel { kInfo, kWarning, kError };
 // the line is written with a single write() so lines never interleave.
 void Log(LogLevel level, absl::string_view message);
 
-inline void LogInfo(absl::string_view message) {
-  Log(LogLevel::kInfo, message);
-}
-inline void LogWarning(absl::string_view message) {
-  Log(LogLevel::kWarning, message);
-}
-inline void LogError(absl::string_view message) {
-  Log(LogLevel::kError, message);
-}
+inline void LogInfo(absl::string_view message) { Log(LogLevel::kInfo, message); }
+inline void LogWarning(absl::string_view message) { Log(LogLevel::kWarning, message); }
+inline void LogError(absl::string_view message) { Log(LogLevel::kError, message); }
 
 // Silences kInfo lines (tests start many servers).
 void SetLogQuiet(bool quiet);
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_LOG_H_
+#endif  // FLCE_SERVER_LOG_H_

@@ -4,8 +4,7 @@
 //
 // With no head given it serves the embedded demo head "demo" (V=32000,
 // H=512, bf16). SIGTERM / SIGINT: stop accepting, drain (--drain-seconds),
-// exit 0. SIGHUP: reread --auth-token-file. An engine that fails for good:
-// exit 1.
+// exit 0. SIGHUP: reread --auth-token-file. An engine that fails for good: exit 1.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -28,53 +27,37 @@
 ABSL_FLAG(int, port, 50051, "gRPC port (0 = any free port)");
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port (0 = off)");
-ABSL_FLAG(std::string, device, "auto",
-          "cpu, cuda, or auto (CUDA if present, else CPU)");
+ABSL_FLAG(std::string, device, "auto", "cpu, cuda, or auto (CUDA if present, else CPU)");
 ABSL_FLAG(int64_t, workspace_mb, 2048, "engine workspace budget in MiB");
 ABSL_FLAG(int64_t, max_message_mb, 64, "largest gRPC message in MiB, each way");
-ABSL_FLAG(int64_t, max_request_tokens, 1048576,
-          "most tokens in one Compute call");
+ABSL_FLAG(int64_t, max_request_tokens, 1048576, "most tokens in one Compute call");
 ABSL_FLAG(int64_t, max_sessions, 1024, "most gradient sessions alive at once");
 ABSL_FLAG(int64_t, max_pending, 2, "most staged contributions per session");
-ABSL_FLAG(
-    absl::Duration, session_ttl, absl::Hours(1),
-    "sessions idle this long are dropped, staged contributions with them");
-ABSL_FLAG(
-    std::string, head_root, "",
-    "directory LoadHeadFromFile may read from (empty = file loads refused)");
-ABSL_FLAG(std::string, head_file, "",
-          ".safetensors file to preload a head from");
-ABSL_FLAG(std::string, head_tensor, "lm_head.weight",
-          "weight tensor in --head-file");
-ABSL_FLAG(std::string, head_bias_tensor, "",
-          "bias tensor in --head-file (optional)");
-ABSL_FLAG(std::string, head_id, "demo",
-          "id of the preloaded head (or of the demo head)");
-ABSL_FLAG(bool, demo_head, true,
-          "serve the embedded demo head when no --head-file is given");
-ABSL_FLAG(int, drain_seconds, 30,
-          "on SIGTERM, how long calls in flight may take to finish");
+ABSL_FLAG(absl::Duration, session_ttl, absl::Hours(1),
+          "sessions idle this long are dropped, staged contributions with them");
+ABSL_FLAG(std::string, head_root, "",
+          "directory LoadHeadFromFile may read from (empty = file loads refused)");
+ABSL_FLAG(std::string, head_file, "", ".safetensors file to preload a head from");
+ABSL_FLAG(std::string, head_tensor, "lm_head.weight", "weight tensor in --head-file");
+ABSL_FLAG(std::string, head_bias_tensor, "", "bias tensor in --head-file (optional)");
+ABSL_FLAG(std::string, head_id, "demo", "id of the preloaded head (or of the demo head)");
+ABSL_FLAG(bool, demo_head, true, "serve the embedded demo head when no --head-file is given");
+ABSL_FLAG(int, drain_seconds, 30, "on SIGTERM, how long calls in flight may take to finish");
 ABSL_FLAG(int, threads, 0, "CPU engine threads (0 = all cores)");
 ABSL_FLAG(int64_t, max_concurrent_streams, 0,
-          "most flce.v1 calls in progress at once, all clients together (0 = "
-          "no limit)");
-ABSL_FLAG(int64_t, max_heads, 0,
-          "most resident heads, all tenants together (0 = no limit)");
+          "most flce.v1 calls in progress at once, all clients together (0 = no limit)");
+ABSL_FLAG(int64_t, max_heads, 0, "most resident heads, all tenants together (0 = no limit)");
 ABSL_FLAG(int64_t, max_head_bytes, 0,
-          "most resident head bytes (weights + biases), all tenants together "
-          "(0 = no limit)");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM server certificate (chain): serve gRPC over TLS");
+          "most resident head bytes (weights + biases), all tenants together (0 = no limit)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (chain): serve gRPC over TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates it signed (mutual TLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "file of `token tenant [admin]` lines; calls need `authorization: "
-          "Bearer <token>`; "
+          "file of `token tenant [admin]` lines; calls need `authorization: Bearer <token>`; "
           "reread on SIGHUP (empty = no auth)");
 ABSL_FLAG(std::string, cuda_plugin, "",
-          "path of libflce_cuda.so (default: $FLCE_CUDA_PLUGIN, beside the "
-          "binary, ...)");
+          "path of libflce_cuda.so (default: $FLCE_CUDA_PLUGIN, beside the binary, ...)");
 
 namespace {
 
@@ -89,39 +72,32 @@ void OnSignal(int signal) {
   (void)unused;
 }
 
-std::vector<std::string> DashesToUnderscores(int argc, char **argv) {
+std::vector<std::string> DashesToUnderscores(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   for (size_t i = 1; i < args.size(); ++i) {
-    std::string &arg = args[i];
-    if (arg == "--")
-      break;
-    if (arg.size() < 3 || arg[0] != '-' || arg[1] != '-')
-      continue;
+    std::string& arg = args[i];
+    if (arg == "--") break;
+    if (arg.size() < 3 || arg[0] != '-' || arg[1] != '-') continue;
     size_t end = arg.find('=');
-    if (end == std::string::npos)
-      end = arg.size();
+    if (end == std::string::npos) end = arg.size();
     for (size_t c = 2; c < end; ++c) {
-      if (arg[c] == '-')
-        arg[c] = '_';
+      if (arg[c] == '-') arg[c] = '_';
     }
   }
   return args;
 }
 
-} // namespace
+}  // namespace
 
-int main(int argc, char **argv) {
-  absl::SetProgramUsageMessage(
-      "flce-server: fused linear + cross-entropy LM-head service");
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("flce-server: fused linear + cross-entropy LM-head service");
   std::vector<std::string> args = DashesToUnderscores(argc, argv);
-  std::vector<char *> arg_ptrs;
-  for (std::string &arg : args)
-    arg_ptrs.push_back(arg.data());
+  std::vector<char*> arg_ptrs;
+  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
   absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
 
   flce::server::ServerConfig config;
-  config.address =
-      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  config.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
   config.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   config.device = absl::GetFlag(FLAGS_device);
   config.cuda_plugin_path = absl::GetFlag(FLAGS_cuda_plugin);
@@ -163,23 +139,21 @@ int main(int argc, char **argv) {
 
   auto server = flce::server::FlceServer::Create(config);
   if (!server.ok()) {
-    flce::server::LogError(
-        absl::StrCat("cannot start: ", server.status().ToString()));
+    flce::server::LogError(absl::StrCat("cannot start: ", server.status().ToString()));
     return 2;
   }
-  flce::server::FlceServer *running = server->get();
+  flce::server::FlceServer* running = server->get();
   std::thread([running] {
     while (true) {
       unsigned char signal = 0;
       while (read(g_signal_pipe[0], &signal, 1) < 0 && errno == EINTR) {
       }
       if (signal == SIGHUP) {
-        running->ReloadAuth().IgnoreError(); // logged either way
+        running->ReloadAuth().IgnoreError();  // logged either way
         continue;
       }
       flce::server::LogInfo(
-          absl::StrCat("signal ", signal == SIGTERM ? "SIGTERM" : "SIGINT",
-                       ": shutting down"));
+          absl::StrCat("signal ", signal == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down"));
       running->Shutdown();
       return;
     }

@@ -26,24 +26,23 @@ class Registry;
 class Counter;
 class Gauge;
 class Histogram;
-template <typename T> class Family;
-} // namespace prometheus
+template <typename T>
+class Family;
+}  // namespace prometheus
 
 namespace flce::server {
 
 class Metrics {
-public:
+ public:
   // port 0: no exposer.
   static absl::StatusOr<std::unique_ptr<Metrics>> Create(int port);
   ~Metrics();
 
   // flce_requests_total{rpc,code} and flce_request_duration_seconds{rpc}.
-  void RecordRequest(absl::string_view rpc, grpc::StatusCode code,
-                     double seconds);
-  // flce_tokens_total{head,strategy} and
-  // flce_engine_duration_seconds{strategy}.
-  void RecordCompute(absl::string_view head_id, absl::string_view strategy,
-                     int64_t tokens, double engine_seconds);
+  void RecordRequest(absl::string_view rpc, grpc::StatusCode code, double seconds);
+  // flce_tokens_total{head,strategy} and flce_engine_duration_seconds{strategy}.
+  void RecordCompute(absl::string_view head_id, absl::string_view strategy, int64_t tokens,
+                     double engine_seconds);
   // flce_received_bytes_total{rpc} / flce_sent_bytes_total{rpc}: tensor
   // payload bytes in messages.
   void AddReceivedBytes(absl::string_view rpc, int64_t bytes);
@@ -60,39 +59,38 @@ public:
     int64_t gpu_memory_used = 0;
     int64_t gpu_memory_total = 0;
   };
-  void SetGauges(const Snapshot &snapshot);
+  void SetGauges(const Snapshot& snapshot);
   // flce_head_weight_bytes{head}: exactly these heads (unloaded ones vanish).
-  void SetHeadWeights(const std::map<std::string, int64_t> &bytes_by_head);
+  void SetHeadWeights(const std::map<std::string, int64_t>& bytes_by_head);
 
   // The port the exposer listens on, 0 without one.
   int port() const { return port_; }
 
-private:
+ private:
   Metrics() = default;
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
-  prometheus::Family<prometheus::Counter> *requests_ = nullptr;
-  prometheus::Family<prometheus::Counter> *tokens_ = nullptr;
-  prometheus::Family<prometheus::Histogram> *duration_ = nullptr;
-  prometheus::Family<prometheus::Histogram> *engine_duration_ = nullptr;
-  prometheus::Family<prometheus::Gauge> *inflight_ = nullptr;
-  prometheus::Family<prometheus::Counter> *received_ = nullptr;
-  prometheus::Family<prometheus::Counter> *sent_ = nullptr;
-  prometheus::Family<prometheus::Gauge> *head_weight_ = nullptr;
+  prometheus::Family<prometheus::Counter>* requests_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tokens_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* duration_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* engine_duration_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* inflight_ = nullptr;
+  prometheus::Family<prometheus::Counter>* received_ = nullptr;
+  prometheus::Family<prometheus::Counter>* sent_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* head_weight_ = nullptr;
   absl::Mutex head_weight_mu_;
-  std::map<std::string, prometheus::Gauge *>
-      head_weight_gauges_ ABSL_GUARDED_BY(head_weight_mu_);
-  prometheus::Gauge *heads_ = nullptr;
-  prometheus::Gauge *sessions_ = nullptr;
-  prometheus::Gauge *sessions_pending_ = nullptr;
-  prometheus::Gauge *workspace_in_use_ = nullptr;
-  prometheus::Gauge *workspace_budget_ = nullptr;
-  prometheus::Gauge *gpu_used_ = nullptr;
-  prometheus::Gauge *gpu_total_ = nullptr;
+  std::map<std::string, prometheus::Gauge*> head_weight_gauges_ ABSL_GUARDED_BY(head_weight_mu_);
+  prometheus::Gauge* heads_ = nullptr;
+  prometheus::Gauge* sessions_ = nullptr;
+  prometheus::Gauge* sessions_pending_ = nullptr;
+  prometheus::Gauge* workspace_in_use_ = nullptr;
+  prometheus::Gauge* workspace_budget_ = nullptr;
+  prometheus::Gauge* gpu_used_ = nullptr;
+  prometheus::Gauge* gpu_total_ = nullptr;
   int port_ = 0;
 };
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_METRICS_H_
+#endif  // FLCE_SERVER_METRICS_H_

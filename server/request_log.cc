@@ -11,11 +11,9 @@ std::string QuoteLogValue(absl::string_view value) {
   bool plain = !value.empty();
   for (char c : value) {
     unsigned char u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u >= 0x7f || c == '"' || c == '\\' || c == '=')
-      plain = false;
+    if (u <= 0x20 || u >= 0x7f || c == '"' || c == '\\' || c == '=') plain = false;
   }
-  if (plain)
-    return std::string(value);
+  if (plain) return std::string(value);
   std::string out = "\"";
   for (char c : value) {
     unsigned char u = static_cast<unsigned char>(c);
@@ -32,25 +30,18 @@ std::string QuoteLogValue(absl::string_view value) {
   return out;
 }
 
-std::string FormatRequestLog(const RequestLogLine &line) {
-  std::string out =
-      absl::StrCat("request id=", QuoteLogValue(line.id), " rpc=", line.rpc);
-  if (!line.tenant.empty())
-    absl::StrAppend(&out, " tenant=", QuoteLogValue(line.tenant));
-  if (!line.head.empty())
-    absl::StrAppend(&out, " head=", QuoteLogValue(line.head));
-  if (!line.session.empty())
-    absl::StrAppend(&out, " session=", QuoteLogValue(line.session));
-  if (line.tokens >= 0)
-    absl::StrAppend(&out, " tokens=", line.tokens);
-  if (!line.strategy.empty())
-    absl::StrAppend(&out, " strategy=", QuoteLogValue(line.strategy));
-  absl::StrAppendFormat(&out, " duration_ms=%.3f code=%s",
-                        line.seconds * 1000.0, line.code);
+std::string FormatRequestLog(const RequestLogLine& line) {
+  std::string out = absl::StrCat("request id=", QuoteLogValue(line.id), " rpc=", line.rpc);
+  if (!line.tenant.empty()) absl::StrAppend(&out, " tenant=", QuoteLogValue(line.tenant));
+  if (!line.head.empty()) absl::StrAppend(&out, " head=", QuoteLogValue(line.head));
+  if (!line.session.empty()) absl::StrAppend(&out, " session=", QuoteLogValue(line.session));
+  if (line.tokens >= 0) absl::StrAppend(&out, " tokens=", line.tokens);
+  if (!line.strategy.empty()) absl::StrAppend(&out, " strategy=", QuoteLogValue(line.strategy));
+  absl::StrAppendFormat(&out, " duration_ms=%.3f code=%s", line.seconds * 1000.0, line.code);
   if (line.code != "OK" && !line.message.empty()) {
     absl::StrAppend(&out, " message=", QuoteLogValue(line.message));
   }
   return out;
 }
 
-} // namespace flce::server
+}  // namespace flce::server

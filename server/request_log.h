@@ -15,24 +15,24 @@
 namespace flce::server {
 
 struct RequestLogLine {
-  std::string id; // the client's request id, else "#<call number>"
+  std::string id;  // the client's request id, else "#<call number>"
   std::string rpc;
-  std::string tenant; // "" = anonymous (no auth) or not yet known
+  std::string tenant;  // "" = anonymous (no auth) or not yet known
   std::string head;
   std::string session;
-  int64_t tokens = -1; // -1 = not a compute
+  int64_t tokens = -1;  // -1 = not a compute
   std::string strategy;
   double seconds = 0.0;
-  std::string code; // "OK", "INVALID_ARGUMENT", ...
+  std::string code;  // "OK", "INVALID_ARGUMENT", ...
   std::string message;
 };
 
-std::string FormatRequestLog(const RequestLogLine &line);
+std::string FormatRequestLog(const RequestLogLine& line);
 
 // value as is when it is a plain word, else in double quotes with `"` and `\`
 // escaped and control bytes as \xNN.
 std::string QuoteLogValue(absl::string_view value);
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_REQUEST_LOG_H_
+#endif  // FLCE_SERVER_REQUEST_LOG_H_

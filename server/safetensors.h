@@ -4,8 +4,8 @@
 //
 // Usage:
 //   FLCE_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
-//   FLCE_ASSIGN_OR_RETURN(const SafetensorsTensor* w,
-//   file.Find("lm_head.weight")); file.Read(*w, offset, bytes, buffer);
+//   FLCE_ASSIGN_OR_RETURN(const SafetensorsTensor* w, file.Find("lm_head.weight"));
+//   file.Read(*w, offset, bytes, buffer);
 #ifndef FLCE_SERVER_SAFETENSORS_H_
 #define FLCE_SERVER_SAFETENSORS_H_
 
@@ -23,40 +23,40 @@ namespace flce::server {
 
 struct SafetensorsTensor {
   std::string name;
-  std::string dtype; // as in the file: "BF16", "F16", "F32", ...
+  std::string dtype;  // as in the file: "BF16", "F16", "F32", ...
   std::vector<int64_t> shape;
-  int64_t begin = 0; // byte range in the data section
+  int64_t begin = 0;  // byte range in the data section
   int64_t end = 0;
 };
 
 class SafetensorsFile {
-public:
+ public:
   // INVALID_ARGUMENT for a malformed file, NOT_FOUND for a missing one.
-  static absl::StatusOr<SafetensorsFile> Open(const std::string &path);
+  static absl::StatusOr<SafetensorsFile> Open(const std::string& path);
 
-  SafetensorsFile(SafetensorsFile &&) = default;
-  SafetensorsFile &operator=(SafetensorsFile &&) = default;
+  SafetensorsFile(SafetensorsFile&&) = default;
+  SafetensorsFile& operator=(SafetensorsFile&&) = default;
   ~SafetensorsFile();
 
   // NOT_FOUND listing the tensors the file has.
-  absl::StatusOr<const SafetensorsTensor *> Find(const std::string &name) const;
+  absl::StatusOr<const SafetensorsTensor*> Find(const std::string& name) const;
   // bytes at `offset` into the tensor's data.
-  absl::Status Read(const SafetensorsTensor &tensor, int64_t offset,
-                    int64_t bytes, void *out) const;
+  absl::Status Read(const SafetensorsTensor& tensor, int64_t offset, int64_t bytes,
+                    void* out) const;
 
-private:
+ private:
   SafetensorsFile() = default;
 
   std::string path_;
   int fd_ = -1;
   int64_t data_start_ = 0;
   std::map<std::string, SafetensorsTensor> tensors_;
-  std::unique_ptr<int, void (*)(int *)> closer_{nullptr, nullptr};
+  std::unique_ptr<int, void (*)(int*)> closer_{nullptr, nullptr};
 };
 
 // "BF16" / "F16" / "F32" to DType; INVALID_ARGUMENT for anything else.
-absl::StatusOr<DType> DTypeFromSafetensors(const std::string &name);
+absl::StatusOr<DType> DTypeFromSafetensors(const std::string& name);
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_SAFETENSORS_H_
+#endif  // FLCE_SERVER_SAFETENSORS_H_

@@ -13,19 +13,19 @@ namespace flce::server {
 struct ServerConfig {
   // "host:port"; port 0 picks a free one (FlceServer::port() says which).
   std::string address = "0.0.0.0:50051";
-  int metrics_port = 9464;      // 0 = no /metrics exposer
-  std::string device = "auto";  // "cpu", "cuda" or "auto"
-  std::string cuda_plugin_path; // empty = the loader's search order
+  int metrics_port = 9464;       // 0 = no /metrics exposer
+  std::string device = "auto";   // "cpu", "cuda" or "auto"
+  std::string cuda_plugin_path;  // empty = the loader's search order
   int64_t workspace_bytes = int64_t{2048} << 20;
   int64_t max_message_bytes = int64_t{64} << 20;
   int64_t max_request_tokens = 1048576;
   int64_t max_sessions = 1024;
-  int64_t max_pending = 2;            // staged contributions per session
-  int64_t max_concurrent_streams = 0; // flce.v1 calls in progress; 0 = no limit
-  int64_t max_heads = 0;              // resident heads; 0 = no limit
-  int64_t max_head_bytes = 0;         // resident head bytes; 0 = no limit
+  int64_t max_pending = 2;             // staged contributions per session
+  int64_t max_concurrent_streams = 0;  // flce.v1 calls in progress; 0 = no limit
+  int64_t max_heads = 0;               // resident heads; 0 = no limit
+  int64_t max_head_bytes = 0;          // resident head bytes; 0 = no limit
   absl::Duration session_ttl = absl::Hours(1);
-  std::string head_root; // empty = LoadHeadFromFile refused
+  std::string head_root;  // empty = LoadHeadFromFile refused
   // Preloaded head; empty head_file = the embedded demo head (if enabled).
   std::string head_file;
   std::string head_tensor = "lm_head.weight";
@@ -41,12 +41,12 @@ struct ServerConfig {
   // `token tenant [admin]` lines, reread on SIGHUP; empty = no auth (one
   // anonymous tenant with admin rights).
   std::string auth_token_file;
-  int threads = 0;     // engine threads; 0 = hardware concurrency
-  int rpc_threads = 4; // workers for unary RPCs, uploads and fetches
+  int threads = 0;      // engine threads; 0 = hardware concurrency
+  int rpc_threads = 4;  // workers for unary RPCs, uploads and fetches
   // How often the sweeper looks for idle sessions and the engine's health.
   absl::Duration sweep_interval = absl::Seconds(1);
 };
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_SERVER_CONFIG_H_
+#endif  // FLCE_SERVER_SERVER_CONFIG_H_

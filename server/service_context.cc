@@ -8,24 +8,20 @@
 namespace flce::server {
 namespace {
 std::atomic<uint64_t> g_call_counter{0};
-} // namespace
+}  // namespace
 
-RpcScope::RpcScope(const ServiceContext &ctx, const char *rpc)
-    : ctx_(ctx), rpc_(rpc), start_(absl::Now()),
-      call_number_(++g_call_counter) {
+RpcScope::RpcScope(const ServiceContext& ctx, const char* rpc)
+    : ctx_(ctx), rpc_(rpc), start_(absl::Now()), call_number_(++g_call_counter) {
   ctx_.active_calls.fetch_add(1);
-  if (ctx_.metrics != nullptr)
-    ctx_.metrics->InflightAdd(rpc_, 1);
+  if (ctx_.metrics != nullptr) ctx_.metrics->InflightAdd(rpc_, 1);
 }
 
 RpcScope::~RpcScope() {
-  if (!done_)
-    Done(grpc::Status(grpc::StatusCode::CANCELLED, "never finished"));
+  if (!done_) Done(grpc::Status(grpc::StatusCode::CANCELLED, "never finished"));
 }
 
-void RpcScope::Done(const grpc::Status &status) {
-  if (done_)
-    return;
+void RpcScope::Done(const grpc::Status& status) {
+  if (done_) return;
   done_ = true;
   ctx_.active_calls.fetch_sub(1);
   double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
@@ -41,46 +37,41 @@ void RpcScope::Done(const grpc::Status &status) {
   line.code = GrpcCodeName(status.error_code());
   line.message = status.error_message();
   switch (status.error_code()) {
-  case grpc::StatusCode::INTERNAL:
-  case grpc::StatusCode::UNKNOWN:
-  case grpc::StatusCode::DATA_LOSS:
-  case grpc::StatusCode::UNAVAILABLE:
-    // The server's own failures stand out; client mistakes stay at info.
-    LogWarning(FormatRequestLog(line));
-    break;
-  default:
-    LogInfo(FormatRequestLog(line));
-    break;
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::DATA_LOSS:
+    case grpc::StatusCode::UNAVAILABLE:
+      // The server's own failures stand out; client mistakes stay at info.
+      LogWarning(FormatRequestLog(line));
+      break;
+    default:
+      LogInfo(FormatRequestLog(line));
+      break;
   }
-  if (ctx_.metrics == nullptr)
-    return;
+  if (ctx_.metrics == nullptr) return;
   ctx_.metrics->InflightAdd(rpc_, -1);
   ctx_.metrics->RecordRequest(rpc_, status.error_code(), seconds);
 }
 
-absl::StatusOr<Principal> Admit(const ServiceContext &ctx,
-                                const grpc::CallbackServerContext &call,
-                                RpcScope &scope) {
-  absl::StatusOr<Principal> who =
-      ctx.auth != nullptr ? ctx.auth->Authenticate(call.client_metadata())
-                          : absl::StatusOr<Principal>(Principal{"", true});
-  if (!who.ok())
-    return who.status();
+absl::StatusOr<Principal> Admit(const ServiceContext& ctx, const grpc::CallbackServerContext& call,
+                                RpcScope& scope) {
+  absl::StatusOr<Principal> who = ctx.auth != nullptr
+                                      ? ctx.auth->Authenticate(call.client_metadata())
+                                      : absl::StatusOr<Principal>(Principal{"", true});
+  if (!who.ok()) return who.status();
   scope.set_tenant(who->tenant);
   int64_t limit = ctx.config.max_concurrent_streams;
   if (limit > 0 && ctx.active_calls.load() > limit) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "too many calls in progress: --max-concurrent-streams=", limit,
-        "; retry later"));
+        "too many calls in progress: --max-concurrent-streams=", limit, "; retry later"));
   }
   return who;
 }
 
-absl::Status EngineStatus(const Engine &engine, absl::Status status) {
-  if (status.ok() || engine.healthy())
-    return status;
-  return absl::UnavailableError(absl::StrCat(
-      "the engine failed and is no longer serving: ", status.message()));
+absl::Status EngineStatus(const Engine& engine, absl::Status status) {
+  if (status.ok() || engine.healthy()) return status;
+  return absl::UnavailableError(
+      absl::StrCat("the engine failed and is no longer serving: ", status.message()));
 }
 
-} // namespace flce::server
+}  // namespace flce::server

@@ -28,14 +28,13 @@ namespace flce::server {
 
 struct ServiceContext {
   ServerConfig config;
-  Engine *engine = nullptr;
-  HeadRegistry *heads = nullptr;
-  SessionStore *sessions = nullptr;
-  Metrics *metrics = nullptr;
-  const Authenticator *auth = nullptr;
-  ThreadPool *pool = nullptr;
-  WorkTracker *workers =
-      nullptr; // compute workers that outlive their reactions
+  Engine* engine = nullptr;
+  HeadRegistry* heads = nullptr;
+  SessionStore* sessions = nullptr;
+  Metrics* metrics = nullptr;
+  const Authenticator* auth = nullptr;
+  ThreadPool* pool = nullptr;
+  WorkTracker* workers = nullptr;  // compute workers that outlive their reactions
   std::string instance_id;
   std::string version;
   // flce.v1 calls in progress, for --max-concurrent-streams.
@@ -47,29 +46,25 @@ struct ServiceContext {
 // as one structured line at Done() with what the handler set. Setters are
 // called from the thread that will call Done() (or before it hands over).
 class RpcScope {
-public:
-  RpcScope(const ServiceContext &ctx, const char *rpc);
-  ~RpcScope(); // an RPC never Done() is counted as CANCELLED
-  RpcScope(const RpcScope &) = delete;
-  RpcScope &operator=(const RpcScope &) = delete;
+ public:
+  RpcScope(const ServiceContext& ctx, const char* rpc);
+  ~RpcScope();  // an RPC never Done() is counted as CANCELLED
+  RpcScope(const RpcScope&) = delete;
+  RpcScope& operator=(const RpcScope&) = delete;
 
-  void Done(const grpc::Status &status);
+  void Done(const grpc::Status& status);
   absl::Time start() const { return start_; }
 
   void set_request_id(absl::string_view id) { request_id_ = std::string(id); }
   void set_tenant(absl::string_view tenant) { tenant_ = std::string(tenant); }
   void set_head(absl::string_view head) { head_ = std::string(head); }
-  void set_session(absl::string_view session) {
-    session_ = std::string(session);
-  }
+  void set_session(absl::string_view session) { session_ = std::string(session); }
   void set_tokens(int64_t tokens) { tokens_ = tokens; }
-  void set_strategy(absl::string_view strategy) {
-    strategy_ = std::string(strategy);
-  }
+  void set_strategy(absl::string_view strategy) { strategy_ = std::string(strategy); }
 
-private:
-  const ServiceContext &ctx_;
-  const char *rpc_;
+ private:
+  const ServiceContext& ctx_;
+  const char* rpc_;
   absl::Time start_;
   uint64_t call_number_;
   bool done_ = false;
@@ -85,14 +80,13 @@ private:
 // its bearer token (UNAUTHENTICATED without a valid one when auth is on),
 // then the concurrent-call limit (RESOURCE_EXHAUSTED naming
 // --max-concurrent-streams). The scope must already count this call.
-absl::StatusOr<Principal> Admit(const ServiceContext &ctx,
-                                const grpc::CallbackServerContext &call,
-                                RpcScope &scope);
+absl::StatusOr<Principal> Admit(const ServiceContext& ctx, const grpc::CallbackServerContext& call,
+                                RpcScope& scope);
 
 // An engine error after which the engine reports itself unhealthy becomes
 // UNAVAILABLE: the device is gone, the call can be retried elsewhere.
-absl::Status EngineStatus(const Engine &engine, absl::Status status);
+absl::Status EngineStatus(const Engine& engine, absl::Status status);
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_SERVICE_CONTEXT_H_
+#endif  // FLCE_SERVER_SERVICE_CONTEXT_H_

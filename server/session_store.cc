@@ -9,27 +9,24 @@
 namespace flce::server {
 namespace {
 
-std::string Describe(const std::string &head_id,
-                     const std::string &session_id) {
+std::string Describe(const std::string& head_id, const std::string& session_id) {
   return absl::StrCat("session \"", session_id, "\" of head \"", head_id, "\"");
 }
 
-} // namespace
+}  // namespace
 
-const Outcome *OutcomeLog::Find(const std::string &request_id) const {
+const Outcome* OutcomeLog::Find(const std::string& request_id) const {
   auto it = outcomes_.find(request_id);
   return it == outcomes_.end() ? nullptr : &it->second;
 }
 
-void OutcomeLog::Set(const std::string &request_id, Outcome outcome) {
+void OutcomeLog::Set(const std::string& request_id, Outcome outcome) {
   auto [it, inserted] = outcomes_.insert_or_assign(request_id, outcome);
-  if (!inserted)
-    return;
+  if (!inserted) return;
   order_.push_back(request_id);
   // Forget the oldest finished outcomes; in-flight and staged ones are still
   // needed (and bounded by --max-pending).
-  for (auto o = order_.begin();
-       outcomes_.size() > capacity_ && o != order_.end();) {
+  for (auto o = order_.begin(); outcomes_.size() > capacity_ && o != order_.end();) {
     auto found = outcomes_.find(*o);
     if (found == outcomes_.end()) {
       o = order_.erase(o);
@@ -43,56 +40,55 @@ void OutcomeLog::Set(const std::string &request_id, Outcome outcome) {
   }
 }
 
-void OutcomeLog::Erase(const std::string &request_id) {
+void OutcomeLog::Erase(const std::string& request_id) {
   outcomes_.erase(request_id);
   auto it = std::find(order_.begin(), order_.end(), request_id);
-  if (it != order_.end())
-    order_.erase(it);
+  if (it != order_.end()) order_.erase(it);
 }
 
-Session::Session(std::string tenant, std::string head_id,
-                 std::string session_id, HeadSpec spec,
+Session::Session(std::string tenant, std::string head_id, std::string session_id, HeadSpec spec,
                  std::unique_ptr<GradBuffer> grad, size_t outcome_capacity)
-    : tenant_(std::move(tenant)), head_id_(std::move(head_id)),
-      session_id_(std::move(session_id)), spec_(spec), grad_(std::move(grad)),
-      outcomes_(outcome_capacity), last_used_(absl::Now()) {}
+    : tenant_(std::move(tenant)),
+      head_id_(std::move(head_id)),
+      session_id_(std::move(session_id)),
+      spec_(spec),
+      grad_(std::move(grad)),
+      outcomes_(outcome_capacity),
+      last_used_(absl::Now()) {}
 
-SessionStore::SessionStore(Engine *engine, SessionLimits limits)
+SessionStore::SessionStore(Engine* engine, SessionLimits limits)
     : engine_(engine), limits_(limits) {}
 
-absl::StatusOr<std::shared_ptr<Session>>
-SessionStore::GetOrCreate(const std::string &tenant, const std::string &head_id,
-                          const std::string &session_id, const HeadSpec &spec) {
+absl::StatusOr<std::shared_ptr<Session>> SessionStore::GetOrCreate(const std::string& tenant,
+                                                                   const std::string& head_id,
+                                                                   const std::string& session_id,
+                                                                   const HeadSpec& spec) {
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find({tenant, head_id, session_id});
     if (it != sessions_.end()) {
-      const HeadSpec &have = it->second->spec();
-      if (have.vocab_size != spec.vocab_size ||
-          have.hidden_size != spec.hidden_size ||
+      const HeadSpec& have = it->second->spec();
+      if (have.vocab_size != spec.vocab_size || have.hidden_size != spec.hidden_size ||
           have.has_bias != spec.has_bias) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            Describe(head_id, session_id), " holds a ", have.vocab_size, " x ",
-            have.hidden_size, " gradient; the head is now ", spec.vocab_size,
-            " x ", spec.hidden_size, ": delete the session first"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(Describe(head_id, session_id), " holds a ", have.vocab_size, " x ",
+                         have.hidden_size, " gradient; the head is now ", spec.vocab_size, " x ",
+                         spec.hidden_size, ": delete the session first"));
       }
       return it->second;
     }
     if (static_cast<int64_t>(sessions_.size()) >= limits_.max_sessions) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot create ", Describe(head_id, session_id), ": ",
-          sessions_.size(),
-          " sessions exist, --max-sessions=", limits_.max_sessions));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot create ", Describe(head_id, session_id), ": ", sessions_.size(),
+                       " sessions exist, --max-sessions=", limits_.max_sessions));
     }
   }
   // Allocating (and zeroing) V x H fp32 takes a while: not under the lock.
-  FLCE_ASSIGN_OR_RETURN(std::unique_ptr<GradBuffer> grad,
-                        engine_->NewGradBuffer(spec));
-  auto session = std::make_shared<Session>(
-      tenant, head_id, session_id, spec, std::move(grad), limits_.outcome_log);
+  FLCE_ASSIGN_OR_RETURN(std::unique_ptr<GradBuffer> grad, engine_->NewGradBuffer(spec));
+  auto session = std::make_shared<Session>(tenant, head_id, session_id, spec, std::move(grad),
+                                           limits_.outcome_log);
   absl::MutexLock lock(&mu_);
-  auto [it, inserted] =
-      sessions_.emplace(Key{tenant, head_id, session_id}, session);
+  auto [it, inserted] = sessions_.emplace(Key{tenant, head_id, session_id}, session);
   if (inserted) {
     if (static_cast<int64_t>(sessions_.size()) > limits_.max_sessions) {
       sessions_.erase(it);
@@ -101,73 +97,64 @@ SessionStore::GetOrCreate(const std::string &tenant, const std::string &head_id,
                        ": --max-sessions=", limits_.max_sessions, " reached"));
     }
   }
-  return it->second; // another call may have created it meanwhile
+  return it->second;  // another call may have created it meanwhile
 }
 
-absl::StatusOr<std::shared_ptr<Session>>
-SessionStore::Find(const std::string &tenant, const std::string &head_id,
-                   const std::string &session_id) const {
+absl::StatusOr<std::shared_ptr<Session>> SessionStore::Find(const std::string& tenant,
+                                                            const std::string& head_id,
+                                                            const std::string& session_id) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find({tenant, head_id, session_id});
   if (it == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat(Describe(head_id, session_id), " does not exist"));
+    return absl::NotFoundError(absl::StrCat(Describe(head_id, session_id), " does not exist"));
   }
   return it->second;
 }
 
-absl::StatusOr<BeginResult>
-SessionStore::BeginContribution(Session &session,
-                                const std::string &request_id) {
+absl::StatusOr<BeginResult> SessionStore::BeginContribution(Session& session,
+                                                            const std::string& request_id) {
   absl::MutexLock lock(&session.mu_);
   if (session.deleted_) {
-    return absl::AbortedError(absl::StrCat(
-        Describe(session.head_id_, session.session_id_), " was just deleted"));
+    return absl::AbortedError(
+        absl::StrCat(Describe(session.head_id_, session.session_id_), " was just deleted"));
   }
   session.last_used_ = absl::Now();
   BeginResult result;
-  if (const Outcome *first = session.outcomes_.Find(request_id);
-      first != nullptr) {
+  if (const Outcome* first = session.outcomes_.Find(request_id); first != nullptr) {
     if (first->state == ContributionState::kInFlight) {
-      return absl::AbortedError(
-          absl::StrCat("request_id \"", request_id, "\" is still in flight in ",
-                       Describe(session.head_id_, session.session_id_)));
+      return absl::AbortedError(absl::StrCat("request_id \"", request_id,
+                                             "\" is still in flight in ",
+                                             Describe(session.head_id_, session.session_id_)));
     }
     result.replay = true;
     result.first = *first;
     return result;
   }
-  int64_t pending =
-      session.in_flight_ + static_cast<int64_t>(session.staged_.size());
+  int64_t pending = session.in_flight_ + static_cast<int64_t>(session.staged_.size());
   if (pending >= limits_.max_pending) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(Describe(session.head_id_, session.session_id_),
-                     " already has ", pending,
-                     " staged contributions (calls in flight or waiting for "
-                     "Commit), --max-pending=",
-                     limits_.max_pending));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        Describe(session.head_id_, session.session_id_), " already has ", pending,
+        " staged contributions (calls in flight or waiting for Commit), --max-pending=",
+        limits_.max_pending));
   }
   ++session.in_flight_;
-  session.outcomes_.Set(request_id,
-                        Outcome{ContributionState::kInFlight, 0.0f});
+  session.outcomes_.Set(request_id, Outcome{ContributionState::kInFlight, 0.0f});
   return result;
 }
 
-absl::Status SessionStore::CompleteContribution(
-    Session &session, const std::string &request_id,
-    std::unique_ptr<GradBuffer> staging, bool deferred, int64_t tokens) {
+absl::Status SessionStore::CompleteContribution(Session& session, const std::string& request_id,
+                                                std::unique_ptr<GradBuffer> staging, bool deferred,
+                                                int64_t tokens) {
   absl::MutexLock lock(&session.mu_);
   --session.in_flight_;
   session.last_used_ = absl::Now();
   if (session.deleted_) {
-    return absl::AbortedError(
-        absl::StrCat(Describe(session.head_id_, session.session_id_),
-                     " was deleted while the call ran"));
+    return absl::AbortedError(absl::StrCat(Describe(session.head_id_, session.session_id_),
+                                           " was deleted while the call ran"));
   }
   if (deferred) {
     session.staged_[request_id] = std::move(staging);
-    session.outcomes_.Set(request_id,
-                          Outcome{ContributionState::kStaged, 0.0f});
+    session.outcomes_.Set(request_id, Outcome{ContributionState::kStaged, 0.0f});
   } else {
     absl::Status added = session.grad_->AddScaled(*staging, 1.0f);
     if (!added.ok()) {
@@ -175,31 +162,28 @@ absl::Status SessionStore::CompleteContribution(
       return added;
     }
     ++session.contributions_;
-    session.outcomes_.Set(request_id,
-                          Outcome{ContributionState::kCommitted, 1.0f});
+    session.outcomes_.Set(request_id, Outcome{ContributionState::kCommitted, 1.0f});
   }
   session.tokens_ += tokens;
   return absl::OkStatus();
 }
 
-void SessionStore::AbortContribution(Session &session,
-                                     const std::string &request_id) {
+void SessionStore::AbortContribution(Session& session, const std::string& request_id) {
   absl::MutexLock lock(&session.mu_);
   --session.in_flight_;
   session.outcomes_.Erase(request_id);
   session.last_used_ = absl::Now();
 }
 
-absl::StatusOr<CommitResult> SessionStore::Commit(const std::string &tenant,
-                                                  const std::string &head_id,
-                                                  const std::string &session_id,
-                                                  const std::string &request_id,
-                                                  float scale, bool discard) {
-  FLCE_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
-                        Find(tenant, head_id, session_id));
+absl::StatusOr<CommitResult> SessionStore::Commit(const std::string& tenant,
+                                                  const std::string& head_id,
+                                                  const std::string& session_id,
+                                                  const std::string& request_id, float scale,
+                                                  bool discard) {
+  FLCE_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(tenant, head_id, session_id));
   absl::MutexLock lock(&session->mu_);
   session->last_used_ = absl::Now();
-  const Outcome *first = session->outcomes_.Find(request_id);
+  const Outcome* first = session->outcomes_.Find(request_id);
   if (first == nullptr) {
     return absl::NotFoundError(absl::StrCat("request_id \"", request_id,
                                             "\" has no staged contribution in ",
@@ -207,23 +191,22 @@ absl::StatusOr<CommitResult> SessionStore::Commit(const std::string &tenant,
   }
   CommitResult result;
   switch (first->state) {
-  case ContributionState::kInFlight:
-    return absl::FailedPreconditionError(
-        absl::StrCat("request_id \"", request_id,
-                     "\" is still computing: commit after its summary"));
-  case ContributionState::kCommitted:
-  case ContributionState::kDiscarded:
-    result.state = first->state;
-    result.scale = first->scale;
-    result.replayed = true;
-    return result;
-  case ContributionState::kStaged:
-    break;
+    case ContributionState::kInFlight:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "request_id \"", request_id, "\" is still computing: commit after its summary"));
+    case ContributionState::kCommitted:
+    case ContributionState::kDiscarded:
+      result.state = first->state;
+      result.scale = first->scale;
+      result.replayed = true;
+      return result;
+    case ContributionState::kStaged:
+      break;
   }
   auto staged = session->staged_.find(request_id);
   if (staged == session->staged_.end()) {
-    return absl::InternalError(absl::StrCat(
-        "request_id \"", request_id, "\" is staged but its buffer is gone"));
+    return absl::InternalError(
+        absl::StrCat("request_id \"", request_id, "\" is staged but its buffer is gone"));
   }
   if (discard) {
     result.state = ContributionState::kDiscarded;
@@ -239,23 +222,19 @@ absl::StatusOr<CommitResult> SessionStore::Commit(const std::string &tenant,
   return result;
 }
 
-absl::StatusOr<GradSnapshot>
-SessionStore::Snapshot(const std::string &tenant, const std::string &head_id,
-                       const std::string &session_id, bool reset,
-                       const std::string &request_id) {
-  FLCE_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
-                        Find(tenant, head_id, session_id));
+absl::StatusOr<GradSnapshot> SessionStore::Snapshot(const std::string& tenant,
+                                                    const std::string& head_id,
+                                                    const std::string& session_id, bool reset,
+                                                    const std::string& request_id) {
+  FLCE_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(tenant, head_id, session_id));
   {
     absl::MutexLock lock(&session->mu_);
-    if (reset && !request_id.empty() &&
-        request_id == session->last_reset_request_id_ &&
+    if (reset && !request_id.empty() && request_id == session->last_reset_request_id_ &&
         session->last_reset_grad_ != nullptr) {
-      return GradSnapshot{session->last_reset_grad_,
-                          session->last_reset_contributions_, true};
+      return GradSnapshot{session->last_reset_grad_, session->last_reset_contributions_, true};
     }
   }
-  FLCE_ASSIGN_OR_RETURN(std::unique_ptr<GradBuffer> fresh,
-                        engine_->NewGradBuffer(session->spec()));
+  FLCE_ASSIGN_OR_RETURN(std::unique_ptr<GradBuffer> fresh, engine_->NewGradBuffer(session->spec()));
   absl::MutexLock lock(&session->mu_);
   session->last_used_ = absl::Now();
   GradSnapshot snapshot;
@@ -275,11 +254,9 @@ SessionStore::Snapshot(const std::string &tenant, const std::string &head_id,
   return snapshot;
 }
 
-absl::Status SessionStore::Zero(const std::string &tenant,
-                                const std::string &head_id,
-                                const std::string &session_id) {
-  FLCE_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
-                        Find(tenant, head_id, session_id));
+absl::Status SessionStore::Zero(const std::string& tenant, const std::string& head_id,
+                                const std::string& session_id) {
+  FLCE_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(tenant, head_id, session_id));
   absl::MutexLock lock(&session->mu_);
   session->last_used_ = absl::Now();
   FLCE_RETURN_IF_ERROR(session->grad_->Zero());
@@ -287,16 +264,14 @@ absl::Status SessionStore::Zero(const std::string &tenant,
   return absl::OkStatus();
 }
 
-absl::Status SessionStore::Delete(const std::string &tenant,
-                                  const std::string &head_id,
-                                  const std::string &session_id) {
+absl::Status SessionStore::Delete(const std::string& tenant, const std::string& head_id,
+                                  const std::string& session_id) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find({tenant, head_id, session_id});
     if (it == sessions_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat(Describe(head_id, session_id), " does not exist"));
+      return absl::NotFoundError(absl::StrCat(Describe(head_id, session_id), " does not exist"));
     }
     session = std::move(it->second);
     sessions_.erase(it);
@@ -307,13 +282,12 @@ absl::Status SessionStore::Delete(const std::string &tenant,
   return absl::OkStatus();
 }
 
-int64_t SessionStore::DeleteHead(const std::string &owner,
-                                 const std::string &head_id) {
+int64_t SessionStore::DeleteHead(const std::string& owner, const std::string& head_id) {
   std::vector<std::shared_ptr<Session>> dropped;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = sessions_.begin(); it != sessions_.end();) {
-      const auto &[tenant, head, session] = it->first;
+      const auto& [tenant, head, session] = it->first;
       if (head == head_id && (owner.empty() || tenant == owner)) {
         dropped.push_back(std::move(it->second));
         it = sessions_.erase(it);
@@ -322,7 +296,7 @@ int64_t SessionStore::DeleteHead(const std::string &owner,
       }
     }
   }
-  for (auto &session : dropped) {
+  for (auto& session : dropped) {
     absl::MutexLock lock(&session->mu_);
     session->deleted_ = true;
     session->staged_.clear();
@@ -330,15 +304,13 @@ int64_t SessionStore::DeleteHead(const std::string &owner,
   return static_cast<int64_t>(dropped.size());
 }
 
-std::vector<SessionSummary>
-SessionStore::List(const std::string &tenant,
-                   const std::string &head_id) const {
+std::vector<SessionSummary> SessionStore::List(const std::string& tenant,
+                                               const std::string& head_id) const {
   std::vector<std::shared_ptr<Session>> sessions;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto &[key, session] : sessions_) {
-      if (std::get<0>(key) == tenant &&
-          (head_id.empty() || std::get<1>(key) == head_id)) {
+    for (const auto& [key, session] : sessions_) {
+      if (std::get<0>(key) == tenant && (head_id.empty() || std::get<1>(key) == head_id)) {
         sessions.push_back(session);
       }
     }
@@ -350,25 +322,23 @@ std::vector<SessionSummary> SessionStore::ListAll() const {
   std::vector<std::shared_ptr<Session>> sessions;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto &[key, session] : sessions_)
-      sessions.push_back(session);
+    for (const auto& [key, session] : sessions_) sessions.push_back(session);
   }
   return Summaries(sessions);
 }
 
 std::vector<SessionSummary> SessionStore::Summaries(
-    const std::vector<std::shared_ptr<Session>> &sessions) const {
+    const std::vector<std::shared_ptr<Session>>& sessions) const {
   std::vector<SessionSummary> out;
   absl::Time now = absl::Now();
-  for (const auto &session : sessions) {
+  for (const auto& session : sessions) {
     absl::MutexLock lock(&session->mu_);
     SessionSummary s;
     s.tenant = session->tenant_;
     s.head_id = session->head_id_;
     s.session_id = session->session_id_;
     s.contributions = session->contributions_;
-    s.pending =
-        session->in_flight_ + static_cast<int64_t>(session->staged_.size());
+    s.pending = session->in_flight_ + static_cast<int64_t>(session->staged_.size());
     s.tokens = session->tokens_;
     s.idle_seconds = absl::ToDoubleSeconds(now - session->last_used_);
     s.grad_bytes = session->grad_->bytes();
@@ -377,13 +347,12 @@ std::vector<SessionSummary> SessionStore::Summaries(
   return out;
 }
 
-std::vector<std::string>
-SessionStore::SessionIds(const std::string &owner,
-                         const std::string &head_id) const {
+std::vector<std::string> SessionStore::SessionIds(const std::string& owner,
+                                                  const std::string& head_id) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> out;
-  for (const auto &[key, session] : sessions_) {
-    const auto &[tenant, head, id] = key;
+  for (const auto& [key, session] : sessions_) {
+    const auto& [tenant, head, id] = key;
     if (head == head_id && (owner.empty() || tenant == owner)) {
       out.push_back(tenant.empty() ? id : absl::StrCat(tenant, "/", id));
     }
@@ -391,13 +360,11 @@ SessionStore::SessionIds(const std::string &owner,
   return out;
 }
 
-int64_t SessionStore::Count(const std::string &tenant,
-                            const std::string &head_id) const {
+int64_t SessionStore::Count(const std::string& tenant, const std::string& head_id) const {
   absl::MutexLock lock(&mu_);
   int64_t n = 0;
-  for (const auto &[key, session] : sessions_) {
-    if (std::get<0>(key) == tenant && std::get<1>(key) == head_id)
-      ++n;
+  for (const auto& [key, session] : sessions_) {
+    if (std::get<0>(key) == tenant && std::get<1>(key) == head_id) ++n;
   }
   return n;
 }
@@ -407,14 +374,12 @@ int64_t SessionStore::Sweep(absl::Time now) {
   {
     absl::MutexLock lock(&mu_);
     for (auto it = sessions_.begin(); it != sessions_.end();) {
-      Session &session = *it->second;
+      Session& session = *it->second;
       bool idle;
       {
         absl::MutexLock session_lock(&session.mu_);
-        idle =
-            session.in_flight_ == 0 && now - session.last_used_ > limits_.ttl;
-        if (idle)
-          session.deleted_ = true;
+        idle = session.in_flight_ == 0 && now - session.last_used_ > limits_.ttl;
+        if (idle) session.deleted_ = true;
       }
       if (idle) {
         expired.push_back(std::move(it->second));
@@ -425,11 +390,11 @@ int64_t SessionStore::Sweep(absl::Time now) {
     }
   }
   // Buffers are freed here, outside the store's lock.
-  for (auto &session : expired) {
+  for (auto& session : expired) {
     absl::MutexLock lock(&session->mu_);
     session->staged_.clear();
   }
   return static_cast<int64_t>(expired.size());
 }
 
-} // namespace flce::server
+}  // namespace flce::server

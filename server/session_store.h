@@ -3,17 +3,14 @@
 // that wait for Commit, and an outcome log that makes retries idempotent.
 //
 // A compute call's life in a session:
-//   auto begin = store.BeginContribution(*session, request_id);   // slot or
-//   replay
+//   auto begin = store.BeginContribution(*session, request_id);   // slot or replay
 //   ... the engine adds the call's grad_W into a staging buffer ...
-//   store.CompleteContribution(*session, request_id, std::move(staging),
-//   deferred, tokens);
+//   store.CompleteContribution(*session, request_id, std::move(staging), deferred, tokens);
 //   // or, on any failure: store.AbortContribution(*session, request_id);
 // The accumulator changes only in CompleteContribution (commit on complete),
 // Commit, ZeroGrad and FetchGrad with reset: a failed call never touches it.
 // Sessions always belong to a tenant (auth.h): two tenants naming the same
-// session of a shared head hold separate gradients, and neither sees the
-// other's.
+// session of a shared head hold separate gradients, and neither sees the other's.
 #ifndef FLCE_SERVER_SESSION_STORE_H_
 #define FLCE_SERVER_SESSION_STORE_H_
 
@@ -39,36 +36,35 @@ enum class ContributionState { kInFlight, kStaged, kCommitted, kDiscarded };
 
 struct Outcome {
   ContributionState state = ContributionState::kInFlight;
-  float scale = 0.0f; // applied scale once committed
+  float scale = 0.0f;  // applied scale once committed
 };
 
 // Remembers what happened to each request id of a session, oldest finished
 // entries forgotten first beyond `capacity`.
 class OutcomeLog {
-public:
+ public:
   explicit OutcomeLog(size_t capacity) : capacity_(capacity) {}
-  const Outcome *Find(const std::string &request_id) const;
-  void Set(const std::string &request_id, Outcome outcome);
-  void Erase(const std::string &request_id);
+  const Outcome* Find(const std::string& request_id) const;
+  void Set(const std::string& request_id, Outcome outcome);
+  void Erase(const std::string& request_id);
   size_t size() const { return outcomes_.size(); }
 
-private:
+ private:
   size_t capacity_;
   std::map<std::string, Outcome> outcomes_;
-  std::deque<std::string> order_; // insertion order, for eviction
+  std::deque<std::string> order_;  // insertion order, for eviction
 };
 
 class Session {
-public:
-  Session(std::string tenant, std::string head_id, std::string session_id,
-          HeadSpec spec, std::unique_ptr<GradBuffer> grad,
-          size_t outcome_capacity);
+ public:
+  Session(std::string tenant, std::string head_id, std::string session_id, HeadSpec spec,
+          std::unique_ptr<GradBuffer> grad, size_t outcome_capacity);
 
-  const std::string &head_id() const { return head_id_; }
-  const std::string &session_id() const { return session_id_; }
-  const HeadSpec &spec() const { return spec_; }
+  const std::string& head_id() const { return head_id_; }
+  const std::string& session_id() const { return session_id_; }
+  const HeadSpec& spec() const { return spec_; }
 
-private:
+ private:
   friend class SessionStore;
 
   const std::string tenant_;
@@ -79,10 +75,8 @@ private:
   std::unique_ptr<GradBuffer> grad_ ABSL_GUARDED_BY(mu_);
   int64_t contributions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t in_flight_ ABSL_GUARDED_BY(mu_) =
-      0; // calls computing into a staging buffer
-  std::map<std::string, std::unique_ptr<GradBuffer>>
-      staged_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // calls computing into a staging buffer
+  std::map<std::string, std::unique_ptr<GradBuffer>> staged_ ABSL_GUARDED_BY(mu_);
   OutcomeLog outcomes_ ABSL_GUARDED_BY(mu_);
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
   bool deleted_ ABSL_GUARDED_BY(mu_) = false;
@@ -125,82 +119,75 @@ struct CommitResult {
 };
 
 struct GradSnapshot {
-  std::shared_ptr<const GradBuffer> grad; // private to the caller
+  std::shared_ptr<const GradBuffer> grad;  // private to the caller
   int64_t contributions = 0;
   bool replayed = false;
 };
 
 class SessionStore {
-public:
-  SessionStore(Engine *engine, SessionLimits limits);
+ public:
+  SessionStore(Engine* engine, SessionLimits limits);
 
-  absl::StatusOr<std::shared_ptr<Session>>
-  GetOrCreate(const std::string &tenant, const std::string &head_id,
-              const std::string &session_id, const HeadSpec &spec);
+  absl::StatusOr<std::shared_ptr<Session>> GetOrCreate(const std::string& tenant,
+                                                       const std::string& head_id,
+                                                       const std::string& session_id,
+                                                       const HeadSpec& spec);
   // NOT_FOUND naming the pair (another tenant's session is not found either).
-  absl::StatusOr<std::shared_ptr<Session>>
-  Find(const std::string &tenant, const std::string &head_id,
-       const std::string &session_id) const;
+  absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& tenant,
+                                                const std::string& head_id,
+                                                const std::string& session_id) const;
 
   // Takes a pending slot for request_id (RESOURCE_EXHAUSTED naming
   // --max-pending when none is left; ABORTED if the same id is still in
   // flight), or says the request id completed before.
-  absl::StatusOr<BeginResult> BeginContribution(Session &session,
-                                                const std::string &request_id);
+  absl::StatusOr<BeginResult> BeginContribution(Session& session, const std::string& request_id);
   // The call finished: add `staging` to the accumulator now, or keep it
   // staged for Commit. Either way the slot is released or kept staged.
-  absl::Status CompleteContribution(Session &session,
-                                    const std::string &request_id,
-                                    std::unique_ptr<GradBuffer> staging,
-                                    bool deferred, int64_t tokens);
+  absl::Status CompleteContribution(Session& session, const std::string& request_id,
+                                    std::unique_ptr<GradBuffer> staging, bool deferred,
+                                    int64_t tokens);
   // The call failed or was cancelled: forget it, release the slot.
-  void AbortContribution(Session &session, const std::string &request_id);
+  void AbortContribution(Session& session, const std::string& request_id);
 
-  absl::StatusOr<CommitResult> Commit(const std::string &tenant,
-                                      const std::string &head_id,
-                                      const std::string &session_id,
-                                      const std::string &request_id,
+  absl::StatusOr<CommitResult> Commit(const std::string& tenant, const std::string& head_id,
+                                      const std::string& session_id, const std::string& request_id,
                                       float scale, bool discard);
   // A private copy of the accumulator; with reset, the accumulator itself,
   // replaced by a zeroed one. A reset repeating the last reset's request id
   // returns that reset's gradient again.
-  absl::StatusOr<GradSnapshot> Snapshot(const std::string &tenant,
-                                        const std::string &head_id,
-                                        const std::string &session_id,
-                                        bool reset,
-                                        const std::string &request_id);
-  absl::Status Zero(const std::string &tenant, const std::string &head_id,
-                    const std::string &session_id);
-  absl::Status Delete(const std::string &tenant, const std::string &head_id,
-                      const std::string &session_id);
+  absl::StatusOr<GradSnapshot> Snapshot(const std::string& tenant, const std::string& head_id,
+                                        const std::string& session_id, bool reset,
+                                        const std::string& request_id);
+  absl::Status Zero(const std::string& tenant, const std::string& head_id,
+                    const std::string& session_id);
+  absl::Status Delete(const std::string& tenant, const std::string& head_id,
+                      const std::string& session_id);
   // Drops every session of a head of this owner (registry owner: "" = a
   // shared head, whose sessions belong to every tenant); returns how many.
-  int64_t DeleteHead(const std::string &owner, const std::string &head_id);
+  int64_t DeleteHead(const std::string& owner, const std::string& head_id);
 
   // A tenant's sessions; head_id "" = on every head.
-  std::vector<SessionSummary> List(const std::string &tenant,
-                                   const std::string &head_id) const;
+  std::vector<SessionSummary> List(const std::string& tenant, const std::string& head_id) const;
   std::vector<SessionSummary> ListAll() const;
   // "tenant/session" ids of the sessions on a head of this registry owner.
-  std::vector<std::string> SessionIds(const std::string &owner,
-                                      const std::string &head_id) const;
+  std::vector<std::string> SessionIds(const std::string& owner, const std::string& head_id) const;
   // A tenant's sessions on head_id.
-  int64_t Count(const std::string &tenant, const std::string &head_id) const;
+  int64_t Count(const std::string& tenant, const std::string& head_id) const;
   // Drops sessions idle longer than the TTL with no call in flight.
   int64_t Sweep(absl::Time now);
 
-private:
+ private:
   using Key = std::tuple<std::string, std::string,
-                         std::string>; // tenant, head, session
-  std::vector<SessionSummary>
-  Summaries(const std::vector<std::shared_ptr<Session>> &sessions) const;
+                         std::string>;  // tenant, head, session
+  std::vector<SessionSummary> Summaries(
+      const std::vector<std::shared_ptr<Session>>& sessions) const;
 
-  Engine *engine_;
+  Engine* engine_;
   const SessionLimits limits_;
   mutable absl::Mutex mu_;
   std::map<Key, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
 };
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_SESSION_STORE_H_
+#endif  // FLCE_SERVER_SESSION_STORE_H_

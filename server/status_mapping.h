@@ -9,11 +9,11 @@
 
 namespace flce::server {
 
-grpc::Status ToGrpcStatus(const absl::Status &status);
+grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // "OK", "INVALID_ARGUMENT", ...: the label metrics use.
-const char *GrpcCodeName(grpc::StatusCode code);
+const char* GrpcCodeName(grpc::StatusCode code);
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_STATUS_MAPPING_H_
+#endif  // FLCE_SERVER_STATUS_MAPPING_H_

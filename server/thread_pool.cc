@@ -5,11 +5,9 @@
 namespace flce::server {
 
 ThreadPool::ThreadPool(int threads) {
-  if (threads < 1)
-    threads = 1;
+  if (threads < 1) threads = 1;
   threads_.reserve(threads);
-  for (int i = 0; i < threads; ++i)
-    threads_.emplace_back([this] { Loop(); });
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -17,8 +15,7 @@ ThreadPool::~ThreadPool() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  for (std::thread &t : threads_)
-    t.join();
+  for (std::thread& t : threads_) t.join();
 }
 
 void ThreadPool::Schedule(std::function<void()> task) {
@@ -32,12 +29,11 @@ void ThreadPool::Loop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](ThreadPool *pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool->mu_) {
+          +[](ThreadPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool->mu_) {
             return pool->stopping_ || !pool->tasks_.empty();
           },
           this));
-      if (tasks_.empty())
-        return; // stopping and drained
+      if (tasks_.empty()) return;  // stopping and drained
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }
@@ -57,8 +53,7 @@ void WorkTracker::End() {
 
 bool WorkTracker::WaitIdle(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  auto idle = [this]()
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_ == 0; };
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_ == 0; };
   return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
@@ -67,4 +62,4 @@ int WorkTracker::active() const {
   return active_;
 }
 
-} // namespace flce::server
+}  // namespace flce::server

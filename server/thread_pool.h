@@ -18,15 +18,15 @@
 namespace flce::server {
 
 class ThreadPool {
-public:
+ public:
   explicit ThreadPool(int threads);
-  ~ThreadPool(); // runs what is queued, then joins
-  ThreadPool(const ThreadPool &) = delete;
-  ThreadPool &operator=(const ThreadPool &) = delete;
+  ~ThreadPool();  // runs what is queued, then joins
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
 
   void Schedule(std::function<void()> task);
 
-private:
+ private:
   void Loop();
 
   absl::Mutex mu_;
@@ -38,18 +38,18 @@ private:
 // Counts work that outlives its RPC reaction (compute workers), so that the
 // server can wait for all of it before it destroys the engine.
 class WorkTracker {
-public:
+ public:
   void Begin();
   void End();
   // True when no work is left; false if `timeout` passed first.
   bool WaitIdle(absl::Duration timeout);
   int active() const;
 
-private:
+ private:
   mutable absl::Mutex mu_;
   int active_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_THREAD_POOL_H_
+#endif  // FLCE_SERVER_THREAD_POOL_H_

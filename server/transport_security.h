@@ -18,20 +18,19 @@ namespace flce::server {
 
 // INVALID_ARGUMENT for a half-given pair (cert without key, a client CA
 // without a server cert), FAILED_PRECONDITION naming an unreadable file.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>>
-ServerCredentialsFor(const ServerConfig &config);
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
+    const ServerConfig& config);
 
 // True for 127.0.0.0/8, ::1 and localhost listen addresses ("host:port").
 bool IsLoopbackAddress(absl::string_view address);
 
 // "TLS: ..." and "auth: ..." at info; the clear-text warning when auth is on
 // without TLS on a non-loopback address.
-void LogSecurity(const ServerConfig &config, size_t tokens);
+void LogSecurity(const ServerConfig& config, size_t tokens);
 
 // A whole file's bytes; FAILED_PRECONDITION naming the flag and the path.
-absl::StatusOr<std::string> ReadPemFile(const std::string &path,
-                                        absl::string_view flag);
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_view flag);
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_TRANSPORT_SECURITY_H_
+#endif  // FLCE_SERVER_TRANSPORT_SECURITY_H_

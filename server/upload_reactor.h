@@ -17,25 +17,23 @@
 
 namespace flce::server {
 
-class UploadHeadReactor
-    : public grpc::ServerReadReactor<v1::UploadHeadRequest> {
-public:
-  UploadHeadReactor(const ServiceContext &ctx,
-                    grpc::CallbackServerContext *call, v1::HeadInfo *response,
-                    Principal who, std::unique_ptr<RpcScope> scope);
+class UploadHeadReactor : public grpc::ServerReadReactor<v1::UploadHeadRequest> {
+ public:
+  UploadHeadReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
+                    v1::HeadInfo* response, Principal who, std::unique_ptr<RpcScope> scope);
 
   void OnReadDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
 
-private:
-  absl::Status Handle(const v1::UploadHeadRequest &request);
+ private:
+  absl::Status Handle(const v1::UploadHeadRequest& request);
   absl::Status Complete();
-  void End(const absl::Status &status);
+  void End(const absl::Status& status);
 
-  const ServiceContext &ctx_;
-  grpc::CallbackServerContext *call_;
-  v1::HeadInfo *response_;
+  const ServiceContext& ctx_;
+  grpc::CallbackServerContext* call_;
+  v1::HeadInfo* response_;
   const Principal who_;
   std::unique_ptr<RpcScope> scope_;
   v1::UploadHeadRequest request_;
@@ -43,13 +41,13 @@ private:
   // Touched by one pool task at a time (the next read starts after it).
   bool have_header_ = false;
   std::string head_id_;
-  std::string owner_; // registry owner the head goes to
+  std::string owner_;  // registry owner the head goes to
   HeadSpec spec_;
   std::unique_ptr<HeadBuilder> builder_;
   int64_t weight_received_ = 0;
   int64_t bias_received_ = 0;
 };
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_UPLOAD_REACTOR_H_
+#endif  // FLCE_SERVER_UPLOAD_REACTOR_H_

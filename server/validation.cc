@@ -14,29 +14,24 @@ namespace {
 
 constexpr int64_t kMaxIdBytes = 256;
 
-absl::Status CheckFloatRange(absl::string_view field, float value, float lo,
-                             float hi, bool lo_open) {
-  bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) &&
-            value <= hi;
-  if (ok)
-    return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("options.", field, " = ", value, " is outside ",
-                   lo_open ? "(" : "[", lo, ", ", hi, "]"));
+absl::Status CheckFloatRange(absl::string_view field, float value, float lo, float hi,
+                             bool lo_open) {
+  bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && value <= hi;
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("options.", field, " = ", value, " is outside ",
+                                                 lo_open ? "(" : "[", lo, ", ", hi, "]"));
 }
 
 // num_tokens fp32 values, finite; empty = not given.
-absl::StatusOr<std::vector<float>> PerTokenFloats(const std::string &bytes,
-                                                  absl::string_view field,
+absl::StatusOr<std::vector<float>> PerTokenFloats(const std::string& bytes, absl::string_view field,
                                                   int64_t num_tokens) {
   std::vector<float> out;
-  if (bytes.empty())
-    return out;
+  if (bytes.empty()) return out;
   int64_t want = num_tokens * static_cast<int64_t>(sizeof(float));
   if (static_cast<int64_t>(bytes.size()) != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " has ", bytes.size(), " bytes; expected ", want,
-                     " (num_tokens ", num_tokens, " x 4-byte fp32) or none"));
+    return absl::InvalidArgumentError(absl::StrCat(field, " has ", bytes.size(),
+                                                   " bytes; expected ", want, " (num_tokens ",
+                                                   num_tokens, " x 4-byte fp32) or none"));
   }
   out.resize(num_tokens);
   std::memcpy(out.data(), bytes.data(), bytes.size());
@@ -49,41 +44,40 @@ absl::StatusOr<std::vector<float>> PerTokenFloats(const std::string &bytes,
   return out;
 }
 
-} // namespace
+}  // namespace
 
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
   switch (dtype) {
-  case v1::DTYPE_FP32:
-    return DType::kF32;
-  case v1::DTYPE_FP16:
-    return DType::kF16;
-  case v1::DTYPE_BF16:
-    return DType::kBF16;
-  default:
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " = ", v1::DType_Name(dtype),
-                     " is not one of DTYPE_FP32, DTYPE_FP16, DTYPE_BF16"));
+    case v1::DTYPE_FP32:
+      return DType::kF32;
+    case v1::DTYPE_FP16:
+      return DType::kF16;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " = ", v1::DType_Name(dtype),
+                       " is not one of DTYPE_FP32, DTYPE_FP16, DTYPE_BF16"));
   }
 }
 
 v1::DType DTypeToProto(DType dtype) {
   switch (dtype) {
-  case DType::kF32:
-    return v1::DTYPE_FP32;
-  case DType::kF16:
-    return v1::DTYPE_FP16;
-  case DType::kBF16:
-    return v1::DTYPE_BF16;
+    case DType::kF32:
+      return v1::DTYPE_FP32;
+    case DType::kF16:
+      return v1::DTYPE_FP16;
+    case DType::kBF16:
+      return v1::DTYPE_BF16;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
 
 absl::Status ValidateId(absl::string_view id, absl::string_view field) {
-  if (id.empty())
-    return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
   if (static_cast<int64_t>(id.size()) > kMaxIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, " is ", id.size(), " bytes long; at most ", kMaxIdBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is ", id.size(), " bytes long; at most ", kMaxIdBytes));
   }
   for (char c : id) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
@@ -94,128 +88,114 @@ absl::Status ValidateId(absl::string_view id, absl::string_view field) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ComputeSpec>
-ComputeSpecFromHeader(const v1::ComputeHeader &header, const HeadSpec &head,
-                      const ComputeLimits &limits) {
+absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& header,
+                                                  const HeadSpec& head,
+                                                  const ComputeLimits& limits) {
   ComputeSpec spec;
   if (header.num_tokens() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_tokens = ", header.num_tokens(), " must be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_tokens = ", header.num_tokens(), " must be at least 1"));
   }
   if (header.num_tokens() > limits.max_request_tokens) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "num_tokens = ", header.num_tokens(),
-        " exceeds --max-request-tokens=", limits.max_request_tokens));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("num_tokens = ", header.num_tokens(),
+                     " exceeds --max-request-tokens=", limits.max_request_tokens));
   }
   spec.num_tokens = header.num_tokens();
   auto dtype = DTypeFromProto(header.hidden_dtype(), "hidden_dtype");
-  if (!dtype.ok())
-    return dtype.status();
+  if (!dtype.ok()) return dtype.status();
   spec.hidden_dtype = *dtype;
 
   spec.ignore_index = header.has_ignore_index() ? header.ignore_index() : -100;
-  int64_t want_target_bytes =
-      spec.num_tokens * static_cast<int64_t>(sizeof(int32_t));
+  int64_t want_target_bytes = spec.num_tokens * static_cast<int64_t>(sizeof(int32_t));
   if (static_cast<int64_t>(header.targets().size()) != want_target_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "targets has ", header.targets().size(), " bytes; expected ",
-        want_target_bytes, " (num_tokens ", spec.num_tokens, " x int32)"));
+    return absl::InvalidArgumentError(absl::StrCat("targets has ", header.targets().size(),
+                                                   " bytes; expected ", want_target_bytes,
+                                                   " (num_tokens ", spec.num_tokens, " x int32)"));
   }
   spec.targets.resize(spec.num_tokens);
   std::memcpy(spec.targets.data(), header.targets().data(), want_target_bytes);
   for (int64_t t = 0; t < spec.num_tokens; ++t) {
     int32_t y = spec.targets[t];
-    if (y == spec.ignore_index)
-      continue;
+    if (y == spec.ignore_index) continue;
     if (y < 0 || y >= head.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "targets[", t, "] = ", y, " is outside [0, ", head.vocab_size,
-          ") and is not ignore_index (", spec.ignore_index, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("targets[", t, "] = ", y, " is outside [0, ",
+                                                     head.vocab_size, ") and is not ignore_index (",
+                                                     spec.ignore_index, ")"));
     }
   }
 
   switch (header.reduction()) {
-  case v1::REDUCTION_MEAN:
-    spec.reduction = Reduction::kMean;
-    break;
-  case v1::REDUCTION_SUM:
-    spec.reduction = Reduction::kSum;
-    break;
-  case v1::REDUCTION_NONE:
-    spec.reduction = Reduction::kNone;
-    break;
-  default:
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reduction = ", static_cast<int>(header.reduction()), " is unknown"));
+    case v1::REDUCTION_MEAN:
+      spec.reduction = Reduction::kMean;
+      break;
+    case v1::REDUCTION_SUM:
+      spec.reduction = Reduction::kSum;
+      break;
+    case v1::REDUCTION_NONE:
+      spec.reduction = Reduction::kNone;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("reduction = ", static_cast<int>(header.reduction()), " is unknown"));
   }
   switch (header.strategy()) {
-  case v1::STRATEGY_AUTO:
-    spec.strategy = Strategy::kAuto;
-    break;
-  case v1::STRATEGY_CHUNKED:
-    spec.strategy = Strategy::kChunked;
-    break;
-  case v1::STRATEGY_VOCAB_SPLIT:
-    spec.strategy = Strategy::kVocabSplit;
-    break;
-  case v1::STRATEGY_FUSE_MN:
-    spec.strategy = Strategy::kFuseMN;
-    break;
-  case v1::STRATEGY_SEPARATE:
-    spec.strategy = Strategy::kSeparate;
-    break;
-  case v1::STRATEGY_NAIVE:
-    spec.strategy = Strategy::kNaive;
-    break;
-  default:
-    return absl::InvalidArgumentError(absl::StrCat(
-        "strategy = ", static_cast<int>(header.strategy()), " is unknown"));
+    case v1::STRATEGY_AUTO:
+      spec.strategy = Strategy::kAuto;
+      break;
+    case v1::STRATEGY_CHUNKED:
+      spec.strategy = Strategy::kChunked;
+      break;
+    case v1::STRATEGY_VOCAB_SPLIT:
+      spec.strategy = Strategy::kVocabSplit;
+      break;
+    case v1::STRATEGY_FUSE_MN:
+      spec.strategy = Strategy::kFuseMN;
+      break;
+    case v1::STRATEGY_SEPARATE:
+      spec.strategy = Strategy::kSeparate;
+      break;
+    case v1::STRATEGY_NAIVE:
+      spec.strategy = Strategy::kNaive;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("strategy = ", static_cast<int>(header.strategy()), " is unknown"));
   }
 
-  const v1::LossOptions &o = header.options();
+  const v1::LossOptions& o = header.options();
   absl::Status s;
-  if (!(s = CheckFloatRange("label_smoothing", o.label_smoothing(), 0.f, 1.f,
-                            false))
-           .ok()) {
+  if (!(s = CheckFloatRange("label_smoothing", o.label_smoothing(), 0.f, 1.f, false)).ok()) {
     return s;
   }
   constexpr float kInf = std::numeric_limits<float>::max();
-  if (!(s = CheckFloatRange("z_loss_scale", o.z_loss_scale(), 0.f, kInf, false))
-           .ok())
-    return s;
-  if (!(s = CheckFloatRange("softcap", o.softcap(), 0.f, kInf, false)).ok())
-    return s;
+  if (!(s = CheckFloatRange("z_loss_scale", o.z_loss_scale(), 0.f, kInf, false)).ok()) return s;
+  if (!(s = CheckFloatRange("softcap", o.softcap(), 0.f, kInf, false)).ok()) return s;
   spec.options.label_smoothing = o.label_smoothing();
   spec.options.z_loss_scale = o.z_loss_scale();
   spec.options.softcap = o.softcap();
   if (o.has_temperature()) {
-    if (!(s = CheckFloatRange("temperature", o.temperature(), 0.f, kInf, true))
-             .ok())
-      return s;
+    if (!(s = CheckFloatRange("temperature", o.temperature(), 0.f, kInf, true)).ok()) return s;
     spec.options.temperature = o.temperature();
   }
   if (o.has_grad_scale()) {
     if (!std::isfinite(o.grad_scale())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "options.grad_scale = ", o.grad_scale(), " is not finite"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("options.grad_scale = ", o.grad_scale(), " is not finite"));
     }
     spec.options.grad_scale = o.grad_scale();
   }
 
-  auto token_weights =
-      PerTokenFloats(header.token_weights(), "token_weights", spec.num_tokens);
-  if (!token_weights.ok())
-    return token_weights.status();
+  auto token_weights = PerTokenFloats(header.token_weights(), "token_weights", spec.num_tokens);
+  if (!token_weights.ok()) return token_weights.status();
   spec.token_weights = std::move(*token_weights);
-  auto entropy_weights = PerTokenFloats(header.entropy_weights(),
-                                        "entropy_weights", spec.num_tokens);
-  if (!entropy_weights.ok())
-    return entropy_weights.status();
+  auto entropy_weights =
+      PerTokenFloats(header.entropy_weights(), "entropy_weights", spec.num_tokens);
+  if (!entropy_weights.ok()) return entropy_weights.status();
   spec.entropy_weights = std::move(*entropy_weights);
 
-  const v1::OutputSelection &out = header.outputs();
-  spec.outputs.grad_input =
-      out.has_grad_input() ? out.grad_input() : !out.forward_only();
+  const v1::OutputSelection& out = header.outputs();
+  spec.outputs.grad_input = out.has_grad_input() ? out.grad_input() : !out.forward_only();
   spec.outputs.per_token_loss = out.per_token_loss();
   spec.outputs.logprob = out.logprob();
   spec.outputs.entropy = out.entropy();
@@ -229,51 +209,43 @@ ComputeSpecFromHeader(const v1::ComputeHeader &header, const HeadSpec &head,
   return spec;
 }
 
-absl::StatusOr<HeadSpec>
-HeadSpecFromUpload(const v1::UploadHeadHeader &header) {
+absl::StatusOr<HeadSpec> HeadSpecFromUpload(const v1::UploadHeadHeader& header) {
   absl::Status id = ValidateId(header.head_id(), "head_id");
-  if (!id.ok())
-    return id;
+  if (!id.ok()) return id;
   HeadSpec spec;
   if (header.vocab_size() <= 0 || header.hidden_size() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("vocab_size = ", header.vocab_size(),
-                     " and hidden_size = ", header.hidden_size(),
-                     " must both be at least 1"));
+    return absl::InvalidArgumentError(absl::StrCat("vocab_size = ", header.vocab_size(),
+                                                   " and hidden_size = ", header.hidden_size(),
+                                                   " must both be at least 1"));
   }
   // V x H x 4 bytes must fit an int64 with room to spare.
-  if (header.vocab_size() > (int64_t{1} << 31) ||
-      header.hidden_size() > (int64_t{1} << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("vocab_size = ", header.vocab_size(),
-                     " x hidden_size = ", header.hidden_size(),
-                     " is beyond any head flce can hold"));
+  if (header.vocab_size() > (int64_t{1} << 31) || header.hidden_size() > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("vocab_size = ", header.vocab_size(),
+                                                   " x hidden_size = ", header.hidden_size(),
+                                                   " is beyond any head flce can hold"));
   }
   spec.vocab_size = header.vocab_size();
   spec.hidden_size = header.hidden_size();
   auto dtype = DTypeFromProto(header.dtype(), "dtype");
-  if (!dtype.ok())
-    return dtype.status();
+  if (!dtype.ok()) return dtype.status();
   spec.dtype = *dtype;
   spec.has_bias = header.has_bias();
   return spec;
 }
 
-absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset,
-                                                 int64_t bytes,
+absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset, int64_t bytes,
                                                  int64_t row_bytes) {
   if (bytes <= 0 || bytes % row_bytes != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hidden chunk at token_offset ", token_offset, " has ",
-                     bytes, " bytes, not a positive multiple of a row's ",
-                     row_bytes, " bytes (hidden_size x dtype size)"));
+    return absl::InvalidArgumentError(absl::StrCat("hidden chunk at token_offset ", token_offset,
+                                                   " has ", bytes,
+                                                   " bytes, not a positive multiple of a row's ",
+                                                   row_bytes, " bytes (hidden_size x dtype size)"));
   }
   int64_t rows = bytes / row_bytes;
-  if (token_offset < 0 || token_offset >= num_tokens_ ||
-      rows > num_tokens_ - token_offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hidden chunk rows [", token_offset, ", ", token_offset + rows,
-        ") are outside [0, num_tokens = ", num_tokens_, ")"));
+  if (token_offset < 0 || token_offset >= num_tokens_ || rows > num_tokens_ - token_offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden chunk rows [", token_offset, ", ", token_offset + rows,
+                     ") are outside [0, num_tokens = ", num_tokens_, ")"));
   }
   int64_t end = token_offset + rows;
   // The first range starting at or after end cannot overlap; the one before
@@ -282,9 +254,9 @@ absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset,
   if (next != ranges_.begin()) {
     auto prev = std::prev(next);
     if (prev->second > token_offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hidden chunk rows [", token_offset, ", ", end, ") overlap rows [",
-          prev->first, ", ", prev->second, ") already received"));
+      return absl::InvalidArgumentError(absl::StrCat("hidden chunk rows [", token_offset, ", ", end,
+                                                     ") overlap rows [", prev->first, ", ",
+                                                     prev->second, ") already received"));
     }
   }
   ranges_[token_offset] = end;
@@ -293,27 +265,24 @@ absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset,
 }
 
 absl::Status HiddenRowTracker::CheckComplete() const {
-  if (received_ == num_tokens_)
-    return absl::OkStatus();
+  if (received_ == num_tokens_) return absl::OkStatus();
   int64_t expect = 0;
-  for (const auto &[begin, end] : ranges_) {
-    if (begin != expect)
-      break;
+  for (const auto& [begin, end] : ranges_) {
+    if (begin != expect) break;
     expect = end;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "hidden rows missing: received ", received_,
-      " of num_tokens = ", num_tokens_, "; first missing row ", expect));
+  return absl::InvalidArgumentError(absl::StrCat("hidden rows missing: received ", received_,
+                                                 " of num_tokens = ", num_tokens_,
+                                                 "; first missing row ", expect));
 }
 
-absl::Status CheckHiddenFinite(DType dtype, const void *data, int64_t rows,
-                               int64_t hidden_size, int64_t token_offset) {
+absl::Status CheckHiddenFinite(DType dtype, const void* data, int64_t rows, int64_t hidden_size,
+                               int64_t token_offset) {
   int64_t bad = FirstNonFinite(dtype, data, rows * hidden_size);
-  if (bad < 0)
-    return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "hidden holds NaN or Inf at token ", token_offset + bad / hidden_size,
-      " (element ", bad % hidden_size, ")"));
+  if (bad < 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("hidden holds NaN or Inf at token ",
+                                                 token_offset + bad / hidden_size, " (element ",
+                                                 bad % hidden_size, ")"));
 }
 
-} // namespace flce::server
+}  // namespace flce::server

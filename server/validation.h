@@ -6,8 +6,7 @@
 //   FLCE_ASSIGN_OR_RETURN(ComputeSpec spec,
 //                         ComputeSpecFromHeader(header, head->spec(), limits));
 //   HiddenRowTracker rows(spec.num_tokens);
-//   FLCE_ASSIGN_OR_RETURN(int64_t n, rows.Accept(chunk.token_offset(), bytes,
-//   row_bytes));
+//   FLCE_ASSIGN_OR_RETURN(int64_t n, rows.Accept(chunk.token_offset(), bytes, row_bytes));
 #ifndef FLCE_SERVER_VALIDATION_H_
 #define FLCE_SERVER_VALIDATION_H_
 
@@ -35,12 +34,12 @@ struct ComputeLimits {
 // null: the caller decides where gradients go). Checks num_tokens against the
 // limit, targets in [0, V) or ignore_index, the loss options' ranges and the
 // per-token weights' sizes and values.
-absl::StatusOr<ComputeSpec>
-ComputeSpecFromHeader(const v1::ComputeHeader &header, const HeadSpec &head,
-                      const ComputeLimits &limits);
+absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& header,
+                                                  const HeadSpec& head,
+                                                  const ComputeLimits& limits);
 
 // Head id, shape and dtype of an upload.
-absl::StatusOr<HeadSpec> HeadSpecFromUpload(const v1::UploadHeadHeader &header);
+absl::StatusOr<HeadSpec> HeadSpecFromUpload(const v1::UploadHeadHeader& header);
 
 // A head id or session id: non-empty, at most 256 bytes, printable.
 absl::Status ValidateId(absl::string_view id, absl::string_view field);
@@ -48,28 +47,27 @@ absl::Status ValidateId(absl::string_view id, absl::string_view field);
 // Which hidden rows of a request have arrived. Chunks may come in any order;
 // they must stay inside [0, num_tokens) and never overlap.
 class HiddenRowTracker {
-public:
+ public:
   explicit HiddenRowTracker(int64_t num_tokens) : num_tokens_(num_tokens) {}
 
   // Checks a chunk of `bytes` bytes at token_offset (rows of row_bytes each)
   // and records it; returns its row count.
-  absl::StatusOr<int64_t> Accept(int64_t token_offset, int64_t bytes,
-                                 int64_t row_bytes);
+  absl::StatusOr<int64_t> Accept(int64_t token_offset, int64_t bytes, int64_t row_bytes);
   int64_t received() const { return received_; }
   // OK once every row arrived, else INVALID_ARGUMENT naming the first gap.
   absl::Status CheckComplete() const;
 
-private:
+ private:
   int64_t num_tokens_;
   int64_t received_ = 0;
-  std::map<int64_t, int64_t> ranges_; // begin -> end of rows received
+  std::map<int64_t, int64_t> ranges_;  // begin -> end of rows received
 };
 
 // INVALID_ARGUMENT naming the first token (and element) holding NaN or Inf in
 // `rows` rows of `hidden_size` elements starting at token `token_offset`.
-absl::Status CheckHiddenFinite(DType dtype, const void *data, int64_t rows,
-                               int64_t hidden_size, int64_t token_offset);
+absl::Status CheckHiddenFinite(DType dtype, const void* data, int64_t rows, int64_t hidden_size,
+                               int64_t token_offset);
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_VALIDATION_H_
+#endif  // FLCE_SERVER_VALIDATION_H_

@@ -17,106 +17,92 @@
 namespace flce::cli {
 namespace {
 
-void Print(std::ostream &out, const nlohmann::json &json) {
+void Print(std::ostream& out, const nlohmann::json& json) {
   // Server messages and file names need not be valid UTF-8; replacing bad
   // bytes keeps the promise of one parseable JSON object.
-  out << json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-      << "\n";
+  out << json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   out.flush();
 }
 
-int Fail(std::ostream &out, const absl::Status &status, int exit_code) {
+int Fail(std::ostream& out, const absl::Status& status, int exit_code) {
   Print(out, ErrorJson(status));
   return exit_code;
 }
 
-void DeclareGlobal(FlagSet &flags) {
+void DeclareGlobal(FlagSet& flags) {
   flags.String("target", "server address, host:port", "127.0.0.1:50051");
-  flags.Double("timeout-s", "deadline of each call in seconds; 0 = none",
-               "300");
+  flags.Double("timeout-s", "deadline of each call in seconds; 0 = none", "300");
   flags.Int("max-message-mb",
-            "largest gRPC message sent or received; keep <= the server's "
-            "--max-message-mb",
-            "64");
-  flags.Bool("tls",
-             "speak TLS, checking the server against the system's CA roots");
-  flags.String(
-      "tls-ca",
-      "PEM CA bundle to check the server's certificate with (implies --tls)");
-  flags.String("tls-cert",
-               "PEM client certificate, for servers that want mutual TLS");
+            "largest gRPC message sent or received; keep <= the server's --max-message-mb", "64");
+  flags.Bool("tls", "speak TLS, checking the server against the system's CA roots");
+  flags.String("tls-ca", "PEM CA bundle to check the server's certificate with (implies --tls)");
+  flags.String("tls-cert", "PEM client certificate, for servers that want mutual TLS");
   flags.String("tls-key", "PEM private key of --tls-cert");
   flags.String("tls-server-name",
-               "name to check the server's certificate for, instead of the "
-               "target's host");
-  flags.String("auth-token", "bearer token sent with every call (visible to "
-                             "other local users in ps: prefer "
-                             "--auth-token-file or $FLCE_AUTH_TOKEN)");
+               "name to check the server's certificate for, instead of the target's host");
+  flags.String("auth-token",
+               "bearer token sent with every call (visible to other local users in ps: prefer "
+               "--auth-token-file or $FLCE_AUTH_TOKEN)");
   flags.String("auth-token-file", "file whose first line is the bearer token");
 }
 
 // Every global flag: each may come before or after the subcommand, not both.
-constexpr const char *kGlobalFlags[] = {
-    "target",     "timeout-s",      "max-message-mb", "tls",
-    "tls-ca",     "tls-cert",       "tls-key",        "tls-server-name",
-    "auth-token", "auth-token-file"};
+constexpr const char* kGlobalFlags[] = {
+    "target",   "timeout-s", "max-message-mb",  "tls",        "tls-ca",
+    "tls-cert", "tls-key",   "tls-server-name", "auth-token", "auth-token-file"};
 
 // The bearer token from --auth-token, --auth-token-file or $FLCE_AUTH_TOKEN.
-absl::StatusOr<std::string> AuthToken(const FlagSet &flags) {
+absl::StatusOr<std::string> AuthToken(const FlagSet& flags) {
   if (flags.has("auth-token") && flags.has("auth-token-file")) {
     return absl::InvalidArgumentError(
         "flce-client: give --auth-token or --auth-token-file, not both");
   }
-  if (flags.has("auth-token"))
-    return flags.str("auth-token");
+  if (flags.has("auth-token")) return flags.str("auth-token");
   if (flags.has("auth-token-file")) {
     std::ifstream in(flags.str("auth-token-file"));
     std::string token;
     if (!in || !std::getline(in, token)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "flce-client: cannot read a token from --auth-token-file=",
-          flags.str("auth-token-file")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("flce-client: cannot read a token from --auth-token-file=",
+                       flags.str("auth-token-file")));
     }
     return std::string(absl::StripAsciiWhitespace(token));
   }
-  const char *env = std::getenv("FLCE_AUTH_TOKEN");
+  const char* env = std::getenv("FLCE_AUTH_TOKEN");
   return std::string(env != nullptr ? env : "");
 }
 
-std::string ToolUsage(const FlagSet &global) {
+std::string ToolUsage(const FlagSet& global) {
   std::string out = global.Usage();
   absl::StrAppend(&out, "\nsubcommands:\n");
-  for (const Command &command : Commands()) {
+  for (const Command& command : Commands()) {
     std::string name = command.name;
     name.resize(14, ' ');
     absl::StrAppend(&out, "  ", name, command.summary, "\n");
   }
-  absl::StrAppend(
-      &out,
-      "\nEvery subcommand prints one JSON object on stdout. A failure prints\n"
-      "{\"error\": {\"code\": ..., \"message\": ...}} and exits 1 (2 for usage "
-      "errors).\n"
-      "The global flags may also follow the subcommand.\n"
-      "flce-client SUBCOMMAND --help describes a subcommand's flags.\n");
+  absl::StrAppend(&out,
+                  "\nEvery subcommand prints one JSON object on stdout. A failure prints\n"
+                  "{\"error\": {\"code\": ..., \"message\": ...}} and exits 1 (2 for usage "
+                  "errors).\n"
+                  "The global flags may also follow the subcommand.\n"
+                  "flce-client SUBCOMMAND --help describes a subcommand's flags.\n");
   return out;
 }
 
-} // namespace
+}  // namespace
 
-nlohmann::json ErrorJson(const absl::Status &status) {
+nlohmann::json ErrorJson(const absl::Status& status) {
   return {{"error",
            {{"code", absl::StatusCodeToString(status.code())},
             {"message", std::string(status.message())}}}};
 }
 
-int RunCli(const std::vector<std::string> &args, std::ostream &out,
-           std::ostream &err, bool err_is_terminal) {
-  FlagSet global("",
-                 "flce-client: the command-line client of the flce service.");
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+           bool err_is_terminal) {
+  FlagSet global("", "flce-client: the command-line client of the flce service.");
   DeclareGlobal(global);
   std::vector<std::string> rest;
-  if (absl::Status s = global.Parse(args, /*stop_at_positional=*/true, &rest);
-      !s.ok()) {
+  if (absl::Status s = global.Parse(args, /*stop_at_positional=*/true, &rest); !s.ok()) {
     return Fail(out, s, kExitUsage);
   }
   if (rest.empty()) {
@@ -126,20 +112,17 @@ int RunCli(const std::vector<std::string> &args, std::ostream &out,
     }
     return Fail(
         out,
-        absl::InvalidArgumentError(
-            "flce-client: no subcommand given (see flce-client --help)"),
+        absl::InvalidArgumentError("flce-client: no subcommand given (see flce-client --help)"),
         kExitUsage);
   }
-  const Command *command = nullptr;
-  for (const Command &c : Commands()) {
-    if (rest[0] == c.name)
-      command = &c;
+  const Command* command = nullptr;
+  for (const Command& c : Commands()) {
+    if (rest[0] == c.name) command = &c;
   }
   if (command == nullptr) {
     return Fail(out,
-                absl::InvalidArgumentError(
-                    absl::StrCat("flce-client: unknown subcommand '", rest[0],
-                                 "' (see flce-client --help)")),
+                absl::InvalidArgumentError(absl::StrCat("flce-client: unknown subcommand '",
+                                                        rest[0], "' (see flce-client --help)")),
                 kExitUsage);
   }
   FlagSet flags(command->name, command->summary);
@@ -158,45 +141,37 @@ int RunCli(const std::vector<std::string> &args, std::ostream &out,
   FlagSet merged("", "");
   DeclareGlobal(merged);
   std::vector<std::string> merged_args;
-  for (const char *name : kGlobalFlags) {
+  for (const char* name : kGlobalFlags) {
     if (global.has(name) && flags.has(name)) {
       return Fail(out,
                   absl::InvalidArgumentError(absl::StrCat(
-                      "flce-client: --", name,
-                      " given both before and after the subcommand")),
+                      "flce-client: --", name, " given both before and after the subcommand")),
                   kExitUsage);
     }
-    const FlagSet &from = flags.has(name) ? flags : global;
-    if (from.has(name))
-      merged_args.push_back(absl::StrCat("--", name, "=", from.str(name)));
+    const FlagSet& from = flags.has(name) ? flags : global;
+    if (from.has(name)) merged_args.push_back(absl::StrCat("--", name, "=", from.str(name)));
   }
-  if (absl::Status s = merged.Parse(merged_args); !s.ok())
-    return Fail(out, s, kExitUsage);
-  const FlagSet &target_flags = merged;
-  const FlagSet &timeout_flags = merged;
-  const FlagSet &size_flags = merged;
+  if (absl::Status s = merged.Parse(merged_args); !s.ok()) return Fail(out, s, kExitUsage);
+  const FlagSet& target_flags = merged;
+  const FlagSet& timeout_flags = merged;
+  const FlagSet& size_flags = merged;
 
   ClientOptions options;
   options.target = target_flags.str("target");
   const double timeout_s = timeout_flags.f64("timeout-s");
   if (!(timeout_s >= 0) || std::isinf(timeout_s)) {
-    return Fail(
-        out,
-        absl::InvalidArgumentError("flce-client: --timeout-s must be >= 0"),
-        kExitUsage);
+    return Fail(out, absl::InvalidArgumentError("flce-client: --timeout-s must be >= 0"),
+                kExitUsage);
   }
-  options.timeout =
-      timeout_s > 0 ? absl::Seconds(timeout_s) : absl::InfiniteDuration();
+  options.timeout = timeout_s > 0 ? absl::Seconds(timeout_s) : absl::InfiniteDuration();
   const int64_t max_mb = size_flags.i64("max-message-mb");
   if (max_mb < 1 || max_mb > 2047) {
     return Fail(out,
-                absl::InvalidArgumentError(
-                    "flce-client: --max-message-mb must be in [1, 2047]"),
+                absl::InvalidArgumentError("flce-client: --max-message-mb must be in [1, 2047]"),
                 kExitUsage);
   }
   options.max_message_bytes = max_mb << 20;
-  options.chunk_bytes =
-      std::min<int64_t>(options.chunk_bytes, options.max_message_bytes / 2);
+  options.chunk_bytes = std::min<int64_t>(options.chunk_bytes, options.max_message_bytes / 2);
   options.tls = merged.flag("tls");
   options.tls_ca_file = merged.str("tls-ca");
   options.tls_cert_file = merged.str("tls-cert");
@@ -204,23 +179,20 @@ int RunCli(const std::vector<std::string> &args, std::ostream &out,
   options.tls_server_name = merged.str("tls-server-name");
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return Fail(out,
-                absl::InvalidArgumentError(
-                    "flce-client: --tls-cert and --tls-key go together"),
+                absl::InvalidArgumentError("flce-client: --tls-cert and --tls-key go together"),
                 kExitUsage);
   }
   absl::StatusOr<std::string> token = AuthToken(merged);
-  if (!token.ok())
-    return Fail(out, token.status(), kExitUsage);
+  if (!token.ok()) return Fail(out, token.status(), kExitUsage);
   options.auth_token = *std::move(token);
 
   CliEnv env(options, err, err_is_terminal);
   absl::StatusOr<CommandResult> result = command->run(flags, env);
   if (!result.ok()) {
-    return Fail(out, result.status(),
-                IsUsageError(result.status()) ? kExitUsage : kExitFailed);
+    return Fail(out, result.status(), IsUsageError(result.status()) ? kExitUsage : kExitFailed);
   }
   Print(out, result->json);
   return result->exit_code;
 }
 
-} // namespace flce::cli
+}  // namespace flce::cli

@@ -24,89 +24,72 @@ namespace {
 // offsets, a compute header's small fields).
 constexpr int64_t kMessageOverhead = 64 << 10;
 
-absl::StatusOr<std::string> ReadFile(const std::string &path,
-                                     absl::string_view what) {
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot read ", what, " ", path));
+  if (!in) return absl::FailedPreconditionError(absl::StrCat("cannot read ", what, " ", path));
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
-ChannelCredentialsFor(const ClientOptions &options) {
-  if (!options.uses_tls())
-    return grpc::InsecureChannelCredentials();
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
+    const ClientOptions& options) {
+  if (!options.uses_tls()) return grpc::InsecureChannelCredentials();
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError(
-        "a client certificate needs its key: give tls_cert_file and "
-        "tls_key_file together");
+        "a client certificate needs its key: give tls_cert_file and tls_key_file together");
   }
   grpc::SslCredentialsOptions ssl;
   if (!options.tls_ca_file.empty()) {
-    absl::StatusOr<std::string> ca =
-        ReadFile(options.tls_ca_file, "the TLS CA file");
-    if (!ca.ok())
-      return ca.status();
+    absl::StatusOr<std::string> ca = ReadFile(options.tls_ca_file, "the TLS CA file");
+    if (!ca.ok()) return ca.status();
     ssl.pem_root_certs = *std::move(ca);
   }
   if (!options.tls_cert_file.empty()) {
-    absl::StatusOr<std::string> cert =
-        ReadFile(options.tls_cert_file, "the TLS certificate");
-    if (!cert.ok())
-      return cert.status();
-    absl::StatusOr<std::string> key =
-        ReadFile(options.tls_key_file, "the TLS key");
-    if (!key.ok())
-      return key.status();
+    absl::StatusOr<std::string> cert = ReadFile(options.tls_cert_file, "the TLS certificate");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadFile(options.tls_key_file, "the TLS key");
+    if (!key.ok()) return key.status();
     ssl.pem_cert_chain = *std::move(cert);
     ssl.pem_private_key = *std::move(key);
   }
   return grpc::SslCredentials(ssl);
 }
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<std::unique_ptr<Client>>
-Client::Connect(const ClientOptions &options) {
-  if (options.target.empty())
-    return absl::InvalidArgumentError("target is empty");
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.target.empty()) return absl::InvalidArgumentError("target is empty");
   if (options.max_message_bytes <= kMessageOverhead ||
       options.max_message_bytes > std::numeric_limits<int>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_message_bytes must be in (", kMessageOverhead,
-                     ", 2 GiB); got ", options.max_message_bytes));
+    return absl::InvalidArgumentError(absl::StrCat("max_message_bytes must be in (",
+                                                   kMessageOverhead, ", 2 GiB); got ",
+                                                   options.max_message_bytes));
   }
-  if (options.chunk_bytes <= 0)
-    return absl::InvalidArgumentError("chunk_bytes must be > 0");
+  if (options.chunk_bytes <= 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
-  if (!options.tls_server_name.empty())
-    args.SetSslTargetNameOverride(options.tls_server_name);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       ChannelCredentialsFor(options);
-  if (!credentials.ok())
-    return credentials.status();
+  if (!credentials.ok()) return credentials.status();
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(options.target, *credentials, args);
   if (channel == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot create a channel to ", options.target));
+    return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", options.target));
   }
   return std::make_unique<Client>(std::move(channel), options);
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
-    : channel_(std::move(channel)), stub_(v1::Flce::NewStub(channel_)),
+    : channel_(std::move(channel)),
+      stub_(v1::Flce::NewStub(channel_)),
       options_(std::move(options)) {}
 
-void Client::Prepare(grpc::ClientContext &context) const {
+void Client::Prepare(grpc::ClientContext& context) const {
   if (!options_.auth_token.empty()) {
-    context.AddMetadata("authorization",
-                        absl::StrCat("Bearer ", options_.auth_token));
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
   }
   if (options_.timeout != absl::InfiniteDuration()) {
     context.set_deadline(std::chrono::system_clock::now() +
@@ -116,32 +99,26 @@ void Client::Prepare(grpc::ClientContext &context) const {
 
 int64_t Client::ChunkBytes(int64_t requested) const {
   const int64_t want = requested > 0 ? requested : options_.chunk_bytes;
-  return std::max<int64_t>(
-      1, std::min(want, options_.max_message_bytes - kMessageOverhead));
+  return std::max<int64_t>(1, std::min(want, options_.max_message_bytes - kMessageOverhead));
 }
 
-absl::StatusOr<v1::HeadInfo>
-Client::LoadHeadFromFile(const v1::LoadHeadFromFileRequest &request) {
+absl::StatusOr<v1::HeadInfo> Client::LoadHeadFromFile(const v1::LoadHeadFromFileRequest& request) {
   grpc::ClientContext context;
   Prepare(context);
   v1::HeadInfo info;
-  absl::Status status =
-      FromGrpcStatus(stub_->LoadHeadFromFile(&context, request, &info));
-  if (!status.ok())
-    return status;
+  absl::Status status = FromGrpcStatus(stub_->LoadHeadFromFile(&context, request, &info));
+  if (!status.ok()) return status;
   return info;
 }
 
-absl::StatusOr<v1::HeadInfo> Client::DescribeHead(const std::string &head_id) {
+absl::StatusOr<v1::HeadInfo> Client::DescribeHead(const std::string& head_id) {
   grpc::ClientContext context;
   Prepare(context);
   v1::DescribeHeadRequest request;
   request.set_head_id(head_id);
   v1::HeadInfo info;
-  absl::Status status =
-      FromGrpcStatus(stub_->DescribeHead(&context, request, &info));
-  if (!status.ok())
-    return status;
+  absl::Status status = FromGrpcStatus(stub_->DescribeHead(&context, request, &info));
+  if (!status.ok()) return status;
   return info;
 }
 
@@ -149,42 +126,33 @@ absl::StatusOr<std::vector<v1::HeadInfo>> Client::ListHeads() {
   grpc::ClientContext context;
   Prepare(context);
   v1::ListHeadsResponse response;
-  absl::Status status = FromGrpcStatus(
-      stub_->ListHeads(&context, v1::ListHeadsRequest(), &response));
-  if (!status.ok())
-    return status;
-  return std::vector<v1::HeadInfo>(response.heads().begin(),
-                                   response.heads().end());
+  absl::Status status =
+      FromGrpcStatus(stub_->ListHeads(&context, v1::ListHeadsRequest(), &response));
+  if (!status.ok()) return status;
+  return std::vector<v1::HeadInfo>(response.heads().begin(), response.heads().end());
 }
 
-absl::StatusOr<v1::UnloadHeadResponse>
-Client::UnloadHead(const std::string &head_id) {
+absl::StatusOr<v1::UnloadHeadResponse> Client::UnloadHead(const std::string& head_id) {
   grpc::ClientContext context;
   Prepare(context);
   v1::UnloadHeadRequest request;
   request.set_head_id(head_id);
   v1::UnloadHeadResponse response;
-  absl::Status status =
-      FromGrpcStatus(stub_->UnloadHead(&context, request, &response));
-  if (!status.ok())
-    return status;
+  absl::Status status = FromGrpcStatus(stub_->UnloadHead(&context, request, &response));
+  if (!status.ok()) return status;
   return response;
 }
 
-absl::StatusOr<v1::CommitResponse>
-Client::Commit(const v1::CommitRequest &request) {
+absl::StatusOr<v1::CommitResponse> Client::Commit(const v1::CommitRequest& request) {
   grpc::ClientContext context;
   Prepare(context);
   v1::CommitResponse response;
-  absl::Status status =
-      FromGrpcStatus(stub_->Commit(&context, request, &response));
-  if (!status.ok())
-    return status;
+  absl::Status status = FromGrpcStatus(stub_->Commit(&context, request, &response));
+  if (!status.ok()) return status;
   return response;
 }
 
-absl::Status Client::ZeroGrad(const std::string &head_id,
-                              const std::string &session_id) {
+absl::Status Client::ZeroGrad(const std::string& head_id, const std::string& session_id) {
   grpc::ClientContext context;
   Prepare(context);
   v1::ZeroGradRequest request;
@@ -194,23 +162,18 @@ absl::Status Client::ZeroGrad(const std::string &head_id,
   return FromGrpcStatus(stub_->ZeroGrad(&context, request, &response));
 }
 
-absl::StatusOr<std::vector<v1::SessionInfo>>
-Client::ListSessions(const std::string &head_id) {
+absl::StatusOr<std::vector<v1::SessionInfo>> Client::ListSessions(const std::string& head_id) {
   grpc::ClientContext context;
   Prepare(context);
   v1::ListSessionsRequest request;
   request.set_head_id(head_id);
   v1::ListSessionsResponse response;
-  absl::Status status =
-      FromGrpcStatus(stub_->ListSessions(&context, request, &response));
-  if (!status.ok())
-    return status;
-  return std::vector<v1::SessionInfo>(response.sessions().begin(),
-                                      response.sessions().end());
+  absl::Status status = FromGrpcStatus(stub_->ListSessions(&context, request, &response));
+  if (!status.ok()) return status;
+  return std::vector<v1::SessionInfo>(response.sessions().begin(), response.sessions().end());
 }
 
-absl::Status Client::DeleteSession(const std::string &head_id,
-                                   const std::string &session_id) {
+absl::Status Client::DeleteSession(const std::string& head_id, const std::string& session_id) {
   grpc::ClientContext context;
   Prepare(context);
   v1::DeleteSessionRequest request;
@@ -224,15 +187,14 @@ absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
   grpc::ClientContext context;
   Prepare(context);
   v1::ServerInfo info;
-  absl::Status status = FromGrpcStatus(
-      stub_->GetServerInfo(&context, v1::ServerInfoRequest(), &info));
-  if (!status.ok())
-    return status;
+  absl::Status status =
+      FromGrpcStatus(stub_->GetServerInfo(&context, v1::ServerInfoRequest(), &info));
+  if (!status.ok()) return status;
   return info;
 }
 
-absl::StatusOr<HealthStatus> Client::Health(const std::string &service) {
+absl::StatusOr<HealthStatus> Client::Health(const std::string& service) {
   return CheckHealth(channel_, service, options_.timeout);
 }
 
-} // namespace flce
+}  // namespace flce

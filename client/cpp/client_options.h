@@ -11,7 +11,7 @@
 namespace flce {
 
 struct ClientOptions {
-  std::string target = "127.0.0.1:50051"; // host:port, or any gRPC target URI
+  std::string target = "127.0.0.1:50051";  // host:port, or any gRPC target URI
   // The largest message the client sends or accepts. Keep it at or below the
   // server's --max-message-mb: chunks are cut to fit it.
   int64_t max_message_bytes = int64_t{64} << 20;
@@ -37,11 +37,11 @@ struct ClientOptions {
   std::string auth_token;
 
   bool uses_tls() const {
-    return tls || !tls_ca_file.empty() || !tls_cert_file.empty() ||
-           !tls_key_file.empty() || !tls_server_name.empty();
+    return tls || !tls_ca_file.empty() || !tls_cert_file.empty() || !tls_key_file.empty() ||
+           !tls_server_name.empty();
   }
 };
 
-} // namespace flce
+}  // namespace flce
 
-#endif // FLCE_CLIENT_CPP_CLIENT_OPTIONS_H_
+#endif  // FLCE_CLIENT_CPP_CLIENT_OPTIONS_H_
