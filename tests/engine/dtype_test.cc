@@ -1,0 +1,175 @@
+// The wire dtypes against an independent decoder written with ldexp: every
+// bf16 and fp16 bit pattern widens exactly, and narrowing picks the nearest
+// representable value with ties to even, overflow to Inf and NaN kept.
+#include "kernels/dtype.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace flce {
+namespace {
+
+// IEEE-style decode of a 16-bit pattern with `mantissa_bits` and an exponent bias.
+double Decode16(uint16_t bits, int mantissa_bits, int exponent_bits) {
+  const int bias = (1 << (exponent_bits - 1)) - 1;
+  const int sign = bits >> 15;
+  const int exponent = (bits >> mantissa_bits) & ((1 << exponent_bits) - 1);
+  const int mantissa = bits & ((1 << mantissa_bits) - 1);
+  double magnitude;
+  if (exponent == (1 << exponent_bits) - 1) {
+    magnitude = mantissa == 0 ? std::numeric_limits<double>::infinity()
+                              : std::numeric_limits<double>::quiet_NaN();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<double>(mantissa), 1 - bias - mantissa_bits);
+  } else {
+    magnitude = std::ldexp(static_cast<double>(mantissa + (1 << mantissa_bits)),
+                           exponent - bias - mantissa_bits);
+  }
+  return sign ? -magnitude : magnitude;
+}
+double DecodeBf16(uint16_t bits) { return Decode16(bits, 7, 8); }
+double DecodeHalf(uint16_t bits) { return Decode16(bits, 10, 5); }
+
+TEST(DTypeTest, EveryBf16PatternWidensExactly) {
+  for (uint32_t b = 0; b <= 0xffff; ++b) {
+    const double expected = DecodeBf16(static_cast<uint16_t>(b));
+    const float got = Bf16ToFloat(static_cast<uint16_t>(b));
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(got)) << std::hex << b;
+    } else {
+      EXPECT_EQ(static_cast<double>(got), expected) << std::hex << b;
+    }
+  }
+}
+
+TEST(DTypeTest, EveryHalfPatternWidensExactly) {
+  for (uint32_t b = 0; b <= 0xffff; ++b) {
+    const double expected = DecodeHalf(static_cast<uint16_t>(b));
+    const float got = HalfToFloat(static_cast<uint16_t>(b));
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(got)) << std::hex << b;
+    } else {
+      EXPECT_EQ(static_cast<double>(got), expected) << std::hex << b;
+    }
+  }
+}
+
+// Narrowing x gave r: no other finite pattern may be closer, and on a tie the
+// chosen pattern's last mantissa bit is 0.
+void ExpectNearestEven(float x, uint16_t r, double (*decode)(uint16_t), double max_finite) {
+  const double xd = x;
+  const double got = decode(r);
+  if (std::fabs(xd) > max_finite) {
+    // Beyond the largest finite value: either Inf or max_finite, whichever is nearer
+    // under round-to-nearest (overflow threshold is halfway to the next binade step).
+    EXPECT_TRUE(std::isinf(got) || std::fabs(got) == max_finite) << x;
+    return;
+  }
+  ASSERT_FALSE(std::isnan(got)) << x;
+  const double error = std::fabs(got - xd);
+  for (int delta : {-1, 1}) {
+    const uint16_t neighbour = static_cast<uint16_t>(r + delta);
+    const double other = decode(neighbour);
+    if (std::isnan(other) || std::isinf(other)) continue;
+    if ((neighbour & 0x8000) != (r & 0x8000) && other != 0.0) continue;
+    const double other_error = std::fabs(other - xd);
+    EXPECT_LE(error, other_error) << "x=" << x << " r=" << std::hex << r;
+    if (error == other_error) EXPECT_EQ(r & 1, 0) << "tie not to even: x=" << x;
+  }
+}
+
+float RandomFloat(std::mt19937& rng, int min_exponent, int max_exponent) {
+  std::uniform_int_distribution<int> exponent(min_exponent, max_exponent);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  const float value = std::ldexp(mantissa(rng), exponent(rng));
+  return (rng() & 1) ? -value : value;
+}
+
+TEST(DTypeTest, NarrowingToBf16RoundsToNearestEven) {
+  std::mt19937 rng(20261129);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = RandomFloat(rng, -133, 127);
+    ExpectNearestEven(x, FloatToBf16(x), DecodeBf16, 3.3895313892515355e38);
+  }
+  // Exact ties: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: even (1) wins.
+  EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  EXPECT_EQ(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+}
+
+TEST(DTypeTest, NarrowingToHalfRoundsToNearestEvenIncludingSubnormals) {
+  std::mt19937 rng(11292026);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = RandomFloat(rng, -26, 16);
+    ExpectNearestEven(x, FloatToHalf(x), DecodeHalf, 65504.0);
+  }
+  EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie to even
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);             // smallest subnormal
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);             // tie to even: 0
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.5f, -25)), 0x0001);
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);                          // rounds past 65504
+  EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);
+}
+
+TEST(DTypeTest, SpecialValuesSurviveNarrowing) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(FloatToBf16(inf), 0x7f80);
+  EXPECT_EQ(FloatToBf16(-inf), 0xff80);
+  EXPECT_EQ(FloatToHalf(inf), 0x7c00);
+  EXPECT_EQ(FloatToHalf(-0.0f), 0x8000);
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(nan))));
+  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(nan))));
+  // A NaN whose payload sits only in the low bits must not round to Inf.
+  uint32_t low_payload_nan = 0x7f800001u;
+  float x;
+  std::memcpy(&x, &low_payload_nan, sizeof(x));
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(x))));
+  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(x))));
+}
+
+TEST(DTypeTest, BulkConversionsMatchTheScalarOnes) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> values(1001);
+  for (float& v : values) v = normal(rng);
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    std::vector<uint8_t> bytes(values.size() * DTypeSize(dtype));
+    FromFloat(dtype, values.data(), bytes.data(), static_cast<int64_t>(values.size()));
+    std::vector<float> back(values.size());
+    ToFloat(dtype, bytes.data(), back.data(), static_cast<int64_t>(values.size()));
+    std::vector<float> rounded = values;
+    RoundTo(dtype, rounded.data(), static_cast<int64_t>(rounded.size()));
+    for (size_t i = 0; i < values.size(); ++i) {
+      EXPECT_EQ(back[i], rounded[i]) << DTypeName(dtype) << " at " << i;
+    }
+  }
+  ToFloat(DType::kBF16, nullptr, nullptr, 0);  // empty conversions touch nothing
+  FromFloat(DType::kF16, nullptr, nullptr, 0);
+}
+
+TEST(DTypeTest, FirstNonFiniteFindsTheFirstBadElement) {
+  std::vector<float> values(10, 1.0f);
+  EXPECT_EQ(FirstNonFinite(DType::kF32, values.data(), 10), -1);
+  values[7] = std::numeric_limits<float>::infinity();
+  values[9] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(FirstNonFinite(DType::kF32, values.data(), 10), 7);
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    std::vector<uint16_t> halves(10);
+    FromFloat(dtype, values.data(), halves.data(), 10);
+    EXPECT_EQ(FirstNonFinite(dtype, halves.data(), 10), 7) << DTypeName(dtype);
+    EXPECT_EQ(FirstNonFinite(dtype, halves.data(), 7), -1) << DTypeName(dtype);
+  }
+  // 65504 is fp16's largest finite value; 1e5 overflows to Inf in fp16 only.
+  const float big[2] = {65504.0f, 1e5f};
+  std::vector<uint16_t> halves(2);
+  FromFloat(DType::kF16, big, halves.data(), 2);
+  EXPECT_EQ(FirstNonFinite(DType::kF16, halves.data(), 2), 1);
+}
+
+}  // namespace
+}  // namespace flce
