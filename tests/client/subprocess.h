@@ -30,6 +30,7 @@ class BackgroundProcess {
   BackgroundProcess& operator=(const BackgroundProcess&) = delete;
 
   bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }  // e.g. to send SIGHUP
   // False once the process has exited (it is then reaped).
   bool Running();
   // SIGTERM, then waits up to timeout_s; SIGKILL after that. Returns the
