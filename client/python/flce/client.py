@@ -13,7 +13,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import grpc
 import torch
 
-from flce import tensors, wire
+from flce import security, tensors, wire
 from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.errors import FlceError, translate
@@ -78,7 +78,14 @@ class Client:
     def __init__(self, target: str = "localhost:50051", *, session_id: Optional[str] = None,
                  chunk_bytes: int = tensors.DEFAULT_CHUNK_BYTES,
                  timeout: Optional[float] = None, max_message_bytes: int = -1,
-                 channel: Optional[grpc.Channel] = None):
+                 channel: Optional[grpc.Channel] = None, tls: bool = False,
+                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None, tls_server_name: Optional[str] = None,
+                 auth_token: Optional[str] = None, auth_token_file: Optional[str] = None):
+        """tls / tls_ca / tls_cert / tls_key / tls_server_name: TLS (PEM file paths; any of
+        them turns TLS on; tls_server_name overrides the name checked in the server's
+        certificate). auth_token / auth_token_file / $FLCE_AUTH_TOKEN: the bearer token sent
+        with every call."""
         self.target = target
         self.session_id = session_id or f"py-{uuid.uuid4().hex[:12]}"
         self.chunk_bytes = chunk_bytes
@@ -88,7 +95,19 @@ class Client:
         # so only the receive side needs to follow it (-1 = no client-side limit)
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)]
-        self._channel = channel or grpc.insecure_channel(target, options=opts)
+        if channel is None:
+            if tls or tls_ca or tls_cert or tls_key or tls_server_name:
+                if tls_server_name:
+                    opts.append(("grpc.ssl_target_name_override", tls_server_name))
+                creds = security.channel_credentials(tls_ca, tls_cert, tls_key)
+                channel = grpc.secure_channel(target, creds, options=opts)
+            else:
+                channel = grpc.insecure_channel(target, options=opts)
+        self._raw_channel = channel
+        token = security.resolve_token(auth_token, auth_token_file)
+        if token:
+            channel = grpc.intercept_channel(channel, security.BearerToken(token))
+        self._channel = channel
         self._stub = pb_grpc.FlceStub(self._channel)
         # bulk RPCs bypass the generated (de)serializers: see flce.wire
         self._upload = self._channel.stream_unary(
@@ -103,7 +122,7 @@ class Client:
 
     # ------------------------------------------------------------ lifecycle --
     def wait_ready(self, timeout: float = 10.0) -> "Client":
-        ready = grpc.channel_ready_future(self._channel)
+        ready = grpc.channel_ready_future(self._raw_channel)
         try:
             ready.result(timeout=timeout)
         except grpc.FutureTimeoutError:
@@ -113,7 +132,7 @@ class Client:
         return self
 
     def close(self) -> None:
-        self._channel.close()
+        self._raw_channel.close()
 
     def __enter__(self) -> "Client":
         return self
