@@ -28,6 +28,14 @@ for _ in $(seq 1 100); do
   kill -0 "$server_pid" 2>/dev/null || { cat "$server_log"; exit 1; }
   sleep 0.1
 done
+# Another server already on the port would have answered the health check:
+# ours then fails to bind and exits.
+sleep 0.5
+if ! kill -0 "$server_pid" 2>/dev/null; then
+  echo "flce-server did not start (is port $port or $metrics_port in use? set FLCE_PORT / FLCE_METRICS_PORT):" >&2
+  cat "$server_log" >&2
+  exit 1
+fi
 echo "== server"; client server-info
 echo "== the embedded head"; client describe --head demo
 
