@@ -33,7 +33,8 @@ def encode(hidden, targets, chunk_bytes):
     header = pb.ComputeHeader(request_id="bench", head_id="demo", session_id="s",
                               num_tokens=hidden.shape[0], hidden_dtype=pb.DTYPE_BF16,
                               targets=tensors.to_bytes_int32(targets))
-    yield fclient._serialize(pb.ComputeRequest(header=header))
+    yield fclient._serialize(wire.encode_compute_header(header.SerializeToString(),
+                                                        hidden.shape[1]))
     for row, piece in tensors.row_chunks(hidden, chunk_bytes):
         yield fclient._serialize(wire.encode_hidden_chunk(row, piece))
 

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -34,7 +35,8 @@ def free_port() -> int:
 class RealServer:
     """A flce-server process on a free loopback port; its log is kept for failures."""
 
-    def __init__(self, binary: str, *extra: str):
+    def __init__(self, binary: str, *extra: str, client_kwargs: Optional[dict] = None):
+        """extra: more flags; client_kwargs: what a client needs to reach it (TLS, token)."""
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="flce-server-", suffix=".log",
                                                delete=False)
@@ -43,7 +45,7 @@ class RealServer:
              *extra], stdout=self.log, stderr=subprocess.STDOUT)
         self.target = f"127.0.0.1:{self.port}"
         deadline = time.monotonic() + 30
-        client = flce.Client(self.target)
+        client = flce.Client(self.target, **(client_kwargs or {}))
         try:
             while True:
                 if self.proc.poll() is not None:

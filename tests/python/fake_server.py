@@ -19,6 +19,15 @@ from flce import tensors
 from flce._pb import pb, pb_grpc
 
 
+def _has(msg, name: str) -> bool:
+    """Whether `name` is set on msg; True for a field without presence or one the
+    generated class does not know yet (then its value, or its default, is what counts)."""
+    try:
+        return msg.HasField(name)
+    except ValueError:
+        return True
+
+
 def _tensor(data: bytes, wire_dtype: int, shape) -> torch.Tensor:
     return tensors.from_bytes(data, tensors.torch_dtype(wire_dtype), shape)
 
@@ -68,6 +77,8 @@ class FakeFlce(pb_grpc.FlceServicer):
         self.heads = {}      # id -> dict(w, b, info)
         self.grads = {}      # (head, session) -> [dW, db, contributions]
         self.staged = {}     # (head, session, request) -> (dW, db)
+        self.fetched = {}    # (head, session, request) -> (dW, db, contributions): reset fetches
+        self.requests = []   # every request message as received (Commit, FetchGrad, headers)
 
     def UploadHead(self, request_iterator, context):
         header, parts = None, {pb.TENSOR_WEIGHT: bytearray(), pb.TENSOR_BIAS: bytearray()}
@@ -112,13 +123,24 @@ class FakeFlce(pb_grpc.FlceServicer):
         head = self.heads.get(header.head_id)
         if head is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"head_id {header.head_id}")
+        self.requests.append(header)
         n, hsz = header.num_tokens, head["info"].hidden_size
+        given = getattr(header, "hidden_size", 0)  # 0: not given (or a class without it)
+        if given and given != hsz:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"hidden_size {given} does not match head {header.head_id}'s {hsz}")
         dtype = tensors.torch_dtype(header.hidden_dtype)
         asm = tensors.RowAssembler(n, hsz, dtype)
         for req in it:
             asm.put(req.hidden.token_offset, req.hidden.data)
         y = tensors.from_bytes(header.targets, torch.int32, (n,)).long()
         opts, outs = header.options, header.outputs
+        ignore = header.ignore_index if header.HasField("ignore_index") else -100
+        bad = ((y < 0) | (y >= head["info"].vocab_size)) & (y != ignore)
+        if bool(bad.any()):
+            t = int(bad.nonzero()[0])
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"targets[{t}] = {int(y[t])} is outside [0, {head['info'].vocab_size})")
         tw = (tensors.from_bytes(header.token_weights, torch.float32, (n,))
               if header.token_weights else None)
         ew = (tensors.from_bytes(header.entropy_weights, torch.float32, (n,))
@@ -174,32 +196,43 @@ class FakeFlce(pb_grpc.FlceServicer):
         acc[2] += 1
 
     def Commit(self, request, context):
+        self.requests.append(request)
         key = (request.head_id, request.session_id)
+        scale = request.scale if _has(request, "scale") else 1.0
         with self.lock:
             staged = self.staged.pop(key + (request.request_id,), None)
             if staged is None:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"request_id {request.request_id}")
             if request.discard:
                 return pb.CommitResponse(state=pb.CONTRIBUTION_DISCARDED)
-            self._add(key, staged, request.scale)
-        return pb.CommitResponse(state=pb.CONTRIBUTION_COMMITTED, scale=request.scale)
+            self._add(key, staged, scale)
+        return pb.CommitResponse(state=pb.CONTRIBUTION_COMMITTED, scale=scale)
 
     def FetchGrad(self, request, context):
+        self.requests.append(request)
         head = self.heads[request.head_id]["info"]
         key = (request.head_id, request.session_id)
+        fetch_key = key + (request.request_id,)
+        replayed = False
         with self.lock:
-            acc = self.grads.get(key)
             v, hsz = head.vocab_size, head.hidden_size
-            dw = acc[0].clone() if acc else torch.zeros(v, hsz)
-            db = (acc[1].clone() if acc and acc[1] is not None else torch.zeros(v)) \
-                if head.has_bias else None
-            count = acc[2] if acc else 0
-            if request.reset:
-                self.grads.pop(key, None)
+            if request.reset and request.request_id and fetch_key in self.fetched:
+                dw, db, count = self.fetched[fetch_key]  # a retried reset: the same gradient
+                replayed = True
+            else:
+                acc = self.grads.get(key)
+                dw = acc[0].clone() if acc else torch.zeros(v, hsz)
+                db = (acc[1].clone() if acc and acc[1] is not None else torch.zeros(v)) \
+                    if head.has_bias else None
+                count = acc[2] if acc else 0
+                if request.reset:
+                    self.grads.pop(key, None)
+                    if request.request_id:
+                        self.fetched[fetch_key] = (dw, db, count)
         dtype = tensors.torch_dtype(request.dtype or pb.DTYPE_FP32)
         yield pb.FetchGradResponse(header=pb.GradHeader(
             vocab_size=v, hidden_size=hsz, dtype=tensors.wire_dtype(dtype), has_bias=head.has_bias,
-            contributions=count, head_version=head.version))
+            contributions=count, head_version=head.version, replayed=replayed))
         for role, t in ((pb.TENSOR_WEIGHT, dw), (pb.TENSOR_BIAS, db)):
             if t is None:
                 continue
@@ -231,7 +264,8 @@ def start(port: int = 0):
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
                          options=[("grpc.max_receive_message_length", 64 << 20),
                                   ("grpc.max_send_message_length", 64 << 20)])
-    pb_grpc.add_FlceServicer_to_server(FakeFlce(), server)
+    server.servicer = FakeFlce()
+    pb_grpc.add_FlceServicer_to_server(server.servicer, server)
     port = server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     return server, port

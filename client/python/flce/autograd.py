@@ -41,12 +41,19 @@ class CallConfig:
             strategy=self.strategy, chunk_tokens=self.chunk_tokens, **kw)
 
 
+# How long the best-effort discard of a staged contribution may take (it runs from a
+# finalizer or while another exception propagates, so it must never hang).
+DISCARD_TIMEOUT_S = 5.0
+
+
 class StagedContribution:
     """A deferred call's grad_W, staged on the server until backward commits it.
 
     If the graph dies without a backward (a forward run with grad enabled and never
-    differentiated, or an exception in between), the contribution is discarded, so that
-    it neither lands late nor holds one of the session's --max-pending slots."""
+    differentiated, or an exception in between), or the Compute call itself fails after
+    the server may have staged it (a deadline or a broken stream after the server's
+    summary), the contribution is discarded, so that it neither lands late nor holds one
+    of the session's --max-pending slots."""
 
     def __init__(self, cfg: CallConfig, request_id: str):
         self.cfg = cfg
@@ -61,15 +68,24 @@ class StagedContribution:
         self.cfg.client.commit(self.cfg.head_id, self.request_id, scale,
                                session_id=self.cfg.session_id)
 
-    def __del__(self):
+    def discard(self) -> None:
+        """Best effort, never raises: NOT_FOUND (nothing was staged), a server that is
+        gone, any other failure are ignored; the session's TTL cleans up what is left."""
         if self.done:
             return
         self.done = True
+        client = self.cfg.client
+        timeout = DISCARD_TIMEOUT_S
+        if client.timeout is not None:
+            timeout = min(timeout, client.timeout)
         try:
-            self.cfg.client.commit(self.cfg.head_id, self.request_id, 0.0,
-                                   session_id=self.cfg.session_id, discard=True)
-        except Exception:  # noqa: BLE001 (a finalizer must not raise; the server's TTL cleans up)
+            client.commit(self.cfg.head_id, self.request_id, 0.0,
+                          session_id=self.cfg.session_id, discard=True, timeout=timeout)
+        except Exception:  # noqa: BLE001 (see the docstring)
             pass
+
+    def __del__(self):
+        self.discard()
 
 
 def _scaled(grad: torch.Tensor, scale: torch.Tensor, device) -> torch.Tensor:
@@ -92,12 +108,19 @@ class FusedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, anchor: torch.Tensor, targets: torch.Tensor,
                 cfg: CallConfig, reduction: str, sink: Optional[list]):
-        request_id = new_request_id()
-        result = cfg.compute(hidden, targets, reduction=reduction, request_id=request_id,
-                             grad_input=ctx.needs_input_grad[0], deferred_commit=True)
+        staged = StagedContribution(cfg, new_request_id())
+        try:
+            result = cfg.compute(hidden, targets, reduction=reduction,
+                                 request_id=staged.request_id,
+                                 grad_input=ctx.needs_input_grad[0], deferred_commit=True)
+        except BaseException:
+            # the server may have staged the contribution before the call failed on our
+            # side (deadline, broken stream): drop it, then re-raise the original error
+            staged.discard()
+            raise
         if sink is not None:
             sink.append(result.summary)
-        ctx.staged = StagedContribution(cfg, request_id)
+        ctx.staged = staged
         ctx.device = hidden.device
         ctx.grad_input = result.grad_input  # not an input or output: held as an attribute
         return torch.tensor(result.loss, dtype=torch.float32, device=hidden.device)

@@ -70,6 +70,7 @@ class GradResult:
     weight: torch.Tensor            # [V, H]
     bias: Optional[torch.Tensor]    # [V] or None
     header: pb.GradHeader
+    request_id: str = ""            # as sent: the caller's, or one generated for a reset
 
 
 class Client:
@@ -116,6 +117,9 @@ class Client:
         self._compute = self._channel.stream_stream(
             "/flce.v1.Flce/Compute", request_serializer=_serialize,
             response_deserializer=_decode_compute_response)
+        self._commit = self._channel.unary_unary(
+            "/flce.v1.Flce/Commit", request_serializer=_serialize,
+            response_deserializer=pb.CommitResponse.FromString)
         self._fetch = self._channel.unary_stream(
             "/flce.v1.Flce/FetchGrad", request_serializer=_serialize,
             response_deserializer=_decode_fetch_response)
@@ -249,16 +253,24 @@ class Client:
                     raise ValueError(f"{name} must have {n} elements, got {w.numel()}")
                 setattr(header, name, tensors.to_bytes_fp32(w.reshape(-1)))
 
+        # hidden_size (field 18) is appended by hand: always sent, so that the server
+        # checks it against the head's H whatever protobuf classes this install has
+        header_bytes = wire.encode_compute_header(header.SerializeToString(), h)
+
         def requests():
-            yield pb.ComputeRequest(header=header)
+            yield header_bytes
             for row, piece in tensors.row_chunks(hid, self.chunk_bytes):
                 yield wire.encode_hidden_chunk(row, piece)
 
         wanted = [(k, dt) for k, dt in _TOKEN_FIELDS
                   if {"loss": per_token_loss, "logprob": logprob, "entropy": entropy,
                       "correct": accuracy}[k]]
-        return self._run_compute(requests(), n, h, hidden.dtype, want_grad_input, wanted,
-                                 hidden.is_cuda)
+        try:
+            return self._run_compute(requests(), n, h, hidden.dtype, want_grad_input, wanted,
+                                     hidden.is_cuda)
+        except FlceError as err:
+            err.request_id = header.request_id  # a retry with it is never applied twice
+            raise
 
     @translate("Compute")
     def _run_compute(self, requests: Iterable, n: int, h: int, dtype: torch.dtype,
@@ -295,18 +307,37 @@ class Client:
     # ------------------------------------------------------------ gradients --
     @translate("Commit")
     def commit(self, head_id: str, request_id: str, scale: float = 1.0, *,
-               session_id: Optional[str] = None, discard: bool = False) -> pb.CommitResponse:
-        req = pb.CommitRequest(head_id=head_id, request_id=request_id, scale=scale,
-                               discard=discard,
+               session_id: Optional[str] = None, discard: bool = False,
+               timeout: Optional[float] = None) -> pb.CommitResponse:
+        """Lands (grad_W += scale × staged) or discards a deferred call's contribution.
+        scale is always sent explicitly, 0.0 included (unset would mean 1.0)."""
+        req = pb.CommitRequest(head_id=head_id, request_id=request_id, discard=discard,
                                session_id=session_id if session_id is not None
                                else self.session_id)
-        return self._stub.Commit(req, timeout=self.timeout)
+        return self._commit(wire.encode_commit(req.SerializeToString(), scale),
+                            timeout=timeout if timeout is not None else self.timeout)
 
-    @translate("FetchGrad")
     def fetch_grad(self, head_id: str, *, session_id: Optional[str] = None,
                    dtype: torch.dtype = torch.float32, reset: bool = False,
-                   request_id: str = "", chunk_rows: int = 0) -> GradResult:
-        """The session's accumulated grad_W (and grad_b) as CPU tensors of `dtype`."""
+                   request_id: Optional[str] = None, chunk_rows: int = 0) -> GradResult:
+        """The session's accumulated grad_W (and grad_b) as CPU tensors of `dtype`.
+
+        With reset=True the fetch is retry-safe: a request id is generated when none is
+        given (GradResult.request_id, and FlceError.request_id when the call fails), and
+        fetching again with that id returns the same gradient (header.replayed) instead of
+        the empty accumulator the first fetch left behind."""
+        if reset and not request_id:
+            request_id = new_request_id()
+        request_id = request_id or ""
+        try:
+            return self._fetch_grad(head_id, session_id, dtype, reset, request_id, chunk_rows)
+        except FlceError as err:
+            err.request_id = request_id or None
+            raise
+
+    @translate("FetchGrad")
+    def _fetch_grad(self, head_id: str, session_id: Optional[str], dtype: torch.dtype,
+                    reset: bool, request_id: str, chunk_rows: int) -> GradResult:
         req = pb.FetchGradRequest(head_id=head_id, dtype=tensors.wire_dtype(dtype),
                                   reset=reset, request_id=request_id, chunk_rows=chunk_rows,
                                   session_id=session_id if session_id is not None
@@ -329,7 +360,8 @@ class Client:
                 bias = tensors.RowAssembler(header.vocab_size, 1, dt) if header.has_bias else None
         if header is None or not weight.complete or (bias is not None and not bias.complete):
             raise FlceError("FetchGrad", grpc.StatusCode.INTERNAL, "incomplete gradient stream")
-        return GradResult(weight.tensor, bias.tensor.reshape(-1) if bias else None, header)
+        return GradResult(weight.tensor, bias.tensor.reshape(-1) if bias else None, header,
+                          request_id)
 
     @translate("ZeroGrad")
     def zero_grad(self, head_id: str, *, session_id: Optional[str] = None) -> None:

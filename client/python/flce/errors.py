@@ -2,18 +2,23 @@
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import grpc
 
 
 class FlceError(RuntimeError):
     """A flce call failed. `code` is the grpc.StatusCode (UNAVAILABLE when the server is
-    gone, INVALID_ARGUMENT naming the bad field, ...); `method` the RPC's name."""
+    gone, INVALID_ARGUMENT naming the bad field, ...); `method` the RPC's name;
+    `request_id` the idempotency key the failed call carried, when it had one (retry
+    with it: a repeat is never applied twice)."""
 
-    def __init__(self, method: str, code: grpc.StatusCode, details: str):
+    def __init__(self, method: str, code: grpc.StatusCode, details: str,
+                 request_id: Optional[str] = None):
         self.method = method
         self.code = code
         self.details = details
+        self.request_id = request_id
         super().__init__(f"flce {method} failed: {code.name}: {details}")
 
 

@@ -82,9 +82,11 @@ class RemoteLMHead(nn.Module):
         return self.client.describe_head(self.head_id)
 
     # ------------------------------------------------------------ gradients --
-    def fetch_grad(self, dtype: torch.dtype = torch.float32, reset: bool = False) -> GradResult:
+    def fetch_grad(self, dtype: torch.dtype = torch.float32, reset: bool = False,
+                   request_id: Optional[str] = None) -> GradResult:
+        """The session's grad_W and grad_b. A reset is retry-safe: see Client.fetch_grad."""
         return self.client.fetch_grad(self.head_id, session_id=self.session_id, dtype=dtype,
-                                      reset=reset)
+                                      reset=reset, request_id=request_id)
 
     def fetch_grad_weight(self, dtype: torch.dtype = torch.float32,
                           reset: bool = False) -> torch.Tensor:

@@ -9,6 +9,8 @@ standard wire format of flce.proto's messages; small messages still use the gene
 """
 from __future__ import annotations
 
+import math
+import struct
 from typing import Dict, NamedTuple, Union
 
 _VARINT = 0
@@ -17,7 +19,10 @@ _LEN = 2
 _FIXED32 = 5
 
 # Field numbers from proto/flce/v1/flce.proto.
+COMPUTE_REQUEST_HEADER = 1          # ComputeRequest.header (ComputeHeader)
 COMPUTE_REQUEST_HIDDEN = 2          # ComputeRequest.hidden (HiddenChunk)
+COMPUTE_HEADER_HIDDEN_SIZE = 18     # ComputeHeader.hidden_size (int64; 0 = not given)
+COMMIT_REQUEST_SCALE = 4            # CommitRequest.scale (optional float; unset = 1.0)
 UPLOAD_REQUEST_CHUNK = 2            # UploadHeadRequest.chunk (TensorChunk)
 COMPUTE_RESPONSE_GRAD_INPUT = 1     # ComputeResponse.grad_input (GradInputChunk)
 FETCH_RESPONSE_CHUNK = 2            # FetchGradResponse.chunk (GradChunk)
@@ -53,6 +58,31 @@ def encode_hidden_chunk(token_offset: int, data) -> bytes:
     """ComputeRequest{hidden: HiddenChunk{token_offset, data}}; data: a bytes-like view."""
     head = _int_field(1, token_offset) + _key(2, _LEN) + varint(len(data))
     return _wrap(COMPUTE_REQUEST_HIDDEN, head, data)
+
+
+def encode_compute_header(header: bytes, hidden_size: int) -> bytes:
+    """ComputeRequest{header: ComputeHeader{..., hidden_size}}: `header` is a serialized
+    ComputeHeader without hidden_size (a generated class that predates the field cannot
+    set it), to which field 18 is appended; appended scalar fields win, so this is right
+    whatever the generated class knows. hidden_size must be > 0 (0 means "not given")."""
+    if hidden_size <= 0:
+        raise ValueError(f"hidden_size must be positive, got {hidden_size}")
+    return _wrap(COMPUTE_REQUEST_HEADER, b"",
+                 bytes(header) + _key(COMPUTE_HEADER_HIDDEN_SIZE, _VARINT) + varint(hidden_size))
+
+
+def float32_bytes(value: float) -> bytes:
+    """A proto `float` (fixed32, little-endian); out of float32's range it is ±inf."""
+    try:
+        return struct.pack("<f", value)
+    except OverflowError:
+        return struct.pack("<f", math.copysign(math.inf, value))
+
+
+def encode_commit(request: bytes, scale: float) -> bytes:
+    """CommitRequest with `scale` always present (`optional float`: unset means 1.0, so a
+    scale of 0.0 must be on the wire); `request` is the other fields, serialized."""
+    return bytes(request) + _key(COMMIT_REQUEST_SCALE, _FIXED32) + float32_bytes(scale)
 
 
 def encode_tensor_chunk(role: int, byte_offset: int, data) -> bytes:
