@@ -88,9 +88,13 @@ grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(grpc::CallbackServerCont
         if (request->dtype() != v1::DTYPE_UNSPECIFIED) {
           FLCE_ASSIGN_OR_RETURN(dtype, DTypeFromProto(request->dtype(), "dtype"));
         }
-        FLCE_ASSIGN_OR_RETURN(std::shared_ptr<const Head> head,
-                              LoadSafetensorsHead(*ctx_.engine, path, request->weight_tensor(),
-                                                  request->bias_tensor(), dtype));
+        FLCE_ASSIGN_OR_RETURN(
+            std::shared_ptr<const Head> head,
+            LoadSafetensorsHead(
+                *ctx_.engine, path, request->weight_tensor(),
+                request->bias_tensor(), dtype, [&](const HeadSpec &spec) {
+                  return ctx_.heads->CheckPut(owner, request->head_id(), spec);
+                }));
         FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
                               ctx_.heads->Put(owner, request->head_id(), std::move(head),
                                               absl::StrCat("file:", request->path())));

@@ -86,17 +86,19 @@ absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, const std:
     return absl::NotFoundError(absl::StrCat("path \"", path, "\" not found under --head-root"));
   }
   if (!absl::StartsWith(*real, prefix)) {
-    return absl::PermissionDeniedError(absl::StrCat("path \"", path, "\" resolves to ", *real,
-                                                    ", outside --head-root ", real_root));
+    // Where it resolves to is not said: the caller may not learn the layout
+    // outside the root.
+    return absl::PermissionDeniedError(
+        absl::StrCat("path \"", path, "\" resolves outside --head-root"));
   }
   return *real;
 }
 
-absl::StatusOr<std::shared_ptr<const Head>> LoadSafetensorsHead(Engine& engine,
-                                                                const std::string& path,
-                                                                const std::string& weight_tensor,
-                                                                const std::string& bias_tensor,
-                                                                std::optional<DType> dtype) {
+absl::StatusOr<std::shared_ptr<const Head>>
+LoadSafetensorsHead(Engine &engine, const std::string &path,
+                    const std::string &weight_tensor,
+                    const std::string &bias_tensor, std::optional<DType> dtype,
+                    const HeadCheck &check) {
   FLCE_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
   if (weight_tensor.empty()) return absl::InvalidArgumentError("weight_tensor is empty");
   FLCE_ASSIGN_OR_RETURN(const SafetensorsTensor* weight, file.Find(weight_tensor));
@@ -121,6 +123,9 @@ absl::StatusOr<std::shared_ptr<const Head>> LoadSafetensorsHead(Engine& engine,
     FLCE_ASSIGN_OR_RETURN(bias_dtype, DTypeFromSafetensors(bias->dtype));
     spec.has_bias = true;
   }
+  // Limits first: a head that cannot be kept is refused before it is read.
+  if (check)
+    FLCE_RETURN_IF_ERROR(check(spec));
   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<HeadBuilder> builder, engine.BeginHead(spec));
   FLCE_RETURN_IF_ERROR(StreamTensor(file, *weight, weight_dtype, spec.dtype,
                                     spec.vocab_size * spec.hidden_size,

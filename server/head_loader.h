@@ -11,6 +11,7 @@
 #define FLCE_SERVER_HEAD_LOADER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,14 +25,18 @@ namespace flce::server {
 // unless it lies under root's own real path, FAILED_PRECONDITION without a root.
 absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, const std::string& path);
 
+// Called with the head's shape before any of it is allocated or read (the
+// registry's --max-heads / --max-head-bytes check).
+using HeadCheck = std::function<absl::Status(const HeadSpec &)>;
+
 // weight_tensor must be [V, H]; bias_tensor (optional, "" = none) [V]. dtype
 // empty keeps the weight's dtype from the file; values are converted
-// (BF16, F16, F32 in any combination).
-absl::StatusOr<std::shared_ptr<const Head>> LoadSafetensorsHead(Engine& engine,
-                                                                const std::string& path,
-                                                                const std::string& weight_tensor,
-                                                                const std::string& bias_tensor,
-                                                                std::optional<DType> dtype);
+// (BF16, F16, F32 in any combination). `check`, if set, may refuse the shape.
+absl::StatusOr<std::shared_ptr<const Head>>
+LoadSafetensorsHead(Engine &engine, const std::string &path,
+                    const std::string &weight_tensor,
+                    const std::string &bias_tensor, std::optional<DType> dtype,
+                    const HeadCheck &check = nullptr);
 
 // The embedded demo head: V=32000, H=512, bf16, W ~ N(0, 1/H) from a fixed
 // seed, no bias. The same on every server.

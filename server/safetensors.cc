@@ -121,7 +121,11 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     for (const auto& d : t["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) return bad("shape is not integers");
       tensor.shape.push_back(d.get<int64_t>());
-      elements *= tensor.shape.back();
+      // A header may claim any shape: a product that wraps could match the
+      // data's byte count by accident.
+      if (__builtin_mul_overflow(elements, tensor.shape.back(), &elements)) {
+        return bad("shape's element count does not fit in 64 bits");
+      }
     }
     if (!t["data_offsets"][0].is_number_integer() || !t["data_offsets"][1].is_number_integer()) {
       return bad("data_offsets are not integers");
@@ -133,8 +137,13 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
                               ") are outside the data's ", data_bytes, " bytes"));
     }
     int64_t elem = DTypeBytes(tensor.dtype);
-    if (elem != 0 && elements * elem != tensor.end - tensor.begin) {
-      return bad(absl::StrCat("shape holds ", elements * elem, " bytes, data_offsets ",
+    int64_t shape_bytes = 0;
+    if (elem != 0 && __builtin_mul_overflow(elements, elem, &shape_bytes)) {
+      return bad("shape's byte count does not fit in 64 bits");
+    }
+    if (elem != 0 && shape_bytes != tensor.end - tensor.begin) {
+      return bad(absl::StrCat("shape holds ", shape_bytes,
+                              " bytes, data_offsets ",
                               tensor.end - tensor.begin));
     }
     file.tensors_[tensor.name] = std::move(tensor);

@@ -7,6 +7,7 @@
 #include "kernels/cpu/cpu_compute_call.h"
 #include "kernels/cpu/cpu_grad_buffer.h"
 #include "kernels/cpu/cpu_head.h"
+#include "kernels/cpu/host_memory.h"
 #include "kernels/engine_factory.h"
 #include "kernels/status_macros.h"
 
@@ -43,8 +44,21 @@ absl::StatusOr<std::unique_ptr<GradBuffer>> CpuEngine::NewGradBuffer(const HeadS
     return absl::InvalidArgumentError(absl::StrCat("gradient shape ", spec.vocab_size, " x ",
                                                    spec.hidden_size, " must be positive"));
   }
-  return std::unique_ptr<GradBuffer>(
-      std::make_unique<CpuGradBuffer>(spec.vocab_size, spec.hidden_size, spec.has_bias));
+  FLCE_ASSIGN_OR_RETURN(
+      int64_t bytes,
+      HostBytes("gradient buffer",
+                {spec.vocab_size, spec.hidden_size + (spec.has_bias ? 1 : 0),
+                 static_cast<int64_t>(sizeof(float))}));
+  const std::string what =
+      absl::StrCat("a V=", spec.vocab_size, " H=", spec.hidden_size,
+                   " fp32 gradient buffer");
+  FLCE_RETURN_IF_ERROR(CheckHostBytes(what.c_str(), bytes));
+  std::unique_ptr<GradBuffer> buffer;
+  FLCE_RETURN_IF_ERROR(TryAllocate(what.c_str(), bytes, [&] {
+    buffer = std::make_unique<CpuGradBuffer>(spec.vocab_size, spec.hidden_size,
+                                             spec.has_bias);
+  }));
+  return buffer;
 }
 
 absl::StatusOr<std::unique_ptr<ComputeCall>> CpuEngine::StartCompute(
