@@ -227,15 +227,26 @@ absl::StatusOr<GradSnapshot> SessionStore::Snapshot(const std::string& tenant,
                                                     const std::string& session_id, bool reset,
                                                     const std::string& request_id) {
   FLCE_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(tenant, head_id, session_id));
+  const bool keyed = reset && !request_id.empty();
   {
     absl::MutexLock lock(&session->mu_);
-    if (reset && !request_id.empty() && request_id == session->last_reset_request_id_ &&
-        session->last_reset_grad_ != nullptr) {
-      return GradSnapshot{session->last_reset_grad_, session->last_reset_contributions_, true};
+    if (keyed) {
+      absl::StatusOr<GradSnapshot> seen =
+          session->RepeatedResetLocked(request_id);
+      if (!seen.ok() || seen->grad != nullptr)
+        return seen;
     }
   }
+  // Allocated outside the lock (it can be large); a concurrent reset with the
+  // same id may win meanwhile, so the check is made again under the lock.
   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<GradBuffer> fresh, engine_->NewGradBuffer(session->spec()));
   absl::MutexLock lock(&session->mu_);
+  if (keyed) {
+    absl::StatusOr<GradSnapshot> seen =
+        session->RepeatedResetLocked(request_id);
+    if (!seen.ok() || seen->grad != nullptr)
+      return seen;
+  }
   session->last_used_ = absl::Now();
   GradSnapshot snapshot;
   snapshot.contributions = session->contributions_;
@@ -246,12 +257,33 @@ absl::StatusOr<GradSnapshot> SessionStore::Snapshot(const std::string& tenant,
     session->last_reset_request_id_ = request_id;
     session->last_reset_grad_ = request_id.empty() ? nullptr : old;
     session->last_reset_contributions_ = snapshot.contributions;
+    if (keyed) {
+      session->reset_ids_.push_back(request_id);
+      while (session->reset_ids_.size() > Session::kResetIdsKept)
+        session->reset_ids_.pop_front();
+    }
     snapshot.grad = std::move(old);
   } else {
     FLCE_RETURN_IF_ERROR(fresh->AddScaled(*session->grad_, 1.0f));
     snapshot.grad = std::move(fresh);
   }
   return snapshot;
+}
+
+absl::StatusOr<GradSnapshot>
+Session::RepeatedResetLocked(const std::string &request_id) const {
+  if (request_id == last_reset_request_id_ && last_reset_grad_ != nullptr) {
+    return GradSnapshot{last_reset_grad_, last_reset_contributions_, true};
+  }
+  if (std::find(reset_ids_.begin(), reset_ids_.end(), request_id) !=
+      reset_ids_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("reset request id \"", request_id,
+                     "\" was already applied and its gradient is gone (a later "
+                     "reset or ZeroGrad replaced it); "
+                     "it is not reset again"));
+  }
+  return GradSnapshot{}; // not seen: reset
 }
 
 absl::Status SessionStore::Zero(const std::string& tenant, const std::string& head_id,
@@ -261,6 +293,7 @@ absl::Status SessionStore::Zero(const std::string& tenant, const std::string& he
   session->last_used_ = absl::Now();
   FLCE_RETURN_IF_ERROR(session->grad_->Zero());
   session->contributions_ = 0;
+  session->last_reset_grad_ = nullptr; // a retry of that reset is now refused
   return absl::OkStatus();
 }
 
@@ -279,6 +312,7 @@ absl::Status SessionStore::Delete(const std::string& tenant, const std::string& 
   absl::MutexLock lock(&session->mu_);
   session->deleted_ = true;
   session->staged_.clear();
+  session->last_reset_grad_ = nullptr;
   return absl::OkStatus();
 }
 
@@ -341,7 +375,10 @@ std::vector<SessionSummary> SessionStore::Summaries(
     s.pending = session->in_flight_ + static_cast<int64_t>(session->staged_.size());
     s.tokens = session->tokens_;
     s.idle_seconds = absl::ToDoubleSeconds(now - session->last_used_);
-    s.grad_bytes = session->grad_->bytes();
+    s.grad_bytes =
+        session->grad_->bytes() + (session->last_reset_grad_ != nullptr
+                                       ? session->last_reset_grad_->bytes()
+                                       : 0);
     out.push_back(std::move(s));
   }
   return out;

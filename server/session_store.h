@@ -55,6 +55,8 @@ class OutcomeLog {
   std::deque<std::string> order_;  // insertion order, for eviction
 };
 
+struct GradSnapshot;
+
 class Session {
  public:
   Session(std::string tenant, std::string head_id, std::string session_id, HeadSpec spec,
@@ -66,6 +68,14 @@ class Session {
 
  private:
   friend class SessionStore;
+
+  // The earlier outcome of a FetchGrad-with-reset retry: the saved gradient
+  // (replayed), FAILED_PRECONDITION for an older reset whose gradient is gone,
+  // or an empty snapshot when the id was never used for a reset.
+  absl::StatusOr<GradSnapshot>
+  RepeatedResetLocked(const std::string &request_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr size_t kResetIdsKept = 1024;
 
   const std::string tenant_;
   const std::string head_id_;
@@ -81,10 +91,14 @@ class Session {
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
   bool deleted_ ABSL_GUARDED_BY(mu_) = false;
   // The buffer swapped out by the last FetchGrad with reset, so that a retry
-  // with the same request id gets the same gradient again.
+  // with the same request id gets the same gradient again. Only the last one
+  // is kept (a V x H fp32 buffer, counted in grad_bytes; freed by ZeroGrad);
+  // the ids of older resets are remembered, bounded, so that their retries
+  // are refused instead of resetting a second time.
   std::string last_reset_request_id_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const GradBuffer> last_reset_grad_ ABSL_GUARDED_BY(mu_);
   int64_t last_reset_contributions_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::string> reset_ids_ ABSL_GUARDED_BY(mu_); // oldest first
 };
 
 struct SessionLimits {

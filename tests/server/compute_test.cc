@@ -251,6 +251,93 @@ TEST_F(ComputeTest, RepeatedFetchWithResetReturnsTheSameGradient) {
   for (float g : next.weight) ASSERT_EQ(g, 0.0f);
 }
 
+v1::SessionInfo SessionNamed(v1::Flce::Stub &stub,
+                             const std::string &session_id) {
+  grpc::ClientContext context;
+  v1::ListSessionsResponse sessions;
+  EXPECT_TRUE(
+      stub.ListSessions(&context, v1::ListSessionsRequest(), &sessions).ok());
+  for (const v1::SessionInfo &s : sessions.sessions()) {
+    if (s.session_id() == session_id)
+      return s;
+  }
+  ADD_FAILURE() << "no session " << session_id;
+  return {};
+}
+
+TEST_F(ComputeTest, RetryOfAnOlderResetIsRefusedNotResetAgain) {
+  StartServer(TestConfig());
+  Problem problem = MakeProblem(SmallSpec());
+  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r1"), problem)
+                  .status.ok());
+  ASSERT_TRUE(FetchGrad(stub(), "h", "s", true, "f1").status.ok());
+  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r2"), problem)
+                  .status.ok());
+  ASSERT_TRUE(FetchGrad(stub(), "h", "s", true, "f2").status.ok());
+  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r3"), problem)
+                  .status.ok());
+  // f1's gradient is gone (f2 replaced it): its retry must not reset r3's.
+  FetchedGrad old = FetchGrad(stub(), "h", "s", true, "f1");
+  EXPECT_EQ(old.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(old.status.error_message(), HasSubstr("f1"));
+  FetchedGrad now = FetchGrad(stub(), "h", "s");
+  EXPECT_EQ(now.header.contributions(), 1);
+  // The latest reset is still replayed.
+  FetchedGrad latest = FetchGrad(stub(), "h", "s", true, "f2");
+  ASSERT_TRUE(latest.status.ok());
+  EXPECT_TRUE(latest.header.replayed());
+}
+
+TEST_F(ComputeTest, ConcurrentRetriesOfOneResetResetOnce) {
+  StartServer(TestConfig());
+  Problem problem = MakeProblem(SmallSpec());
+  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  for (int round = 0; round < 5; ++round) {
+    const std::string id = absl::StrCat("f", round);
+    ASSERT_TRUE(Compute(stub(),
+                        MakeHeader(problem, "h", "s", absl::StrCat("r", round)),
+                        problem)
+                    .status.ok());
+    std::vector<FetchedGrad> got(4);
+    std::vector<std::thread> threads;
+    for (auto &g : got)
+      threads.emplace_back(
+          [&, id] { g = FetchGrad(stub(), "h", "s", true, id); });
+    for (auto &t : threads)
+      t.join();
+    int fresh = 0;
+    for (const FetchedGrad &g : got) {
+      ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+      EXPECT_EQ(g.header.contributions(), 1);
+      EXPECT_EQ(g.weight, got[0].weight);
+      fresh += g.header.replayed() ? 0 : 1;
+    }
+    EXPECT_EQ(fresh, 1);
+  }
+}
+
+TEST_F(ComputeTest, SavedResetGradientIsCountedAndFreedByZeroGrad) {
+  StartServer(TestConfig());
+  Problem problem = MakeProblem(SmallSpec());
+  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r1"), problem)
+                  .status.ok());
+  const int64_t one = SessionNamed(stub(), "s").grad_bytes();
+  ASSERT_TRUE(FetchGrad(stub(), "h", "s", true, "f1").status.ok());
+  EXPECT_EQ(SessionNamed(stub(), "s").grad_bytes(), 2 * one);
+  grpc::ClientContext context;
+  v1::ZeroGradRequest zero;
+  zero.set_head_id("h");
+  zero.set_session_id("s");
+  v1::ZeroGradResponse zeroed;
+  ASSERT_TRUE(stub().ZeroGrad(&context, zero, &zeroed).ok());
+  EXPECT_EQ(SessionNamed(stub(), "s").grad_bytes(), one);
+  // Its gradient is gone: the retry is refused rather than resetting again.
+  EXPECT_EQ(FetchGrad(stub(), "h", "s", true, "f1").status.error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
 TEST_F(ComputeTest, ZeroGradClearsTheAccumulator) {
   StartServer(TestConfig());
   Problem problem = MakeProblem(SmallSpec());
