@@ -18,6 +18,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/flce_server.h"
@@ -44,8 +46,9 @@ ABSL_FLAG(std::string, head_id, "demo", "id of the preloaded head (or of the dem
 ABSL_FLAG(bool, demo_head, true, "serve the embedded demo head when no --head-file is given");
 ABSL_FLAG(int, drain_seconds, 30, "on SIGTERM, how long calls in flight may take to finish");
 ABSL_FLAG(int, threads, 0, "CPU engine threads (0 = all cores)");
-ABSL_FLAG(int64_t, max_concurrent_streams, 0,
-          "most flce.v1 calls in progress at once, all clients together (0 = no limit)");
+ABSL_FLAG(int64_t, max_concurrent_streams, 64,
+          "most flce.v1 calls in progress at once, all clients together (0 = "
+          "no limit)");
 ABSL_FLAG(int64_t, max_heads, 0, "most resident heads, all tenants together (0 = no limit)");
 ABSL_FLAG(int64_t, max_head_bytes, 0,
           "most resident head bytes (weights + biases), all tenants together (0 = no limit)");
@@ -91,6 +94,14 @@ std::vector<std::string> DashesToUnderscores(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("flce-server: fused linear + cross-entropy LM-head service");
+  // absl lists, for --help, only flags defined in a file named after the
+  // binary (flce-server.cc); the flags live here, in main.cc.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   std::vector<std::string> args = DashesToUnderscores(argc, argv);
   std::vector<char*> arg_ptrs;
   for (std::string& arg : args) arg_ptrs.push_back(arg.data());

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -194,6 +195,25 @@ Problem DemoSizedProblem() {
   ps.head_dtype = DType::kBF16;
   ps.hidden_dtype = DType::kBF16;
   return MakeProblem(ps);
+}
+
+// absl lists only flags of a file named after the binary unless told which
+// file holds them; without that, --help printed "No flags matched".
+TEST(BinaryTest, HelpListsTheServersFlags) {
+  std::string command = absl::StrCat(ServerBinary(), " --help 2>&1");
+  FILE *pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;)
+    text.append(buf, n);
+  pclose(pipe);
+  EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("No flags matched")));
+  for (const char *flag :
+       {"--port", "--host", "--workspace_mb", "--threads", "--demo_head",
+        "--cuda_plugin", "--max_concurrent_streams", "--max_head_bytes"}) {
+    EXPECT_THAT(text, ::testing::HasSubstr(flag)) << text;
+  }
 }
 
 TEST(BinaryTest, SigtermDrainsTheCallInFlightAndExitsZero) {
