@@ -198,9 +198,13 @@ absl::Status ComputeJob::Complete() {
   FLCE_RETURN_IF_ERROR(rows_->CheckComplete());
   FLCE_ASSIGN_OR_RETURN(ComputeResult result, call_->Finish());
   call_.reset();
-  // A client that left before the end gets nothing committed (a cancel that
-  // lands after this point is covered by idempotent retries).
-  FLCE_RETURN_IF_ERROR(channel_->CheckAlive());
+  // Everything but the summary goes out first; the contribution lands only
+  // once it has and the client is still there, and the summary is the very
+  // last step. A client that fails before the commit leaves nothing behind
+  // (no staged contribution holding a --max-pending slot); one that loses
+  // only the summary retries with the same request id (docs/API.md).
+  SendTokenOutputs(result);
+  FLCE_RETURN_IF_ERROR(channel_->WaitForSent());
   if (slot_held_) {
     // CompleteContribution releases the slot whatever it returns.
     slot_held_ = false;
@@ -212,7 +216,6 @@ absl::Status ComputeJob::Complete() {
     ctx_.metrics->RecordCompute(head_.head_id, result.strategy_used, spec_.num_tokens,
                                 result.engine_ms / 1000.0);
   }
-  SendTokenOutputs(result);
 
   auto response = std::make_unique<v1::ComputeResponse>();
   v1::ComputeSummary* summary = response->mutable_summary();

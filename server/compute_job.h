@@ -37,6 +37,9 @@ class ComputeChannel {
   virtual absl::Status WaitForRoom() = 0;
   // CANCELLED or DEADLINE_EXCEEDED once the call is gone, else OK.
   virtual absl::Status CheckAlive() = 0;
+  // Blocks until every queued response has been written (or the call is
+  // gone); then as CheckAlive.
+  virtual absl::Status WaitForSent() = 0;
 };
 
 class ComputeJob {

@@ -133,7 +133,20 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
 
   absl::Status CheckAlive() override {
     absl::MutexLock lock(&mu_);
-    return cancelled_ ? GoneStatus() : absl::OkStatus();
+    // The deadline counts even before gRPC's cancellation reaches us.
+    return cancelled_ || absl::Now() >= deadline_ ? GoneStatus()
+                                                  : absl::OkStatus();
+  }
+
+  absl::Status WaitForSent() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](ComputeStream *s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+          return s->cancelled_ || s->out_.empty();
+        },
+        this));
+    return cancelled_ || absl::Now() >= deadline_ ? GoneStatus()
+                                                  : absl::OkStatus();
   }
 
   absl::Status WaitForRoom() override {

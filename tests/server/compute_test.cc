@@ -338,6 +338,59 @@ TEST_F(ComputeTest, SavedResetGradientIsCountedAndFreedByZeroGrad) {
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// A client that never reads its grad_input and whose deadline passes while
+// the server is still writing it: the contribution must not land (it used
+// to be committed, or staged and holding a --max-pending slot, before the
+// outputs were written).
+void RunCallThatNeverReads(v1::Flce::Stub &stub, const Problem &problem,
+                           const v1::ComputeHeader &header) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(1500));
+  auto stream = stub.Compute(&context);
+  ASSERT_TRUE(stream->Write(HeaderMessage(header)));
+  const int64_t row_bytes = static_cast<int64_t>(problem.hidden_bytes.size()) /
+                            problem.spec.num_tokens;
+  const int64_t rows = 2048;
+  for (int64_t t = 0; t < problem.spec.num_tokens; t += rows) {
+    if (!stream->Write(HiddenMessage(
+            t, problem.hidden_bytes.substr(t * row_bytes, rows * row_bytes)))) {
+      break;
+    }
+  }
+  stream->WritesDone();
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(2000)); // past the deadline, unread
+  grpc::Status status = stream->Finish();
+  EXPECT_FALSE(status.ok());
+}
+
+TEST_F(ComputeTest,
+       ClientGoneBeforeItsOutputsAreWrittenCommitsAndStagesNothing) {
+  StartServer(TestConfig());
+  ProblemSpec ps = SmallSpec();
+  ps.vocab_size = 97;
+  ps.hidden_size = 512;
+  ps.num_tokens =
+      16384; // 32 MiB of fp32 grad_input: more than the transport buffers
+  Problem problem = MakeProblem(ps);
+  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  RunCallThatNeverReads(stub(), problem,
+                        MakeHeader(problem, "h", "s", "gone-1"));
+  v1::ComputeHeader deferred = MakeHeader(problem, "h", "s", "gone-2");
+  deferred.set_commit(v1::COMMIT_DEFERRED);
+  RunCallThatNeverReads(stub(), problem, deferred);
+  for (int i = 0; i < 200 && SessionNamed(stub(), "s").pending() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(SessionNamed(stub(), "s").pending(), 0);
+  FetchedGrad grad = FetchGrad(stub(), "h", "s");
+  ASSERT_TRUE(grad.status.ok());
+  EXPECT_EQ(grad.header.contributions(), 0);
+  for (float g : grad.weight)
+    ASSERT_EQ(g, 0.0f);
+}
+
 TEST_F(ComputeTest, ZeroGradClearsTheAccumulator) {
   StartServer(TestConfig());
   Problem problem = MakeProblem(SmallSpec());
