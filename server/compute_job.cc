@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/status_macros.h"
+#include "server/request_fingerprint.h"
 
 namespace flce::server {
 namespace {
@@ -115,7 +116,9 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   if (!forward_only_) {
     FLCE_ASSIGN_OR_RETURN(
         session_, ctx_.sessions->GetOrCreate(who_.tenant, head_.head_id, session_id_, head_spec));
-    FLCE_ASSIGN_OR_RETURN(begin_, ctx_.sessions->BeginContribution(*session_, request_id_));
+    FLCE_ASSIGN_OR_RETURN(
+        begin_, ctx_.sessions->BeginContribution(*session_, request_id_,
+                                                 ComputeFingerprint(header)));
     if (!begin_.replay) {
       slot_held_ = true;
       FLCE_ASSIGN_OR_RETURN(staging_, ctx_.engine->NewGradBuffer(head_spec));

@@ -13,6 +13,13 @@ std::string Describe(const std::string& head_id, const std::string& session_id) 
   return absl::StrCat("session \"", session_id, "\" of head \"", head_id, "\"");
 }
 
+// The request's outcome moved to `state`, its fingerprint kept.
+Outcome WithState(const OutcomeLog &log, const std::string &request_id,
+                  ContributionState state, float scale) {
+  const Outcome *first = log.Find(request_id);
+  return Outcome{state, scale, first != nullptr ? first->fingerprint : 0};
+}
+
 }  // namespace
 
 const Outcome* OutcomeLog::Find(const std::string& request_id) const {
@@ -111,8 +118,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionStore::Find(const std::string& t
   return it->second;
 }
 
-absl::StatusOr<BeginResult> SessionStore::BeginContribution(Session& session,
-                                                            const std::string& request_id) {
+absl::StatusOr<BeginResult>
+SessionStore::BeginContribution(Session &session, const std::string &request_id,
+                                uint64_t fingerprint) {
   absl::MutexLock lock(&session.mu_);
   if (session.deleted_) {
     return absl::AbortedError(
@@ -126,6 +134,14 @@ absl::StatusOr<BeginResult> SessionStore::BeginContribution(Session& session,
                                              "\" is still in flight in ",
                                              Describe(session.head_id_, session.session_id_)));
     }
+    if (first->fingerprint != fingerprint) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request id \"", request_id,
+          "\" was used for a different request (other targets, weights or "
+          "options) in ",
+          Describe(session.head_id_, session.session_id_),
+          ": choose a new request id for new data"));
+    }
     result.replay = true;
     result.first = *first;
     return result;
@@ -138,7 +154,8 @@ absl::StatusOr<BeginResult> SessionStore::BeginContribution(Session& session,
         limits_.max_pending));
   }
   ++session.in_flight_;
-  session.outcomes_.Set(request_id, Outcome{ContributionState::kInFlight, 0.0f});
+  session.outcomes_.Set(
+      request_id, Outcome{ContributionState::kInFlight, 0.0f, fingerprint});
   return result;
 }
 
@@ -154,7 +171,9 @@ absl::Status SessionStore::CompleteContribution(Session& session, const std::str
   }
   if (deferred) {
     session.staged_[request_id] = std::move(staging);
-    session.outcomes_.Set(request_id, Outcome{ContributionState::kStaged, 0.0f});
+    session.outcomes_.Set(request_id,
+                          WithState(session.outcomes_, request_id,
+                                    ContributionState::kStaged, 0.0f));
   } else {
     absl::Status added = session.grad_->AddScaled(*staging, 1.0f);
     if (!added.ok()) {
@@ -162,7 +181,9 @@ absl::Status SessionStore::CompleteContribution(Session& session, const std::str
       return added;
     }
     ++session.contributions_;
-    session.outcomes_.Set(request_id, Outcome{ContributionState::kCommitted, 1.0f});
+    session.outcomes_.Set(request_id,
+                          WithState(session.outcomes_, request_id,
+                                    ContributionState::kCommitted, 1.0f));
   }
   session.tokens_ += tokens;
   return absl::OkStatus();
@@ -218,7 +239,8 @@ absl::StatusOr<CommitResult> SessionStore::Commit(const std::string& tenant,
     result.scale = scale;
   }
   session->staged_.erase(staged);
-  session->outcomes_.Set(request_id, Outcome{result.state, result.scale});
+  session->outcomes_.Set(request_id, WithState(session->outcomes_, request_id,
+                                               result.state, result.scale));
   return result;
 }
 

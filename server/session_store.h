@@ -37,6 +37,9 @@ enum class ContributionState { kInFlight, kStaged, kCommitted, kDiscarded };
 struct Outcome {
   ContributionState state = ContributionState::kInFlight;
   float scale = 0.0f;  // applied scale once committed
+  // What the call was (ComputeFingerprint): a reused request id with other
+  // data is refused rather than "replayed".
+  uint64_t fingerprint = 0;
 };
 
 // Remembers what happened to each request id of a session, oldest finished
@@ -154,7 +157,11 @@ class SessionStore {
   // Takes a pending slot for request_id (RESOURCE_EXHAUSTED naming
   // --max-pending when none is left; ABORTED if the same id is still in
   // flight), or says the request id completed before.
-  absl::StatusOr<BeginResult> BeginContribution(Session& session, const std::string& request_id);
+  // INVALID_ARGUMENT when request_id was used for a call with another
+  // fingerprint.
+  absl::StatusOr<BeginResult> BeginContribution(Session &session,
+                                                const std::string &request_id,
+                                                uint64_t fingerprint = 0);
   // The call finished: add `staging` to the accumulator now, or keep it
   // staged for Commit. Either way the slot is released or kept staged.
   absl::Status CompleteContribution(Session& session, const std::string& request_id,

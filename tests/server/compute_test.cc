@@ -391,6 +391,34 @@ TEST_F(ComputeTest,
     ASSERT_EQ(g, 0.0f);
 }
 
+TEST_F(ComputeTest, ReusedRequestIdWithOtherDataIsRefused) {
+  StartServer(TestConfig());
+  Problem problem = MakeProblem(SmallSpec());
+  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  v1::ComputeHeader header = MakeHeader(problem, "h", "s", "r1");
+  ASSERT_TRUE(Compute(stub(), header, problem).status.ok());
+  // Same call, other strategy and outputs: a replay.
+  v1::ComputeHeader retry = header;
+  retry.set_strategy(v1::STRATEGY_CHUNKED);
+  retry.mutable_outputs()->set_per_token_loss(true);
+  ComputeOutcome replay = Compute(stub(), retry, problem);
+  ASSERT_TRUE(replay.status.ok());
+  EXPECT_TRUE(replay.summary.replayed());
+  // Other targets under the same id: refused, not "replayed".
+  std::string targets = header.targets();
+  int32_t first = 0;
+  std::memcpy(&first, targets.data(), 4);
+  first = first == 0 ? 1 : 0;
+  std::memcpy(targets.data(), &first, 4);
+  v1::ComputeHeader changed = header;
+  changed.set_targets(targets);
+  ComputeOutcome refused = Compute(stub(), changed, problem);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.status.error_message(),
+              HasSubstr("request id \"r1\" was used for a different request"));
+  EXPECT_EQ(FetchGrad(stub(), "h", "s").header.contributions(), 1);
+}
+
 TEST_F(ComputeTest, ZeroGradClearsTheAccumulator) {
   StartServer(TestConfig());
   Problem problem = MakeProblem(SmallSpec());

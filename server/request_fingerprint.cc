@@ -1,0 +1,41 @@
+#include "server/request_fingerprint.h"
+
+#include <string>
+
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+
+namespace flce::server {
+namespace {
+
+// FNV-1a: stable across runs and builds, unlike std::hash.
+uint64_t Fnv1a(const std::string &bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+} // namespace
+
+uint64_t ComputeFingerprint(const v1::ComputeHeader &header) {
+  v1::ComputeHeader defining = header;
+  defining.clear_request_id();
+  defining.clear_strategy();
+  defining.clear_chunk_tokens();
+  defining.clear_deterministic();
+  defining.clear_outputs();
+  defining.clear_expected_head_version();
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    defining.SerializeToCodedStream(&coded);
+  }
+  return Fnv1a(bytes);
+}
+
+} // namespace flce::server
