@@ -170,14 +170,16 @@ grpc::ServerUnaryReactor* FlceService::Commit(grpc::CallbackServerContext* call,
         FLCE_RETURN_IF_ERROR(ValidateId(request->head_id(), "head_id"));
         FLCE_RETURN_IF_ERROR(ValidateId(request->session_id(), "session_id"));
         FLCE_RETURN_IF_ERROR(ValidateId(request->request_id(), "request_id"));
-        if (!std::isfinite(request->scale())) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("scale = ", request->scale(), " is not finite"));
+        // Unset is 1, not proto3's 0: a client that leaves it out must not
+        // commit its contribution times zero.
+        const float scale = request->has_scale() ? request->scale() : 1.0f;
+        if (!std::isfinite(scale)) {
+          return absl::InvalidArgumentError(absl::StrCat("scale = ", scale, " is not finite"));
         }
         FLCE_ASSIGN_OR_RETURN(
             CommitResult result,
             ctx_.sessions->Commit(who.tenant, request->head_id(), request->session_id(),
-                                  request->request_id(), request->scale(), request->discard()));
+                                  request->request_id(), scale, request->discard()));
         response->set_state(ToProto(result.state));
         response->set_replayed(result.replayed);
         response->set_scale(result.scale);

@@ -28,6 +28,7 @@ uint64_t ComputeFingerprint(const v1::ComputeHeader &header) {
   defining.clear_deterministic();
   defining.clear_outputs();
   defining.clear_expected_head_version();
+  defining.clear_hidden_size();  // checked against the head; optional
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream out(&bytes);

@@ -102,6 +102,12 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
                      " exceeds --max-request-tokens=", limits.max_request_tokens));
   }
   spec.num_tokens = header.num_tokens();
+  // Without it, hidden of the wrong width only shows as rows that never add up.
+  if (header.hidden_size() != 0 && header.hidden_size() != head.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden_size = ", header.hidden_size(),
+                                                   " but the head's hidden_size is ",
+                                                   head.hidden_size));
+  }
   auto dtype = DTypeFromProto(header.hidden_dtype(), "hidden_dtype");
   if (!dtype.ok()) return dtype.status();
   spec.hidden_dtype = *dtype;

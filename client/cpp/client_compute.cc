@@ -92,6 +92,8 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   if (header->request_id().empty()) header->set_request_id(NewRequestId());
   outcome.request_id = header->request_id();
   header->set_num_tokens(tokens);
+  // Lets the server name a width mismatch instead of counting missing rows.
+  header->set_hidden_size(row_bytes / elem);
   // The wire's int32 bytes are little-endian, as is every host flce runs on.
   header->set_targets(reinterpret_cast<const char*>(args.targets.data()), tokens * 4);
 

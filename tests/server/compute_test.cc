@@ -20,6 +20,7 @@ using ::flce::test::MakeProblem;
 using ::flce::test::MakeReferenceInput;
 using ::flce::test::ReferenceOutput;
 using ::flce::test::RelativeError;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr double kTol = 1e-5;  // MATH.md: CPU engine, fp32 inputs
@@ -417,6 +418,41 @@ TEST_F(ComputeTest, ReusedRequestIdWithOtherDataIsRefused) {
   EXPECT_THAT(refused.status.error_message(),
               HasSubstr("request id \"r1\" was used for a different request"));
   EXPECT_EQ(FetchGrad(stub(), "h", "s").header.contributions(), 1);
+}
+
+TEST_F(ComputeTest, HiddenSizeOtherThanTheHeadsIsNamed) {
+  StartServer(TestConfig());
+  Problem problem = MakeProblem(SmallSpec());
+  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  v1::ComputeHeader header = MakeHeader(problem, "h", "s", "w1");
+  header.set_hidden_size(problem.spec.hidden_size + 1);
+  ComputeOutcome outcome = Compute(stub(), header, problem);
+  EXPECT_EQ(outcome.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(outcome.status.error_message(),
+              AllOf(HasSubstr(absl::StrCat("hidden_size = ", problem.spec.hidden_size + 1)),
+                    HasSubstr(absl::StrCat("head's hidden_size is ", problem.spec.hidden_size))));
+  header.set_hidden_size(problem.spec.hidden_size);
+  EXPECT_TRUE(Compute(stub(), header, problem).status.ok());
+}
+
+TEST_F(ComputeTest, CommitWithoutAScaleAppliesOne) {
+  StartServer(TestConfig());
+  Problem problem = MakeProblem(SmallSpec());
+  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  ReferenceOutput ref = Reference(problem);
+  v1::ComputeHeader header = MakeHeader(problem, "h", "s", "d1");
+  header.set_commit(v1::COMMIT_DEFERRED);
+  ASSERT_TRUE(Compute(stub(), header, problem).status.ok());
+  grpc::ClientContext context;
+  v1::CommitRequest request;  // no scale
+  request.set_head_id("h");
+  request.set_session_id("s");
+  request.set_request_id("d1");
+  v1::CommitResponse response;
+  ASSERT_TRUE(stub().Commit(&context, request, &response).ok());
+  EXPECT_EQ(response.scale(), 1.0f);
+  FetchedGrad grad = FetchGrad(stub(), "h", "s");
+  EXPECT_LE(RelativeError(Doubles(grad.weight), ref.grad_weight), kTol);
 }
 
 TEST_F(ComputeTest, ZeroGradClearsTheAccumulator) {
