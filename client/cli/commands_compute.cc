@@ -5,9 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/cli/cli_main.h"
 #include "client/cli/command.h"
 #include "client/cli/json_views.h"
 #include "client/cli/tensor_files.h"
+#include "client/cpp/request_id.h"
 #include "client/cpp/wire_dtype.h"
 #include "kernels/status_macros.h"
 
@@ -98,7 +100,12 @@ absl::StatusOr<CommandResult> RunCompute(const FlagSet& flags, CliEnv& env) {
 
   ComputeArgs args;
   v1::ComputeHeader& header = args.header;
-  header.set_request_id(flags.str("request-id"));
+  // Chosen here, not by the client library, so that a failed call's error
+  // names it: a retry with the same id is answered without applying twice.
+  header.set_request_id(flags.has("request-id") &&
+                                !flags.str("request-id").empty()
+                            ? flags.str("request-id")
+                            : NewRequestId());
   header.set_head_id(flags.str("head"));
   header.set_session_id(flags.str("session"));
   if (flags.has("expected-version")) {
@@ -140,7 +147,13 @@ absl::StatusOr<CommandResult> RunCompute(const FlagSet& flags, CliEnv& env) {
   args.chunk_bytes = static_cast<int64_t>(chunk_mb * (1 << 20));
 
   FLCE_ASSIGN_OR_RETURN(Client * client, env.client());
-  FLCE_ASSIGN_OR_RETURN(ComputeOutcome outcome, client->Compute(args));
+  absl::StatusOr<ComputeOutcome> computed = client->Compute(args);
+  if (!computed.ok()) {
+    nlohmann::json error = ErrorJson(computed.status());
+    error["error"]["request_id"] = header.request_id();
+    return CommandResult{std::move(error), kExitFailed};
+  }
+  ComputeOutcome &outcome = *computed;
 
   nlohmann::json json = SummaryJson(outcome.summary, flags.flag("accuracy"));
   json["request_id"] = outcome.request_id;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <sstream>
 #include <utility>
 
@@ -97,9 +98,25 @@ void Client::Prepare(grpc::ClientContext& context) const {
   }
 }
 
-int64_t Client::ChunkBytes(int64_t requested) const {
+int64_t Client::ChunkBytes(int64_t requested) {
   const int64_t want = requested > 0 ? requested : options_.chunk_bytes;
-  return std::max<int64_t>(1, std::min(want, options_.max_message_bytes - kMessageOverhead));
+  return std::max<int64_t>(1,
+                           std::min(want, MessageLimit() - kMessageOverhead));
+}
+
+int64_t Client::MessageLimit() {
+  // A server with a smaller --max-message-mb would refuse our chunks with
+  // gRPC's own message; asked once, and a server that cannot say (an older
+  // one, or a failure) leaves our own limit.
+  std::lock_guard<std::mutex> lock(limit_mu_);
+  if (message_limit_ == 0) {
+    message_limit_ = options_.max_message_bytes;
+    absl::StatusOr<v1::ServerInfo> info = GetServerInfo();
+    if (info.ok() && info->max_message_bytes() > kMessageOverhead) {
+      message_limit_ = std::min(message_limit_, info->max_message_bytes());
+    }
+  }
+  return message_limit_;
 }
 
 absl::StatusOr<v1::HeadInfo> Client::LoadHeadFromFile(const v1::LoadHeadFromFileRequest& request) {

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -125,12 +126,17 @@ class Client {
   // Sets the call's deadline from options_.timeout.
   void Prepare(grpc::ClientContext& context) const;
   // The payload bytes one message may carry: chunk_bytes (or `requested`),
-  // capped to leave room for the message's other fields.
-  int64_t ChunkBytes(int64_t requested) const;
+  // capped to MessageLimit() less room for the message's other fields.
+  int64_t ChunkBytes(int64_t requested);
+  // min(options' max_message_bytes, the server's), the server's fetched once
+  // (GetServerInfo) on first use.
+  int64_t MessageLimit();
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Flce::Stub> stub_;
   ClientOptions options_;
+  std::mutex limit_mu_;
+  int64_t message_limit_ = 0; // 0 = not asked yet
 };
 
 }  // namespace flce

@@ -34,6 +34,8 @@ absl::StatusOr<v1::HeadInfo> Client::UploadHead(const HeadUpload& upload,
                                                    upload.vocab_size * elem));
   }
 
+  // Before the stream opens: it may ask the server for its message limit.
+  const int64_t chunk = ChunkBytes(0);
   grpc::ClientContext context;
   Prepare(context);
   v1::HeadInfo info;
@@ -50,7 +52,6 @@ absl::StatusOr<v1::HeadInfo> Client::UploadHead(const HeadUpload& upload,
   bool open = writer->Write(request);
 
   const int64_t total = weight_bytes + static_cast<int64_t>(upload.bias.size());
-  const int64_t chunk = ChunkBytes(0);
   int64_t sent = 0;
   auto send_tensor = [&](v1::TensorRole role, absl::string_view bytes) {
     for (int64_t offset = 0; open && offset < static_cast<int64_t>(bytes.size());) {

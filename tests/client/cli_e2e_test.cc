@@ -233,6 +233,9 @@ TEST_F(CliEndToEndTest, ReadmeCommandsMatchTheFloat64Reference) {
   ASSERT_TRUE(rejected.json.contains("error")) << Describe(rejected);
   EXPECT_EQ(rejected.json["error"]["code"], "INVALID_ARGUMENT") << Describe(rejected);
   EXPECT_FALSE(rejected.json["error"]["message"].get<std::string>().empty());
+  // The id it was sent under, so that a retry cannot apply twice.
+  EXPECT_EQ(rejected.json["error"]["request_id"].get<std::string>().size(), 32u)
+      << Describe(rejected);
   grad = Ok({"fetch-grad", "--head", "h1", "--session", "s1", "--out", gw});
   EXPECT_EQ(grad["contributions"], 0);
   for (double value : ReadFloats(gw)) ASSERT_EQ(value, 0.0);

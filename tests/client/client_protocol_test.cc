@@ -27,6 +27,19 @@ class FakeFlce final : public v1::Flce::Service {
   v1::ComputeHeader last_header;
   std::vector<int64_t> hidden_offsets;
   std::vector<v1::UploadHeadRequest> uploads;
+  int64_t max_message_bytes = 0; // GetServerInfo's; 0 = UNIMPLEMENTED
+  int server_info_calls = 0;
+
+  grpc::Status GetServerInfo(grpc::ServerContext *,
+                             const v1::ServerInfoRequest *,
+                             v1::ServerInfo *info) override {
+    std::lock_guard<std::mutex> lock(mu);
+    ++server_info_calls;
+    if (max_message_bytes == 0)
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+    info->set_max_message_bytes(max_message_bytes);
+    return grpc::Status::OK;
+  }
 
   grpc::Status Compute(
       grpc::ServerContext*,
@@ -209,6 +222,23 @@ TEST_F(ClientProtocolTest, ComputePlacesChunksByOffsetAndChunksHidden) {
   EXPECT_EQ(fake_.last_header.targets().size(), 37u * 4);
   EXPECT_EQ(fake_.last_header.request_id().size(), 32u);
   EXPECT_EQ(out->request_id, fake_.last_header.request_id());
+}
+
+TEST_F(ClientProtocolTest, ComputeSendsHiddenSize) {
+  ASSERT_TRUE(client_->Compute(Args(/*tokens=*/5, /*hidden_size=*/24)).ok());
+  EXPECT_EQ(fake_.last_header.hidden_size(), 24);
+}
+
+// A server whose --max-message-mb is below the client's chunk size would
+// refuse the chunks with gRPC's own message: the client cuts to fit it.
+TEST_F(ClientProtocolTest, ChunksFitTheServersMessageLimitAskedOnce) {
+  fake_.max_message_bytes =
+      (64 << 10) + 500; // 500 payload bytes after the overhead
+  ComputeArgs args = Args(/*tokens=*/37, /*hidden_size=*/24); // 48-byte rows
+  ASSERT_TRUE(client_->Compute(args).ok());
+  EXPECT_EQ(fake_.hidden_offsets, (std::vector<int64_t>{0, 10, 20, 30}));
+  ASSERT_TRUE(client_->Compute(args).ok());
+  EXPECT_EQ(fake_.server_info_calls, 1);
 }
 
 TEST_F(ClientProtocolTest, ComputeKeepsTheCallersRequestIdAndMakesFreshOnes) {
