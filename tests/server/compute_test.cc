@@ -662,15 +662,50 @@ TEST_F(ComputeTest, ClientThatDoesNotReadStallsTheUploadInsteadOfFillingMemory) 
   EXPECT_EQ(rows, ps.num_tokens);
 }
 
+void ExpectGradUnchanged(v1::Flce::Stub &stub, const std::string &session_id,
+                         const FetchedGrad &before) {
+  ASSERT_TRUE(before.status.ok());
+  FetchedGrad after = FetchGrad(stub, "h", session_id);
+  ASSERT_TRUE(after.status.ok());
+  EXPECT_EQ(after.header.contributions(), before.header.contributions());
+  EXPECT_EQ(after.weight, before.weight);
+}
+
+TEST_F(ComputeTest, WorkspaceTooSmallNamesTheFlagAndChangesNothing) {
+  ServerConfig config = TestConfig();
+  config.workspace_bytes = 1024; // not even one token of a V=211 head
+  StartServer(config);
+  Problem problem = MakeProblem(SmallSpec());
+  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  ComputeOutcome out =
+      Compute(stub(), MakeHeader(problem, "h", "s", "w"), problem);
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(out.status.error_message(), HasSubstr("--workspace-mb"));
+  FetchedGrad grad = FetchGrad(stub(), "h", "s");
+  if (grad.status.ok()) {
+    EXPECT_EQ(grad.header.contributions(), 0);
+    for (float g : grad.weight)
+      ASSERT_EQ(g, 0.0f);
+  }
+}
+
 TEST_F(ComputeTest, MaxRequestTokensIsEnforced) {
   ServerConfig config = TestConfig();
   config.max_request_tokens = 32;
   StartServer(config);
   Problem problem = MakeProblem(SmallSpec());  // 40 tokens
   ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  ProblemSpec small_spec = SmallSpec();
+  small_spec.num_tokens = 8;
+  Problem small = MakeProblem(small_spec);
+  ASSERT_TRUE(UploadHead(stub(), "h", small).ok());
+  ASSERT_TRUE(
+      Compute(stub(), MakeHeader(small, "h", "s", "seed"), small).status.ok());
+  FetchedGrad before = FetchGrad(stub(), "h", "s");
   ComputeOutcome out = Compute(stub(), MakeHeader(problem, "h", "s", "big"), problem);
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(out.status.error_message(), HasSubstr("--max-request-tokens=32"));
+  ExpectGradUnchanged(stub(), "s", before);
 }
 
 TEST_F(ComputeTest, MaxSessionsIsEnforced) {
@@ -681,9 +716,13 @@ TEST_F(ComputeTest, MaxSessionsIsEnforced) {
   ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
   ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "a", "1"), problem).status.ok());
   ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "b", "2"), problem).status.ok());
+  FetchedGrad before = FetchGrad(stub(), "h", "a");
   ComputeOutcome third = Compute(stub(), MakeHeader(problem, "h", "c", "3"), problem);
   EXPECT_EQ(third.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(third.status.error_message(), HasSubstr("--max-sessions=2"));
+  ExpectGradUnchanged(stub(), "a", before);
+  EXPECT_EQ(FetchGrad(stub(), "h", "c").status.error_code(),
+            grpc::StatusCode::NOT_FOUND);
   // Deleting one makes room.
   grpc::ClientContext context;
   v1::DeleteSessionRequest del;
@@ -707,9 +746,12 @@ TEST_F(ComputeTest, MaxPendingIsEnforced) {
   }
   v1::ComputeHeader third = MakeHeader(problem, "h", "s", "p3");
   third.set_commit(v1::COMMIT_DEFERRED);
+  FetchedGrad before = FetchGrad(stub(), "h", "s");
   ComputeOutcome out = Compute(stub(), third, problem);
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(out.status.error_message(), HasSubstr("--max-pending=2"));
+  ExpectGradUnchanged(stub(), "s", before);
+  EXPECT_EQ(SessionNamed(stub(), "s").pending(), 2);
   ASSERT_TRUE(Commit(stub(), "h", "s", "p1", 1.0f, false).ok());
   EXPECT_TRUE(Compute(stub(), third, problem).status.ok());
 }
