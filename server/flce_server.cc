@@ -208,7 +208,11 @@ void FlceServer::StopServing(absl::Duration drain) {
   // Compute workers finish after their reactors; wait before anything they
   // use goes away.
   if (!workers_.WaitIdle(drain + absl::Seconds(30))) {
-    LogWarning("compute workers still running after the drain");
+    // Their calls are cancelled; they end at the engine's next step. The
+    // engine, heads and sessions they use must outlive them: wait.
+    LogWarning(absl::StrCat(workers_.active(),
+                            " compute workers still running after the drain; waiting for them"));
+    workers_.WaitIdle(absl::InfiniteDuration());
   }
   LogInfo("stopped");
   absl::MutexLock lock(&mu_);
