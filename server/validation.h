@@ -16,15 +16,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "flce/v1/convert.h" // DTypeFromProto, DTypeToProto
 #include "flce/v1/flce.pb.h"
 #include "kernels/dtype.h"
 #include "kernels/engine.h"
 
 namespace flce::server {
-
-// field names the proto field in messages ("hidden_dtype").
-absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field);
-v1::DType DTypeToProto(DType dtype);
 
 struct ComputeLimits {
   int64_t max_request_tokens = 1048576;

@@ -52,7 +52,7 @@ absl::StatusOr<CommandResult> RunBench(const FlagSet& flags, CliEnv& env) {
   if (flags.has("dtype")) {
     FLCE_ASSIGN_OR_RETURN(dtype, ParseWireDType(flags.str("dtype")));
   }
-  FLCE_ASSIGN_OR_RETURN(DType host_dtype, ToHostDType(dtype));
+  FLCE_ASSIGN_OR_RETURN(DType host_dtype, DTypeFromProto(dtype));
   const int64_t hidden_size = head.hidden_size();
 
   // h ~ N(0, 1) and uniform targets: the engine's cost does not depend on the

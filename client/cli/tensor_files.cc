@@ -59,8 +59,8 @@ absl::StatusOr<WireTensor> ReadFloatTensor(const std::string& path, const std::s
     tensor.bytes = std::move(array.data);
     return tensor;
   }
-  FLCE_ASSIGN_OR_RETURN(DType from, ToHostDType(file_dtype));
-  FLCE_ASSIGN_OR_RETURN(DType to, ToHostDType(tensor.dtype));
+  FLCE_ASSIGN_OR_RETURN(DType from, DTypeFromProto(file_dtype));
+  FLCE_ASSIGN_OR_RETURN(DType to, DTypeFromProto(tensor.dtype));
   const int64_t n = array.NumElements();
   std::vector<float> values(n);
   ToFloat(from, array.data.data(), values.data(), n);

@@ -37,29 +37,4 @@ int64_t WireDTypeSize(v1::DType dtype) {
   }
 }
 
-absl::StatusOr<DType> ToHostDType(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FP32:
-      return DType::kF32;
-    case v1::DTYPE_FP16:
-      return DType::kF16;
-    case v1::DTYPE_BF16:
-      return DType::kBF16;
-    default:
-      return absl::InvalidArgumentError("dtype is unspecified");
-  }
-}
-
-v1::DType ToWireDType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return v1::DTYPE_FP32;
-    case DType::kF16:
-      return v1::DTYPE_FP16;
-    case DType::kBF16:
-      return v1::DTYPE_BF16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
-
 }  // namespace flce

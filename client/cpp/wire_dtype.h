@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "flce/v1/convert.h"
 #include "flce/v1/flce.pb.h"
 #include "kernels/dtype.h"
 
@@ -18,8 +19,7 @@ absl::StatusOr<v1::DType> ParseWireDType(absl::string_view name);
 const char* WireDTypeName(v1::DType dtype);
 // Bytes per element; 0 for DTYPE_UNSPECIFIED.
 int64_t WireDTypeSize(v1::DType dtype);
-absl::StatusOr<DType> ToHostDType(v1::DType dtype);
-v1::DType ToWireDType(DType dtype);
+// The wire <-> engine mapping itself: DTypeFromProto / DTypeToProto.
 
 }  // namespace flce
 

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "client/cpp/wire_dtype.h"
+#include "flce/v1/convert.h"
 #include "server/head_loader.h"
 #include "server/session_store.h"
 #include "server/status_mapping.h"
@@ -18,6 +20,20 @@ namespace flce::server {
 namespace {
 
 using ::testing::HasSubstr;
+
+// One mapping for the server and the client: each wire dtype round-trips and
+// its size is the engine's.
+TEST(ProtoConvertTest, DTypesRoundTripAndUnspecifiedNamesTheField) {
+  for (v1::DType wire : {v1::DTYPE_FP32, v1::DTYPE_FP16, v1::DTYPE_BF16}) {
+    absl::StatusOr<DType> host = DTypeFromProto(wire, "dtype");
+    ASSERT_TRUE(host.ok());
+    EXPECT_EQ(DTypeToProto(*host), wire);
+    EXPECT_EQ(WireDTypeSize(wire), DTypeSize(*host));
+  }
+  absl::StatusOr<DType> none = DTypeFromProto(v1::DTYPE_UNSPECIFIED, "hidden_dtype");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(none.status().message()), ::testing::HasSubstr("hidden_dtype"));
+}
 
 TEST(OutcomeLogTest, ForgetsOldestFinishedOutcomesButKeepsStagedOnes) {
   OutcomeLog log(3);
