@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what flce needs to build, test and run on Debian 12 (as root, or with sudo).
-# Idempotent: packages already present are left alone.
+# Idempotent: packages already present are left alone. The prometheus package is
+# installed for its promtool (the deployment checks); a Prometheus server it would
+# start is stopped and disabled again when this script installed it.
 set -euo pipefail
 
 packages=(
@@ -8,7 +10,7 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
   prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-venv python3-numpy python3-grpcio python3-protobuf python3-torch python3-pytest
+  python3 python3-venv python3-numpy python3-grpcio python3-protobuf python3-torch python3-pytest python3-wheel
 )
 
 missing=()
@@ -23,6 +25,11 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null &&
+     systemctl is-system-running >/dev/null 2>&1; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+    echo "flce setup: the prometheus package's server was disabled (only promtool is needed)" >&2
+  fi
 else
   echo "flce setup: all packages present" >&2
 fi
