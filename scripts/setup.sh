@@ -25,8 +25,7 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-  if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null &&
-     systemctl is-system-running >/dev/null 2>&1; then
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
     echo "flce setup: the prometheus package's server was disabled (only promtool is needed)" >&2
   fi
