@@ -6,18 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "flce/v1/message_size.h"
 #include "kernels/status_macros.h"
 #include "server/request_fingerprint.h"
 
 namespace flce::server {
 namespace {
-
-// Room left in a message for the fields around the bytes.
-constexpr int64_t kMessageOverhead = 4096;
-
-int64_t ItemsPerMessage(int64_t max_message_bytes, int64_t item_bytes) {
-  return std::max<int64_t>(1, (max_message_bytes - kMessageOverhead) / item_bytes);
-}
 
 std::string AnonymousRequestId(const std::string& instance_id) {
   static std::atomic<uint64_t> counter{0};
@@ -116,9 +110,8 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   if (!forward_only_) {
     FLCE_ASSIGN_OR_RETURN(
         session_, ctx_.sessions->GetOrCreate(who_.tenant, head_.head_id, session_id_, head_spec));
-    FLCE_ASSIGN_OR_RETURN(
-        begin_, ctx_.sessions->BeginContribution(*session_, request_id_,
-                                                 ComputeFingerprint(header)));
+    FLCE_ASSIGN_OR_RETURN(begin_, ctx_.sessions->BeginContribution(*session_, request_id_,
+                                                                   ComputeFingerprint(header)));
     if (!begin_.replay) {
       slot_held_ = true;
       FLCE_ASSIGN_OR_RETURN(staging_, ctx_.engine->NewGradBuffer(head_spec));

@@ -134,19 +134,16 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
   absl::Status CheckAlive() override {
     absl::MutexLock lock(&mu_);
     // The deadline counts even before gRPC's cancellation reaches us.
-    return cancelled_ || absl::Now() >= deadline_ ? GoneStatus()
-                                                  : absl::OkStatus();
+    return cancelled_ || absl::Now() >= deadline_ ? GoneStatus() : absl::OkStatus();
   }
 
   absl::Status WaitForSent() override {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
-        +[](ComputeStream *s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-          return s->cancelled_ || s->out_.empty();
-        },
+        +[](ComputeStream* s)
+             ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->cancelled_ || s->out_.empty(); },
         this));
-    return cancelled_ || absl::Now() >= deadline_ ? GoneStatus()
-                                                  : absl::OkStatus();
+    return cancelled_ || absl::Now() >= deadline_ ? GoneStatus() : absl::OkStatus();
   }
 
   absl::Status WaitForRoom() override {

@@ -4,14 +4,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "flce/v1/message_size.h"
 #include "kernels/status_macros.h"
 #include "server/status_mapping.h"
 #include "server/validation.h"
 
 namespace flce::server {
-namespace {
-constexpr int64_t kMessageOverhead = 4096;
-}  // namespace
 
 FetchGradReactor::FetchGradReactor(const ServiceContext& ctx, const v1::FetchGradRequest* request,
                                    Principal who, std::unique_ptr<RpcScope> scope)
@@ -94,11 +92,9 @@ absl::Status FetchGradReactor::Prepare() {
                                          request_.reset(), request_.request_id()));
   const GradBuffer& grad = *snapshot_.grad;
   int64_t row_bytes = grad.hidden_size() * DTypeSize(dtype_);
-  int64_t fit =
-      std::max<int64_t>(1, (ctx_.config.max_message_bytes - kMessageOverhead) / row_bytes);
+  int64_t fit = ItemsPerMessage(ctx_.config.max_message_bytes, row_bytes);
   chunk_rows_ = request_.chunk_rows() > 0 ? std::min(request_.chunk_rows(), fit) : fit;
-  bias_chunk_ =
-      std::max<int64_t>(1, (ctx_.config.max_message_bytes - kMessageOverhead) / DTypeSize(dtype_));
+  bias_chunk_ = ItemsPerMessage(ctx_.config.max_message_bytes, DTypeSize(dtype_));
   v1::GradHeader* header = response_.mutable_header();
   header->set_vocab_size(grad.vocab_size());
   header->set_hidden_size(grad.hidden_size());

@@ -90,11 +90,10 @@ grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(grpc::CallbackServerCont
         }
         FLCE_ASSIGN_OR_RETURN(
             std::shared_ptr<const Head> head,
-            LoadSafetensorsHead(
-                *ctx_.engine, path, request->weight_tensor(),
-                request->bias_tensor(), dtype, [&](const HeadSpec &spec) {
-                  return ctx_.heads->CheckPut(owner, request->head_id(), spec);
-                }));
+            LoadSafetensorsHead(*ctx_.engine, path, request->weight_tensor(),
+                                request->bias_tensor(), dtype, [&](const HeadSpec& spec) {
+                                  return ctx_.heads->CheckPut(owner, request->head_id(), spec);
+                                }));
         FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
                               ctx_.heads->Put(owner, request->head_id(), std::move(head),
                                               absl::StrCat("file:", request->path())));

@@ -94,11 +94,9 @@ absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, const std:
   return *real;
 }
 
-absl::StatusOr<std::shared_ptr<const Head>>
-LoadSafetensorsHead(Engine &engine, const std::string &path,
-                    const std::string &weight_tensor,
-                    const std::string &bias_tensor, std::optional<DType> dtype,
-                    const HeadCheck &check) {
+absl::StatusOr<std::shared_ptr<const Head>> LoadSafetensorsHead(
+    Engine& engine, const std::string& path, const std::string& weight_tensor,
+    const std::string& bias_tensor, std::optional<DType> dtype, const HeadCheck& check) {
   FLCE_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
   if (weight_tensor.empty()) return absl::InvalidArgumentError("weight_tensor is empty");
   FLCE_ASSIGN_OR_RETURN(const SafetensorsTensor* weight, file.Find(weight_tensor));
@@ -124,8 +122,7 @@ LoadSafetensorsHead(Engine &engine, const std::string &path,
     spec.has_bias = true;
   }
   // Limits first: a head that cannot be kept is refused before it is read.
-  if (check)
-    FLCE_RETURN_IF_ERROR(check(spec));
+  if (check) FLCE_RETURN_IF_ERROR(check(spec));
   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<HeadBuilder> builder, engine.BeginHead(spec));
   FLCE_RETURN_IF_ERROR(StreamTensor(file, *weight, weight_dtype, spec.dtype,
                                     spec.vocab_size * spec.hidden_size,

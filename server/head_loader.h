@@ -32,11 +32,9 @@ using HeadCheck = std::function<absl::Status(const HeadSpec &)>;
 // weight_tensor must be [V, H]; bias_tensor (optional, "" = none) [V]. dtype
 // empty keeps the weight's dtype from the file; values are converted
 // (BF16, F16, F32 in any combination). `check`, if set, may refuse the shape.
-absl::StatusOr<std::shared_ptr<const Head>>
-LoadSafetensorsHead(Engine &engine, const std::string &path,
-                    const std::string &weight_tensor,
-                    const std::string &bias_tensor, std::optional<DType> dtype,
-                    const HeadCheck &check = nullptr);
+absl::StatusOr<std::shared_ptr<const Head>> LoadSafetensorsHead(
+    Engine &engine, const std::string &path, const std::string &weight_tensor,
+    const std::string &bias_tensor, std::optional<DType> dtype, const HeadCheck &check = nullptr);
 
 // The embedded demo head: V=32000, H=512, bf16, W ~ N(0, 1/H) from a fixed
 // seed, no bias. The same on every server.

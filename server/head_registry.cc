@@ -15,11 +15,8 @@ bool SameGradShape(const HeadSpec& a, const HeadSpec& b) {
 int64_t HeadBytes(const HeadSpec& spec) {
   // Saturates: a shape too large for int64 is over every --max-head-bytes.
   int64_t bytes = 0;
-  if (__builtin_mul_overflow(spec.vocab_size,
-                             spec.hidden_size + (spec.has_bias ? 1 : 0),
-                             &bytes) ||
-      __builtin_mul_overflow(bytes, static_cast<int64_t>(DTypeSize(spec.dtype)),
-                             &bytes)) {
+  if (__builtin_mul_overflow(spec.vocab_size, spec.hidden_size + (spec.has_bias ? 1 : 0), &bytes) ||
+      __builtin_mul_overflow(bytes, static_cast<int64_t>(DTypeSize(spec.dtype)), &bytes)) {
     return INT64_MAX;
   }
   return bytes;
@@ -58,8 +55,7 @@ absl::Status HeadRegistry::CheckLimitsLocked(const Key& key, int64_t new_bytes) 
   if (limits_.max_bytes > 0) {
     int64_t total = new_bytes;
     for (const auto& [k, entry] : heads_) {
-      if (k != key && __builtin_add_overflow(
-                          total, HeadBytes(entry.head->spec()), &total)) {
+      if (k != key && __builtin_add_overflow(total, HeadBytes(entry.head->spec()), &total)) {
         total = INT64_MAX;
       }
     }

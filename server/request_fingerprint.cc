@@ -18,7 +18,7 @@ uint64_t Fnv1a(const std::string &bytes) {
   return h;
 }
 
-} // namespace
+}  // namespace
 
 uint64_t ComputeFingerprint(const v1::ComputeHeader &header) {
   v1::ComputeHeader defining = header;
@@ -39,4 +39,4 @@ uint64_t ComputeFingerprint(const v1::ComputeHeader &header) {
   return Fnv1a(bytes);
 }
 
-} // namespace flce::server
+}  // namespace flce::server

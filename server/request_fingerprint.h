@@ -20,6 +20,6 @@ namespace flce::server {
 // are not covered: they arrive after the id is checked.
 uint64_t ComputeFingerprint(const v1::ComputeHeader &header);
 
-} // namespace flce::server
+}  // namespace flce::server
 
-#endif // FLCE_SERVER_REQUEST_FINGERPRINT_H_
+#endif  // FLCE_SERVER_REQUEST_FINGERPRINT_H_

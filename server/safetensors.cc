@@ -142,8 +142,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
       return bad("shape's byte count does not fit in 64 bits");
     }
     if (elem != 0 && shape_bytes != tensor.end - tensor.begin) {
-      return bad(absl::StrCat("shape holds ", shape_bytes,
-                              " bytes, data_offsets ",
+      return bad(absl::StrCat("shape holds ", shape_bytes, " bytes, data_offsets ",
                               tensor.end - tensor.begin));
     }
     file.tensors_[tensor.name] = std::move(tensor);

@@ -21,8 +21,7 @@ struct ServerConfig {
   int64_t max_request_tokens = 1048576;
   int64_t max_sessions = 1024;
   int64_t max_pending = 2;             // staged contributions per session
-  int64_t max_concurrent_streams =
-      64; // flce.v1 calls in progress; 0 = no limit
+  int64_t max_concurrent_streams = 64;  // flce.v1 calls in progress; 0 = no limit
   int64_t max_heads = 0;               // resident heads; 0 = no limit
   int64_t max_head_bytes = 0;          // resident head bytes; 0 = no limit
   absl::Duration session_ttl = absl::Hours(1);

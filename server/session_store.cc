@@ -14,9 +14,9 @@ std::string Describe(const std::string& head_id, const std::string& session_id) 
 }
 
 // The request's outcome moved to `state`, its fingerprint kept.
-Outcome WithState(const OutcomeLog &log, const std::string &request_id,
-                  ContributionState state, float scale) {
-  const Outcome *first = log.Find(request_id);
+Outcome WithState(const OutcomeLog& log, const std::string& request_id, ContributionState state,
+                  float scale) {
+  const Outcome* first = log.Find(request_id);
   return Outcome{state, scale, first != nullptr ? first->fingerprint : 0};
 }
 
@@ -118,9 +118,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionStore::Find(const std::string& t
   return it->second;
 }
 
-absl::StatusOr<BeginResult>
-SessionStore::BeginContribution(Session &session, const std::string &request_id,
-                                uint64_t fingerprint) {
+absl::StatusOr<BeginResult> SessionStore::BeginContribution(Session& session,
+                                                            const std::string& request_id,
+                                                            uint64_t fingerprint) {
   absl::MutexLock lock(&session.mu_);
   if (session.deleted_) {
     return absl::AbortedError(
@@ -135,12 +135,12 @@ SessionStore::BeginContribution(Session &session, const std::string &request_id,
                                              Describe(session.head_id_, session.session_id_)));
     }
     if (first->fingerprint != fingerprint) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "request id \"", request_id,
-          "\" was used for a different request (other targets, weights or "
-          "options) in ",
-          Describe(session.head_id_, session.session_id_),
-          ": choose a new request id for new data"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("request id \"", request_id,
+                       "\" was used for a different request (other targets, weights or "
+                       "options) in ",
+                       Describe(session.head_id_, session.session_id_),
+                       ": choose a new request id for new data"));
     }
     result.replay = true;
     result.first = *first;
@@ -154,8 +154,7 @@ SessionStore::BeginContribution(Session &session, const std::string &request_id,
         limits_.max_pending));
   }
   ++session.in_flight_;
-  session.outcomes_.Set(
-      request_id, Outcome{ContributionState::kInFlight, 0.0f, fingerprint});
+  session.outcomes_.Set(request_id, Outcome{ContributionState::kInFlight, 0.0f, fingerprint});
   return result;
 }
 
@@ -171,9 +170,8 @@ absl::Status SessionStore::CompleteContribution(Session& session, const std::str
   }
   if (deferred) {
     session.staged_[request_id] = std::move(staging);
-    session.outcomes_.Set(request_id,
-                          WithState(session.outcomes_, request_id,
-                                    ContributionState::kStaged, 0.0f));
+    session.outcomes_.Set(
+        request_id, WithState(session.outcomes_, request_id, ContributionState::kStaged, 0.0f));
   } else {
     absl::Status added = session.grad_->AddScaled(*staging, 1.0f);
     if (!added.ok()) {
@@ -181,9 +179,8 @@ absl::Status SessionStore::CompleteContribution(Session& session, const std::str
       return added;
     }
     ++session.contributions_;
-    session.outcomes_.Set(request_id,
-                          WithState(session.outcomes_, request_id,
-                                    ContributionState::kCommitted, 1.0f));
+    session.outcomes_.Set(
+        request_id, WithState(session.outcomes_, request_id, ContributionState::kCommitted, 1.0f));
   }
   session.tokens_ += tokens;
   return absl::OkStatus();
@@ -239,8 +236,8 @@ absl::StatusOr<CommitResult> SessionStore::Commit(const std::string& tenant,
     result.scale = scale;
   }
   session->staged_.erase(staged);
-  session->outcomes_.Set(request_id, WithState(session->outcomes_, request_id,
-                                               result.state, result.scale));
+  session->outcomes_.Set(request_id,
+                         WithState(session->outcomes_, request_id, result.state, result.scale));
   return result;
 }
 
@@ -253,10 +250,8 @@ absl::StatusOr<GradSnapshot> SessionStore::Snapshot(const std::string& tenant,
   {
     absl::MutexLock lock(&session->mu_);
     if (keyed) {
-      absl::StatusOr<GradSnapshot> seen =
-          session->RepeatedResetLocked(request_id);
-      if (!seen.ok() || seen->grad != nullptr)
-        return seen;
+      absl::StatusOr<GradSnapshot> seen = session->RepeatedResetLocked(request_id);
+      if (!seen.ok() || seen->grad != nullptr) return seen;
     }
   }
   // Allocated outside the lock (it can be large); a concurrent reset with the
@@ -264,10 +259,8 @@ absl::StatusOr<GradSnapshot> SessionStore::Snapshot(const std::string& tenant,
   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<GradBuffer> fresh, engine_->NewGradBuffer(session->spec()));
   absl::MutexLock lock(&session->mu_);
   if (keyed) {
-    absl::StatusOr<GradSnapshot> seen =
-        session->RepeatedResetLocked(request_id);
-    if (!seen.ok() || seen->grad != nullptr)
-      return seen;
+    absl::StatusOr<GradSnapshot> seen = session->RepeatedResetLocked(request_id);
+    if (!seen.ok() || seen->grad != nullptr) return seen;
   }
   session->last_used_ = absl::Now();
   GradSnapshot snapshot;
@@ -281,8 +274,7 @@ absl::StatusOr<GradSnapshot> SessionStore::Snapshot(const std::string& tenant,
     session->last_reset_contributions_ = snapshot.contributions;
     if (keyed) {
       session->reset_ids_.push_back(request_id);
-      while (session->reset_ids_.size() > Session::kResetIdsKept)
-        session->reset_ids_.pop_front();
+      while (session->reset_ids_.size() > Session::kResetIdsKept) session->reset_ids_.pop_front();
     }
     snapshot.grad = std::move(old);
   } else {
@@ -292,20 +284,18 @@ absl::StatusOr<GradSnapshot> SessionStore::Snapshot(const std::string& tenant,
   return snapshot;
 }
 
-absl::StatusOr<GradSnapshot>
-Session::RepeatedResetLocked(const std::string &request_id) const {
+absl::StatusOr<GradSnapshot> Session::RepeatedResetLocked(const std::string& request_id) const {
   if (request_id == last_reset_request_id_ && last_reset_grad_ != nullptr) {
     return GradSnapshot{last_reset_grad_, last_reset_contributions_, true};
   }
-  if (std::find(reset_ids_.begin(), reset_ids_.end(), request_id) !=
-      reset_ids_.end()) {
+  if (std::find(reset_ids_.begin(), reset_ids_.end(), request_id) != reset_ids_.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat("reset request id \"", request_id,
                      "\" was already applied and its gradient is gone (a later "
                      "reset or ZeroGrad replaced it); "
                      "it is not reset again"));
   }
-  return GradSnapshot{}; // not seen: reset
+  return GradSnapshot{};  // not seen: reset
 }
 
 absl::Status SessionStore::Zero(const std::string& tenant, const std::string& head_id,
@@ -315,7 +305,7 @@ absl::Status SessionStore::Zero(const std::string& tenant, const std::string& he
   session->last_used_ = absl::Now();
   FLCE_RETURN_IF_ERROR(session->grad_->Zero());
   session->contributions_ = 0;
-  session->last_reset_grad_ = nullptr; // a retry of that reset is now refused
+  session->last_reset_grad_ = nullptr;  // a retry of that reset is now refused
   return absl::OkStatus();
 }
 
@@ -397,10 +387,8 @@ std::vector<SessionSummary> SessionStore::Summaries(
     s.pending = session->in_flight_ + static_cast<int64_t>(session->staged_.size());
     s.tokens = session->tokens_;
     s.idle_seconds = absl::ToDoubleSeconds(now - session->last_used_);
-    s.grad_bytes =
-        session->grad_->bytes() + (session->last_reset_grad_ != nullptr
-                                       ? session->last_reset_grad_->bytes()
-                                       : 0);
+    s.grad_bytes = session->grad_->bytes() +
+                   (session->last_reset_grad_ != nullptr ? session->last_reset_grad_->bytes() : 0);
     out.push_back(std::move(s));
   }
   return out;

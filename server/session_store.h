@@ -75,8 +75,7 @@ class Session {
   // The earlier outcome of a FetchGrad-with-reset retry: the saved gradient
   // (replayed), FAILED_PRECONDITION for an older reset whose gradient is gone,
   // or an empty snapshot when the id was never used for a reset.
-  absl::StatusOr<GradSnapshot>
-  RepeatedResetLocked(const std::string &request_id) const
+  absl::StatusOr<GradSnapshot> RepeatedResetLocked(const std::string& request_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr size_t kResetIdsKept = 1024;
 
@@ -101,7 +100,7 @@ class Session {
   std::string last_reset_request_id_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const GradBuffer> last_reset_grad_ ABSL_GUARDED_BY(mu_);
   int64_t last_reset_contributions_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<std::string> reset_ids_ ABSL_GUARDED_BY(mu_); // oldest first
+  std::deque<std::string> reset_ids_ ABSL_GUARDED_BY(mu_);  // oldest first
 };
 
 struct SessionLimits {
@@ -159,8 +158,7 @@ class SessionStore {
   // flight), or says the request id completed before.
   // INVALID_ARGUMENT when request_id was used for a call with another
   // fingerprint.
-  absl::StatusOr<BeginResult> BeginContribution(Session &session,
-                                                const std::string &request_id,
+  absl::StatusOr<BeginResult> BeginContribution(Session& session, const std::string& request_id,
                                                 uint64_t fingerprint = 0);
   // The call finished: add `staging` to the accumulator now, or keep it
   // staged for Commit. Either way the slot is released or kept staged.

@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "flce/v1/convert.h" // DTypeFromProto, DTypeToProto
+#include "flce/v1/convert.h"  // DTypeFromProto, DTypeToProto
 #include "flce/v1/flce.pb.h"
 #include "kernels/dtype.h"
 #include "kernels/engine.h"

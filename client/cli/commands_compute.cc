@@ -102,8 +102,7 @@ absl::StatusOr<CommandResult> RunCompute(const FlagSet& flags, CliEnv& env) {
   v1::ComputeHeader& header = args.header;
   // Chosen here, not by the client library, so that a failed call's error
   // names it: a retry with the same id is answered without applying twice.
-  header.set_request_id(flags.has("request-id") &&
-                                !flags.str("request-id").empty()
+  header.set_request_id(flags.has("request-id") && !flags.str("request-id").empty()
                             ? flags.str("request-id")
                             : NewRequestId());
   header.set_head_id(flags.str("head"));
@@ -153,7 +152,7 @@ absl::StatusOr<CommandResult> RunCompute(const FlagSet& flags, CliEnv& env) {
     error["error"]["request_id"] = header.request_id();
     return CommandResult{std::move(error), kExitFailed};
   }
-  ComputeOutcome &outcome = *computed;
+  ComputeOutcome& outcome = *computed;
 
   nlohmann::json json = SummaryJson(outcome.summary, flags.flag("accuracy"));
   json["request_id"] = outcome.request_id;

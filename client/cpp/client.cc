@@ -17,13 +17,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/grpc_status.h"
+#include "flce/v1/message_size.h"
 
 namespace flce {
 namespace {
 
-// Room left in a message for everything but the payload bytes (tags,
-// offsets, a compute header's small fields).
-constexpr int64_t kMessageOverhead = 64 << 10;
+// The smallest message limit a client accepts: below it, chunks would be tiny.
+constexpr int64_t kMinMessageBytes = 64 << 10;
+// The smallest --max-message-mb a server accepts (server/flce_server.cc).
+constexpr int64_t kMinServerMessageBytes = 64 << 10;
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
@@ -61,10 +63,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.target.empty()) return absl::InvalidArgumentError("target is empty");
-  if (options.max_message_bytes <= kMessageOverhead ||
+  if (options.max_message_bytes <= kMinMessageBytes ||
       options.max_message_bytes > std::numeric_limits<int>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("max_message_bytes must be in (",
-                                                   kMessageOverhead, ", 2 GiB); got ",
+                                                   kMinMessageBytes, ", 2 GiB); got ",
                                                    options.max_message_bytes));
   }
   if (options.chunk_bytes <= 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
@@ -99,9 +101,12 @@ void Client::Prepare(grpc::ClientContext& context) const {
 }
 
 int64_t Client::ChunkBytes(int64_t requested) {
-  const int64_t want = requested > 0 ? requested : options_.chunk_bytes;
-  return std::max<int64_t>(1,
-                           std::min(want, MessageLimit() - kMessageOverhead));
+  const int64_t want = std::min(requested > 0 ? requested : options_.chunk_bytes,
+                                PayloadBytesPerMessage(options_.max_message_bytes));
+  // Every server takes messages of kMinServerMessageBytes: smaller chunks
+  // need not ask it for its limit.
+  if (want <= PayloadBytesPerMessage(kMinServerMessageBytes)) return std::max<int64_t>(1, want);
+  return std::max<int64_t>(1, std::min(want, PayloadBytesPerMessage(MessageLimit())));
 }
 
 int64_t Client::MessageLimit() {
@@ -112,7 +117,7 @@ int64_t Client::MessageLimit() {
   if (message_limit_ == 0) {
     message_limit_ = options_.max_message_bytes;
     absl::StatusOr<v1::ServerInfo> info = GetServerInfo();
-    if (info.ok() && info->max_message_bytes() > kMessageOverhead) {
+    if (info.ok() && info->max_message_bytes() > 0) {
       message_limit_ = std::min(message_limit_, info->max_message_bytes());
     }
   }

@@ -136,7 +136,7 @@ class Client {
   std::unique_ptr<v1::Flce::Stub> stub_;
   ClientOptions options_;
   std::mutex limit_mu_;
-  int64_t message_limit_ = 0; // 0 = not asked yet
+  int64_t message_limit_ = 0;  // 0 = not asked yet
 };
 
 }  // namespace flce

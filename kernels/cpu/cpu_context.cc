@@ -20,9 +20,8 @@ absl::StatusOr<int64_t> CpuContext::ChooseChunkTokens(int64_t requested, int64_t
   if (BytesFor(1, vocab_size, hidden_size) > budget) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "workspace budget of ", budget,
-        " bytes (the server's --workspace-mb) cannot hold one token of a V=",
-        vocab_size, " H=", hidden_size, " head (",
-        BytesFor(1, vocab_size, hidden_size), " bytes)"));
+        " bytes (the server's --workspace-mb) cannot hold one token of a V=", vocab_size,
+        " H=", hidden_size, " head (", BytesFor(1, vocab_size, hidden_size), " bytes)"));
   }
   const int64_t per_token = BytesFor(2, vocab_size, hidden_size) - BytesFor(1, vocab_size, hidden_size);
   const int64_t fixed = BytesFor(1, vocab_size, hidden_size) - per_token;

@@ -46,17 +46,14 @@ absl::StatusOr<std::unique_ptr<GradBuffer>> CpuEngine::NewGradBuffer(const HeadS
   }
   FLCE_ASSIGN_OR_RETURN(
       int64_t bytes,
-      HostBytes("gradient buffer",
-                {spec.vocab_size, spec.hidden_size + (spec.has_bias ? 1 : 0),
-                 static_cast<int64_t>(sizeof(float))}));
+      HostBytes("gradient buffer", {spec.vocab_size, spec.hidden_size + (spec.has_bias ? 1 : 0),
+                                    static_cast<int64_t>(sizeof(float))}));
   const std::string what =
-      absl::StrCat("a V=", spec.vocab_size, " H=", spec.hidden_size,
-                   " fp32 gradient buffer");
+      absl::StrCat("a V=", spec.vocab_size, " H=", spec.hidden_size, " fp32 gradient buffer");
   FLCE_RETURN_IF_ERROR(CheckHostBytes(what.c_str(), bytes));
   std::unique_ptr<GradBuffer> buffer;
   FLCE_RETURN_IF_ERROR(TryAllocate(what.c_str(), bytes, [&] {
-    buffer = std::make_unique<CpuGradBuffer>(spec.vocab_size, spec.hidden_size,
-                                             spec.has_bias);
+    buffer = std::make_unique<CpuGradBuffer>(spec.vocab_size, spec.hidden_size, spec.has_bias);
   }));
   return buffer;
 }

@@ -53,23 +53,18 @@ absl::StatusOr<std::unique_ptr<CpuHeadBuilder>> CpuHeadBuilder::Create(const Hea
     return absl::InvalidArgumentError("head dimensions must fit in 32 bits (BLAS indices)");
   }
   // At its peak a build holds the bytes as sent and the fp32 copy Finish makes.
-  FLCE_ASSIGN_OR_RETURN(int64_t elements,
-                        HostBytes("head", {spec.vocab_size, spec.hidden_size}));
-  FLCE_ASSIGN_OR_RETURN(
-      int64_t raw,
-      HostBytes("head", {elements + spec.vocab_size, DTypeSize(spec.dtype)}));
-  FLCE_ASSIGN_OR_RETURN(int64_t widened,
-                        HostBytes("head", {elements + spec.vocab_size, 4}));
+  FLCE_ASSIGN_OR_RETURN(int64_t elements, HostBytes("head", {spec.vocab_size, spec.hidden_size}));
+  FLCE_ASSIGN_OR_RETURN(int64_t raw,
+                        HostBytes("head", {elements + spec.vocab_size, DTypeSize(spec.dtype)}));
+  FLCE_ASSIGN_OR_RETURN(int64_t widened, HostBytes("head", {elements + spec.vocab_size, 4}));
   if (raw > INT64_MAX - widened) {
-    return absl::ResourceExhaustedError(
-        "head: the size does not fit in 64 bits");
+    return absl::ResourceExhaustedError("head: the size does not fit in 64 bits");
   }
-  const std::string what =
-      absl::StrCat("a V=", spec.vocab_size, " H=", spec.hidden_size, " head");
+  const std::string what = absl::StrCat("a V=", spec.vocab_size, " H=", spec.hidden_size, " head");
   FLCE_RETURN_IF_ERROR(CheckHostBytes(what.c_str(), raw + widened));
   std::unique_ptr<CpuHeadBuilder> builder;
-  FLCE_RETURN_IF_ERROR(TryAllocate(
-      what.c_str(), raw, [&] { builder.reset(new CpuHeadBuilder(spec)); }));
+  FLCE_RETURN_IF_ERROR(
+      TryAllocate(what.c_str(), raw, [&] { builder.reset(new CpuHeadBuilder(spec)); }));
   return builder;
 }
 
@@ -132,8 +127,8 @@ absl::StatusOr<std::shared_ptr<const Head>> CpuHeadBuilder::Finish() {
     }
   }
   std::vector<float> weight;
-  FLCE_RETURN_IF_ERROR(TryAllocate("the head's fp32 weight", count * 4,
-                                   [&] { weight.resize(count); }));
+  FLCE_RETURN_IF_ERROR(
+      TryAllocate("the head's fp32 weight", count * 4, [&] { weight.resize(count); }));
   finished_ = true;
   ToFloat(spec_.dtype, weight_bytes_.data(), weight.data(), count);
   std::string().swap(weight_bytes_);

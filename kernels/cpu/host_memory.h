@@ -25,8 +25,7 @@ namespace flce::cpu {
 
 // The product of `factors` (each >= 0), or RESOURCE_EXHAUSTED when it does
 // not fit an int64.
-absl::StatusOr<int64_t> HostBytes(const char *what,
-                                  std::initializer_list<int64_t> factors);
+absl::StatusOr<int64_t> HostBytes(const char *what, std::initializer_list<int64_t> factors);
 
 // RESOURCE_EXHAUSTED when `bytes` exceeds the machine's physical memory.
 absl::Status CheckHostBytes(const char *what, int64_t bytes);
@@ -47,6 +46,6 @@ absl::Status TryAllocate(const char *what, int64_t bytes, Fn &&allocate) {
   return absl::OkStatus();
 }
 
-} // namespace flce::cpu
+}  // namespace flce::cpu
 
-#endif // FLCE_KERNELS_CPU_HOST_MEMORY_H_
+#endif  // FLCE_KERNELS_CPU_HOST_MEMORY_H_

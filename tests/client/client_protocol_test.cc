@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "client/cpp/client.h"
+#include "flce/v1/message_size.h"
 #include "gtest/gtest.h"
 
 namespace flce {
@@ -27,16 +28,14 @@ class FakeFlce final : public v1::Flce::Service {
   v1::ComputeHeader last_header;
   std::vector<int64_t> hidden_offsets;
   std::vector<v1::UploadHeadRequest> uploads;
-  int64_t max_message_bytes = 0; // GetServerInfo's; 0 = UNIMPLEMENTED
+  int64_t max_message_bytes = 0;  // GetServerInfo's; 0 = UNIMPLEMENTED
   int server_info_calls = 0;
 
-  grpc::Status GetServerInfo(grpc::ServerContext *,
-                             const v1::ServerInfoRequest *,
-                             v1::ServerInfo *info) override {
+  grpc::Status GetServerInfo(grpc::ServerContext*, const v1::ServerInfoRequest*,
+                             v1::ServerInfo* info) override {
     std::lock_guard<std::mutex> lock(mu);
     ++server_info_calls;
-    if (max_message_bytes == 0)
-      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+    if (max_message_bytes == 0) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
     info->set_max_message_bytes(max_message_bytes);
     return grpc::Status::OK;
   }
@@ -232,11 +231,14 @@ TEST_F(ClientProtocolTest, ComputeSendsHiddenSize) {
 // A server whose --max-message-mb is below the client's chunk size would
 // refuse the chunks with gRPC's own message: the client cuts to fit it.
 TEST_F(ClientProtocolTest, ChunksFitTheServersMessageLimitAskedOnce) {
-  fake_.max_message_bytes =
-      (64 << 10) + 500; // 500 payload bytes after the overhead
-  ComputeArgs args = Args(/*tokens=*/37, /*hidden_size=*/24); // 48-byte rows
+  fake_.max_message_bytes = kMessageOverhead + 96000;  // 2000 rows of 48 bytes
+  // Chunks that every server takes: the server is not asked.
+  ASSERT_TRUE(client_->Compute(Args(/*tokens=*/37, /*hidden_size=*/24)).ok());
+  EXPECT_EQ(fake_.server_info_calls, 0);
+  ComputeArgs args = Args(/*tokens=*/5000, /*hidden_size=*/24);  // 48-byte rows
+  args.chunk_bytes = 200000;
   ASSERT_TRUE(client_->Compute(args).ok());
-  EXPECT_EQ(fake_.hidden_offsets, (std::vector<int64_t>{0, 10, 20, 30}));
+  EXPECT_EQ(fake_.hidden_offsets, (std::vector<int64_t>{0, 2000, 4000}));
   ASSERT_TRUE(client_->Compute(args).ok());
   EXPECT_EQ(fake_.server_info_calls, 1);
 }

@@ -309,12 +309,10 @@ TEST_F(BadInputTest, UploadWithTooManyBytes) {
 // A header the validation allows but no machine can hold used to end in
 // std::bad_alloc, which aborted the server.
 TEST_F(BadInputTest, UploadOfAnAbsurdHeadIsRefusedAndTheServerKeepsServing) {
-  grpc::Status s = UploadRaw(
-      stub(), {UploadHeader("huge", int64_t{1} << 31, int64_t{1} << 20),
-               UploadChunk(v1::TENSOR_WEIGHT, 0, 64)});
+  grpc::Status s = UploadRaw(stub(), {UploadHeader("huge", int64_t{1} << 31, int64_t{1} << 20),
+                                      UploadChunk(v1::TENSOR_WEIGHT, 0, 64)});
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(s.error_message(),
-              AllOf(HasSubstr("bytes"), HasSubstr("V=2147483648")));
+  EXPECT_THAT(s.error_message(), AllOf(HasSubstr("bytes"), HasSubstr("V=2147483648")));
   ExpectUntouchedAndServing();
 }
 

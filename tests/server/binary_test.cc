@@ -201,17 +201,15 @@ Problem DemoSizedProblem() {
 // file holds them; without that, --help printed "No flags matched".
 TEST(BinaryTest, HelpListsTheServersFlags) {
   std::string command = absl::StrCat(ServerBinary(), " --help 2>&1");
-  FILE *pipe = popen(command.c_str(), "r");
+  FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string text;
   char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;)
-    text.append(buf, n);
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) text.append(buf, n);
   pclose(pipe);
   EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("No flags matched")));
-  for (const char *flag :
-       {"--port", "--host", "--workspace_mb", "--threads", "--demo_head",
-        "--cuda_plugin", "--max_concurrent_streams", "--max_head_bytes"}) {
+  for (const char* flag : {"--port", "--host", "--workspace_mb", "--threads", "--demo_head",
+                           "--cuda_plugin", "--max_concurrent_streams", "--max_head_bytes"}) {
     EXPECT_THAT(text, ::testing::HasSubstr(flag)) << text;
   }
 }

@@ -252,15 +252,12 @@ TEST_F(ComputeTest, RepeatedFetchWithResetReturnsTheSameGradient) {
   for (float g : next.weight) ASSERT_EQ(g, 0.0f);
 }
 
-v1::SessionInfo SessionNamed(v1::Flce::Stub &stub,
-                             const std::string &session_id) {
+v1::SessionInfo SessionNamed(v1::Flce::Stub &stub, const std::string &session_id) {
   grpc::ClientContext context;
   v1::ListSessionsResponse sessions;
-  EXPECT_TRUE(
-      stub.ListSessions(&context, v1::ListSessionsRequest(), &sessions).ok());
+  EXPECT_TRUE(stub.ListSessions(&context, v1::ListSessionsRequest(), &sessions).ok());
   for (const v1::SessionInfo &s : sessions.sessions()) {
-    if (s.session_id() == session_id)
-      return s;
+    if (s.session_id() == session_id) return s;
   }
   ADD_FAILURE() << "no session " << session_id;
   return {};
@@ -270,14 +267,11 @@ TEST_F(ComputeTest, RetryOfAnOlderResetIsRefusedNotResetAgain) {
   StartServer(TestConfig());
   Problem problem = MakeProblem(SmallSpec());
   ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
-  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r1"), problem)
-                  .status.ok());
+  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r1"), problem).status.ok());
   ASSERT_TRUE(FetchGrad(stub(), "h", "s", true, "f1").status.ok());
-  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r2"), problem)
-                  .status.ok());
+  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r2"), problem).status.ok());
   ASSERT_TRUE(FetchGrad(stub(), "h", "s", true, "f2").status.ok());
-  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r3"), problem)
-                  .status.ok());
+  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r3"), problem).status.ok());
   // f1's gradient is gone (f2 replaced it): its retry must not reset r3's.
   FetchedGrad old = FetchGrad(stub(), "h", "s", true, "f1");
   EXPECT_EQ(old.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
@@ -296,17 +290,13 @@ TEST_F(ComputeTest, ConcurrentRetriesOfOneResetResetOnce) {
   ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
   for (int round = 0; round < 5; ++round) {
     const std::string id = absl::StrCat("f", round);
-    ASSERT_TRUE(Compute(stub(),
-                        MakeHeader(problem, "h", "s", absl::StrCat("r", round)),
-                        problem)
+    ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", absl::StrCat("r", round)), problem)
                     .status.ok());
     std::vector<FetchedGrad> got(4);
     std::vector<std::thread> threads;
     for (auto &g : got)
-      threads.emplace_back(
-          [&, id] { g = FetchGrad(stub(), "h", "s", true, id); });
-    for (auto &t : threads)
-      t.join();
+      threads.emplace_back([&, id] { g = FetchGrad(stub(), "h", "s", true, id); });
+    for (auto &t : threads) t.join();
     int fresh = 0;
     for (const FetchedGrad &g : got) {
       ASSERT_TRUE(g.status.ok()) << g.status.error_message();
@@ -322,8 +312,7 @@ TEST_F(ComputeTest, SavedResetGradientIsCountedAndFreedByZeroGrad) {
   StartServer(TestConfig());
   Problem problem = MakeProblem(SmallSpec());
   ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
-  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r1"), problem)
-                  .status.ok());
+  ASSERT_TRUE(Compute(stub(), MakeHeader(problem, "h", "s", "r1"), problem).status.ok());
   const int64_t one = SessionNamed(stub(), "s").grad_bytes();
   ASSERT_TRUE(FetchGrad(stub(), "h", "s", true, "f1").status.ok());
   EXPECT_EQ(SessionNamed(stub(), "s").grad_bytes(), 2 * one);
@@ -346,38 +335,33 @@ TEST_F(ComputeTest, SavedResetGradientIsCountedAndFreedByZeroGrad) {
 void RunCallThatNeverReads(v1::Flce::Stub &stub, const Problem &problem,
                            const v1::ComputeHeader &header) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(1500));
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
   auto stream = stub.Compute(&context);
   ASSERT_TRUE(stream->Write(HeaderMessage(header)));
-  const int64_t row_bytes = static_cast<int64_t>(problem.hidden_bytes.size()) /
-                            problem.spec.num_tokens;
+  const int64_t row_bytes =
+      static_cast<int64_t>(problem.hidden_bytes.size()) / problem.spec.num_tokens;
   const int64_t rows = 2048;
   for (int64_t t = 0; t < problem.spec.num_tokens; t += rows) {
-    if (!stream->Write(HiddenMessage(
-            t, problem.hidden_bytes.substr(t * row_bytes, rows * row_bytes)))) {
+    if (!stream->Write(
+            HiddenMessage(t, problem.hidden_bytes.substr(t * row_bytes, rows * row_bytes)))) {
       break;
     }
   }
   stream->WritesDone();
-  std::this_thread::sleep_for(
-      std::chrono::milliseconds(2000)); // past the deadline, unread
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // past the deadline, unread
   grpc::Status status = stream->Finish();
   EXPECT_FALSE(status.ok());
 }
 
-TEST_F(ComputeTest,
-       ClientGoneBeforeItsOutputsAreWrittenCommitsAndStagesNothing) {
+TEST_F(ComputeTest, ClientGoneBeforeItsOutputsAreWrittenCommitsAndStagesNothing) {
   StartServer(TestConfig());
   ProblemSpec ps = SmallSpec();
   ps.vocab_size = 97;
   ps.hidden_size = 512;
-  ps.num_tokens =
-      16384; // 32 MiB of fp32 grad_input: more than the transport buffers
+  ps.num_tokens = 16384;  // 32 MiB of fp32 grad_input: more than the transport buffers
   Problem problem = MakeProblem(ps);
   ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
-  RunCallThatNeverReads(stub(), problem,
-                        MakeHeader(problem, "h", "s", "gone-1"));
+  RunCallThatNeverReads(stub(), problem, MakeHeader(problem, "h", "s", "gone-1"));
   v1::ComputeHeader deferred = MakeHeader(problem, "h", "s", "gone-2");
   deferred.set_commit(v1::COMMIT_DEFERRED);
   RunCallThatNeverReads(stub(), problem, deferred);
@@ -388,8 +372,7 @@ TEST_F(ComputeTest,
   FetchedGrad grad = FetchGrad(stub(), "h", "s");
   ASSERT_TRUE(grad.status.ok());
   EXPECT_EQ(grad.header.contributions(), 0);
-  for (float g : grad.weight)
-    ASSERT_EQ(g, 0.0f);
+  for (float g : grad.weight) ASSERT_EQ(g, 0.0f);
 }
 
 TEST_F(ComputeTest, ReusedRequestIdWithOtherDataIsRefused) {
@@ -673,19 +656,17 @@ void ExpectGradUnchanged(v1::Flce::Stub &stub, const std::string &session_id,
 
 TEST_F(ComputeTest, WorkspaceTooSmallNamesTheFlagAndChangesNothing) {
   ServerConfig config = TestConfig();
-  config.workspace_bytes = 1024; // not even one token of a V=211 head
+  config.workspace_bytes = 1024;  // not even one token of a V=211 head
   StartServer(config);
   Problem problem = MakeProblem(SmallSpec());
   ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
-  ComputeOutcome out =
-      Compute(stub(), MakeHeader(problem, "h", "s", "w"), problem);
+  ComputeOutcome out = Compute(stub(), MakeHeader(problem, "h", "s", "w"), problem);
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(out.status.error_message(), HasSubstr("--workspace-mb"));
   FetchedGrad grad = FetchGrad(stub(), "h", "s");
   if (grad.status.ok()) {
     EXPECT_EQ(grad.header.contributions(), 0);
-    for (float g : grad.weight)
-      ASSERT_EQ(g, 0.0f);
+    for (float g : grad.weight) ASSERT_EQ(g, 0.0f);
   }
 }
 
@@ -699,8 +680,7 @@ TEST_F(ComputeTest, MaxRequestTokensIsEnforced) {
   small_spec.num_tokens = 8;
   Problem small = MakeProblem(small_spec);
   ASSERT_TRUE(UploadHead(stub(), "h", small).ok());
-  ASSERT_TRUE(
-      Compute(stub(), MakeHeader(small, "h", "s", "seed"), small).status.ok());
+  ASSERT_TRUE(Compute(stub(), MakeHeader(small, "h", "s", "seed"), small).status.ok());
   FetchedGrad before = FetchGrad(stub(), "h", "s");
   ComputeOutcome out = Compute(stub(), MakeHeader(problem, "h", "s", "big"), problem);
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
@@ -721,8 +701,7 @@ TEST_F(ComputeTest, MaxSessionsIsEnforced) {
   EXPECT_EQ(third.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(third.status.error_message(), HasSubstr("--max-sessions=2"));
   ExpectGradUnchanged(stub(), "a", before);
-  EXPECT_EQ(FetchGrad(stub(), "h", "c").status.error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(FetchGrad(stub(), "h", "c").status.error_code(), grpc::StatusCode::NOT_FOUND);
   // Deleting one makes room.
   grpc::ClientContext context;
   v1::DeleteSessionRequest del;

@@ -169,25 +169,20 @@ TEST_F(HeadsTest, RefusesEverythingOutsideTheRoot) {
 // [2^31, 2^31] F32 is 2^64 bytes: a product that wraps to 0 matched the
 // empty data_offsets and the load went on with an absurd head.
 TEST_F(HeadsTest, AbsurdShapeInTheFileHeaderIsRefusedAndTheServerKeepsServing) {
-  WriteSafetensors(
-      root_ / "huge.safetensors",
-      {{"w", "F32", {int64_t{1} << 31, int64_t{1} << 31}, std::string()}});
+  WriteSafetensors(root_ / "huge.safetensors",
+                   {{"w", "F32", {int64_t{1} << 31, int64_t{1} << 31}, std::string()}});
   v1::HeadInfo info;
-  grpc::Status s =
-      Load("huge.safetensors", "w", "", v1::DTYPE_UNSPECIFIED, &info);
+  grpc::Status s = Load("huge.safetensors", "w", "", v1::DTYPE_UNSPECIFIED, &info);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("does not fit in 64 bits"));
-  WriteSafetensors(root_ / "ok.safetensors",
-                   {{"w", "F32", {4, 2}, std::string(32, '\0')}});
-  EXPECT_TRUE(
-      Load("ok.safetensors", "w", "", v1::DTYPE_UNSPECIFIED, &info).ok());
+  WriteSafetensors(root_ / "ok.safetensors", {{"w", "F32", {4, 2}, std::string(32, '\0')}});
+  EXPECT_TRUE(Load("ok.safetensors", "w", "", v1::DTYPE_UNSPECIFIED, &info).ok());
 }
 
 class HeadFileLimitTest : public HeadsTest {
-protected:
+ protected:
   void SetUp() override {
-    base_ = fs::temp_directory_path() /
-            absl::StrCat("flce-head-limit-", getpid(), "-", counter_++);
+    base_ = fs::temp_directory_path() / absl::StrCat("flce-head-limit-", getpid(), "-", counter_++);
     root_ = base_ / "root";
     fs::create_directories(root_);
     ServerConfig config = TestConfig();
@@ -199,8 +194,7 @@ protected:
 };
 
 TEST_F(HeadFileLimitTest, FileHeadOverMaxHeadBytesIsRefusedBeforeItIsRead) {
-  WriteSafetensors(root_ / "h.safetensors",
-                   {{"w", "F32", {64, 16}, std::string(4096, '\0')}});
+  WriteSafetensors(root_ / "h.safetensors", {{"w", "F32", {64, 16}, std::string(4096, '\0')}});
   v1::HeadInfo info;
   grpc::Status s = Load("h.safetensors", "w", "", v1::DTYPE_UNSPECIFIED, &info);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);

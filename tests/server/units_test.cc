@@ -7,10 +7,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "client/cpp/wire_dtype.h"
 #include "flce/v1/convert.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "server/head_loader.h"
 #include "server/session_store.h"
 #include "server/status_mapping.h"

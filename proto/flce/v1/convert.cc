@@ -6,29 +6,29 @@ namespace flce {
 
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
   switch (dtype) {
-  case v1::DTYPE_FP32:
-    return DType::kF32;
-  case v1::DTYPE_FP16:
-    return DType::kF16;
-  case v1::DTYPE_BF16:
-    return DType::kBF16;
-  default:
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " = ", v1::DType_Name(dtype),
-                     " is not one of DTYPE_FP32, DTYPE_FP16, DTYPE_BF16"));
+    case v1::DTYPE_FP32:
+      return DType::kF32;
+    case v1::DTYPE_FP16:
+      return DType::kF16;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " = ", v1::DType_Name(dtype),
+                       " is not one of DTYPE_FP32, DTYPE_FP16, DTYPE_BF16"));
   }
 }
 
 v1::DType DTypeToProto(DType dtype) {
   switch (dtype) {
-  case DType::kF32:
-    return v1::DTYPE_FP32;
-  case DType::kF16:
-    return v1::DTYPE_FP16;
-  case DType::kBF16:
-    return v1::DTYPE_BF16;
+    case DType::kF32:
+      return v1::DTYPE_FP32;
+    case DType::kF16:
+      return v1::DTYPE_FP16;
+    case DType::kBF16:
+      return v1::DTYPE_BF16;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
 
-} // namespace flce
+}  // namespace flce

@@ -15,10 +15,9 @@
 namespace flce {
 
 // INVALID_ARGUMENT naming `field` for DTYPE_UNSPECIFIED or an unknown value.
-absl::StatusOr<DType> DTypeFromProto(v1::DType dtype,
-                                     absl::string_view field = "dtype");
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field = "dtype");
 v1::DType DTypeToProto(DType dtype);
 
-} // namespace flce
+}  // namespace flce
 
-#endif // FLCE_PROTO_FLCE_V1_CONVERT_H_
+#endif  // FLCE_PROTO_FLCE_V1_CONVERT_H_
