@@ -3,6 +3,7 @@
 #include <functional>
 #include <numeric>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/cli_main.h"
@@ -16,17 +17,29 @@
 namespace flce::cli {
 namespace {
 
+// The command line's names are the proto enum's, lowercased and without the
+// STRATEGY_ prefix ("auto", "chunked", "vocab_split", ...): a new strategy in
+// the proto appears here by itself.
+constexpr absl::string_view kStrategyPrefix = "STRATEGY_";
+
 const std::vector<std::string>& StrategyNames() {
-  static const std::vector<std::string>* names = new std::vector<std::string>{
-      "auto", "chunked", "vocab_split", "fuse_mn", "separate", "naive"};
+  static const std::vector<std::string>* names = [] {
+    auto* out = new std::vector<std::string>;
+    for (int i = v1::Strategy_MIN; i <= v1::Strategy_MAX; ++i) {
+      if (!v1::Strategy_IsValid(i)) continue;
+      std::string name = v1::Strategy_Name(static_cast<v1::Strategy>(i));
+      out->push_back(absl::AsciiStrToLower(name.substr(kStrategyPrefix.size())));
+    }
+    return out;
+  }();
   return *names;
 }
 
 v1::Strategy StrategyOf(const std::string& name) {
-  const auto& names = StrategyNames();
-  const int64_t index = std::find(names.begin(), names.end(), name) - names.begin();
-  // The list follows the proto enum's order (STRATEGY_AUTO = 0, ...).
-  return static_cast<v1::Strategy>(index);
+  v1::Strategy strategy = v1::STRATEGY_AUTO;
+  // The flag parser admits only StrategyNames(): parsing cannot fail.
+  v1::Strategy_Parse(absl::StrCat(kStrategyPrefix, absl::AsciiStrToUpper(name)), &strategy);
+  return strategy;
 }
 
 v1::Reduction ReductionOf(const std::string& name) {

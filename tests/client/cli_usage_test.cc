@@ -109,6 +109,20 @@ TEST(CliUsageTest, HelpForTheToolAndEverySubcommand) {
   }
 }
 
+// The names come from the proto's Strategy enum.
+TEST(CliUsageTest, ComputeOffersEveryStrategyOfTheProto) {
+  std::ostringstream out, err;
+  ASSERT_EQ(RunCli({"compute", "--help"}, out, err, false), 0);
+  for (const char* name : {"auto", "chunked", "vocab_split", "fuse_mn", "separate", "naive"}) {
+    EXPECT_NE(out.str().find(name), std::string::npos) << name << "\n" << out.str();
+  }
+  std::ostringstream bad;
+  EXPECT_EQ(RunCli({"compute", "--strategy", "STRATEGY_CHUNKED", "--head", "h", "--hidden", "x",
+                    "--targets", "y"},
+                   bad, err, false),
+            2);
+}
+
 TEST(CliUsageTest, UnreadableInputsFailWithTheirStatus) {
   const CliOutput run = RunArgs({"compute", "--head", "h", "--session", "s", "--hidden",
                                  "/nonexistent/h.npy", "--targets", "/nonexistent/t.npy"});
