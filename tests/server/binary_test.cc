@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/health_check.h"
 #include "gmock/gmock.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "tests/server/server_test_util.h"
 
@@ -159,32 +159,13 @@ std::string HttpGet(int port, const std::string& path) {
   return response;
 }
 
-// grpc.health.v1.Health/Check for the whole server, without generated
-// stubs: the request is an empty message, SERVING is field 1 = 1 (08 01).
-int HealthStatus(int port) {
+// grpc.health.v1.Health/Check for the whole server, with the client's own
+// check; -1 when the call fails.
+int ServerHealth(int port) {
   auto channel =
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::ByteBuffer request;  // empty HealthCheckRequest
-  grpc::Slice empty("", 0);
-  request = grpc::ByteBuffer(&empty, 1);
-  grpc::CompletionQueue cq;
-  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", request, &cq);
-  call->StartCall();
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag;
-  bool ok;
-  cq.Next(&tag, &ok);
-  if (!status.ok()) return -1;
-  std::vector<grpc::Slice> slices;
-  response.Dump(&slices);
-  std::string bytes;
-  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
+  absl::StatusOr<flce::HealthStatus> status = CheckHealth(channel, "", absl::Seconds(10));
+  return status.ok() ? static_cast<int>(*status) : -1;
 }
 
 Problem DemoSizedProblem() {
@@ -260,7 +241,8 @@ TEST(BinaryTest, MetricsExposerServesBesideTheCudaPlugin) {
   EXPECT_THAT(maps, HasSubstr("libflce_cuda.so"));
   EXPECT_THAT(maps, HasSubstr("libcublasLt"));
 #endif
-  EXPECT_EQ(HealthStatus(port), 1) << "grpc.health.v1 should answer SERVING";
+  EXPECT_EQ(ServerHealth(port), static_cast<int>(flce::HealthStatus::kServing))
+      << "grpc.health.v1 should answer SERVING";
   auto stub = StubFor(port);
   grpc::ClientContext context;
   v1::ServerInfo info;
