@@ -58,6 +58,10 @@ Problem MakeProblem(const ProblemSpec& spec);
 // counter), so every test sees fresh data.
 uint64_t FreshSeed();
 
+// FLCE_TEST_SEED=<decimal seed> in the environment (0 if unset): MakeProblem uses it for
+// every problem whose spec leaves the seed at 0, to replay a failure's printed seed.
+uint64_t ForcedSeed();
+
 // n values uniform in [lo, hi), as fp32 (the wire's type for a_t and e_t).
 std::vector<float> RandomFloats(int64_t n, float lo, float hi, uint64_t seed);
 

@@ -45,6 +45,9 @@ ReferenceOutput ComputeReference(const ReferenceInput& in) {
   out.grad_input.assign(BT * H, 0.0);
   out.grad_weight.assign(V * H, 0.0);
   out.grad_bias.assign(V, 0.0);
+  out.grad_input_abs.assign(BT * H, 0.0);
+  out.grad_weight_abs.assign(V * H, 0.0);
+  out.grad_bias_abs.assign(V, 0.0);
   for (int64_t t = 0; t < BT; ++t) {
     if (IsValid(in, in.targets[t])) ++out.n_valid;
   }
@@ -105,8 +108,11 @@ ReferenceOutput ComputeReference(const ReferenceInput& in) {
       for (int64_t k = 0; k < H; ++k) {
         out.grad_input[t * H + k] += dr * in.weight[j * H + k];
         out.grad_weight[j * H + k] += dr * h[k];
+        out.grad_input_abs[t * H + k] += std::abs(dr * in.weight[j * H + k]);
+        out.grad_weight_abs[j * H + k] += std::abs(dr * h[k]);
       }
       out.grad_bias[j] += dr;
+      out.grad_bias_abs[j] += std::abs(dr);
     }
   }
   return out;

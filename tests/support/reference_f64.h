@@ -45,6 +45,12 @@ struct ReferenceOutput {
   std::vector<double> grad_input;      // BT x H
   std::vector<double> grad_weight;     // V x H
   std::vector<double> grad_bias;       // V (zeros when there is no bias)
+  // The same sums with every term replaced by its absolute value: sum_i |dr_ti W_ik|,
+  // sum_t |dr_ti h_tk|, sum_t |dr_ti|. Where terms cancel (out << out_abs) an fp32 engine
+  // cannot be closer than about 2^-24 * out_abs: conformance_checks.cc floors the norm.
+  std::vector<double> grad_input_abs;   // BT x H
+  std::vector<double> grad_weight_abs;  // V x H
+  std::vector<double> grad_bias_abs;    // V
 };
 
 // Computes everything MATH.md defines for one request. The input is trusted
