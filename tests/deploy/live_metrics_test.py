@@ -224,19 +224,30 @@ def main():
                                  "--targets", os.path.join(work, "t.npy"), "--dtype", "bf16")
             c.check(rc != 0, "compute with hidden rows of the wrong size succeeded")
 
+            # flce::Client asks for the server's message limit (GetServerInfo) before its
+            # first compute, to cut chunks to it: one per flce-client compute process.
             expected_requests = {("DescribeHead", "OK"): 1, ("DescribeHead", "NOT_FOUND"): 1,
-                                 ("Compute", "OK"): 1, ("Compute", "INVALID_ARGUMENT"): 1}
+                                 ("Compute", "OK"): 1, ("Compute", "INVALID_ARGUMENT"): 1,
+                                 ("GetServerInfo", "OK"): 2}
 
             def delta(after, name, **labels):
                 return fc.total(after, name, **labels) - fc.total(before, name, **labels)
 
             # Counters are recorded as calls finish, and gauges may be refreshed by the
-            # server's periodic sweeper (every second): poll until both settle.
+            # server's periodic sweeper (every second): poll until both settle. The
+            # session gauges (pending gradients back to 0 after the commit on complete,
+            # nothing in flight) are among them: a scrape less than a sweep after the last
+            # call may still show the state before it. The poll is bounded (15 s), so a
+            # gauge that never settles still fails the checks below.
             def settled(samples):
+                inflight = [v for _, v in fc.select(samples, "flce_inflight_requests")]
                 return (all(delta(samples, "flce_requests_total", rpc=r, code=k) >= n
                             for (r, k), n in expected_requests.items())
                         and fc.total(samples, "flce_heads_loaded") >= 1
                         and fc.total(samples, "flce_sessions") >= 1
+                        and bool(fc.select(samples, "flce_sessions_with_pending_gradients"))
+                        and fc.total(samples, "flce_sessions_with_pending_gradients") == 0
+                        and bool(inflight) and all(v == 0 for v in inflight)
                         and fc.total(samples, "flce_workspace_budget_bytes") > 0)
 
             after_types, after = {}, []
