@@ -18,18 +18,20 @@ skip='/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libc
 
 libs=()
 for elf in "$@"; do
-  if ! ldd "$elf" >/dev/null; then
+  # ldd runs once and its output is read from a variable: no pipe that a reader closes
+  # early (grep -q, awk's exit), whose writer would die of SIGPIPE under pipefail.
+  if ! deps="$(ldd "$elf")"; then
     echo "runtime-packages: cannot read the libraries of $elf" >&2
     exit 1
   fi
-  if ldd "$elf" | grep -q 'not found'; then
+  if grep -q 'not found' <<<"$deps"; then
     echo "runtime-packages: $elf has unresolved libraries:" >&2
-    ldd "$elf" | grep 'not found' >&2
+    grep 'not found' <<<"$deps" >&2
     exit 1
   fi
   while read -r lib; do
     [[ -n "$lib" ]] && libs+=("$lib")
-  done < <(ldd "$elf" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -v -E "$skip" \
+  done < <(awk '/=>/ && $3 ~ /^\// {print $3}' <<<"$deps" | grep -v -E "$skip" \
              | grep -v '^/usr/local/cuda' || true)
 done
 
@@ -50,7 +52,9 @@ owners="$(grep -H -x -F -f <(printf '%s\n' "$patterns") /var/lib/dpkg/info/*.lis
 for lib in "${unique[@]}"; do
   owner=""
   while read -r v; do
-    owner="$(printf '%s\n' "$owners" | awk -F: -v v="$v" '$NF == v { print $1; exit }')"
+    # A here-string, not a pipe: awk exits at the first match, and a printf still writing
+    # into the closed pipe would die of SIGPIPE (141), which pipefail makes fatal.
+    owner="$(awk -F: -v v="$v" '$NF == v { print $1; exit }' <<<"$owners")"
     [[ -n "$owner" ]] && break
   done < <(variants "$lib")
   if [[ -z "$owner" ]]; then
