@@ -133,6 +133,7 @@ struct ComputeResult {
   int64_t n_correct = 0;
   std::string strategy_used;
   double engine_ms = 0.0;
+  double wait_ms = 0.0;  // time spent waiting for the engine (its workspace) to be free
   // Filled when asked for in OutputSelection; num_tokens each.
   std::vector<float> per_token_loss;
   std::vector<float> logprob;

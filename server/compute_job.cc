@@ -118,13 +118,11 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
       spec_.grad_out = staging_.get();
     }
   }
-  absl::Time before = absl::Now();
   FLCE_ASSIGN_OR_RETURN(
       call_, ctx_.engine->StartCompute(head_.head, spec_,
                                        [this](int64_t offset, int64_t rows, std::string data) {
                                          OnGradInput(offset, rows, std::move(data));
                                        }));
-  wait_ms_ = absl::ToDoubleMilliseconds(absl::Now() - before);
   return absl::OkStatus();
 }
 
@@ -240,7 +238,7 @@ absl::Status ComputeJob::Complete() {
   }
   v1::Timings* timings = summary->mutable_timings();
   timings->set_engine_ms(result.engine_ms);
-  timings->set_wait_ms(wait_ms_);
+  timings->set_wait_ms(result.wait_ms);
   timings->set_total_ms(absl::ToDoubleMilliseconds(absl::Now() - start_));
   channel_->Send(std::move(response));
   return absl::OkStatus();

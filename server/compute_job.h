@@ -64,7 +64,6 @@ class ComputeJob {
   const Principal& who_;
   RpcScope* scope_;
   absl::Time start_;
-  double wait_ms_ = 0.0;
 
   v1::ComputeHeader header_;
   HeadEntry head_;

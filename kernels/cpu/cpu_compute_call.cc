@@ -160,8 +160,11 @@ void CpuComputeCall::Flush() {
   // released; the sink runs without it.
   std::vector<std::pair<int64_t, std::string>> messages;
   {
+    const auto asked = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(ctx_->mu);
     const auto start = std::chrono::steady_clock::now();
+    // Other calls' chunks hold the shared workspace meanwhile.
+    wait_ms_ += std::chrono::duration<double, std::milli>(start - asked).count();
     RunChunk(*ctx_, head_, spec_.options, args);
     if (want_grad_input_) {
       const int64_t H = hidden_size_;
@@ -208,6 +211,7 @@ absl::StatusOr<ComputeResult> CpuComputeCall::Finish() {
   result.strategy_used = kCpuStrategyName;
   result.n_valid = n_valid_;
   result.engine_ms = engine_ms_;
+  result.wait_ms = wait_ms_;
   const OutputSelection& want = spec_.outputs;
   if (want.per_token_loss) result.per_token_loss.resize(BT);
   if (want.logprob) result.logprob.resize(BT);

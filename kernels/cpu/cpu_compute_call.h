@@ -60,6 +60,7 @@ class CpuComputeCall : public ComputeCall {
   int64_t received_count_ = 0;
   std::vector<RowStats> stats_;  // per token
   double engine_ms_ = 0.0;
+  double wait_ms_ = 0.0;
 
   // Rows waiting for their chunk, in arrival order.
   std::vector<float> pending_hidden_;  // chunk_tokens x H

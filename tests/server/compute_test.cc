@@ -438,6 +438,38 @@ TEST_F(ComputeTest, CommitWithoutAScaleAppliesOne) {
   EXPECT_LE(RelativeError(Doubles(grad.weight), ref.grad_weight), kTol);
 }
 
+// wait_ms is the time a call waited for the engine while another call's
+// chunks ran, not the time StartCompute took.
+TEST_F(ComputeTest, WaitMsCountsTheTimeSpentWaitingForTheEngine) {
+  StartServer(TestConfig());
+  ProblemSpec ps = SmallSpec();
+  ps.vocab_size = 1000;
+  ps.hidden_size = 128;
+  ps.num_tokens = 1024;
+  Problem problem = MakeProblem(ps);
+  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  std::vector<ComputeOutcome> outcomes(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      v1::ComputeHeader header = MakeHeader(problem, "h", absl::StrCat("s", i), "r");
+      header.set_chunk_tokens(32);
+      ComputeOptions options;
+      options.rows_per_chunk = 64;
+      outcomes[i] = Compute(stub(), header, problem, options);
+    });
+  }
+  for (auto &t : threads) t.join();
+  double waited = 0.0;
+  for (const ComputeOutcome &out : outcomes) {
+    ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+    const v1::Timings &timings = out.summary.timings();
+    EXPECT_LE(timings.wait_ms() + timings.engine_ms(), timings.total_ms());
+    waited += timings.wait_ms();
+  }
+  EXPECT_GT(waited, 0.0);
+}
+
 TEST_F(ComputeTest, ZeroGradClearsTheAccumulator) {
   StartServer(TestConfig());
   Problem problem = MakeProblem(SmallSpec());
