@@ -92,6 +92,13 @@ TEST(ResolveUnderRootTest, AcceptsInsideAndRefusesOutside) {
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(ResolveUnderRoot(root, "d/missing").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ResolveUnderRoot("", "d/x").status().code(), absl::StatusCode::kFailedPrecondition);
+  // A link out of the root: refused without saying where it leads.
+  fs::create_symlink(base / "secret", base / "root" / "link");
+  absl::Status linked = ResolveUnderRoot(root, "link").status();
+  EXPECT_EQ(linked.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(linked.message()), ::testing::HasSubstr("\"link\""));
+  EXPECT_THAT(std::string(linked.message()),
+              ::testing::Not(::testing::HasSubstr(fs::canonical(base).string())));
   fs::remove_all(base);
 }
 
