@@ -4,6 +4,8 @@
 
 #include <chrono>
 
+#include "kernels/status_macros.h"
+
 namespace flce::cpu {
 namespace {
 
@@ -16,13 +18,13 @@ void Lap(std::chrono::steady_clock::time_point& since, double& total) {
 
 }  // namespace
 
-void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
-              const ChunkArgs& args) {
+absl::Status RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
+                      const ChunkArgs& args) {
   const int64_t M = args.rows;
   const int64_t V = head.spec().vocab_size;
   const int64_t H = head.spec().hidden_size;
-  if (M == 0) return;
-  ctx.Reserve(M, V, H);
+  if (M == 0) return absl::OkStatus();
+  FLCE_RETURN_IF_ERROR(ctx.Reserve(M, V, H));
   // OpenBLAS's thread count is process-wide; engines with different configs
   // may share the process, so each chunk sets its own (cheap when unchanged).
   openblas_set_num_threads(ctx.threads);
@@ -50,7 +52,7 @@ void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
     }
   });
   Lap(clock, times.row_pass);
-  if (!want_dr) return;
+  if (!want_dr) return absl::OkStatus();
 
   if (args.want_grad_input) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, H, V, 1.0f, logits, V, W, H, 0.0f,
@@ -72,6 +74,7 @@ void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
       Lap(clock, times.grad_bias);
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace flce::cpu

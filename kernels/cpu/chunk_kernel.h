@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "kernels/cpu/cpu_context.h"
 #include "kernels/cpu/cpu_grad_buffer.h"
 #include "kernels/cpu/cpu_head.h"
@@ -27,8 +28,8 @@ struct ChunkArgs {
 
 // Runs with ctx.mu held by the caller. grad_input (when wanted) lands in
 // ctx.grad_input, M x H fp32.
-void RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
-              const ChunkArgs& args);
+absl::Status RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& options,
+                      const ChunkArgs& args);
 
 }  // namespace flce::cpu
 

@@ -128,14 +128,16 @@ absl::Status CpuComputeCall::AddHidden(int64_t token_offset, int64_t rows, const
     }
     for (int64_t r = 0; r < take; ++r) pending_tokens_.push_back(token_offset + done + r);
     done += take;
-    if (static_cast<int64_t>(pending_tokens_.size()) == chunk_tokens_) Flush();
+    if (static_cast<int64_t>(pending_tokens_.size()) == chunk_tokens_) {
+      FLCE_RETURN_IF_ERROR(Flush());
+    }
   }
   return absl::OkStatus();
 }
 
-void CpuComputeCall::Flush() {
+absl::Status CpuComputeCall::Flush() {
   const int64_t M = static_cast<int64_t>(pending_tokens_.size());
-  if (M == 0) return;
+  if (M == 0) return absl::OkStatus();
   chunk_targets_.resize(M);
   chunk_token_weights_.resize(M);
   chunk_entropy_weights_.resize(M);
@@ -165,7 +167,7 @@ void CpuComputeCall::Flush() {
     const auto start = std::chrono::steady_clock::now();
     // Other calls' chunks hold the shared workspace meanwhile.
     wait_ms_ += std::chrono::duration<double, std::milli>(start - asked).count();
-    RunChunk(*ctx_, head_, spec_.options, args);
+    FLCE_RETURN_IF_ERROR(RunChunk(*ctx_, head_, spec_.options, args));
     if (want_grad_input_) {
       const int64_t H = hidden_size_;
       const int64_t row_bytes = H * DTypeSize(spec_.hidden_dtype);
@@ -191,6 +193,7 @@ void CpuComputeCall::Flush() {
     const int64_t rows = static_cast<int64_t>(bytes.size()) / row_bytes;
     sink_(offset, rows, std::move(bytes));
   }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ComputeResult> CpuComputeCall::Finish() {
@@ -204,7 +207,7 @@ absl::StatusOr<ComputeResult> CpuComputeCall::Finish() {
                                                       " never given (", received_count_, " of ",
                                                       BT, " tokens received)"));
   }
-  Flush();
+  FLCE_RETURN_IF_ERROR(Flush());
   finished_ = true;
 
   ComputeResult result;

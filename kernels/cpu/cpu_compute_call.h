@@ -38,7 +38,7 @@ class CpuComputeCall : public ComputeCall {
                  ComputeSpec spec, GradInputSink sink, CpuGradBuffer* grad,
                  int64_t chunk_tokens);
   // Runs the pending rows as one chunk and hands their grad_input to the sink.
-  void Flush();
+  absl::Status Flush();
 
   std::shared_ptr<CpuContext> ctx_;
   std::shared_ptr<const Head> head_holder_;

@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/row_pass.h"
+#include "kernels/status_macros.h"
 
 namespace flce::cpu {
 
@@ -30,16 +32,22 @@ absl::StatusOr<int64_t> CpuContext::ChooseChunkTokens(int64_t requested, int64_t
   return std::max<int64_t>(1, std::min(wanted, fit));
 }
 
-void CpuContext::Reserve(int64_t chunk_tokens, int64_t vocab_size, int64_t hidden_size) {
+absl::Status CpuContext::Reserve(int64_t chunk_tokens, int64_t vocab_size, int64_t hidden_size) {
   const size_t logits_size = static_cast<size_t>(chunk_tokens * vocab_size);
   const size_t grad_size = static_cast<size_t>(chunk_tokens * hidden_size);
   const size_t scratch_size = static_cast<size_t>(threads * kRowScratchPerVocab * vocab_size);
-  if (logits.size() < logits_size) logits.resize(logits_size);
-  if (grad_input.size() < grad_size) grad_input.resize(grad_size);
-  if (scratch.size() < scratch_size) scratch.resize(scratch_size);
+  // Bounded by --workspace-mb, which may still be more than the host has.
+  FLCE_RETURN_IF_ERROR(TryAllocate(
+      "the engine workspace (--workspace-mb)",
+      static_cast<int64_t>((logits_size + grad_size + scratch_size) * sizeof(float)), [&] {
+        if (logits.size() < logits_size) logits.resize(logits_size);
+        if (grad_input.size() < grad_size) grad_input.resize(grad_size);
+        if (scratch.size() < scratch_size) scratch.resize(scratch_size);
+      }));
   shared_bytes = static_cast<int64_t>((logits.size() + grad_input.size() + scratch.size()) *
                                       sizeof(float));
   UpdatePeak();
+  return absl::OkStatus();
 }
 
 void CpuContext::TrackCallBytes(int64_t delta) {

@@ -44,7 +44,8 @@ struct CpuContext {
   absl::StatusOr<int64_t> ChooseChunkTokens(int64_t requested, int64_t vocab_size,
                                             int64_t hidden_size) const;
   // Grows the shared buffers to hold a chunk; call with mu held.
-  void Reserve(int64_t chunk_tokens, int64_t vocab_size, int64_t hidden_size);
+  // RESOURCE_EXHAUSTED when the host cannot give the memory.
+  absl::Status Reserve(int64_t chunk_tokens, int64_t vocab_size, int64_t hidden_size);
   // Per-call buffers (pending hidden rows) entering and leaving.
   void TrackCallBytes(int64_t delta);
   int64_t peak_bytes() const { return peak.load(); }
