@@ -31,6 +31,8 @@
 #include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda/fused_row_kernel.cuh"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/logits_stats_gemm.cuh"
+#include "kernels/cuda/tile_stats_kernels.cuh"
 #include "kernels/cuda/policy.h"
 #include "nlohmann/json.hpp"
 
@@ -63,9 +65,13 @@ struct Flags {
   // chunked_cluster / chunked_two_pass: the chunked plan with one row
   // kernel forced (FLCE_CUDA_ROW_KERNEL), to compare them.
   // chunked_overlap: FLCE_CUDA_OVERLAP=1 (row kernel beside the GEMMs).
-  std::vector<std::string> strategies = {"chunked",     "chunked_cluster", "chunked_two_pass",
-                                         "chunked_overlap", "vocab_split", "fuse_mn",
-                                         "separate",    "naive",           "auto"};
+  // chunked_cublas: the chunked plan on the fp32-logits cuBLAS path
+  // (FLCE_CUDA_LOGITS=cublas), as on non-Hopper GPUs or with a softcap;
+  // the three variants above also run on that path.
+  std::vector<std::string> strategies = {"chunked",         "chunked_cublas",   "chunked_cluster",
+                                         "chunked_two_pass", "chunked_overlap", "vocab_split",
+                                         "fuse_mn",         "separate",         "naive",
+                                         "auto"};
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -223,6 +229,97 @@ nlohmann::json StageBreakdown(CudaEngine& engine, const CudaHead& head, const Pl
   return out;
 }
 
+// The same for the logits-stats path: its GEMM (with the row partials in
+// the epilogue), the row finish, the dlogits pass and the two cuBLAS GEMMs.
+nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, const Plan& plan,
+                                  const DeviceRequest& req, int reps) {
+  nlohmann::json out;
+  const cuda::HeadView hv = head.view();
+  const int64_t rows = std::min(plan.chunk_tokens, req.rows);
+  const int64_t tiles = cuda::LogitsStatsTiles(hv.padded_vocab);
+  std::lock_guard<std::mutex> lock(engine.submit_mutex());
+  auto scratch = engine.Scratch(plan.scratch_bytes, "stage breakdown");
+  if (!scratch.ok()) return out;
+  cuda::Carver c(*scratch);
+  void* e = c.TakeBytes(rows * hv.padded_vocab * 2);
+  cuda::TileStats stats;
+  stats.max = c.Take<float>(rows * tiles);
+  stats.sum_exp = c.Take<float>(rows * tiles);
+  stats.sez = c.Take<float>(rows * tiles);
+  stats.sum_z = c.Take<float>(rows * tiles);
+  stats.argmax = c.Take<int32_t>(rows * tiles);
+  float* zy = c.Take<float>(rows);
+  cuda::RowGrad* grad = c.Take<cuda::RowGrad>(rows);
+  if (c.used() > plan.scratch_bytes) return out;
+  cudaStream_t stream = engine.compute_stream();
+  cuda::DeviceHealth* health = engine.context()->health();
+  cuda::Gemm gemm;
+  gemm.handle = engine.exec().cublas;
+  gemm.stream = stream;
+  gemm.health = health;
+  gemm.dtype = hv.dtype;
+  cuda::LogitsStatsArgs g;
+  g.x = req.hidden;
+  g.w = hv.weight;
+  g.rows = rows;
+  g.hidden = hv.hidden;
+  g.vocab = hv.vocab;
+  g.padded_vocab = hv.padded_vocab;
+  g.exp_out = e;
+  g.target = req.in.target;
+  g.target_logit = zy;
+  g.stats = stats;
+  cuda::TileRowArgs t;
+  t.rows = rows;
+  t.padded_vocab = hv.padded_vocab;
+  t.tiles = tiles;
+  t.stats = stats;
+  t.target_logit = zy;
+  t.in = req.in;
+  t.out = req.out;
+  t.params = req.params;
+  t.grad = grad;
+  t.exp_dlogits = e;
+  auto stats_gemm = [&]() { return cuda::LaunchLogitsStats(hv.dtype, g, stream, health).ok(); };
+  auto finish = [&]() { return cuda::LaunchTileFinish(t, stream, health).ok(); };
+  auto gemm_and_finish = [&]() { return stats_gemm() && finish(); };
+  auto time_with_setup = [&](const std::function<bool()>& setup, const std::function<bool()>& fn) {
+    std::vector<double> ms;
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    for (int i = 0; i < reps + 1; ++i) {
+      if (setup && !setup()) return -1.0;
+      cudaEventRecord(a, stream);
+      if (!fn()) return -1.0;
+      cudaEventRecord(b, stream);
+      cudaEventSynchronize(b);
+      float ms_i = 0;
+      cudaEventElapsedTime(&ms_i, a, b);
+      if (i > 0) ms.push_back(ms_i);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  out["chunk_tokens"] = rows;
+  out["logits_stats_gemm_ms"] = time_with_setup(nullptr, stats_gemm);
+  out["row_finish_ms"] = time_with_setup(stats_gemm, finish);
+  out["dlogits_pass_ms"] = time_with_setup(gemm_and_finish, [&]() {
+    return cuda::LaunchTileGrad(hv.dtype, t, stream, health).ok();
+  });
+  out["grad_input_gemm_ms"] = time_with_setup(nullptr, [&]() {
+    return gemm.GradInput(e, hv.padded_vocab, hv.weight, rows, hv.padded_vocab, hv.hidden,
+                          req.grad_input, hv.dtype, 0.0f).ok();
+  });
+  out["grad_weight_gemm_ms"] = time_with_setup(nullptr, [&]() {
+    return gemm.GradWeight(e, hv.padded_vocab, req.hidden, rows, hv.padded_vocab, hv.hidden,
+                           req.grad_weight).ok();
+  });
+  return out;
+}
+
 std::string Today() {
   std::time_t now = std::time(nullptr);
   char buf[32];
@@ -355,7 +452,22 @@ int Main(int argc, char** argv) {
       pr.strategy = Strategy::kChunked;
       pr.num_tokens = sh.bt;
       pr.hidden_dtype = DType::kBF16;
+      auto tile_plan = engine->PlanFor(*head, pr);
+      if (tile_plan.ok() && tile_plan->tile_stats) {
+        nlohmann::json st = TileStageBreakdown(*engine, *head, *tile_plan, req, 5);
+        const double chunks = std::ceil(double(sh.bt) / tile_plan->chunk_tokens);
+        std::printf("  logits-stats path, one chunk of %lld tokens (x%.0f chunks): %s\n",
+                    (long long)tile_plan->chunk_tokens, chunks, st.dump().c_str());
+        nlohmann::json rec = {{"strategy", "chunked_tile_stats_stage_breakdown"}, {"BT", sh.bt},
+                              {"H", sh.h}, {"V", sh.v}, {"dtype", "bf16"},
+                              {"gemm_bound_ms", bound_ms}, {"gpu", gpu}, {"date", date},
+                              {"commit", flags.commit}, {"chunks", chunks},
+                              {"stages_per_chunk_ms", st}};
+        records.push_back(rec);
+      }
+      setenv("FLCE_CUDA_LOGITS", "cublas", 1);
       auto plan = engine->PlanFor(*head, pr);
+      unsetenv("FLCE_CUDA_LOGITS");
       if (plan.ok()) {
         nlohmann::json st = StageBreakdown(*engine, *head, *plan, req, 5);
         const double chunks = std::ceil(double(sh.bt) / plan->chunk_tokens);
@@ -373,9 +485,10 @@ int Main(int argc, char** argv) {
       const char* row_kernel = name == "chunked_two_pass" ? "two_pass"
                                : name == "chunked_cluster" ? "cluster"
                                                            : nullptr;
-      const Strategy strategy = row_kernel != nullptr || name == "chunked_overlap"
-                                    ? Strategy::kChunked
-                                    : ParseStrategy(name);
+      const bool cublas_logits = row_kernel != nullptr || name == "chunked_overlap" ||
+                                 name == "chunked_cublas";
+      const Strategy strategy = cublas_logits ? Strategy::kChunked : ParseStrategy(name);
+      if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
       nlohmann::json rec = {{"strategy", name},     {"BT", sh.bt},   {"H", sh.h},
                             {"V", sh.v},            {"dtype", "bf16"}, {"gemm_bound_ms", bound_ms},
                             {"gpu", gpu},           {"date", date},  {"commit", flags.commit},
@@ -395,6 +508,7 @@ int Main(int argc, char** argv) {
         rec["workspace_budget_mib"] = flags.wall_mb;
       }
       if (!plan.ok()) {
+        unsetenv("FLCE_CUDA_LOGITS");
         rec["refused"] = std::string(plan.status().message());
         rec["ms"] = nullptr;
         rec["ratio"] = nullptr;
@@ -423,6 +537,7 @@ int Main(int argc, char** argv) {
       });
       unsetenv("FLCE_CUDA_ROW_KERNEL");
       unsetenv("FLCE_CUDA_OVERLAP");
+      unsetenv("FLCE_CUDA_LOGITS");
       if (ms < 0) {
         rec["error"] = run_status.ToString();
         std::printf("  %-12s failed: %s\n", name.c_str(), run_status.ToString().c_str());
@@ -434,6 +549,10 @@ int Main(int argc, char** argv) {
       const int64_t ws = plan->scratch_bytes +
                          (plan->strategy == Strategy::kChunked ? 2 * plan->stream_slot_bytes : 0);
       rec["strategy_used"] = StrategyName(plan->strategy);
+      if (plan->strategy == Strategy::kChunked) {
+        rec["logits_path"] = plan->tile_stats ? "logits_stats_gemm" : "cublas_fp32";
+        rec["chunk_tokens"] = plan->chunk_tokens;
+      }
       rec["ms"] = ms;
       rec["ratio"] = ms / bound_ms;
       rec["tflops"] = flops / ms / 1e9;

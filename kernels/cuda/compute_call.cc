@@ -134,6 +134,7 @@ absl::Status CudaComputeCall::Init() {
   req.chunk_tokens = spec_.chunk_tokens;
   req.deterministic = spec_.deterministic;
   req.streaming = true;
+  req.plain_logits = !(spec_.options.softcap > 0.0f) && spec_.options.temperature == 1.0f;
   // Refusals (budget, determinism) come before waiting for the engine.
   FLCE_ASSIGN_OR_RETURN(plan_, engine_->PlanFor(*head_, req));
   FLCE_RETURN_IF_ERROR(engine_->context()->Enter());

@@ -11,8 +11,10 @@
 #include "kernels/cuda/fuse_mn_kernel.cuh"
 #include "kernels/cuda/fused_row_kernel.cuh"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/logits_stats_gemm.cuh"
 #include "kernels/cuda/policy.h"
 #include "kernels/cuda/split_row_kernels.cuh"
+#include "kernels/cuda/tile_stats_kernels.cuh"
 #include "kernels/status_macros.h"
 
 namespace flce::cuda {
@@ -85,6 +87,54 @@ Scratch Carve(char* base, int64_t rows, int64_t logits_cols, const TokenBytes& t
     s.grad = c.Take<RowGrad>(rows);
   }
   return s;
+}
+
+// The logits-stats path's scratch: fp16 e (then dlogits) per logit, five
+// partials per (row, 256-column tile), z_y and RowGrad per row.
+int64_t TilePerTokenBytes(const HeadView& head) {
+  const int64_t tiles = LogitsStatsTiles(head.padded_vocab);
+  return head.padded_vocab * 2 + tiles * 5 * 4 + 4 + static_cast<int64_t>(sizeof(RowGrad));
+}
+
+int64_t TileScratchBytes(int64_t rows, const HeadView& head, const TokenBytes& tb) {
+  const int64_t tiles = LogitsStatsTiles(head.padded_vocab);
+  int64_t bytes = Carver::Round(rows * head.padded_vocab * 2) + Carver::Round(rows * tiles * 4) * 5 +
+                  Carver::Round(rows * 4) + Carver::Round(rows * static_cast<int64_t>(sizeof(RowGrad)));
+  bytes += Carver::Round(rows * tb.conv) + Carver::Round(rows * tb.gi32) +
+           Carver::Round(rows * tb.ones);
+  return bytes + 4096;
+}
+
+struct TileScratch {
+  void* exp_dlogits = nullptr;
+  TileStats stats;
+  float* target_logit = nullptr;
+  RowGrad* grad = nullptr;
+  Scratch rest;  // conv, gi32, ones
+};
+
+TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const TokenBytes& tb) {
+  const int64_t tiles = LogitsStatsTiles(head.padded_vocab);
+  Carver c(base);
+  TileScratch s;
+  s.exp_dlogits = c.TakeBytes(rows * head.padded_vocab * 2);
+  s.stats.max = c.Take<float>(rows * tiles);
+  s.stats.sum_exp = c.Take<float>(rows * tiles);
+  s.stats.sez = c.Take<float>(rows * tiles);
+  s.stats.sum_z = c.Take<float>(rows * tiles);
+  s.stats.argmax = c.Take<int32_t>(rows * tiles);
+  s.target_logit = c.Take<float>(rows);
+  s.grad = c.Take<RowGrad>(rows);
+  if (tb.conv) s.rest.conv = c.TakeBytes(rows * tb.conv);
+  if (tb.gi32) s.rest.gi32 = c.Take<float>(rows * head.hidden);
+  s.rest.ones = c.TakeBytes(rows * tb.ones);
+  return s;
+}
+
+// The chunked plan takes the logits-stats GEMM for plain logits (no bias,
+// softcap or temperature) on heads and devices it supports.
+bool UseTileStats(const HeadView& head, const PlanRequest& req) {
+  return req.plain_logits && head.bias == nullptr && LogitsStatsSupported(head.dtype, head.hidden);
 }
 
 Gemm MakeGemm(const Exec& exec, const HeadView& head) {
@@ -309,7 +359,9 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
       // Two upload/download slots: hidden in, grad_input out, row inputs and
       // outputs (target, a, e; loss, z-loss, logprob, entropy, argmax).
       const int64_t slot_tok = req.streaming ? 2 * (2 * head.hidden * hs_in + 12 + 20) : 0;
-      const int64_t per_tok = head.padded_vocab * 4 + tb.total() + slot_tok;
+      plan.tile_stats = UseTileStats(head, req);
+      const int64_t per_tok = (plan.tile_stats ? TilePerTokenBytes(head) : head.padded_vocab * 4) +
+                              tb.total() + slot_tok;
       int64_t chunk = AlignDown((budget - 64 * 1024) / per_tok, ChunkPolicy::kTokenAlign);
       chunk = std::min(chunk, ChunkPolicy::kMaxTokens);
       // The floor applies to what the budget allows, not to a caller's
@@ -321,7 +373,8 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
       if (req.chunk_tokens > 0) chunk = std::min(chunk, req.chunk_tokens);
       chunk = std::min(chunk, AlignUp(n, ChunkPolicy::kTokenAlign));
       plan.chunk_tokens = chunk;
-      plan.scratch_bytes = ScratchBytes(chunk, head.padded_vocab, tb, 0);
+      plan.scratch_bytes = plan.tile_stats ? TileScratchBytes(chunk, head, tb)
+                                           : ScratchBytes(chunk, head.padded_vocab, tb, 0);
       if (req.streaming) {
         plan.stream_slot_bytes = Carver::Round(chunk * head.hidden * hs_in) * 2 +
                                  Carver::Round(chunk * 4) * 8 + 256;
@@ -452,9 +505,49 @@ absl::Status RunChunkOverlapped(const Exec& exec, const HeadView& head, const De
   return Backward(exec, head, rest, s, x, s.logits, ld_d);
 }
 
+// One chunk on the logits-stats path: GEMM + partials, row finish, dlogits
+// in place of e, then the cuBLAS backward over the 16-bit dlogits.
+absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Plan& plan,
+                               const DeviceRequest& r, char* scratch) {
+  if (r.params.softcap > 0.0f || r.params.temperature != 1.0f || head.bias != nullptr) {
+    return absl::InternalError("logits-stats plan given a logit transform");
+  }
+  const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, false);
+  const TileScratch s = CarveTile(scratch, plan.chunk_tokens, head, tb);
+  FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s.rest));
+  LogitsStatsArgs g;
+  g.x = x;
+  g.w = head.weight;
+  g.rows = r.rows;
+  g.hidden = head.hidden;
+  g.vocab = head.vocab;
+  g.padded_vocab = head.padded_vocab;
+  g.exp_out = s.exp_dlogits;
+  g.target = r.in.target;
+  g.target_logit = s.target_logit;
+  g.stats = s.stats;
+  FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
+  TileRowArgs t;
+  t.rows = r.rows;
+  t.padded_vocab = head.padded_vocab;
+  t.tiles = LogitsStatsTiles(head.padded_vocab);
+  t.stats = s.stats;
+  t.target_logit = s.target_logit;
+  t.in = r.in;
+  t.out = r.out;
+  t.params = r.params;
+  t.grad = s.grad;
+  t.exp_dlogits = s.exp_dlogits;
+  FLCE_RETURN_IF_ERROR(LaunchTileFinish(t, exec.stream, exec.health));
+  if (!WantsBackward(r)) return absl::OkStatus();
+  FLCE_RETURN_IF_ERROR(LaunchTileGrad(head.dtype, t, exec.stream, exec.health));
+  return Backward(exec, head, r, s.rest, x, s.exp_dlogits, head.padded_vocab);
+}
+
 absl::Status RunChunk(const Exec& exec, const HeadView& head, const Plan& plan,
                       const DeviceRequest& r, char* scratch) {
   if (r.rows > plan.chunk_tokens) return absl::InternalError("chunk larger than the plan's");
+  if (plan.tile_stats) return RunTileStatsChunk(exec, head, plan, r, scratch);
   const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, false);
   const Scratch s = Carve(scratch, plan.chunk_tokens, head.padded_vocab, tb, head, false, false);
   FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s));

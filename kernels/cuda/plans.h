@@ -3,9 +3,12 @@
 // workspace budget. The engine's calls and the benchmark both run plans
 // through RunPlan / RunChunk, so that what is measured is what is served.
 //
-//   chunked      token chunks; fp32 logits of a chunk in the workspace, one
-//                fused row kernel overwrites them with dlogits; cuBLAS does
-//                grad_input and grad_W (+= fp32, beta = 1).
+//   chunked      token chunks; on Hopper with plain logits, a GEMM with the
+//                row statistics in its epilogue writes fp16 exp(z - m_tile),
+//                a row pass turns it into dlogits in place (2 bytes per
+//                logit); elsewhere fp32 logits from cuBLAS and one fused row
+//                kernel overwriting them with dlogits. cuBLAS does grad_input
+//                and grad_W (+= fp32, beta = 1).
 //   separate     the same with one chunk of every token: the full (BT x V)
 //                logits/dlogits buffer, when it fits the budget.
 //   naive        logits, softmax and dlogits each materialised for all
@@ -58,6 +61,7 @@ struct Plan {
   int64_t split_cols = 0;       // vocab_split / fuse_mn: vocabulary columns per split
   int64_t scratch_bytes = 0;    // device workspace RunPlan needs
   int64_t stream_slot_bytes = 0;  // chunked streaming: per slot (hidden in, grad out, rows)
+  bool tile_stats = false;      // chunked: the logits-stats GEMM path (logits_stats_gemm.cuh)
 };
 
 struct PlanRequest {
@@ -67,6 +71,7 @@ struct PlanRequest {
   int64_t chunk_tokens = 0;  // caller's hint; 0 = from the budget
   bool deterministic = false;
   bool streaming = true;     // chunked: reserve two upload/download slots too
+  bool plain_logits = true;  // no softcap, temperature 1: the logits-stats GEMM may run
 };
 
 // RESOURCE_EXHAUSTED (needed vs available bytes) when the plan cannot fit the

@@ -179,12 +179,11 @@ __device__ __forceinline__ RowGrad FinishRow(const RowState& st, int32_t y, floa
   return g;
 }
 
-// dr for column j (j < V) given its transformed logit z.
-__device__ __forceinline__ float ColumnGrad(float z, int32_t j, const RowGrad& g,
-                                            const LossParams& p, const RowConsts& k) {
-  // exp2 with a pre-scaled argument: one MUFU op; relative error ~1e-6 for
-  // the arguments that matter (z - LSE >= -20 or so).
-  const float prob = __expf(z - g.lse);
+// dz for column j (j < V) from its probability and z_j - m (the latter only
+// read when the row has an entropy weight).
+__device__ __forceinline__ float ProbGrad(float prob, float z_minus_m, int32_t j,
+                                          const RowGrad& g, const LossParams& p,
+                                          const RowConsts& k) {
   const float eps_v = k.eps_over_v;
   const float zfac = 2.0f * p.z_loss_scale * g.lse;
   float dl;
@@ -197,7 +196,17 @@ __device__ __forceinline__ float ColumnGrad(float z, int32_t j, const RowGrad& g
     dl = prob * (1.0f + zfac) - eps_v;
   }
   float dz = g.coef_loss * dl;
-  if (g.coef_entropy != 0.0f) dz -= g.coef_entropy * prob * ((z - g.m) - g.mean_shift);
+  if (g.coef_entropy != 0.0f) dz -= g.coef_entropy * prob * (z_minus_m - g.mean_shift);
+  return dz;
+}
+
+// dr for column j (j < V) given its transformed logit z.
+__device__ __forceinline__ float ColumnGrad(float z, int32_t j, const RowGrad& g,
+                                            const LossParams& p, const RowConsts& k) {
+  // exp2 with a pre-scaled argument: one MUFU op; relative error ~1e-6 for
+  // the arguments that matter (z - LSE >= -20 or so).
+  const float prob = __expf(z - g.lse);
+  const float dz = ProbGrad(prob, z - g.m, j, g, p, k);
   if (k.identity) return dz;
   float dr = dz * k.inv_temperature;
   if (p.softcap > 0.0f) {

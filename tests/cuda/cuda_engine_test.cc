@@ -3,6 +3,7 @@
 // columns never winning, the workspace bound, refusals, bitwise determinism,
 // streamed grad_input, the sticky-error path and the plugin entry point.
 // Every test skips with the reason when there is no CUDA device.
+#include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +17,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_engine.h"
+#include "kernels/cuda/plans.h"
 #include "kernels/engine_factory.h"
 #include "tests/support/engine_harness.h"
 #include "tests/support/problem.h"
@@ -225,6 +227,105 @@ TEST(CudaEngineTest, PeakedRowsWithEveryOption) {
     EXPECT_LE(e.grad_w, 5e-3);
     EXPECT_LE(e.grad_b, 5e-3);
   }
+}
+
+// On a Hopper GPU the chunked plan's plain-logits default is the logits-stats
+// GEMM (row partials in the epilogue, fp16 exp(z - m_tile)); the cuBLAS
+// fp32-logits path (FLCE_CUDA_LOGITS=cublas, and every non-plain request)
+// must compute the same function. Odd shapes: V prime (a half-padded last
+// tile), H a multiple of 8 but not of 64 (TMA zero-fills the K tail), a
+// partial last 128-token tile; normal and peaked rows, bf16 and fp16.
+TEST(CudaEngineTest, LogitsStatsAndCublasPathsAgree) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (bool peaked : {false, true}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + (peaked ? " peaked" : " normal"));
+      ProblemSpec ps;
+      ps.vocab_size = 50021;
+      ps.hidden_size = 200;
+      ps.num_tokens = 333;
+      ps.head_dtype = dtype;
+      ps.hidden_dtype = dtype;
+      ps.weight_scale = peaked ? 10.0 : 1.0;
+      ps.targets_at_argmax = peaked;
+      Problem problem = MakeProblem(ps);
+      ComputeSpec spec = FullSpec(Strategy::kChunked);
+      spec.chunk_tokens = 192;  // two chunks, the second partial
+      spec.options.label_smoothing = 0.05f;
+      spec.options.z_loss_scale = 1e-4f;
+      spec.options.grad_scale = 0.5f;
+      spec.entropy_weights = RandomFloats(ps.num_tokens, -0.1f, 0.1f, FreshSeed());
+      ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, spec));
+      EngineRun runs[2];
+      for (int i = 0; i < 2; ++i) {
+        if (i == 1) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
+        auto run = RunProblem(**engine, problem, spec, {});
+        unsetenv("FLCE_CUDA_LOGITS");
+        ASSERT_TRUE(run.ok()) << run.status();
+        runs[i] = *run;
+        const Errors e = Compare(*run, ref);
+        const double entropy = RelativeError(ToDoubles(run->result.entropy), ref.entropy);
+        const double logprob = RelativeError(ToDoubles(run->result.logprob), ref.logprob);
+        std::printf("  [%s %s, %s logits] loss %.2e per-token %.2e logprob %.2e entropy %.2e "
+                    "grad_input %.2e grad_W %.2e\n",
+                    DTypeName(dtype), peaked ? "peaked" : "normal",
+                    i == 0 ? "default" : "cublas", e.loss, e.per_token, logprob, entropy,
+                    e.grad_input, e.grad_w);
+        EXPECT_LE(e.loss, 1e-4);
+        EXPECT_LE(e.per_token, 1e-4);
+        EXPECT_LE(logprob, 1e-4);
+        EXPECT_LE(entropy, 1e-4);
+        EXPECT_LE(e.grad_input, 5e-3);
+        EXPECT_LE(e.grad_w, 5e-3);
+        EXPECT_EQ(run->result.n_correct, ref.n_correct);
+      }
+      EXPECT_LE(RelativeError(runs[0].grad_weight, runs[1].grad_weight), 5e-3);
+    }
+  }
+}
+
+// Which heads and requests the planner sends to the logits-stats GEMM: only
+// plain logits on bf16/fp16 heads without bias, H % 8 == 0, on compute
+// capability 9.0; everything else keeps the cuBLAS path (and its chunk size).
+TEST(CudaEngineTest, PlannerTakesLogitsStatsOnlyWhereSupported) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  int device = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), cudaSuccess);
+  const bool hopper = major == 9 && minor == 0;
+  const float bias_marker = 0.0f;
+  auto plan = [&](DType dtype, int64_t hidden, bool bias, bool plain) {
+    cuda::HeadView head;
+    head.dtype = dtype;
+    head.vocab = 128000;
+    head.padded_vocab = 128000;
+    head.hidden = hidden;
+    head.bias = bias ? &bias_marker : nullptr;
+    cuda::PlanRequest req;
+    req.strategy = Strategy::kChunked;
+    req.num_tokens = 100000;
+    req.hidden_dtype = dtype;
+    req.plain_logits = plain;
+    auto p = cuda::MakePlan(head, req, int64_t{2048} << 20);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : cuda::Plan{};
+  };
+  const cuda::Plan fast = plan(DType::kBF16, 1024, false, true);
+  EXPECT_EQ(fast.tile_stats, hopper);
+  EXPECT_EQ(plan(DType::kF16, 1024, false, true).tile_stats, hopper);
+  const cuda::Plan cublas = plan(DType::kBF16, 1024, false, false);
+  EXPECT_FALSE(cublas.tile_stats);
+  EXPECT_FALSE(plan(DType::kBF16, 1024, true, true).tile_stats);
+  EXPECT_FALSE(plan(DType::kBF16, 1020, false, true).tile_stats);
+  EXPECT_FALSE(plan(DType::kF32, 1024, false, true).tile_stats);
+  setenv("FLCE_CUDA_LOGITS", "cublas", 1);
+  EXPECT_FALSE(plan(DType::kBF16, 1024, false, true).tile_stats);
+  unsetenv("FLCE_CUDA_LOGITS");
+  // 2 bytes per logit instead of 4: about twice the tokens per chunk.
+  if (hopper) EXPECT_GT(fast.chunk_tokens, cublas.chunk_tokens * 3 / 2);
 }
 
 // Every real logit is about -40 (bias), the padded columns' would be 0: if

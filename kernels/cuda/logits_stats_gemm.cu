@@ -1,0 +1,433 @@
+#include "kernels/cuda/logits_stats_gemm.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+
+namespace flce::cuda {
+namespace {
+
+// 128 tokens x 256 vocabulary columns per tile, 64 hidden columns per stage
+// (one 128-byte swizzle row of 16-bit elements). Two consumer warpgroups own
+// 64 rows each; a third warpgroup issues the TMA loads. Four stages of 48 KiB.
+constexpr int kBM = 128;
+constexpr int kBN = static_cast<int>(kLogitsStatsTileCols);
+constexpr int kBK = 64;
+constexpr int kStages = 4;
+constexpr int kConsumers = 2;
+constexpr int kThreads = 128 * (kConsumers + 1);
+constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
+
+struct alignas(1024) SharedTiles {
+  uint16_t a[kStages][kBM * kBK];
+  uint16_t b[kStages][kBN * kBK];
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+};
+constexpr size_t kSharedBytes = sizeof(SharedTiles) + 1024;  // + runtime 1 KiB alignment
+
+struct KernelArgs {
+  int32_t rows;
+  int32_t hidden;
+  int32_t vocab;
+  int32_t padded_vocab;
+  int32_t m_tiles;
+  int32_t n_tiles;
+  __half* exp_out;
+  const int32_t* target;
+  float* target_logit;
+  TileStats stats;
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLCE_SM90A 1
+#endif
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#ifdef FLCE_SM90A
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
+}
+
+// Returns once the phase of parity `parity` has completed.
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(SmemAddr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                        int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// K-major operand in shared memory, 128-byte swizzle: 8-row core matrices
+// 1024 bytes apart.
+__device__ __forceinline__ uint64_t SmemDesc(const void* p) {
+  const uint64_t addr = SmemAddr(p);
+  uint64_t desc = (addr & 0x3FFFF) >> 4;
+  desc |= uint64_t(16 >> 4) << 16;
+  desc |= uint64_t(1024 >> 4) << 32;
+  desc |= uint64_t(1) << 62;
+  return desc;
+}
+
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWaitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+__device__ __forceinline__ void KeepInRegisters(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+
+// d[64] (m64 x n128 fp32 fragment) += A(64 x 16) . B(128 x 16)^T.
+template <bool kHalf>
+__device__ __forceinline__ void Wgmma(float* d, uint64_t desc_a, uint64_t desc_b);
+
+#define FLCE_WGMMA_BODY(TYPE)                                                        \
+  asm volatile(                                                                      \
+      "{\n"                                                                          \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "               \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"                                         \
+      "}\n"                                                                          \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                       \
+      : "l"(desc_a), "l"(desc_b))
+
+template <>
+__device__ __forceinline__ void Wgmma<false>(float* d, uint64_t desc_a, uint64_t desc_b) {
+  FLCE_WGMMA_BODY("bf16");
+}
+template <>
+__device__ __forceinline__ void Wgmma<true>(float* d, uint64_t desc_a, uint64_t desc_b) {
+  FLCE_WGMMA_BODY("f16");
+}
+#undef FLCE_WGMMA_BODY
+
+// One consumer thread's share of the tile epilogue for one of its two rows
+// (half = 0: row lane/4, half = 1: row lane/4 + 8 of its warp's 16).
+// Fragment layout (m64nNk16): d[i*4 + 2*half + b] is column 8i + 2(lane%4) + b.
+__device__ __forceinline__ void EpilogueRow(const float (&acc)[2][64], int half, int64_t row,
+                                           int32_t n_tile, const KernelArgs& a) {
+  const int lane = threadIdx.x & 31;
+  const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
+  float m = -INFINITY;
+  int32_t idx = INT_MAX;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int32_t col = col0 + h * 128 + i * 8 + b;
+        const float z = acc[h][i * 4 + 2 * half + b];
+        if (col < a.vocab && z > m) {
+          m = z;
+          idx = col;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, off);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, off);
+    if (om > m || (om == m && oi < idx)) {
+      m = om;
+      idx = oi;
+    }
+  }
+  const bool live = row < a.rows;
+  const int32_t y = live ? a.target[row] : -1;
+  __half* out = a.exp_out + row * a.padded_vocab;
+  float s = 0.0f, sez = 0.0f, sz = 0.0f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float e[2];
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int32_t col = col0 + h * 128 + i * 8 + b;
+        const float z = acc[h][i * 4 + 2 * half + b];
+        e[b] = 0.0f;
+        if (col < a.vocab) {
+          const float d = z - m;
+          e[b] = __expf(d);
+          s += e[b];
+          sez += e[b] * d;
+          sz += z;
+          if (col == y) a.target_logit[row] = z;
+        }
+      }
+      const int32_t col = col0 + h * 128 + i * 8;
+      if (live && col < a.padded_vocab) {
+        *reinterpret_cast<__half2*>(out + col) = __floats2half2_rn(e[0], e[1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, off);
+    sez += __shfl_xor_sync(0xffffffffu, sez, off);
+    sz += __shfl_xor_sync(0xffffffffu, sz, off);
+  }
+  if (live && (lane & 3) == 0) {
+    const int64_t k = row * a.n_tiles + n_tile;
+    a.stats.max[k] = m;
+    a.stats.sum_exp[k] = s;
+    a.stats.sez[k] = sez;
+    a.stats.sum_z[k] = sz;
+    a.stats.argmax[k] = idx;
+  }
+}
+#endif  // FLCE_SM90A
+
+template <bool kHalf>
+__global__ void __launch_bounds__(kThreads, 1)
+    LogitsStatsKernel(const __grid_constant__ CUtensorMap x_map,
+                      const __grid_constant__ CUtensorMap w_map, const KernelArgs a) {
+#ifdef FLCE_SM90A
+  extern __shared__ uint8_t raw_shared[];
+  SharedTiles& sm = *reinterpret_cast<SharedTiles*>(
+      (reinterpret_cast<uintptr_t>(raw_shared) + 1023) & ~static_cast<uintptr_t>(1023));
+  const int wg = threadIdx.x / 128;
+  const int t = threadIdx.x % 128;
+  const int32_t k_blocks = (a.hidden + kBK - 1) / kBK;
+  const int32_t num_tiles = a.m_tiles * a.n_tiles;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(&sm.full[s], 1);
+      MbarInit(&sm.empty[s], kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer: TMA loads run ahead of the consumers by up to kStages.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (t != 0) return;
+    int stage = 0;
+    uint32_t phase = 0;
+    // Token tiles vary fastest: the CTAs in flight share a few W tiles and
+    // the chunk's hidden rows (a few MiB) stay in L2.
+    for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      const int32_t m_tile = tile % a.m_tiles;
+      const int32_t n_tile = tile / a.m_tiles;
+      for (int32_t kb = 0; kb < k_blocks; ++kb) {
+        MbarWait(&sm.empty[stage], phase ^ 1);
+        MbarExpectTx(&sm.full[stage], kStageBytes);
+        TmaLoad(sm.a[stage], &x_map, &sm.full[stage], kb * kBK, m_tile * kBM);
+        TmaLoad(sm.b[stage], &w_map, &sm.full[stage], kb * kBK, n_tile * kBN);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int c = wg - 1;
+  const int warp = t / 32;
+  const int lane = t % 32;
+  int stage = 0;
+  uint32_t phase = 0;
+  float acc[2][64];
+  for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int32_t m_tile = tile % a.m_tiles;
+    const int32_t n_tile = tile / a.m_tiles;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
+    }
+    for (int32_t kb = 0; kb < k_blocks; ++kb) {
+      MbarWait(&sm.full[stage], phase);
+      WgmmaFence();
+#pragma unroll
+      for (int k = 0; k < kBK / 16; ++k) {
+        const uint64_t da = SmemDesc(&sm.a[stage][c * 64 * kBK + k * 16]);
+        Wgmma<kHalf>(acc[0], da, SmemDesc(&sm.b[stage][k * 16]));
+        Wgmma<kHalf>(acc[1], da, SmemDesc(&sm.b[stage][128 * kBK + k * 16]));
+      }
+      WgmmaCommit();
+      WgmmaWaitAll();
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) KeepInRegisters(acc[h][i]);
+      }
+      if (t == 0) MbarArrive(&sm.empty[stage]);
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    const int64_t row = static_cast<int64_t>(m_tile) * kBM + c * 64 + warp * 16 + lane / 4;
+    EpilogueRow(acc, 0, row, n_tile, a);
+    EpilogueRow(acc, 1, row + 8, n_tile, a);
+  }
+#else
+  __trap();  // built without sm_90a code: LogitsStatsSupported() is false there
+#endif
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 EncodeFunction() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t rows, int64_t hidden,
+                    uint32_t box_rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeFunction();
+  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is unavailable");
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(hidden), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(hidden) * 2};
+  const cuuint32_t box[2] = {kBK, box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(
+      map, dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      2, const_cast<void*>(base), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed (CUresult ", r,
+                                            ") for a ", rows, " x ", hidden, " operand"));
+  }
+  return absl::OkStatus();
+}
+
+int SmCount() {
+  static int count = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+    return n;
+  }();
+  return count;
+}
+
+bool DeviceIsSm90() {
+  static bool yes = [] {
+    int device = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+      return false;
+    }
+    return major == 9 && minor == 0 && EncodeFunction() != nullptr;
+  }();
+  return yes;
+}
+
+template <bool kHalf>
+absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const KernelArgs& k,
+                    cudaStream_t stream, DeviceHealth* health) {
+  static std::once_flag once;
+  static cudaError_t attr = cudaSuccess;
+  std::call_once(once, [] {
+    attr = cudaFuncSetAttribute(LogitsStatsKernel<kHalf>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kSharedBytes));
+  });
+  FLCE_CUDA_RETURN_IF_ERROR(attr, health);
+  const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
+  LogitsStatsKernel<kHalf><<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, k);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool LogitsStatsSupported(DType dtype, int64_t hidden) {
+  const char* env = std::getenv("FLCE_CUDA_LOGITS");
+  if (env != nullptr && std::string(env) == "cublas") return false;
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
+  if (hidden <= 0 || hidden % 8 != 0) return false;
+  return DeviceIsSm90();
+}
+
+absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStream_t stream,
+                               DeviceHealth* health) {
+  if (args.rows == 0) return absl::OkStatus();
+  if (args.hidden % 8 != 0 || args.padded_vocab % 128 != 0 || args.vocab > args.padded_vocab ||
+      args.rows > INT32_MAX / 2 || args.padded_vocab > INT32_MAX / 2) {
+    return absl::InternalError("logits-stats GEMM: unsupported layout");
+  }
+  CUtensorMap x_map, w_map;
+  FLCE_RETURN_IF_ERROR(Encode(&x_map, dtype, args.x, args.rows, args.hidden, kBM));
+  FLCE_RETURN_IF_ERROR(Encode(&w_map, dtype, args.w, args.padded_vocab, args.hidden, kBN));
+  KernelArgs k;
+  k.rows = static_cast<int32_t>(args.rows);
+  k.hidden = static_cast<int32_t>(args.hidden);
+  k.vocab = static_cast<int32_t>(args.vocab);
+  k.padded_vocab = static_cast<int32_t>(args.padded_vocab);
+  k.m_tiles = static_cast<int32_t>((args.rows + kBM - 1) / kBM);
+  k.n_tiles = static_cast<int32_t>(LogitsStatsTiles(args.padded_vocab));
+  k.exp_out = static_cast<__half*>(args.exp_out);
+  k.target = args.target;
+  k.target_logit = args.target_logit;
+  k.stats = args.stats;
+  if (dtype == DType::kF16) return Launch<true>(x_map, w_map, k, stream, health);
+  return Launch<false>(x_map, w_map, k, stream, health);
+}
+
+}  // namespace flce::cuda

@@ -1,0 +1,66 @@
+// The chunked plan's logits GEMM with the row statistics in its epilogue
+// (Hopper, sm_90a: TMA loads, wgmma, warp-specialised producer/consumers).
+//
+// For each (128-token x 256-column) tile the fp32 accumulators never leave
+// registers: the epilogue takes the tile's per-row max m_t, writes
+// e = exp(z - m_t) as fp16 (relative rounding 2^-11, independent of |z|; a
+// 16-bit copy of z itself would round a logit of 30 by 0.06) and the tile's
+// partial statistics (sum e, sum e (z - m_t), sum z, first argmax) in fp32.
+// The row's LSE then comes from the partials alone, so the logits are never
+// stored in fp32 nor read twice: half the bytes per logit of the fp32 path
+// and twice the tokens per chunk for the same workspace.
+//
+// Only for plain logits (no bias, softcap or temperature), bf16/fp16 heads,
+// H a multiple of 8 (TMA's 16-byte strides), on a device of compute
+// capability 9.0; everything else takes the cuBLAS path.
+#ifndef FLCE_KERNELS_CUDA_LOGITS_STATS_GEMM_CUH_
+#define FLCE_KERNELS_CUDA_LOGITS_STATS_GEMM_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/dtype.h"
+
+namespace flce::cuda {
+
+// Per (row, vocab tile) partials, row-major with `tiles` entries per row.
+struct TileStats {
+  float* max = nullptr;      // m_t over the tile's real columns
+  float* sum_exp = nullptr;  // sum exp(z - m_t)
+  float* sez = nullptr;      // sum exp(z - m_t) (z - m_t)
+  float* sum_z = nullptr;    // sum z
+  int32_t* argmax = nullptr; // lowest column index with z == m_t
+};
+
+struct LogitsStatsArgs {
+  const void* x = nullptr;  // rows x hidden, head dtype, row-major
+  const void* w = nullptr;  // padded_vocab x hidden, head dtype
+  int64_t rows = 0;
+  int64_t hidden = 0;
+  int64_t vocab = 0;         // real V: later columns are padding
+  int64_t padded_vocab = 0;  // multiple of 128
+  void* exp_out = nullptr;   // rows x padded_vocab fp16: exp(z - m_t), 0 on padding
+  const int32_t* target = nullptr;  // rows, -1 = ignored
+  float* target_logit = nullptr;    // rows: z_y, written by the tile holding y
+  TileStats stats;
+};
+
+// Vocabulary columns per tile, and tiles per row (the partials' row length).
+inline constexpr int64_t kLogitsStatsTileCols = 256;
+inline int64_t LogitsStatsTiles(int64_t padded_vocab) {
+  return (padded_vocab + kLogitsStatsTileCols - 1) / kLogitsStatsTileCols;
+}
+
+// Whether this device and head can take the kernel (compute capability 9.0,
+// bf16/fp16, H % 8 == 0). FLCE_CUDA_LOGITS=cublas turns it off.
+bool LogitsStatsSupported(DType dtype, int64_t hidden);
+
+absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStream_t stream,
+                               DeviceHealth* health);
+
+}  // namespace flce::cuda
+
+#endif  // FLCE_KERNELS_CUDA_LOGITS_STATS_GEMM_CUH_

@@ -1,0 +1,132 @@
+#include "kernels/cuda/tile_stats_kernels.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/row_math.cuh"
+
+namespace flce::cuda {
+namespace {
+
+constexpr int kFinishThreads = 128;
+constexpr int kGradThreads = 256;
+constexpr int kGradVec = 8;  // one 16-byte load and store per thread
+static_assert(kLogitsStatsTileCols % kGradVec == 0, "a vector never straddles two tiles");
+
+__global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a) {
+  __shared__ RowState scratch[kFinishThreads / 32];
+  __shared__ float row_lse;
+  const int64_t row = blockIdx.x;
+  const int64_t base = row * a.tiles;
+  // Contiguous tile ranges in thread order: the block merge keeps lower
+  // columns first, so argmax ties go to the lowest index.
+  const int64_t per = (a.tiles + kFinishThreads - 1) / kFinishThreads;
+  const int64_t t0 = min(threadIdx.x * per, a.tiles);
+  const int64_t t1 = min(t0 + per, a.tiles);
+  RowState st = EmptyState();
+  for (int64_t t = t0; t < t1; ++t) {
+    RowState part;
+    part.m = a.stats.max[base + t];
+    part.s = a.stats.sum_exp[base + t];
+    part.sez = a.stats.sez[base + t];
+    part.sum_z = a.stats.sum_z[base + t];
+    part.zy = 0.0f;
+    part.amax_value = part.m;
+    part.amax_index = a.stats.argmax[base + t];
+    part.pad = 0;
+    st = MergeStates(st, part);
+  }
+  st = BlockReduceState<kFinishThreads>(st, scratch);
+  if (threadIdx.x == 0) {
+    const int32_t y = a.in.target[row];
+    st.zy = y >= 0 ? a.target_logit[row] : 0.0f;
+    const RowGrad g = FinishRow(st, y, a.in.token_weight[row], a.in.entropy_weight[row],
+                                a.params, a.out, row);
+    if (a.grad != nullptr) a.grad[row] = g;
+    row_lse = g.lse;
+  }
+  __syncthreads();
+  const float lse = row_lse;
+  for (int64_t t = t0; t < t1; ++t) a.stats.max[base + t] = expf(a.stats.max[base + t] - lse);
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t Pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a) {
+  const int64_t row = blockIdx.y;
+  const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x) * kGradVec;
+  if (j0 >= a.padded_vocab) return;
+  const RowGrad g = a.grad[row];
+  const LossParams p = a.params;
+  const RowConsts kc = MakeConsts(p);
+  uint4* slot = reinterpret_cast<uint4*>(static_cast<char*>(a.exp_dlogits) +
+                                         (row * a.padded_vocab + j0) * 2);
+  const uint4 raw = *slot;
+  const __half* e = reinterpret_cast<const __half*>(&raw);
+  const float f = a.stats.max[row * a.tiles + j0 / kLogitsStatsTileCols];
+  float d[kGradVec];
+#pragma unroll
+  for (int k = 0; k < kGradVec; ++k) {
+    const int64_t j = j0 + k;
+    d[k] = 0.0f;
+    if (j < p.vocab) {
+      const float prob = __half2float(e[k]) * f;
+      // z_j - m only feeds the entropy term, which vanishes with p_j.
+      const float zm =
+          (g.coef_entropy != 0.0f && prob > 0.0f) ? logf(prob) + (g.lse - g.m) : 0.0f;
+      d[k] = ProbGrad(prob, zm, static_cast<int32_t>(j), g, p, kc);
+    }
+  }
+  uint4 packed;
+  packed.x = Pack2<T>(d[0], d[1]);
+  packed.y = Pack2<T>(d[2], d[3]);
+  packed.z = Pack2<T>(d[4], d[5]);
+  packed.w = Pack2<T>(d[6], d[7]);
+  *slot = packed;
+}
+
+}  // namespace
+
+absl::Status LaunchTileFinish(const TileRowArgs& args, cudaStream_t stream, DeviceHealth* health) {
+  if (args.rows <= 0) return absl::OkStatus();
+  TileFinishKernel<<<static_cast<unsigned>(args.rows), kFinishThreads, 0, stream>>>(args);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
+}
+
+absl::Status LaunchTileGrad(DType dtype, const TileRowArgs& args, cudaStream_t stream,
+                            DeviceHealth* health) {
+  if (args.rows <= 0) return absl::OkStatus();
+  if (args.rows > 65535 || args.padded_vocab % kGradVec != 0) {
+    return absl::InternalError("tile gradient kernel: unsupported shape");
+  }
+  const dim3 grid(static_cast<unsigned>((args.padded_vocab + kGradThreads * kGradVec - 1) /
+                                        (kGradThreads * kGradVec)),
+                  static_cast<unsigned>(args.rows));
+  switch (dtype) {
+    case DType::kBF16:
+      TileGradKernel<__nv_bfloat16><<<grid, kGradThreads, 0, stream>>>(args);
+      break;
+    case DType::kF16:
+      TileGradKernel<__half><<<grid, kGradThreads, 0, stream>>>(args);
+      break;
+    case DType::kF32:
+      return absl::InternalError("tile gradient kernel: fp32 heads take the cuBLAS path");
+  }
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
+}
+
+}  // namespace flce::cuda

@@ -1,0 +1,44 @@
+// Row kernels that finish the logits-stats GEMM (logits_stats_gemm.cuh):
+// merge each row's per-tile partials into LSE, the per-row outputs and the
+// gradient coefficients, then turn the fp16 e = exp(z - m_t) in place into
+// dlogits (p = e exp(m_t - LSE)) in the head's dtype. Each logit is read and
+// written once, as 2 bytes.
+#ifndef FLCE_KERNELS_CUDA_TILE_STATS_KERNELS_CUH_
+#define FLCE_KERNELS_CUDA_TILE_STATS_KERNELS_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/logits_stats_gemm.cuh"
+#include "kernels/cuda/row_types.h"
+#include "kernels/dtype.h"
+
+namespace flce::cuda {
+
+struct TileRowArgs {
+  int64_t rows = 0;
+  int64_t padded_vocab = 0;
+  int64_t tiles = 0;  // LogitsStatsTiles(padded_vocab)
+  // From the GEMM. The finish kernel overwrites stats.max with exp(m_t - LSE),
+  // the factor the gradient kernel applies to the tile's e.
+  TileStats stats;
+  const float* target_logit = nullptr;
+  RowInputs in;
+  RowOutputs out;
+  LossParams params;  // plain logits: no softcap, temperature 1
+  RowGrad* grad = nullptr;     // rows
+  void* exp_dlogits = nullptr; // rows x padded_vocab: fp16 e in, dlogits out
+};
+
+absl::Status LaunchTileFinish(const TileRowArgs& args, cudaStream_t stream, DeviceHealth* health);
+
+// dlogits in `dtype` (bf16 or fp16) over e, in place; 0 on padded columns.
+absl::Status LaunchTileGrad(DType dtype, const TileRowArgs& args, cudaStream_t stream,
+                            DeviceHealth* health);
+
+}  // namespace flce::cuda
+
+#endif  // FLCE_KERNELS_CUDA_TILE_STATS_KERNELS_CUH_
