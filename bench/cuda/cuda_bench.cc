@@ -269,6 +269,7 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   g.target = req.in.target;
   g.target_logit = zy;
   g.stats = stats;
+  g.sum_z = req.params.label_smoothing > 0.0f;
   cuda::TileRowArgs t;
   t.rows = rows;
   t.padded_vocab = hv.padded_vocab;

@@ -116,6 +116,9 @@ __device__ __forceinline__ void WgmmaCommit() {
 __device__ __forceinline__ void WgmmaWaitAll() {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
+__device__ __forceinline__ void WgmmaWaitOne() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+}
 __device__ __forceinline__ void KeepInRegisters(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 
 // d[64] (m64 x n128 fp32 fragment) += A(64 x 16) . B(128 x 16)^T.
@@ -148,43 +151,57 @@ __device__ __forceinline__ void Wgmma<true>(float* d, uint64_t desc_a, uint64_t 
 }
 #undef FLCE_WGMMA_BODY
 
+__device__ __forceinline__ float Exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Padded columns of the last vocabulary tile (and columns past Vp) become a
+// large negative logit: exp gives exactly 0, e * (z - m) gives 0 (-inf would
+// give NaN), and they never equal the max.
+constexpr float kMaskedLogit = -1e30f;
+
+__device__ __forceinline__ void MaskPadding(float (&acc)[2][64], int32_t real) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int v = 0; v < 64; ++v) {
+      const int o = h * 128 + (v / 4) * 8 + (v & 1);
+      if (o >= real) acc[h][v] = kMaskedLogit;
+    }
+  }
+}
+
 // One consumer thread's share of the tile epilogue for one of its two rows
-// (half = 0: row lane/4, half = 1: row lane/4 + 8 of its warp's 16).
-// Fragment layout (m64nNk16): d[i*4 + 2*half + b] is column 8i + 2(lane%4) + b.
-__device__ __forceinline__ void EpilogueRow(const float (&acc)[2][64], int half, int64_t row,
-                                           int32_t n_tile, const KernelArgs& a) {
+// (kHalf2 = 0: row lane/4, 1: row lane/4 + 8 of its warp's 16). Fragment
+// layout (m64nNk16): acc[h][i*4 + 2*kHalf2 + b] is the tile's column
+// h*128 + 8i + 2(lane%4) + b. Per element: one max, one exp, three adds and
+// the argmax select; the target logit is looked for only by the one thread
+// whose columns hold it. kSumZ: label smoothing's sum z.
+template <int kHalf2, bool kSumZ>
+__device__ __forceinline__ void EpilogueRow(const float (&acc)[2][64], int64_t row,
+                                            int32_t n_tile, const KernelArgs& a) {
+  constexpr float kLog2e = 1.4426950408889634f;
   const int lane = threadIdx.x & 31;
   const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
-  float m = -INFINITY;
-  int32_t idx = INT_MAX;
+  float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        const int32_t col = col0 + h * 128 + i * 8 + b;
-        const float z = acc[h][i * 4 + 2 * half + b];
-        if (col < a.vocab && z > m) {
-          m = z;
-          idx = col;
-        }
-      }
+      mx0 = fmaxf(mx0, acc[h][i * 4 + 2 * kHalf2]);
+      mx1 = fmaxf(mx1, acc[h][i * 4 + 2 * kHalf2 + 1]);
     }
   }
-#pragma unroll
-  for (int off = 1; off <= 2; off <<= 1) {
-    const float om = __shfl_xor_sync(0xffffffffu, m, off);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, off);
-    if (om > m || (om == m && oi < idx)) {
-      m = om;
-      idx = oi;
-    }
-  }
+  float m = fmaxf(mx0, mx1);
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
   const bool live = row < a.rows;
-  const int32_t y = live ? a.target[row] : -1;
-  __half* out = a.exp_out + row * a.padded_vocab;
+  const int32_t store_limit = live ? a.padded_vocab - col0 : 0;
   float s = 0.0f, sez = 0.0f, sz = 0.0f;
+  int32_t first = INT_MAX;  // lowest offset holding the max
+  __half* out = a.exp_out + row * a.padded_vocab + col0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -192,30 +209,47 @@ __device__ __forceinline__ void EpilogueRow(const float (&acc)[2][64], int half,
       float e[2];
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
-        const int32_t col = col0 + h * 128 + i * 8 + b;
-        const float z = acc[h][i * 4 + 2 * half + b];
-        e[b] = 0.0f;
-        if (col < a.vocab) {
-          const float d = z - m;
-          e[b] = __expf(d);
-          s += e[b];
-          sez += e[b] * d;
-          sz += z;
-          if (col == y) a.target_logit[row] = z;
-        }
+        const int o = h * 128 + i * 8 + b;
+        const float z = acc[h][i * 4 + 2 * kHalf2 + b];
+        const float d = z - m;
+        e[b] = Exp2Approx(d * kLog2e);
+        s += e[b];
+        sez = fmaf(e[b], d, sez);
+        if (kSumZ) sz += z > kMaskedLogit ? z : 0.0f;
+        first = z == m ? min(first, o) : first;
       }
-      const int32_t col = col0 + h * 128 + i * 8;
-      if (live && col < a.padded_vocab) {
-        *reinterpret_cast<__half2*>(out + col) = __floats2half2_rn(e[0], e[1]);
+      const int o = h * 128 + i * 8;
+      if (o < store_limit) {
+        *reinterpret_cast<__half2*>(out + o) = __floats2half2_rn(e[0], e[1]);
       }
     }
+  }
+  const int32_t y_offset = (live ? a.target[row] : -1) - col0;
+  if (y_offset >= 0 && y_offset < kBN && (y_offset & 6) == 0) {
+    float zy = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          if (h * 128 + i * 8 + b == y_offset) zy = acc[h][i * 4 + 2 * kHalf2 + b];
+        }
+      }
+    }
+    a.target_logit[row] = zy;
   }
 #pragma unroll
   for (int off = 1; off <= 2; off <<= 1) {
     s += __shfl_xor_sync(0xffffffffu, s, off);
     sez += __shfl_xor_sync(0xffffffffu, sez, off);
-    sz += __shfl_xor_sync(0xffffffffu, sz, off);
+    if (kSumZ) sz += __shfl_xor_sync(0xffffffffu, sz, off);
   }
+  // Lowest column holding the max across the quad: offsets of different
+  // lanes interleave, so compare absolute columns.
+  int32_t idx = first == INT_MAX ? INT_MAX : col0 + first;
+  idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 1));
+  idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 2));
   if (live && (lane & 3) == 0) {
     const int64_t k = row * a.n_tiles + n_tile;
     a.stats.max[k] = m;
@@ -227,7 +261,7 @@ __device__ __forceinline__ void EpilogueRow(const float (&acc)[2][64], int half,
 }
 #endif  // FLCE_SM90A
 
-template <bool kHalf>
+template <bool kHalf, bool kSumZ>
 __global__ void __launch_bounds__(kThreads, 1)
     LogitsStatsKernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap w_map, const KernelArgs a) {
@@ -289,6 +323,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
     }
+    // One k-block's MMAs stay in flight while the next block's are issued;
+    // a stage is released once the MMAs that read it have completed.
+    int prev_stage = -1;
     for (int32_t kb = 0; kb < k_blocks; ++kb) {
       MbarWait(&sm.full[stage], phase);
       WgmmaFence();
@@ -299,21 +336,26 @@ __global__ void __launch_bounds__(kThreads, 1)
         Wgmma<kHalf>(acc[1], da, SmemDesc(&sm.b[stage][128 * kBK + k * 16]));
       }
       WgmmaCommit();
-      WgmmaWaitAll();
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) KeepInRegisters(acc[h][i]);
-      }
-      if (t == 0) MbarArrive(&sm.empty[stage]);
+      WgmmaWaitOne();
+      if (prev_stage >= 0 && t == 0) MbarArrive(&sm.empty[prev_stage]);
+      prev_stage = stage;
       if (++stage == kStages) {
         stage = 0;
         phase ^= 1;
       }
     }
+    WgmmaWaitAll();
+    if (prev_stage >= 0 && t == 0) MbarArrive(&sm.empty[prev_stage]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) KeepInRegisters(acc[h][i]);
+    }
+    const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
+    if (col0 + kBN - 2 >= a.vocab) MaskPadding(acc, a.vocab - col0);
     const int64_t row = static_cast<int64_t>(m_tile) * kBM + c * 64 + warp * 16 + lane / 4;
-    EpilogueRow(acc, 0, row, n_tile, a);
-    EpilogueRow(acc, 1, row + 8, n_tile, a);
+    EpilogueRow<0, kSumZ>(acc, row, n_tile, a);
+    EpilogueRow<1, kSumZ>(acc, row + 8, n_tile, a);
   }
 #else
   __trap();  // built without sm_90a code: LogitsStatsSupported() is false there
@@ -377,20 +419,20 @@ bool DeviceIsSm90() {
   return yes;
 }
 
-template <bool kHalf>
+template <bool kHalf, bool kSumZ>
 absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const KernelArgs& k,
                     cudaStream_t stream, DeviceHealth* health) {
   static std::once_flag once;
   static cudaError_t attr = cudaSuccess;
   std::call_once(once, [] {
-    attr = cudaFuncSetAttribute(LogitsStatsKernel<kHalf>,
+    attr = cudaFuncSetAttribute(LogitsStatsKernel<kHalf, kSumZ>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(kSharedBytes));
   });
   FLCE_CUDA_RETURN_IF_ERROR(attr, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  LogitsStatsKernel<kHalf><<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, k);
+  LogitsStatsKernel<kHalf, kSumZ><<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }
@@ -426,8 +468,12 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
   k.target = args.target;
   k.target_logit = args.target_logit;
   k.stats = args.stats;
-  if (dtype == DType::kF16) return Launch<true>(x_map, w_map, k, stream, health);
-  return Launch<false>(x_map, w_map, k, stream, health);
+  if (dtype == DType::kF16) {
+    return args.sum_z ? Launch<true, true>(x_map, w_map, k, stream, health)
+                      : Launch<true, false>(x_map, w_map, k, stream, health);
+  }
+  return args.sum_z ? Launch<false, true>(x_map, w_map, k, stream, health)
+                    : Launch<false, false>(x_map, w_map, k, stream, health);
 }
 
 }  // namespace flce::cuda

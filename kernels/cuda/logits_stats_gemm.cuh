@@ -45,7 +45,8 @@ struct LogitsStatsArgs {
   void* exp_out = nullptr;   // rows x padded_vocab fp16: exp(z - m_t), 0 on padding
   const int32_t* target = nullptr;  // rows, -1 = ignored
   float* target_logit = nullptr;    // rows: z_y, written by the tile holding y
-  TileStats stats;
+  TileStats stats;                  // stats.sum_z written as 0 unless sum_z
+  bool sum_z = false;               // label smoothing needs sum z
 };
 
 // Vocabulary columns per tile, and tiles per row (the partials' row length).

@@ -526,6 +526,7 @@ absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Pla
   g.target = r.in.target;
   g.target_logit = s.target_logit;
   g.stats = s.stats;
+  g.sum_z = r.params.label_smoothing > 0.0f;
   FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
   TileRowArgs t;
   t.rows = r.rows;

@@ -10,8 +10,10 @@ namespace {
 
 constexpr int kFinishThreads = 128;
 constexpr int kGradThreads = 256;
-constexpr int kGradVec = 8;  // one 16-byte load and store per thread
-static_assert(kLogitsStatsTileCols % kGradVec == 0, "a vector never straddles two tiles");
+constexpr int kGradVec = 8;      // fp16/bf16 elements per 16-byte vector
+constexpr int kGradVectors = 2;  // vectors per thread
+static_assert(kLogitsStatsTileCols % (kGradVec * kGradVectors) == 0,
+              "a thread's columns never straddle two tiles");
 
 __global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a) {
   __shared__ RowState scratch[kFinishThreads / 32];
@@ -64,18 +66,9 @@ __device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a) {
-  const int64_t row = blockIdx.y;
-  const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x) * kGradVec;
-  if (j0 >= a.padded_vocab) return;
-  const RowGrad g = a.grad[row];
-  const LossParams p = a.params;
-  const RowConsts kc = MakeConsts(p);
-  uint4* slot = reinterpret_cast<uint4*>(static_cast<char*>(a.exp_dlogits) +
-                                         (row * a.padded_vocab + j0) * 2);
-  const uint4 raw = *slot;
+__device__ __forceinline__ uint4 GradVector(const uint4 raw, int64_t j0, float f, const RowGrad& g,
+                                            const LossParams& p, const RowConsts& kc) {
   const __half* e = reinterpret_cast<const __half*>(&raw);
-  const float f = a.stats.max[row * a.tiles + j0 / kLogitsStatsTileCols];
   float d[kGradVec];
 #pragma unroll
   for (int k = 0; k < kGradVec; ++k) {
@@ -94,7 +87,30 @@ __global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a) {
   packed.y = Pack2<T>(d[2], d[3]);
   packed.z = Pack2<T>(d[4], d[5]);
   packed.w = Pack2<T>(d[6], d[7]);
-  *slot = packed;
+  return packed;
+}
+
+// Each thread owns kGradVectors adjacent 16-byte vectors and loads them all
+// before using any: more bytes in flight per SM for this streaming pass.
+template <typename T>
+__global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a) {
+  const int64_t row = blockIdx.y;
+  const int64_t j0 =
+      (static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x) * kGradVec * kGradVectors;
+  if (j0 >= a.padded_vocab) return;
+  uint4* slot = reinterpret_cast<uint4*>(static_cast<char*>(a.exp_dlogits) +
+                                         (row * a.padded_vocab + j0) * 2);
+  uint4 raw[kGradVectors];
+#pragma unroll
+  for (int v = 0; v < kGradVectors; ++v) raw[v] = slot[v];
+  const RowGrad g = a.grad[row];
+  const LossParams p = a.params;
+  const RowConsts kc = MakeConsts(p);
+  const float f = a.stats.max[row * a.tiles + j0 / kLogitsStatsTileCols];
+#pragma unroll
+  for (int v = 0; v < kGradVectors; ++v) {
+    slot[v] = GradVector<T>(raw[v], j0 + v * kGradVec, f, g, p, kc);
+  }
 }
 
 }  // namespace
@@ -109,11 +125,11 @@ absl::Status LaunchTileFinish(const TileRowArgs& args, cudaStream_t stream, Devi
 absl::Status LaunchTileGrad(DType dtype, const TileRowArgs& args, cudaStream_t stream,
                             DeviceHealth* health) {
   if (args.rows <= 0) return absl::OkStatus();
-  if (args.rows > 65535 || args.padded_vocab % kGradVec != 0) {
+  if (args.rows > 65535 || args.padded_vocab % (kGradVec * kGradVectors) != 0) {
     return absl::InternalError("tile gradient kernel: unsupported shape");
   }
-  const dim3 grid(static_cast<unsigned>((args.padded_vocab + kGradThreads * kGradVec - 1) /
-                                        (kGradThreads * kGradVec)),
+  constexpr int64_t kPerBlock = kGradThreads * kGradVec * kGradVectors;
+  const dim3 grid(static_cast<unsigned>((args.padded_vocab + kPerBlock - 1) / kPerBlock),
                   static_cast<unsigned>(args.rows));
   switch (dtype) {
     case DType::kBF16:
