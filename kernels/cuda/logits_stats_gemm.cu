@@ -173,90 +173,111 @@ __device__ __forceinline__ void MaskPadding(float (&acc)[2][64], int32_t real) {
   }
 }
 
-// One consumer thread's share of the tile epilogue for one of its two rows
-// (kHalf2 = 0: row lane/4, 1: row lane/4 + 8 of its warp's 16). Fragment
-// layout (m64nNk16): acc[h][i*4 + 2*kHalf2 + b] is the tile's column
-// h*128 + 8i + 2(lane%4) + b. Per element: one max, one exp, three adds and
-// the argmax select; the target logit is looked for only by the one thread
-// whose columns hold it. kSumZ: label smoothing's sum z.
-template <int kHalf2, bool kSumZ>
-__device__ __forceinline__ void EpilogueRow(const float (&acc)[2][64], int64_t row,
-                                            int32_t n_tile, const KernelArgs& a) {
+// One consumer thread's share of the tile epilogue: its two rows (r = 0:
+// row lane/4, r = 1: row lane/4 + 8 of its warp's 16) processed together,
+// so that two independent dependency chains interleave (only two warps per
+// scheduler run this; it is latency-bound, not issue-bound). Fragment layout
+// (m64nNk16): acc[h][i*4 + 2*r + b] is the tile's column h*128 + 8i +
+// 2(lane%4) + b. Per element: one max, one exp, two or three adds and the
+// argmax select; the target logit is looked for only by the one thread whose
+// columns hold it. kSumZ: label smoothing's sum z.
+template <bool kSumZ>
+__device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0,
+                                         int32_t n_tile, const int32_t (&y)[2],
+                                         const KernelArgs& a) {
   constexpr float kLog2e = 1.4426950408889634f;
   const int lane = threadIdx.x & 31;
   const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
-  float mx0 = -INFINITY, mx1 = -INFINITY;
+  float m[2] = {-INFINITY, -INFINITY};
+  float m_odd[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      mx0 = fmaxf(mx0, acc[h][i * 4 + 2 * kHalf2]);
-      mx1 = fmaxf(mx1, acc[h][i * 4 + 2 * kHalf2 + 1]);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        m[r] = fmaxf(m[r], acc[h][i * 4 + 2 * r]);
+        m_odd[r] = fmaxf(m_odd[r], acc[h][i * 4 + 2 * r + 1]);
+      }
     }
   }
-  float m = fmaxf(mx0, mx1);
-  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-  const bool live = row < a.rows;
-  const int32_t store_limit = live ? a.padded_vocab - col0 : 0;
-  float s = 0.0f, sez = 0.0f, sz = 0.0f;
-  int32_t first = INT_MAX;  // lowest offset holding the max
-  __half* out = a.exp_out + row * a.padded_vocab + col0;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m[r] = fmaxf(m[r], m_odd[r]);
+    m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
+    m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
+  }
+  float s[2] = {0.0f, 0.0f}, sez[2] = {0.0f, 0.0f}, sz[2] = {0.0f, 0.0f};
+  int32_t first[2] = {INT_MAX, INT_MAX};  // lowest offset holding the max
+  int32_t store_limit[2];
+  __half* out[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + 8 * r;
+    store_limit[r] = row < a.rows ? a.padded_vocab - col0 : 0;
+    out[r] = a.exp_out + row * a.padded_vocab + col0;
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      float e[2];
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        const int o = h * 128 + i * 8 + b;
-        const float z = acc[h][i * 4 + 2 * kHalf2 + b];
-        const float d = z - m;
-        e[b] = Exp2Approx(d * kLog2e);
-        s += e[b];
-        sez = fmaf(e[b], d, sez);
-        if (kSumZ) sz += z > kMaskedLogit ? z : 0.0f;
-        first = z == m ? min(first, o) : first;
-      }
       const int o = h * 128 + i * 8;
-      if (o < store_limit) {
-        *reinterpret_cast<__half2*>(out + o) = __floats2half2_rn(e[0], e[1]);
-      }
-    }
-  }
-  const int32_t y_offset = (live ? a.target[row] : -1) - col0;
-  if (y_offset >= 0 && y_offset < kBN && (y_offset & 6) == 0) {
-    float zy = 0.0f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
+      for (int r = 0; r < 2; ++r) {
+        float e[2];
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          if (h * 128 + i * 8 + b == y_offset) zy = acc[h][i * 4 + 2 * kHalf2 + b];
+          const float z = acc[h][i * 4 + 2 * r + b];
+          const float d = z - m[r];
+          e[b] = Exp2Approx(d * kLog2e);
+          s[r] += e[b];
+          sez[r] = fmaf(e[b], d, sez[r]);
+          if (kSumZ) sz[r] += z > kMaskedLogit ? z : 0.0f;
+          first[r] = z == m[r] ? min(first[r], o + b) : first[r];
+        }
+        if (o < store_limit[r]) {
+          *reinterpret_cast<__half2*>(out[r] + o) = __floats2half2_rn(e[0], e[1]);
         }
       }
     }
-    a.target_logit[row] = zy;
   }
 #pragma unroll
-  for (int off = 1; off <= 2; off <<= 1) {
-    s += __shfl_xor_sync(0xffffffffu, s, off);
-    sez += __shfl_xor_sync(0xffffffffu, sez, off);
-    if (kSumZ) sz += __shfl_xor_sync(0xffffffffu, sz, off);
-  }
-  // Lowest column holding the max across the quad: offsets of different
-  // lanes interleave, so compare absolute columns.
-  int32_t idx = first == INT_MAX ? INT_MAX : col0 + first;
-  idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 1));
-  idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 2));
-  if (live && (lane & 3) == 0) {
-    const int64_t k = row * a.n_tiles + n_tile;
-    a.stats.max[k] = m;
-    a.stats.sum_exp[k] = s;
-    a.stats.sez[k] = sez;
-    a.stats.sum_z[k] = sz;
-    a.stats.argmax[k] = idx;
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + 8 * r;
+    const int32_t y_offset = y[r] - col0;
+    if (y_offset >= 0 && y_offset < kBN && (y_offset & 6) == 0) {
+      float zy = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            if (h * 128 + i * 8 + b == y_offset) zy = acc[h][i * 4 + 2 * r + b];
+          }
+        }
+      }
+      a.target_logit[row] = zy;
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      s[r] += __shfl_xor_sync(0xffffffffu, s[r], off);
+      sez[r] += __shfl_xor_sync(0xffffffffu, sez[r], off);
+      if (kSumZ) sz[r] += __shfl_xor_sync(0xffffffffu, sz[r], off);
+    }
+    // Lowest column holding the max across the quad: offsets of different
+    // lanes interleave, so compare absolute columns.
+    int32_t idx = first[r] == INT_MAX ? INT_MAX : col0 + first[r];
+    idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 1));
+    idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 2));
+    if (row < a.rows && (lane & 3) == 0) {
+      const int64_t k = row * a.n_tiles + n_tile;
+      a.stats.max[k] = m[r];
+      a.stats.sum_exp[k] = s[r];
+      a.stats.sez[k] = sez[r];
+      a.stats.sum_z[k] = sz[r];
+      a.stats.argmax[k] = idx;
+    }
   }
 }
 #endif  // FLCE_SM90A
@@ -318,6 +339,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const int32_t m_tile = tile % a.m_tiles;
     const int32_t n_tile = tile / a.m_tiles;
+    // The rows' targets are loaded now: the epilogue would otherwise wait
+    // for them.
+    const int64_t row0 = static_cast<int64_t>(m_tile) * kBM + c * 64 + warp * 16 + lane / 4;
+    int32_t y[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) y[r] = row0 + 8 * r < a.rows ? a.target[row0 + 8 * r] : -1;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -353,9 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
     if (col0 + kBN - 2 >= a.vocab) MaskPadding(acc, a.vocab - col0);
-    const int64_t row = static_cast<int64_t>(m_tile) * kBM + c * 64 + warp * 16 + lane / 4;
-    EpilogueRow<0, kSumZ>(acc, row, n_tile, a);
-    EpilogueRow<1, kSumZ>(acc, row + 8, n_tile, a);
+    Epilogue<kSumZ>(acc, row0, n_tile, y, a);
   }
 #else
   __trap();  // built without sm_90a code: LogitsStatsSupported() is false there
