@@ -14,13 +14,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,8 +32,8 @@
 #include "kernels/cuda/fused_row_kernel.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
-#include "kernels/cuda/tile_stats_kernels.cuh"
 #include "kernels/cuda/policy.h"
+#include "kernels/cuda/tile_stats_kernels.cuh"
 #include "nlohmann/json.hpp"
 
 namespace flce::bench {
@@ -68,10 +68,11 @@ struct Flags {
   // chunked_cublas: the chunked plan on the fp32-logits cuBLAS path
   // (FLCE_CUDA_LOGITS=cublas), as on non-Hopper GPUs or with a softcap;
   // the three variants above also run on that path.
-  std::vector<std::string> strategies = {"chunked",         "chunked_cublas",   "chunked_cluster",
-                                         "chunked_two_pass", "chunked_overlap", "vocab_split",
-                                         "fuse_mn",         "separate",         "naive",
-                                         "auto"};
+  std::vector<std::string> strategies = {"chunked",         "chunked_cublas",
+                                         "chunked_cluster", "chunked_two_pass",
+                                         "chunked_overlap", "vocab_split",
+                                         "fuse_mn",         "separate",
+                                         "naive",           "auto"};
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -81,14 +82,22 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       std::string p = std::string("--") + name + "=";
       return a.rfind(p, 0) == 0 ? argv[i] + p.size() : nullptr;
     };
-    if (const char* v = val("out")) f->out = v;
-    else if (const char* v = val("commit")) f->commit = v;
-    else if (const char* v = val("runs")) f->runs = std::atoi(v);
-    else if (const char* v = val("warmup")) f->warmup = std::atoi(v);
-    else if (const char* v = val("workspace-mb")) f->workspace_mb = std::atoll(v);
-    else if (const char* v = val("wall-mb")) f->wall_mb = std::atoll(v);
-    else if (const char* v = val("fuse-mn-tokens")) f->fuse_mn_tokens = std::atoll(v);
-    else if (const char* v = val("stages")) f->stages = std::string(v) != "0";
+    if (const char* v = val("out"))
+      f->out = v;
+    else if (const char* v = val("commit"))
+      f->commit = v;
+    else if (const char* v = val("runs"))
+      f->runs = std::atoi(v);
+    else if (const char* v = val("warmup"))
+      f->warmup = std::atoi(v);
+    else if (const char* v = val("workspace-mb"))
+      f->workspace_mb = std::atoll(v);
+    else if (const char* v = val("wall-mb"))
+      f->wall_mb = std::atoll(v);
+    else if (const char* v = val("fuse-mn-tokens"))
+      f->fuse_mn_tokens = std::atoll(v);
+    else if (const char* v = val("stages"))
+      f->stages = std::string(v) != "0";
     else if (const char* v = val("shapes")) {
       f->shapes.clear();
       for (absl::string_view s : absl::StrSplit(v, ',')) {
@@ -114,23 +123,22 @@ Strategy ParseStrategy(const std::string& s) {
   return Strategy::kAuto;
 }
 
-#define CHECK_CUDA(expr)                                                              \
-  do {                                                                                \
-    cudaError_t e_ = (expr);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,               \
-                   cudaGetErrorString(e_));                                           \
-      return 1;                                                                       \
-    }                                                                                 \
+#define CHECK_CUDA(expr)                                                                         \
+  do {                                                                                           \
+    cudaError_t e_ = (expr);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      return 1;                                                                                  \
+    }                                                                                            \
   } while (0)
-#define CHECK_CUBLAS(expr)                                                            \
-  do {                                                                                \
-    cublasStatus_t s_ = (expr);                                                       \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,               \
-                   cublasGetStatusString(s_));                                        \
-      return 1;                                                                       \
-    }                                                                                 \
+#define CHECK_CUBLAS(expr)                                              \
+  do {                                                                  \
+    cublasStatus_t s_ = (expr);                                         \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cublasGetStatusString(s_));                          \
+      return 1;                                                         \
+    }                                                                   \
   } while (0)
 
 // Median of `runs` timed calls of fn (after `warmup` untimed ones), CUDA
@@ -156,6 +164,34 @@ double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function
   cudaEventDestroy(b);
   std::sort(ms.begin(), ms.end());
   return ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+}
+
+// Median of `reps` timed runs of fn after one untimed run, each preceded by
+// an untimed setup (which recreates what fn consumes); -1 on failure.
+double TimeStage(cudaStream_t stream, int reps, const std::function<bool()>& setup,
+                 const std::function<bool()>& fn) {
+  std::vector<double> ms;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  double result = -1.0;
+  for (int i = 0; i < reps + 1; ++i) {
+    if (setup && !setup()) break;
+    cudaEventRecord(a, stream);
+    if (!fn()) break;
+    cudaEventRecord(b, stream);
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    if (i > 0) ms.push_back(t);
+  }
+  if (static_cast<int>(ms.size()) == reps) {
+    std::sort(ms.begin(), ms.end());
+    result = ms[ms.size() / 2];
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return result;
 }
 
 // Times each stage of one chunk of the chunked plan on its own (median of
@@ -186,28 +222,12 @@ nlohmann::json StageBreakdown(CudaEngine& engine, const CudaHead& head, const Pl
   args.out = req.out;
   args.params = req.params;
   auto logits_gemm = [&]() {
-    return gemm.Logits(req.hidden, hv.weight, rows, hv.padded_vocab, hv.hidden, logits,
-                       hv.padded_vocab).ok();
+    return gemm
+        .Logits(req.hidden, hv.weight, rows, hv.padded_vocab, hv.hidden, logits, hv.padded_vocab)
+        .ok();
   };
   auto time_with_setup = [&](const std::function<bool()>& setup, const std::function<bool()>& fn) {
-    std::vector<double> ms;
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    for (int i = 0; i < reps + 1; ++i) {
-      if (setup && !setup()) return -1.0;
-      cudaEventRecord(a, stream);
-      if (!fn()) return -1.0;
-      cudaEventRecord(b, stream);
-      cudaEventSynchronize(b);
-      float t = 0;
-      cudaEventElapsedTime(&t, a, b);
-      if (i > 0) ms.push_back(t);
-    }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+    return TimeStage(stream, reps, setup, fn);
   };
   const int64_t ld_d = hv.padded_vocab * 4 / DTypeSize(hv.dtype);
   out["chunk_tokens"] = rows;
@@ -219,12 +239,15 @@ nlohmann::json StageBreakdown(CudaEngine& engine, const CudaHead& head, const Pl
     return cuda::LaunchFusedRows(hv.dtype, args, stream, gemm.health).ok();
   });
   out["grad_input_gemm_ms"] = time_with_setup(nullptr, [&]() {
-    return gemm.GradInput(logits, ld_d, hv.weight, rows, hv.padded_vocab, hv.hidden,
-                          req.grad_input, hv.dtype, 0.0f).ok();
+    return gemm
+        .GradInput(logits, ld_d, hv.weight, rows, hv.padded_vocab, hv.hidden, req.grad_input,
+                   hv.dtype, 0.0f)
+        .ok();
   });
   out["grad_weight_gemm_ms"] = time_with_setup(nullptr, [&]() {
-    return gemm.GradWeight(logits, ld_d, req.hidden, rows, hv.padded_vocab, hv.hidden,
-                           req.grad_weight).ok();
+    return gemm
+        .GradWeight(logits, ld_d, req.hidden, rows, hv.padded_vocab, hv.hidden, req.grad_weight)
+        .ok();
   });
   return out;
 }
@@ -285,38 +308,24 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   auto finish = [&]() { return cuda::LaunchTileFinish(t, stream, health).ok(); };
   auto gemm_and_finish = [&]() { return stats_gemm() && finish(); };
   auto time_with_setup = [&](const std::function<bool()>& setup, const std::function<bool()>& fn) {
-    std::vector<double> ms;
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    for (int i = 0; i < reps + 1; ++i) {
-      if (setup && !setup()) return -1.0;
-      cudaEventRecord(a, stream);
-      if (!fn()) return -1.0;
-      cudaEventRecord(b, stream);
-      cudaEventSynchronize(b);
-      float ms_i = 0;
-      cudaEventElapsedTime(&ms_i, a, b);
-      if (i > 0) ms.push_back(ms_i);
-    }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+    return TimeStage(stream, reps, setup, fn);
   };
   out["chunk_tokens"] = rows;
   out["logits_stats_gemm_ms"] = time_with_setup(nullptr, stats_gemm);
   out["row_finish_ms"] = time_with_setup(stats_gemm, finish);
-  out["dlogits_pass_ms"] = time_with_setup(gemm_and_finish, [&]() {
-    return cuda::LaunchTileGrad(hv.dtype, t, stream, health).ok();
-  });
+  out["dlogits_pass_ms"] = time_with_setup(
+      gemm_and_finish, [&]() { return cuda::LaunchTileGrad(hv.dtype, t, stream, health).ok(); });
   out["grad_input_gemm_ms"] = time_with_setup(nullptr, [&]() {
-    return gemm.GradInput(e, hv.padded_vocab, hv.weight, rows, hv.padded_vocab, hv.hidden,
-                          req.grad_input, hv.dtype, 0.0f).ok();
+    return gemm
+        .GradInput(e, hv.padded_vocab, hv.weight, rows, hv.padded_vocab, hv.hidden, req.grad_input,
+                   hv.dtype, 0.0f)
+        .ok();
   });
   out["grad_weight_gemm_ms"] = time_with_setup(nullptr, [&]() {
-    return gemm.GradWeight(e, hv.padded_vocab, req.hidden, rows, hv.padded_vocab, hv.hidden,
-                           req.grad_weight).ok();
+    return gemm
+        .GradWeight(e, hv.padded_vocab, req.hidden, rows, hv.padded_vocab, hv.hidden,
+                    req.grad_weight)
+        .ok();
   });
   return out;
 }
@@ -360,8 +369,8 @@ int Main(int argc, char** argv) {
   for (int si : flags.shapes) {
     const Shape sh = kShapes[si];
     const int64_t vp = cuda::PadVocab(sh.v);
-    std::printf("== BT=%lld H=%lld V=%lld (padded %lld), bf16\n", (long long)sh.bt,
-                (long long)sh.h, (long long)sh.v, (long long)vp);
+    std::printf("== BT=%lld H=%lld V=%lld (padded %lld), bf16\n", (long long)sh.bt, (long long)sh.h,
+                (long long)sh.v, (long long)vp);
     // Inputs on the device.
     HeadSpec hs{sh.v, sh.h, DType::kBF16, false};
     auto wbuf = DeviceBuffer::Allocate(vp * sh.h * 2, engine->context()->health());
@@ -373,7 +382,8 @@ int Main(int argc, char** argv) {
       return 1;
     }
     CHECK_CUDA(cudaMemsetAsync(wbuf->get(), 0, wbuf->bytes(), stream));
-    CHECK_CUDA(FillNormalBf16(wbuf->get(), sh.v * sh.h, 1.0f / std::sqrt(float(sh.h)), 1234 + si, stream));
+    CHECK_CUDA(
+        FillNormalBf16(wbuf->get(), sh.v * sh.h, 1.0f / std::sqrt(float(sh.h)), 1234 + si, stream));
     CHECK_CUDA(FillNormalBf16(xbuf->get(), sh.bt * sh.h, 1.0f, 777 + si, stream));
     int32_t* target = static_cast<int32_t*>(rowbuf->get());
     float* a = reinterpret_cast<float*>(target + sh.bt);
@@ -383,11 +393,13 @@ int Main(int argc, char** argv) {
     std::vector<int32_t> host_t(sh.bt);
     CHECK_CUDA(cudaMemcpyAsync(host_t.data(), target, sh.bt * 4, cudaMemcpyDeviceToHost, stream));
     CHECK_CUDA(cudaStreamSynchronize(stream));
-    const int64_t n_valid = std::count_if(host_t.begin(), host_t.end(), [](int32_t y) { return y >= 0; });
+    const int64_t n_valid =
+        std::count_if(host_t.begin(), host_t.end(), [](int32_t y) { return y >= 0; });
     CHECK_CUDA(FillTokenWeights(a, target, sh.bt, 1.0f / n_valid, stream));
     CHECK_CUDA(FillConstant(e, sh.bt, 0.0f, stream));
     CHECK_CUDA(cudaStreamSynchronize(stream));
-    auto head = std::make_shared<CudaHead>(engine->shared_context(), hs, std::move(*wbuf), DeviceBuffer());
+    auto head =
+        std::make_shared<CudaHead>(engine->shared_context(), hs, std::move(*wbuf), DeviceBuffer());
     auto grad_or = engine->NewGradBuffer(hs);
     if (!grad_or.ok()) {
       std::fprintf(stderr, "grad buffer: %s\n", grad_or.status().ToString().c_str());
@@ -435,7 +447,8 @@ int Main(int argc, char** argv) {
                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS ||
               cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_T, sh.h, vp, rows, &one, x, CUDA_R_16BF,
                            sh.h, lbuf->get(), CUDA_R_16BF, vp, &one, grad->weight(), CUDA_R_32F,
-                           sh.h, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+                           sh.h, CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
             return false;
           }
         }
@@ -459,10 +472,16 @@ int Main(int argc, char** argv) {
         const double chunks = std::ceil(double(sh.bt) / tile_plan->chunk_tokens);
         std::printf("  logits-stats path, one chunk of %lld tokens (x%.0f chunks): %s\n",
                     (long long)tile_plan->chunk_tokens, chunks, st.dump().c_str());
-        nlohmann::json rec = {{"strategy", "chunked_tile_stats_stage_breakdown"}, {"BT", sh.bt},
-                              {"H", sh.h}, {"V", sh.v}, {"dtype", "bf16"},
-                              {"gemm_bound_ms", bound_ms}, {"gpu", gpu}, {"date", date},
-                              {"commit", flags.commit}, {"chunks", chunks},
+        nlohmann::json rec = {{"strategy", "chunked_tile_stats_stage_breakdown"},
+                              {"BT", sh.bt},
+                              {"H", sh.h},
+                              {"V", sh.v},
+                              {"dtype", "bf16"},
+                              {"gemm_bound_ms", bound_ms},
+                              {"gpu", gpu},
+                              {"date", date},
+                              {"commit", flags.commit},
+                              {"chunks", chunks},
                               {"stages_per_chunk_ms", st}};
         records.push_back(rec);
       }
@@ -474,25 +493,38 @@ int Main(int argc, char** argv) {
         const double chunks = std::ceil(double(sh.bt) / plan->chunk_tokens);
         std::printf("  one chunk of %lld tokens (x%.0f chunks): %s\n",
                     (long long)plan->chunk_tokens, chunks, st.dump().c_str());
-        nlohmann::json rec = {{"strategy", "chunked_stage_breakdown"}, {"BT", sh.bt}, {"H", sh.h},
-                              {"V", sh.v}, {"dtype", "bf16"}, {"gemm_bound_ms", bound_ms},
-                              {"gpu", gpu}, {"date", date}, {"commit", flags.commit},
-                              {"chunks", chunks}, {"stages_per_chunk_ms", st}};
+        nlohmann::json rec = {{"strategy", "chunked_stage_breakdown"},
+                              {"BT", sh.bt},
+                              {"H", sh.h},
+                              {"V", sh.v},
+                              {"dtype", "bf16"},
+                              {"gemm_bound_ms", bound_ms},
+                              {"gpu", gpu},
+                              {"date", date},
+                              {"commit", flags.commit},
+                              {"chunks", chunks},
+                              {"stages_per_chunk_ms", st}};
         records.push_back(rec);
       }
     }
 
     for (const std::string& name : flags.strategies) {
-      const char* row_kernel = name == "chunked_two_pass" ? "two_pass"
+      const char* row_kernel = name == "chunked_two_pass"  ? "two_pass"
                                : name == "chunked_cluster" ? "cluster"
                                                            : nullptr;
-      const bool cublas_logits = row_kernel != nullptr || name == "chunked_overlap" ||
-                                 name == "chunked_cublas";
+      const bool cublas_logits =
+          row_kernel != nullptr || name == "chunked_overlap" || name == "chunked_cublas";
       const Strategy strategy = cublas_logits ? Strategy::kChunked : ParseStrategy(name);
       if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
-      nlohmann::json rec = {{"strategy", name},     {"BT", sh.bt},   {"H", sh.h},
-                            {"V", sh.v},            {"dtype", "bf16"}, {"gemm_bound_ms", bound_ms},
-                            {"gpu", gpu},           {"date", date},  {"commit", flags.commit},
+      nlohmann::json rec = {{"strategy", name},
+                            {"BT", sh.bt},
+                            {"H", sh.h},
+                            {"V", sh.v},
+                            {"dtype", "bf16"},
+                            {"gemm_bound_ms", bound_ms},
+                            {"gpu", gpu},
+                            {"date", date},
+                            {"commit", flags.commit},
                             {"workspace_budget_mib", flags.workspace_mb}};
       PlanRequest pr;
       pr.strategy = strategy;
@@ -514,7 +546,8 @@ int Main(int argc, char** argv) {
         rec["ms"] = nullptr;
         rec["ratio"] = nullptr;
         rec["workspace_peak_mib"] = nullptr;
-        std::printf("  %-12s refused: %s\n", name.c_str(), std::string(plan.status().message()).c_str());
+        std::printf("  %-12s refused: %s\n", name.c_str(),
+                    std::string(plan.status().message()).c_str());
         records.push_back(rec);
         continue;
       }
@@ -561,10 +594,12 @@ int Main(int argc, char** argv) {
       rec["chunk_tokens"] = plan->chunk_tokens;
       rec["split_cols"] = plan->split_cols;
       rec["runs"] = runs;
-      std::printf("  %-12s %9.2f ms  %6.0f TFLOP/s  %5.2fx bound  workspace %7.1f MiB  (chunk %lld, split %lld)%s\n",
-                  name.c_str(), ms, flops / ms / 1e9, ms / bound_ms, ws / 1048576.0,
-                  (long long)plan->chunk_tokens, (long long)plan->split_cols,
-                  scale != 1.0 ? "  [extrapolated]" : "");
+      std::printf(
+          "  %-12s %9.2f ms  %6.0f TFLOP/s  %5.2fx bound  workspace %7.1f MiB  (chunk %lld, split "
+          "%lld)%s\n",
+          name.c_str(), ms, flops / ms / 1e9, ms / bound_ms, ws / 1048576.0,
+          (long long)plan->chunk_tokens, (long long)plan->split_cols,
+          scale != 1.0 ? "  [extrapolated]" : "");
       std::fflush(stdout);
       records.push_back(rec);
     }

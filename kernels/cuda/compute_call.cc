@@ -13,24 +13,23 @@
 namespace flce::cuda {
 namespace {
 
-constexpr int kRowOutputs = 5;  // loss, z-loss, logprob, entropy, argmax
+constexpr int kRowOutputs = 5;       // loss, z-loss, logprob, entropy, argmax
 constexpr int64_t kSinkRows = 8192;  // buffered plans hand grad_input out in pieces
 
 absl::Status ValidateSpec(const ComputeSpec& spec, const HeadSpec& head) {
   const int64_t n = spec.num_tokens;
   if (n < 0) return absl::InvalidArgumentError("num_tokens must be >= 0");
   if (static_cast<int64_t>(spec.targets.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("targets has ", spec.targets.size(),
-                                                   " entries; num_tokens is ", n));
+    return absl::InvalidArgumentError(
+        absl::StrCat("targets has ", spec.targets.size(), " entries; num_tokens is ", n));
   }
   if (!spec.token_weights.empty() && static_cast<int64_t>(spec.token_weights.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat("token_weights has ", spec.token_weights.size(),
                                                    " entries; num_tokens is ", n));
   }
   if (!spec.entropy_weights.empty() && static_cast<int64_t>(spec.entropy_weights.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("entropy_weights has ",
-                                                   spec.entropy_weights.size(),
-                                                   " entries; num_tokens is ", n));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "entropy_weights has ", spec.entropy_weights.size(), " entries; num_tokens is ", n));
   }
   const LossOptions& o = spec.options;
   if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f)) {
@@ -49,9 +48,8 @@ absl::Status ValidateSpec(const ComputeSpec& spec, const HeadSpec& head) {
   for (int64_t t = 0; t < n; ++t) {
     const int32_t y = spec.targets[t];
     if (y != spec.ignore_index && (y < 0 || y >= head.vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrCat("targets[", t, "] = ", y,
-                                                     " is outside [0, ", head.vocab_size,
-                                                     ") and is not ignore_index (",
+      return absl::InvalidArgumentError(absl::StrCat("targets[", t, "] = ", y, " is outside [0, ",
+                                                     head.vocab_size, ") and is not ignore_index (",
                                                      spec.ignore_index, ")"));
     }
   }
@@ -118,8 +116,8 @@ absl::Status CudaComputeCall::Init() {
       token_weight_[t] = 1.0f;
     }
   }
-  entropy_weight_ = spec_.entropy_weights.empty() ? std::vector<float>(n, 0.0f)
-                                                  : spec_.entropy_weights;
+  entropy_weight_ =
+      spec_.entropy_weights.empty() ? std::vector<float>(n, 0.0f) : spec_.entropy_weights;
   seen_.assign(n, 0);
   loss_.assign(n, 0.0f);
   z_loss_.assign(n, 0.0f);
@@ -144,8 +142,8 @@ absl::Status CudaComputeCall::Init() {
 absl::Status CudaComputeCall::InitStreaming() {
   const int64_t c = plan_.chunk_tokens;
   DeviceHealth* health = engine_->context()->health();
-  const int64_t pinned_slot = Carver::Round(c * hidden_row_bytes_) * 2 +
-                              Carver::Round(3 * c * 4) + Carver::Round(kRowOutputs * c * 4);
+  const int64_t pinned_slot = Carver::Round(c * hidden_row_bytes_) * 2 + Carver::Round(3 * c * 4) +
+                              Carver::Round(kRowOutputs * c * 4);
   FLCE_ASSIGN_OR_RETURN(slot_memory_,
                         engine_->TakeSlotMemory(2 * plan_.stream_slot_bytes, 2 * pinned_slot));
   Carver dc(static_cast<char*>(slot_memory_->device.get()));
@@ -172,8 +170,8 @@ absl::Status CudaComputeCall::InitStreaming() {
 absl::Status CudaComputeCall::InitBuffered() {
   const int64_t n = std::max<int64_t>(spec_.num_tokens, 1);
   DeviceHealth* health = engine_->context()->health();
-  const int64_t bytes = Carver::Round(n * hidden_row_bytes_) * 2 +
-                        Carver::Round(n * 4) * (3 + kRowOutputs) + 256;
+  const int64_t bytes =
+      Carver::Round(n * hidden_row_bytes_) * 2 + Carver::Round(n * 4) * (3 + kRowOutputs) + 256;
   absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(bytes, health);
   if (!buffer.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -194,12 +192,12 @@ absl::Status CudaComputeCall::InitBuffered() {
   cudaStream_t up = engine_->upload_stream();
   FLCE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(d_target_, target_.data(), m * 4, cudaMemcpyHostToDevice, up), health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_token_weight_, token_weight_.data(), m * 4,
-                                            cudaMemcpyHostToDevice, up),
-                            health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_entropy_weight_, entropy_weight_.data(), m * 4,
-                                            cudaMemcpyHostToDevice, up),
-                            health);
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(d_token_weight_, token_weight_.data(), m * 4, cudaMemcpyHostToDevice, up),
+      health);
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(d_entropy_weight_, entropy_weight_.data(), m * 4, cudaMemcpyHostToDevice, up),
+      health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(up), health);
   return absl::OkStatus();
 }
@@ -247,9 +245,9 @@ absl::Status CudaComputeCall::CheckRows(int64_t offset, int64_t rows) {
   }
   for (int64_t t = offset; t < offset + rows; ++t) {
     if (seen_[t]) {
-      return absl::InvalidArgumentError(absl::StrCat("hidden rows [", offset, ", ",
-                                                     offset + rows, ") overlap rows already given (token ",
-                                                     t, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("hidden rows [", offset, ", ", offset + rows,
+                                                     ") overlap rows already given (token ", t,
+                                                     ")"));
     }
   }
   std::fill(seen_.begin() + offset, seen_.begin() + offset + rows, 1);
@@ -267,9 +265,9 @@ absl::Status CudaComputeCall::AddHidden(int64_t token_offset, int64_t rows, cons
     const int64_t hidden = head_->spec().hidden_size;
     const int64_t bad = FirstNonFinite(spec_.hidden_dtype, data, rows * hidden);
     if (bad >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hidden row of token ", token_offset + bad / hidden, " has a non-finite value at column ",
-          bad % hidden));
+      return absl::InvalidArgumentError(
+          absl::StrCat("hidden row of token ", token_offset + bad / hidden,
+                       " has a non-finite value at column ", bad % hidden));
     }
   }
   FLCE_RETURN_IF_ERROR(CheckRows(token_offset, rows));
@@ -302,7 +300,8 @@ absl::Status CudaComputeCall::AddStreaming(int64_t offset, int64_t rows, const c
   DeviceHealth* health = engine_->context()->health();
   const int64_t c = plan_.chunk_tokens;
   while (rows > 0) {
-    if (pending_rows_ > 0 && offset != pending_begin_ + pending_rows_) FLCE_RETURN_IF_ERROR(Flush());
+    if (pending_rows_ > 0 && offset != pending_begin_ + pending_rows_)
+      FLCE_RETURN_IF_ERROR(Flush());
     if (pending_rows_ == 0) {
       FLCE_RETURN_IF_ERROR(WaitForFreeSlot());
       pending_begin_ = offset;
@@ -368,9 +367,12 @@ absl::Status CudaComputeCall::Flush() {
   std::memcpy(h_target, target_.data() + s.begin, rows * 4);
   std::memcpy(h_a, token_weight_.data() + s.begin, rows * 4);
   std::memcpy(h_e, entropy_weight_.data() + s.begin, rows * 4);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.target, h_target, rows * 4, cudaMemcpyHostToDevice, up), health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.token_weight, h_a, rows * 4, cudaMemcpyHostToDevice, up), health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.entropy_weight, h_e, rows * 4, cudaMemcpyHostToDevice, up), health);
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(s.target, h_target, rows * 4, cudaMemcpyHostToDevice, up), health);
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(s.token_weight, h_a, rows * 4, cudaMemcpyHostToDevice, up), health);
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(s.entropy_weight, h_e, rows * 4, cudaMemcpyHostToDevice, up), health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.uploaded, up), health);
 
   auto* grad = static_cast<CudaGradBuffer*>(spec_.grad_out);
@@ -394,13 +396,14 @@ absl::Status CudaComputeCall::Flush() {
 
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(down, s.computed, 0), health);
   if (spec_.outputs.grad_input) {
-    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.h_grad_input, s.grad_input,
-                                              rows * hidden_row_bytes_, cudaMemcpyDeviceToHost, down),
-                              health);
+    FLCE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(s.h_grad_input, s.grad_input, rows * hidden_row_bytes_,
+                        cudaMemcpyDeviceToHost, down),
+        health);
   }
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.h_outputs, s.outputs, kRowOutputs * c * 4,
-                                            cudaMemcpyDeviceToHost, down),
-                            health);
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(s.h_outputs, s.outputs, kRowOutputs * c * 4, cudaMemcpyDeviceToHost, down),
+      health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.downloaded, down), health);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -514,9 +517,9 @@ absl::StatusOr<ComputeResult> CudaComputeCall::Finish() {
     }
     const auto missing = std::find(seen_.begin(), seen_.end(), 0);
     if (missing != seen_.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Finish before every hidden row was given: token ", missing - seen_.begin(),
-          " of ", spec_.num_tokens, " is missing"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("Finish before every hidden row was given: token ", missing - seen_.begin(),
+                       " of ", spec_.num_tokens, " is missing"));
     }
     if (plan_.strategy == Strategy::kChunked) {
       FLCE_RETURN_IF_ERROR(Flush());

@@ -1,5 +1,3 @@
-#include "kernels/cuda/logits_stats_gemm.cuh"
-
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_fp16.h>
@@ -13,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/logits_stats_gemm.cuh"
 #include "kernels/status_macros.h"
 
 namespace flce::cuda {
@@ -109,7 +108,9 @@ __device__ __forceinline__ uint64_t SmemDesc(const void* p) {
   return desc;
 }
 
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void WgmmaCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
@@ -125,20 +126,26 @@ __device__ __forceinline__ void KeepInRegisters(float& v) { asm volatile("" : "+
 template <bool kHalf>
 __device__ __forceinline__ void Wgmma(float* d, uint64_t desc_a, uint64_t desc_b);
 
-#define FLCE_WGMMA_BODY(TYPE)                                                        \
-  asm volatile(                                                                      \
-      "{\n"                                                                          \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "               \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"                                         \
-      "}\n"                                                                          \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                       \
+#define FLCE_WGMMA_BODY(TYPE)                                                                      \
+  asm volatile(                                                                                    \
+      "{\n"                                                                                        \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE                                 \
+      " "                                                                                          \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "     \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
+      "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
+      "%55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"                   \
+      "}\n"                                                                                        \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63])                                                                                \
       : "l"(desc_a), "l"(desc_b))
 
 template <>
@@ -182,9 +189,8 @@ __device__ __forceinline__ void MaskPadding(float (&acc)[2][64], int32_t real) {
 // argmax select; the target logit is looked for only by the one thread whose
 // columns hold it. kSumZ: label smoothing's sum z.
 template <bool kSumZ>
-__device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0,
-                                         int32_t n_tile, const int32_t (&y)[2],
-                                         const KernelArgs& a) {
+__device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0, int32_t n_tile,
+                                         const int32_t (&y)[2], const KernelArgs& a) {
   constexpr float kLog2e = 1.4426950408889634f;
   const int lane = threadIdx.x & 31;
   const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
@@ -410,10 +416,11 @@ absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t row
   const cuuint32_t box[2] = {kBK, box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = encode(
-      map, dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-      2, const_cast<void*>(base), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      map,
+      dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+      const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed (CUresult ", r,
                                             ") for a ", rows, " x ", hidden, " operand"));

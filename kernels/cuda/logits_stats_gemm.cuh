@@ -28,11 +28,11 @@ namespace flce::cuda {
 
 // Per (row, vocab tile) partials, row-major with `tiles` entries per row.
 struct TileStats {
-  float* max = nullptr;      // m_t over the tile's real columns
-  float* sum_exp = nullptr;  // sum exp(z - m_t)
-  float* sez = nullptr;      // sum exp(z - m_t) (z - m_t)
-  float* sum_z = nullptr;    // sum z
-  int32_t* argmax = nullptr; // lowest column index with z == m_t
+  float* max = nullptr;       // m_t over the tile's real columns
+  float* sum_exp = nullptr;   // sum exp(z - m_t)
+  float* sez = nullptr;       // sum exp(z - m_t) (z - m_t)
+  float* sum_z = nullptr;     // sum z
+  int32_t* argmax = nullptr;  // lowest column index with z == m_t
 };
 
 struct LogitsStatsArgs {
@@ -40,9 +40,9 @@ struct LogitsStatsArgs {
   const void* w = nullptr;  // padded_vocab x hidden, head dtype
   int64_t rows = 0;
   int64_t hidden = 0;
-  int64_t vocab = 0;         // real V: later columns are padding
-  int64_t padded_vocab = 0;  // multiple of 128
-  void* exp_out = nullptr;   // rows x padded_vocab fp16: exp(z - m_t), 0 on padding
+  int64_t vocab = 0;                // real V: later columns are padding
+  int64_t padded_vocab = 0;         // multiple of 128
+  void* exp_out = nullptr;          // rows x padded_vocab fp16: exp(z - m_t), 0 on padding
   const int32_t* target = nullptr;  // rows, -1 = ignored
   float* target_logit = nullptr;    // rows: z_y, written by the tile holding y
   TileStats stats;                  // stats.sum_z written as 0 unless sum_z

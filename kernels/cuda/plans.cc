@@ -61,8 +61,8 @@ absl::Status Exhausted(const char* what, int64_t needed, int64_t budget, const c
 
 struct Scratch {
   float* logits = nullptr;
-  void* probs = nullptr;     // naive only
-  void* dlogits = nullptr;   // naive only
+  void* probs = nullptr;    // naive only
+  void* dlogits = nullptr;  // naive only
   void* conv = nullptr;
   float* gi32 = nullptr;
   void* ones = nullptr;
@@ -98,10 +98,11 @@ int64_t TilePerTokenBytes(const HeadView& head) {
 
 int64_t TileScratchBytes(int64_t rows, const HeadView& head, const TokenBytes& tb) {
   const int64_t tiles = LogitsStatsTiles(head.padded_vocab);
-  int64_t bytes = Carver::Round(rows * head.padded_vocab * 2) + Carver::Round(rows * tiles * 4) * 5 +
-                  Carver::Round(rows * 4) + Carver::Round(rows * static_cast<int64_t>(sizeof(RowGrad)));
-  bytes += Carver::Round(rows * tb.conv) + Carver::Round(rows * tb.gi32) +
-           Carver::Round(rows * tb.ones);
+  int64_t bytes = Carver::Round(rows * head.padded_vocab * 2) +
+                  Carver::Round(rows * tiles * 4) * 5 + Carver::Round(rows * 4) +
+                  Carver::Round(rows * static_cast<int64_t>(sizeof(RowGrad)));
+  bytes +=
+      Carver::Round(rows * tb.conv) + Carver::Round(rows * tb.gi32) + Carver::Round(rows * tb.ones);
   return bytes + 4096;
 }
 
@@ -189,8 +190,8 @@ absl::Status Backward(const Exec& exec, const HeadView& head, const DeviceReques
     }
   }
   if (r.grad_weight != nullptr) {
-    FLCE_RETURN_IF_ERROR(gemm.GradWeight(dlogits, ld_d, x, r.rows, head.padded_vocab,
-                                         head.hidden, r.grad_weight));
+    FLCE_RETURN_IF_ERROR(
+        gemm.GradWeight(dlogits, ld_d, x, r.rows, head.padded_vocab, head.hidden, r.grad_weight));
   }
   if (r.grad_bias != nullptr) {
     FLCE_RETURN_IF_ERROR(LaunchFillOnes(head.dtype, s.ones, r.rows, exec.stream, exec.health));
@@ -223,8 +224,9 @@ absl::Status RunNaive(const Exec& exec, const HeadView& head, const DeviceReques
   const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, false);
   const Scratch s = Carve(scratch, r.rows, head.padded_vocab, tb, head, true, false);
   FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s));
-  FLCE_RETURN_IF_ERROR(MakeGemm(exec, head).Logits(x, head.weight, r.rows, head.padded_vocab,
-                                                   head.hidden, s.logits, head.padded_vocab));
+  FLCE_RETURN_IF_ERROR(MakeGemm(exec, head)
+                           .Logits(x, head.weight, r.rows, head.padded_vocab, head.hidden, s.logits,
+                                   head.padded_vocab));
   FusedRowArgs args;
   args.logits = s.logits;
   args.ld_logits = head.padded_vocab;
@@ -249,8 +251,9 @@ absl::Status SplitForward(const Exec& exec, const HeadView& head, const Plan& pl
   const int64_t esize = DTypeSize(head.dtype);
   for (int64_t col0 = 0; col0 < head.padded_vocab; col0 += plan.split_cols) {
     const int64_t cols = std::min(plan.split_cols, head.padded_vocab - col0);
-    FLCE_RETURN_IF_ERROR(gemm.Logits(x, static_cast<const char*>(head.weight) + col0 * head.hidden * esize,
-                                     r.rows, cols, head.hidden, s.logits, cols));
+    FLCE_RETURN_IF_ERROR(
+        gemm.Logits(x, static_cast<const char*>(head.weight) + col0 * head.hidden * esize, r.rows,
+                    cols, head.hidden, s.logits, cols));
     SplitArgs a;
     a.logits = s.logits;
     a.ld = cols;
@@ -263,8 +266,7 @@ absl::Status SplitForward(const Exec& exec, const HeadView& head, const Plan& pl
     FLCE_RETURN_IF_ERROR(
         LaunchSplitStats(head.dtype, a, s.state, col0 == 0, exec.stream, exec.health));
   }
-  return LaunchFinishRows(s.state, r.rows, r.in, r.out, r.params, s.grad, exec.stream,
-                          exec.health);
+  return LaunchFinishRows(s.state, r.rows, r.in, r.out, r.params, s.grad, exec.stream, exec.health);
 }
 
 absl::Status RunVocabSplitBlock(const Exec& exec, const HeadView& head, const Plan& plan,
@@ -323,8 +325,7 @@ absl::Status RunFuseMNBlock(const Exec& exec, const HeadView& head, const Plan& 
   if (!WantsBackward(r)) return absl::OkStatus();
   if (r.grad_input != nullptr) {
     FLCE_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(s.gi32, 0, r.rows * head.hidden * sizeof(float), exec.stream),
-        exec.health);
+        cudaMemsetAsync(s.gi32, 0, r.rows * head.hidden * sizeof(float), exec.stream), exec.health);
   }
   FuseMNArgs a;
   a.x = x;
@@ -376,8 +377,8 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
       plan.scratch_bytes = plan.tile_stats ? TileScratchBytes(chunk, head, tb)
                                            : ScratchBytes(chunk, head.padded_vocab, tb, 0);
       if (req.streaming) {
-        plan.stream_slot_bytes = Carver::Round(chunk * head.hidden * hs_in) * 2 +
-                                 Carver::Round(chunk * 4) * 8 + 256;
+        plan.stream_slot_bytes =
+            Carver::Round(chunk * head.hidden * hs_in) * 2 + Carver::Round(chunk * 4) * 8 + 256;
       }
       return plan;
     }
@@ -399,9 +400,8 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
                            Carver::Round(n * head.padded_vocab * DTypeSize(head.dtype)) +
                            ScratchBytes(n, 0, tb, 0);
       if (plan.scratch_bytes > budget) {
-        return Exhausted("naive plan (tokens x V logits, softmax and dlogits)",
-                         plan.scratch_bytes, budget,
-                         "Use the chunked strategy or raise --workspace-mb.");
+        return Exhausted("naive plan (tokens x V logits, softmax and dlogits)", plan.scratch_bytes,
+                         budget, "Use the chunked strategy or raise --workspace-mb.");
       }
       return plan;
     }
@@ -417,7 +417,8 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
       int64_t rows = std::min(AlignUp(n, ChunkPolicy::kTokenAlign), VocabSplitPolicy::kMaxTokens);
       for (;;) {
         const int64_t fixed = ScratchBytes(rows, 0, tb, 0);
-        int64_t cols = fixed < budget ? AlignDown((budget - fixed) / (rows * 4), VocabPolicy::kAlign) : 0;
+        int64_t cols =
+            fixed < budget ? AlignDown((budget - fixed) / (rows * 4), VocabPolicy::kAlign) : 0;
         cols = std::min({cols, VocabSplitPolicy::kMaxSplit, head.padded_vocab});
         if (cols >= std::min(VocabSplitPolicy::kMinSplit, head.padded_vocab)) {
           plan.chunk_tokens = rows;
@@ -426,8 +427,9 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
           return plan;
         }
         if (rows <= ChunkPolicy::kTokenAlign) {
-          return Exhausted("vocab_split plan", ScratchBytes(rows, VocabSplitPolicy::kMinSplit, tb, 0),
-                           budget, "Raise --workspace-mb.");
+          return Exhausted("vocab_split plan",
+                           ScratchBytes(rows, VocabSplitPolicy::kMinSplit, tb, 0), budget,
+                           "Raise --workspace-mb.");
         }
         rows = AlignUp(rows / 2, ChunkPolicy::kTokenAlign);
       }
@@ -491,8 +493,9 @@ absl::Status RunChunkOverlapped(const Exec& exec, const HeadView& head, const De
     FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(exec.stream, exec.events[2 + h], 0), exec.health);
     if (r.grad_input == nullptr) continue;
     const void* d = s.logits + first[h] * head.padded_vocab;
-    void* out = direct ? static_cast<void*>(static_cast<char*>(r.grad_input) + first[h] * head.hidden * hs)
-                       : static_cast<void*>(s.gi32 + first[h] * head.hidden);
+    void* out =
+        direct ? static_cast<void*>(static_cast<char*>(r.grad_input) + first[h] * head.hidden * hs)
+               : static_cast<void*>(s.gi32 + first[h] * head.hidden);
     FLCE_RETURN_IF_ERROR(gemm.GradInput(d, ld_d, head.weight, rows[h], head.padded_vocab,
                                         head.hidden, out, direct ? head.dtype : DType::kF32, 0.0f));
   }
@@ -556,8 +559,9 @@ absl::Status RunChunk(const Exec& exec, const HeadView& head, const Plan& plan,
   const bool overlap =
       backward && UseOverlap() && exec.side != nullptr && r.rows >= 2 * ChunkPolicy::kTokenAlign;
   if (!overlap) {
-    FLCE_RETURN_IF_ERROR(MakeGemm(exec, head).Logits(x, head.weight, r.rows, head.padded_vocab,
-                                                     head.hidden, s.logits, head.padded_vocab));
+    FLCE_RETURN_IF_ERROR(MakeGemm(exec, head)
+                             .Logits(x, head.weight, r.rows, head.padded_vocab, head.hidden,
+                                     s.logits, head.padded_vocab));
   }
   FusedRowArgs args;
   args.logits = s.logits;
@@ -585,9 +589,9 @@ absl::Status RunPlan(const Exec& exec, const HeadView& head, const Plan& plan,
     case Strategy::kChunked:
     case Strategy::kSeparate:
       for (int64_t b = 0; b < r.rows; b += plan.chunk_tokens) {
-        FLCE_RETURN_IF_ERROR(RunChunk(exec, head, plan,
-                                      Slice(r, b, std::min(plan.chunk_tokens, r.rows - b), head.hidden),
-                                      scratch));
+        FLCE_RETURN_IF_ERROR(
+            RunChunk(exec, head, plan,
+                     Slice(r, b, std::min(plan.chunk_tokens, r.rows - b), head.hidden), scratch));
       }
       return absl::OkStatus();
     case Strategy::kNaive:

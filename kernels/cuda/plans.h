@@ -57,11 +57,11 @@ struct DeviceRequest {
 
 struct Plan {
   Strategy strategy = Strategy::kChunked;
-  int64_t chunk_tokens = 0;     // chunked: tokens per chunk; split plans: per token block
-  int64_t split_cols = 0;       // vocab_split / fuse_mn: vocabulary columns per split
-  int64_t scratch_bytes = 0;    // device workspace RunPlan needs
+  int64_t chunk_tokens = 0;       // chunked: tokens per chunk; split plans: per token block
+  int64_t split_cols = 0;         // vocab_split / fuse_mn: vocabulary columns per split
+  int64_t scratch_bytes = 0;      // device workspace RunPlan needs
   int64_t stream_slot_bytes = 0;  // chunked streaming: per slot (hidden in, grad out, rows)
-  bool tile_stats = false;      // chunked: the logits-stats GEMM path (logits_stats_gemm.cuh)
+  bool tile_stats = false;        // chunked: the logits-stats GEMM path (logits_stats_gemm.cuh)
 };
 
 struct PlanRequest {

@@ -22,9 +22,13 @@ __device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162fl
 template <typename T>
 __device__ __forceinline__ T FromFloat(float v);
 template <>
-__device__ __forceinline__ float FromFloat<float>(float v) { return v; }
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
@@ -36,7 +40,7 @@ struct RowConsts {
   float inv_temperature;
   float inv_softcap;  // 0 = no softcap
   float eps_over_v;
-  bool identity;      // no softcap and temperature 1: z = r
+  bool identity;  // no softcap and temperature 1: z = r
 };
 
 __device__ __forceinline__ RowConsts MakeConsts(const LossParams& p) {
@@ -105,8 +109,8 @@ __device__ __forceinline__ RowState MergeStates(const RowState& a, const RowStat
   out.sez = sa + sb;
   out.sum_z = a.sum_z + b.sum_z;
   out.zy = a.zy + b.zy;  // only the state that saw the target holds a non-zero
-  bool take_b = b.amax_value > a.amax_value ||
-                (b.amax_value == a.amax_value && b.amax_index < a.amax_index);
+  bool take_b =
+      b.amax_value > a.amax_value || (b.amax_value == a.amax_value && b.amax_index < a.amax_index);
   out.amax_value = take_b ? b.amax_value : a.amax_value;
   out.amax_index = take_b ? b.amax_index : a.amax_index;
   out.pad = 0;
@@ -181,17 +185,15 @@ __device__ __forceinline__ RowGrad FinishRow(const RowState& st, int32_t y, floa
 
 // dz for column j (j < V) from its probability and z_j - m (the latter only
 // read when the row has an entropy weight).
-__device__ __forceinline__ float ProbGrad(float prob, float z_minus_m, int32_t j,
-                                          const RowGrad& g, const LossParams& p,
-                                          const RowConsts& k) {
+__device__ __forceinline__ float ProbGrad(float prob, float z_minus_m, int32_t j, const RowGrad& g,
+                                          const LossParams& p, const RowConsts& k) {
   const float eps_v = k.eps_over_v;
   const float zfac = 2.0f * p.z_loss_scale * g.lse;
   float dl;
   if (j == g.target) {
     // p_y (1 + 2 s LSE) - (1 - eps): (1-eps)(p_y - 1) via expm1 keeps the
     // small difference when p_y is near 1.
-    dl = (1.0f - p.label_smoothing) * expm1f(g.logprob) + prob * (p.label_smoothing + zfac) -
-         eps_v;
+    dl = (1.0f - p.label_smoothing) * expm1f(g.logprob) + prob * (p.label_smoothing + zfac) - eps_v;
   } else {
     dl = prob * (1.0f + zfac) - eps_v;
   }

@@ -1,9 +1,8 @@
-#include "kernels/cuda/tile_stats_kernels.cuh"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/row_math.cuh"
+#include "kernels/cuda/tile_stats_kernels.cuh"
 
 namespace flce::cuda {
 namespace {
@@ -42,8 +41,8 @@ __global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a
   if (threadIdx.x == 0) {
     const int32_t y = a.in.target[row];
     st.zy = y >= 0 ? a.target_logit[row] : 0.0f;
-    const RowGrad g = FinishRow(st, y, a.in.token_weight[row], a.in.entropy_weight[row],
-                                a.params, a.out, row);
+    const RowGrad g =
+        FinishRow(st, y, a.in.token_weight[row], a.in.entropy_weight[row], a.params, a.out, row);
     if (a.grad != nullptr) a.grad[row] = g;
     row_lse = g.lse;
   }
@@ -77,8 +76,7 @@ __device__ __forceinline__ uint4 GradVector(const uint4 raw, int64_t j0, float f
     if (j < p.vocab) {
       const float prob = __half2float(e[k]) * f;
       // z_j - m only feeds the entropy term, which vanishes with p_j.
-      const float zm =
-          (g.coef_entropy != 0.0f && prob > 0.0f) ? logf(prob) + (g.lse - g.m) : 0.0f;
+      const float zm = (g.coef_entropy != 0.0f && prob > 0.0f) ? logf(prob) + (g.lse - g.m) : 0.0f;
       d[k] = ProbGrad(prob, zm, static_cast<int32_t>(j), g, p, kc);
     }
   }
@@ -98,8 +96,8 @@ __global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a) {
   const int64_t j0 =
       (static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x) * kGradVec * kGradVectors;
   if (j0 >= a.padded_vocab) return;
-  uint4* slot = reinterpret_cast<uint4*>(static_cast<char*>(a.exp_dlogits) +
-                                         (row * a.padded_vocab + j0) * 2);
+  uint4* slot =
+      reinterpret_cast<uint4*>(static_cast<char*>(a.exp_dlogits) + (row * a.padded_vocab + j0) * 2);
   uint4 raw[kGradVectors];
 #pragma unroll
   for (int v = 0; v < kGradVectors; ++v) raw[v] = slot[v];

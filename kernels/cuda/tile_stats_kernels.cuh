@@ -28,9 +28,9 @@ struct TileRowArgs {
   const float* target_logit = nullptr;
   RowInputs in;
   RowOutputs out;
-  LossParams params;  // plain logits: no softcap, temperature 1
-  RowGrad* grad = nullptr;     // rows
-  void* exp_dlogits = nullptr; // rows x padded_vocab: fp16 e in, dlogits out
+  LossParams params;            // plain logits: no softcap, temperature 1
+  RowGrad* grad = nullptr;      // rows
+  void* exp_dlogits = nullptr;  // rows x padded_vocab: fp16 e in, dlogits out
 };
 
 absl::Status LaunchTileFinish(const TileRowArgs& args, cudaStream_t stream, DeviceHealth* health);

@@ -3,6 +3,8 @@
 // columns never winning, the workspace bound, refusals, bitwise determinism,
 // streamed grad_input, the sticky-error path and the plugin entry point.
 // Every test skips with the reason when there is no CUDA device.
+#include "kernels/cuda/cuda_engine.h"
+
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -16,7 +18,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda/plans.h"
 #include "kernels/engine_factory.h"
 #include "tests/support/engine_harness.h"
@@ -34,12 +35,12 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> MakeEngine(int64_t budget_mb = 2048)
   return CudaEngine::Create(config);
 }
 
-#define SKIP_WITHOUT_GPU(engine_or)                                                  \
-  if (!(engine_or).ok()) {                                                           \
-    if ((engine_or).status().code() == absl::StatusCode::kUnavailable) {             \
-      GTEST_SKIP() << "no CUDA device: " << (engine_or).status().message();          \
-    }                                                                                \
-    FAIL() << (engine_or).status();                                                  \
+#define SKIP_WITHOUT_GPU(engine_or)                                         \
+  if (!(engine_or).ok()) {                                                  \
+    if ((engine_or).status().code() == absl::StatusCode::kUnavailable) {    \
+      GTEST_SKIP() << "no CUDA device: " << (engine_or).status().message(); \
+    }                                                                       \
+    FAIL() << (engine_or).status();                                         \
   }
 
 ComputeSpec FullSpec(Strategy strategy) {
@@ -93,10 +94,11 @@ TEST(CudaEngineTest, EveryStrategyOnSeedVocabularyMatchesReference) {
     auto run = RunProblem(**engine, problem, FullSpec(strategy), options);
     ASSERT_TRUE(run.ok()) << run.status();
     const Errors e = Compare(*run, ref);
-    std::printf("  [%s] V=176245 bf16: loss %.2e per-token %.2e grad_input %.2e grad_W %.2e "
-                "grad_b %.2e (seed %llu)\n",
-                run->result.strategy_used.c_str(), e.loss, e.per_token, e.grad_input, e.grad_w,
-                e.grad_b, static_cast<unsigned long long>(problem.seed));
+    std::printf(
+        "  [%s] V=176245 bf16: loss %.2e per-token %.2e grad_input %.2e grad_W %.2e "
+        "grad_b %.2e (seed %llu)\n",
+        run->result.strategy_used.c_str(), e.loss, e.per_token, e.grad_input, e.grad_w, e.grad_b,
+        static_cast<unsigned long long>(problem.seed));
     EXPECT_LE(e.loss, 1e-4);
     EXPECT_LE(e.per_token, 1e-4);
     EXPECT_LE(e.grad_input, 5e-3);
@@ -144,7 +146,8 @@ TEST(CudaEngineTest, ClusterAndTwoPassRowKernelsAgree) {
   // flip a bf16 rounding of a few dlogits.
   EXPECT_LE(RelativeError(runs[0].grad_weight, runs[1].grad_weight), 1e-4);
   EXPECT_LE(RelativeError(ToDoubles(runs[0].result.per_token_loss),
-                          ToDoubles(runs[1].result.per_token_loss)), 1e-5);
+                          ToDoubles(runs[1].result.per_token_loss)),
+            1e-5);
 }
 
 // FLCE_CUDA_OVERLAP=1 runs each chunk as two halves on two streams; the
@@ -174,8 +177,9 @@ TEST(CudaEngineTest, OverlappedChunksMatchReference) {
   unsetenv("FLCE_CUDA_OVERLAP");
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
   const Errors e = Compare(*a, ref);
-  std::printf("  [overlapped halves] loss %.2e per-token %.2e grad_input %.2e grad_W %.2e grad_b %.2e\n",
-              e.loss, e.per_token, e.grad_input, e.grad_w, e.grad_b);
+  std::printf(
+      "  [overlapped halves] loss %.2e per-token %.2e grad_input %.2e grad_W %.2e grad_b %.2e\n",
+      e.loss, e.per_token, e.grad_input, e.grad_w, e.grad_b);
   EXPECT_LE(e.loss, 1e-4);
   EXPECT_LE(e.per_token, 1e-4);
   EXPECT_LE(e.grad_input, 5e-3);
@@ -216,10 +220,10 @@ TEST(CudaEngineTest, PeakedRowsWithEveryOption) {
     ASSERT_TRUE(run.ok()) << run.status();
     const Errors e = Compare(*run, ref);
     const double entropy = RelativeError(ToDoubles(run->result.entropy), ref.entropy);
-    std::printf("  [%s] peaked, every option: loss %.2e per-token %.2e entropy %.2e "
-                "grad_input %.2e grad_W %.2e\n",
-                run->result.strategy_used.c_str(), e.loss, e.per_token, entropy, e.grad_input,
-                e.grad_w);
+    std::printf(
+        "  [%s] peaked, every option: loss %.2e per-token %.2e entropy %.2e "
+        "grad_input %.2e grad_W %.2e\n",
+        run->result.strategy_used.c_str(), e.loss, e.per_token, entropy, e.grad_input, e.grad_w);
     EXPECT_LE(e.loss, 1e-4);
     EXPECT_LE(e.per_token, 1e-4);
     EXPECT_LE(entropy, 1e-4);
@@ -267,11 +271,11 @@ TEST(CudaEngineTest, LogitsStatsAndCublasPathsAgree) {
         const Errors e = Compare(*run, ref);
         const double entropy = RelativeError(ToDoubles(run->result.entropy), ref.entropy);
         const double logprob = RelativeError(ToDoubles(run->result.logprob), ref.logprob);
-        std::printf("  [%s %s, %s logits] loss %.2e per-token %.2e logprob %.2e entropy %.2e "
-                    "grad_input %.2e grad_W %.2e\n",
-                    DTypeName(dtype), peaked ? "peaked" : "normal",
-                    i == 0 ? "default" : "cublas", e.loss, e.per_token, logprob, entropy,
-                    e.grad_input, e.grad_w);
+        std::printf(
+            "  [%s %s, %s logits] loss %.2e per-token %.2e logprob %.2e entropy %.2e "
+            "grad_input %.2e grad_W %.2e\n",
+            DTypeName(dtype), peaked ? "peaked" : "normal", i == 0 ? "default" : "cublas", e.loss,
+            e.per_token, logprob, entropy, e.grad_input, e.grad_w);
         EXPECT_LE(e.loss, 1e-4);
         EXPECT_LE(e.per_token, 1e-4);
         EXPECT_LE(logprob, 1e-4);
