@@ -466,13 +466,14 @@ int Main(int argc, char** argv) {
       pr.strategy = Strategy::kChunked;
       pr.num_tokens = sh.bt;
       pr.hidden_dtype = DType::kBF16;
-      auto tile_plan = engine->PlanFor(*head, pr);
-      if (tile_plan.ok() && tile_plan->tile_stats) {
-        nlohmann::json st = TileStageBreakdown(*engine, *head, *tile_plan, req, 5);
-        const double chunks = std::ceil(double(sh.bt) / tile_plan->chunk_tokens);
-        std::printf("  logits-stats path, one chunk of %lld tokens (x%.0f chunks): %s\n",
-                    (long long)tile_plan->chunk_tokens, chunks, st.dump().c_str());
-        nlohmann::json rec = {{"strategy", "chunked_tile_stats_stage_breakdown"},
+      // One record per path's stage breakdown (the logits-stats path when this
+      // GPU takes it, and the cuBLAS fp32-logits path).
+      auto record_stages = [&](const char* strategy, const char* label, const Plan& plan,
+                               const nlohmann::json& st) {
+        const double chunks = std::ceil(double(sh.bt) / plan.chunk_tokens);
+        std::printf("  %sone chunk of %lld tokens (x%.0f chunks): %s\n", label,
+                    (long long)plan.chunk_tokens, chunks, st.dump().c_str());
+        nlohmann::json rec = {{"strategy", strategy},
                               {"BT", sh.bt},
                               {"H", sh.h},
                               {"V", sh.v},
@@ -484,27 +485,18 @@ int Main(int argc, char** argv) {
                               {"chunks", chunks},
                               {"stages_per_chunk_ms", st}};
         records.push_back(rec);
+      };
+      auto tile_plan = engine->PlanFor(*head, pr);
+      if (tile_plan.ok() && tile_plan->tile_stats) {
+        record_stages("chunked_tile_stats_stage_breakdown", "logits-stats path, ", *tile_plan,
+                      TileStageBreakdown(*engine, *head, *tile_plan, req, 5));
       }
       setenv("FLCE_CUDA_LOGITS", "cublas", 1);
       auto plan = engine->PlanFor(*head, pr);
       unsetenv("FLCE_CUDA_LOGITS");
       if (plan.ok()) {
-        nlohmann::json st = StageBreakdown(*engine, *head, *plan, req, 5);
-        const double chunks = std::ceil(double(sh.bt) / plan->chunk_tokens);
-        std::printf("  one chunk of %lld tokens (x%.0f chunks): %s\n",
-                    (long long)plan->chunk_tokens, chunks, st.dump().c_str());
-        nlohmann::json rec = {{"strategy", "chunked_stage_breakdown"},
-                              {"BT", sh.bt},
-                              {"H", sh.h},
-                              {"V", sh.v},
-                              {"dtype", "bf16"},
-                              {"gemm_bound_ms", bound_ms},
-                              {"gpu", gpu},
-                              {"date", date},
-                              {"commit", flags.commit},
-                              {"chunks", chunks},
-                              {"stages_per_chunk_ms", st}};
-        records.push_back(rec);
+        record_stages("chunked_stage_breakdown", "", *plan,
+                      StageBreakdown(*engine, *head, *plan, req, 5));
       }
     }
 
