@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -308,7 +309,8 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
                                     "0.001"});
   EXPECT_NEAR(summed["loss"].get<double>(), ref_sum.loss, 1e-5 * std::abs(ref_sum.loss));
   EXPECT_EQ(summed["hidden_dtype"], "bf16");
-  EXPECT_EQ(summed["n_correct"], ref_sum.n_correct);
+  EXPECT_LE(std::abs(summed["n_correct"].get<int64_t>() - ref_sum.n_correct),
+            ref_sum.n_correct_uncertain);
   NpyType type;
   std::vector<int64_t> shape;
   // grad_input comes back rounded to bf16.

@@ -282,7 +282,7 @@ TEST(CudaEngineTest, LogitsStatsAndCublasPathsAgree) {
         EXPECT_LE(entropy, 1e-4);
         EXPECT_LE(e.grad_input, 5e-3);
         EXPECT_LE(e.grad_w, 5e-3);
-        EXPECT_EQ(run->result.n_correct, ref.n_correct);
+        EXPECT_LE(std::abs(run->result.n_correct - ref.n_correct), ref.n_correct_uncertain);
       }
       EXPECT_LE(RelativeError(runs[0].grad_weight, runs[1].grad_weight), 5e-3);
     }
@@ -363,7 +363,7 @@ TEST(CudaEngineTest, PaddedColumnsNeverCount) {
     EXPECT_LE(e.grad_input, 1e-4);
     EXPECT_LE(e.grad_w, 1e-4);
     EXPECT_LE(e.grad_b, 1e-4);
-    EXPECT_EQ(run->result.n_correct, ref.n_correct);
+    EXPECT_LE(std::abs(run->result.n_correct - ref.n_correct), ref.n_correct_uncertain);
   }
 }
 

@@ -110,8 +110,9 @@ void ExpectMatchesReference(const EngineRun& run, const ReferenceOutput& ref,
       << "z_loss " << r.z_loss << " vs " << ref.z_loss;
   EXPECT_LE(ScalarError(r.entropy_sum, ref.entropy_sum), tol.loss)
       << "entropy_sum " << r.entropy_sum << " vs " << ref.entropy_sum;
-  EXPECT_LE(std::abs(r.n_correct - ref.n_correct), tol.argmax_mismatches)
-      << "n_correct " << r.n_correct << " vs " << ref.n_correct;
+  EXPECT_LE(std::abs(r.n_correct - ref.n_correct), tol.argmax_mismatches + ref.n_correct_uncertain)
+      << "n_correct " << r.n_correct << " vs " << ref.n_correct << " (" << ref.n_correct_uncertain
+      << " tokens within fp32 rounding of a tie)";
   EXPECT_FALSE(r.strategy_used.empty());
   if (std::getenv("FLCE_TEST_PRINT_ERRORS") != nullptr) {
     std::fprintf(stderr, "  errors: loss %.2e grad_input %.2e grad_W %.2e grad_b %.2e logprob %.2e\n",
@@ -149,8 +150,12 @@ void ExpectMatchesReference(const EngineRun& run, const ReferenceOutput& ref,
   if (spec.outputs.accuracy) {
     ASSERT_EQ(r.correct.size(), ref.correct.size());
     int64_t mismatches = 0;
-    for (size_t t = 0; t < ref.correct.size(); ++t) mismatches += r.correct[t] != ref.correct[t];
-    EXPECT_LE(mismatches, tol.argmax_mismatches) << "per-token correct";
+    for (size_t t = 0; t < ref.correct.size(); ++t) {
+      mismatches += r.correct[t] != ref.correct[t] && ref.correct_uncertain[t] == 0;
+    }
+    EXPECT_LE(mismatches, tol.argmax_mismatches)
+        << "per-token correct, not counting " << ref.n_correct_uncertain
+        << " tokens within fp32 rounding of a tie";
   }
 }
 

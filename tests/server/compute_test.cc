@@ -3,6 +3,7 @@
 // flight, and the server's limits.
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -81,7 +82,7 @@ TEST_F(ComputeTest, RoundTripMatchesFloat64Reference) {
   EXPECT_NEAR(out.summary.loss(), ref.loss, kTol * std::abs(ref.loss)) << problem.seed;
   EXPECT_NEAR(out.summary.z_loss(), ref.z_loss, 1e-5 * std::abs(ref.z_loss) + 1e-9);
   EXPECT_EQ(out.summary.n_valid(), ref.n_valid);
-  EXPECT_EQ(out.summary.n_correct(), ref.n_correct);
+  EXPECT_LE(std::abs(out.summary.n_correct() - ref.n_correct), ref.n_correct_uncertain);
   EXPECT_TRUE(out.summary.committed());
   EXPECT_FALSE(out.summary.replayed());
   EXPECT_EQ(out.summary.head_version(), 1u);

@@ -1,5 +1,6 @@
 #include "tests/support/reference_f64.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 
@@ -25,6 +26,33 @@ double TokenWeight(const ReferenceInput& in, int64_t t, int64_t n_valid) {
   return 0.0;
 }
 
+// A bound on how far an fp32 engine's logit z_j may lie from the exact one: the dot product
+// of H products plus the bias, accumulated in any order (gamma_{H+1} |terms|, taken as
+// (H + 2) u), carried through the softcap by its derivative cap_slope = 1 - tanh^2 <= 1,
+// plus a few roundings of tanh, the multiply by the cap and the division by tau.
+double Fp32LogitError(double abs_terms, int64_t hidden_size, double cap_slope, double capped,
+                      double tau) {
+  constexpr double kU = 0x1p-24;
+  const double before_cap = static_cast<double>(hidden_size + 2) * kU * abs_terms;
+  return (before_cap * cap_slope + 4.0 * kU * std::abs(capped)) / tau;
+}
+
+// Whether rounding within z_err could flip "argmax == y": a correct token could lose to a
+// competitor whose upper bound reaches the target's lower bound; an incorrect one could win
+// if its upper bound reaches every competitor's lower bound.
+bool CorrectIsUncertain(const std::vector<double>& z, const std::vector<double>& z_err, int32_t y,
+                        bool correct) {
+  double best_upper = -INFINITY;
+  double best_lower = -INFINITY;
+  for (size_t j = 0; j < z.size(); ++j) {
+    if (static_cast<int32_t>(j) == y) continue;
+    best_upper = std::max(best_upper, z[j] + z_err[j]);
+    best_lower = std::max(best_lower, z[j] - z_err[j]);
+  }
+  if (correct) return z[y] - z_err[y] <= best_upper;
+  return z[y] + z_err[y] >= best_lower;
+}
+
 }  // namespace
 
 ReferenceOutput ComputeReference(const ReferenceInput& in) {
@@ -42,6 +70,7 @@ ReferenceOutput ComputeReference(const ReferenceInput& in) {
   out.logprob.assign(BT, 0.0);
   out.entropy.assign(BT, 0.0);
   out.correct.assign(BT, 0);
+  out.correct_uncertain.assign(BT, 0);
   out.grad_input.assign(BT * H, 0.0);
   out.grad_weight.assign(V * H, 0.0);
   out.grad_bias.assign(V, 0.0);
@@ -52,7 +81,7 @@ ReferenceOutput ComputeReference(const ReferenceInput& in) {
     if (IsValid(in, in.targets[t])) ++out.n_valid;
   }
 
-  std::vector<double> u(V), z(V), p(V);
+  std::vector<double> u(V), z(V), p(V), z_err(V);
   for (int64_t t = 0; t < BT; ++t) {
     const double* h = &in.hidden[t * H];
     const int32_t y = in.targets[t];
@@ -62,9 +91,15 @@ ReferenceOutput ComputeReference(const ReferenceInput& in) {
 
     for (int64_t j = 0; j < V; ++j) {
       double r = in.bias.empty() ? 0.0 : in.bias[j];
-      for (int64_t k = 0; k < H; ++k) r += in.weight[j * H + k] * h[k];
+      double r_abs = std::abs(r);
+      for (int64_t k = 0; k < H; ++k) {
+        r += in.weight[j * H + k] * h[k];
+        r_abs += std::abs(in.weight[j * H + k] * h[k]);
+      }
       u[j] = cap > 0.0 ? cap * std::tanh(r / cap) : r;
       z[j] = u[j] / tau;
+      z_err[j] = Fp32LogitError(r_abs, H, cap > 0.0 ? 1.0 - (u[j] / cap) * (u[j] / cap) : 1.0,
+                                u[j], tau);
     }
     double m = z[0];
     int64_t argmax = 0;
@@ -93,6 +128,8 @@ ReferenceOutput ComputeReference(const ReferenceInput& in) {
       out.logprob[t] = z[y] - lse;
       out.correct[t] = argmax == y ? 1 : 0;
       out.n_correct += out.correct[t];
+      out.correct_uncertain[t] = CorrectIsUncertain(z, z_err, y, out.correct[t] != 0) ? 1 : 0;
+      out.n_correct_uncertain += out.correct_uncertain[t];
       out.loss += a * loss;
       out.z_loss += a * s * lse * lse;
     }

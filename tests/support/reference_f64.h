@@ -42,6 +42,12 @@ struct ReferenceOutput {
   std::vector<double> logprob;         // BT; 0 for ignored tokens
   std::vector<double> entropy;         // BT
   std::vector<uint8_t> correct;        // BT
+  // Tokens whose `correct` an fp32 engine may legitimately flip: the target's logit and its
+  // best competitor lie within the rounding of an fp32 dot product (plus softcap and
+  // temperature) of each other, e.g. two logits both saturated by tanh to the cap. Checks
+  // excuse exactly these tokens and no others.
+  std::vector<uint8_t> correct_uncertain;  // BT
+  int64_t n_correct_uncertain = 0;
   std::vector<double> grad_input;      // BT x H
   std::vector<double> grad_weight;     // V x H
   std::vector<double> grad_bias;       // V (zeros when there is no bias)

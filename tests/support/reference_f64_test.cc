@@ -129,6 +129,29 @@ TEST(ReferenceF64Test, ArgmaxTiesGoToLowestIndex) {
   EXPECT_EQ(ComputeReference(in).n_correct, 0);
 }
 
+// Two logits the softcap saturates to within fp32 rounding of each other make the token's
+// `correct` uncertain; a clear winner or a clear loser does not.
+TEST(ReferenceF64Test, NearTiesUnderTheSoftcapAreUncertain) {
+  ReferenceInput in;
+  in.vocab_size = 3;
+  in.hidden_size = 1;
+  in.num_tokens = 3;
+  in.weight = {1.0, 80.0, 81.0};
+  in.hidden = {1.0, 1.0, 1.0};
+  in.targets = {2, 1, 0};
+  in.options.softcap = 10.0f;
+  ReferenceOutput out = ComputeReference(in);
+  // tanh(8) and tanh(8.1) differ by 4e-8, less than an fp32 ulp at 1.
+  EXPECT_EQ(out.correct, (std::vector<uint8_t>{1, 0, 0}));
+  EXPECT_EQ(out.correct_uncertain, (std::vector<uint8_t>{1, 1, 0}));
+  EXPECT_EQ(out.n_correct_uncertain, 2);
+
+  in.options.softcap = 0.0f;  // 80 and 81 are far apart in fp32
+  out = ComputeReference(in);
+  EXPECT_EQ(out.correct, (std::vector<uint8_t>{1, 0, 0}));
+  EXPECT_EQ(out.n_correct_uncertain, 0);
+}
+
 TEST(ReferenceF64Test, AllIgnoredUnderMeanGivesZeroLossAndZeroLossGradients) {
   ReferenceInput in = SmallInput(LossOptions{}, Reduction::kMean);
   for (int32_t& y : in.targets) y = in.ignore_index;
