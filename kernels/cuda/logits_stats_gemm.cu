@@ -28,13 +28,25 @@ constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
 
+// e leaves through shared memory and TMA stores: written straight from the
+// accumulator layout, each warp store instruction would touch 8 rows (16 bytes
+// each), fill the store queue and stall the epilogue on its own registers. A
+// consumer warpgroup stages half of its 64 x 256 share at a time, as two
+// 64 x 64 boxes in the 128-byte swizzle (conflict-free for the fragment
+// layout): 16 KiB per warpgroup, which is what is left beside four stages.
+constexpr int kOutBox = 64;
+constexpr int kOutBoxes = 2;  // per half of a warpgroup's columns
+
 struct alignas(1024) SharedTiles {
   uint16_t a[kStages][kBM * kBK];
   uint16_t b[kStages][kBN * kBK];
+  uint16_t out[kConsumers][kOutBoxes][kOutBox * kOutBox];
   uint64_t full[kStages];
   uint64_t empty[kStages];
 };
 constexpr size_t kSharedBytes = sizeof(SharedTiles) + 1024;  // + runtime 1 KiB alignment
+static_assert(kSharedBytes <= 227 * 1024, "beyond Hopper's shared memory per block");
+static_assert(kBN == 2 * kOutBoxes * kOutBox, "two halves of two boxes span a tile");
 
 struct KernelArgs {
   int32_t rows;
@@ -43,7 +55,6 @@ struct KernelArgs {
   int32_t padded_vocab;
   int32_t m_tiles;
   int32_t n_tiles;
-  __half* exp_out;
   const int32_t* target;
   float* target_logit;
   TileStats stats;
@@ -95,6 +106,35 @@ __device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, uint6
       " [%0], [%1, {%3, %4}], [%2];" ::"r"(SmemAddr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddr(bar)), "r"(c0), "r"(c1)
       : "memory");
+}
+
+// Stores a 64 x 64 fp16 box from shared memory; rows and columns outside the
+// tensor (the chunk's last rows, the 128 columns past an odd tile count) are
+// dropped by the copy engine.
+__device__ __forceinline__ void TmaStore(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(SmemAddr(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void TmaStoreCommit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Until the stores issued so far have read their shared memory.
+__device__ __forceinline__ void TmaStoreWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+// Until the stores issued so far are complete.
+__device__ __forceinline__ void TmaStoreWaitAll() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+// Makes this thread's shared-memory writes visible to the copy engine.
+__device__ __forceinline__ void FenceSharedForAsync() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Barrier of one consumer warpgroup (ids 1 and 2; 0 is __syncthreads).
+__device__ __forceinline__ void WarpgroupSync(int consumer) {
+  asm volatile("bar.sync %0, 128;" ::"r"(consumer + 1) : "memory");
 }
 
 // K-major operand in shared memory, 128-byte swizzle: 8-row core matrices
@@ -180,18 +220,81 @@ __device__ __forceinline__ void MaskPadding(float (&acc)[2][64], int32_t real) {
   }
 }
 
+// e = exp(z - m) for one half (128 columns) of a thread's accumulators,
+// packed as fp16 pairs, with the row sums, sum e (z - m), sum z and the first
+// offset holding the max folded in along the way.
+template <bool kSumZ>
+__device__ __forceinline__ void ExpHalf(const float (&acc)[64], int h, const float (&m)[2],
+                                        float (&s)[2], float (&sez)[2], float (&sz)[2],
+                                        int32_t (&first)[2], uint32_t (&packed)[32]) {
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int o = h * 128 + i * 8;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float e[2];
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const float z = acc[i * 4 + 2 * r + b];
+        const float d = z - m[r];
+        e[b] = Exp2Approx(d * kLog2e);
+        s[r] += e[b];
+        sez[r] = fmaf(e[b], d, sez[r]);
+        if (kSumZ) sz[r] += z > kMaskedLogit ? z : 0.0f;
+        first[r] = z == m[r] ? min(first[r], o + b) : first[r];
+      }
+      const __half2 pair = __floats2half2_rn(e[0], e[1]);
+      packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+  }
+}
+
+// Writes one half's packed e into the warpgroup's two staging boxes and
+// stores them: box i / 8, 16-byte chunk (i % 8) ^ (row % 8) of the row (the
+// 128-byte swizzle; a thread's rows are lane / 4 and lane / 4 + 8 of its
+// warp's 16, so row % 8 = lane / 4).
+__device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
+                                              uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox],
+                                              const CUtensorMap* e_map, int consumer, int col,
+                                              int row) {
+  const int t = threadIdx.x % 128;
+  const int lane = t % 32;
+  const int local_row = (t / 32) * 16 + lane / 4;
+  // The previous stores from these boxes must have read them.
+  if (t == 0) TmaStoreWaitRead();
+  WarpgroupSync(consumer);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int byte = (local_row + 8 * r) * 128 + (((i % 8) ^ (lane / 4)) * 16) + (lane % 4) * 4;
+      *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(boxes[i / 8]) + byte) =
+          packed[i * 2 + r];
+    }
+  }
+  FenceSharedForAsync();
+  WarpgroupSync(consumer);
+  if (t == 0) {
+#pragma unroll
+    for (int x = 0; x < kOutBoxes; ++x) TmaStore(e_map, boxes[x], col + x * kOutBox, row);
+    TmaStoreCommit();
+  }
+}
+
 // One consumer thread's share of the tile epilogue: its two rows (r = 0:
 // row lane/4, r = 1: row lane/4 + 8 of its warp's 16) processed together,
-// so that two independent dependency chains interleave (only two warps per
-// scheduler run this; it is latency-bound, not issue-bound). Fragment layout
+// so that two independent dependency chains interleave. Fragment layout
 // (m64nNk16): acc[h][i*4 + 2*r + b] is the tile's column h*128 + 8i +
 // 2(lane%4) + b. Per element: one max, one exp, two or three adds and the
 // argmax select; the target logit is looked for only by the one thread whose
-// columns hold it. kSumZ: label smoothing's sum z.
+// columns hold it. The first half's e is on its way out while the second
+// half's is computed. kSumZ: label smoothing's sum z.
 template <bool kSumZ>
 __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0, int32_t n_tile,
-                                         const int32_t (&y)[2], const KernelArgs& a) {
-  constexpr float kLog2e = 1.4426950408889634f;
+                                         int32_t m_tile, int consumer, const int32_t (&y)[2],
+                                         const KernelArgs& a, const CUtensorMap* e_map,
+                                         uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox]) {
   const int lane = threadIdx.x & 31;
   const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
   float m[2] = {-INFINITY, -INFINITY};
@@ -213,43 +316,9 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
     m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
     m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
   }
-  float s[2] = {0.0f, 0.0f}, sez[2] = {0.0f, 0.0f}, sz[2] = {0.0f, 0.0f};
-  int32_t first[2] = {INT_MAX, INT_MAX};  // lowest offset holding the max
-  int32_t store_limit[2];
-  __half* out[2];
+  // The target logit first: the accumulators die as e is computed.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t row = row0 + 8 * r;
-    store_limit[r] = row < a.rows ? a.padded_vocab - col0 : 0;
-    out[r] = a.exp_out + row * a.padded_vocab + col0;
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int o = h * 128 + i * 8;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float e[2];
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          const float z = acc[h][i * 4 + 2 * r + b];
-          const float d = z - m[r];
-          e[b] = Exp2Approx(d * kLog2e);
-          s[r] += e[b];
-          sez[r] = fmaf(e[b], d, sez[r]);
-          if (kSumZ) sz[r] += z > kMaskedLogit ? z : 0.0f;
-          first[r] = z == m[r] ? min(first[r], o + b) : first[r];
-        }
-        if (o < store_limit[r]) {
-          *reinterpret_cast<__half2*>(out[r] + o) = __floats2half2_rn(e[0], e[1]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = row0 + 8 * r;
     const int32_t y_offset = y[r] - col0;
     if (y_offset >= 0 && y_offset < kBN && (y_offset & 6) == 0) {
       float zy = 0.0f;
@@ -263,8 +332,21 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
           }
         }
       }
-      a.target_logit[row] = zy;
+      a.target_logit[row0 + 8 * r] = zy;
     }
+  }
+  float s[2] = {0.0f, 0.0f}, sez[2] = {0.0f, 0.0f}, sz[2] = {0.0f, 0.0f};
+  int32_t first[2] = {INT_MAX, INT_MAX};  // lowest offset holding the max
+  const int box_row = m_tile * kBM + consumer * 64;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t packed[32];
+    ExpHalf<kSumZ>(acc[h], h, m, s, sez, sz, first, packed);
+    StageAndStore(packed, boxes, e_map, consumer, n_tile * kBN + h * 128, box_row);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + 8 * r;
 #pragma unroll
     for (int off = 1; off <= 2; off <<= 1) {
       s[r] += __shfl_xor_sync(0xffffffffu, s[r], off);
@@ -291,7 +373,8 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
 template <bool kHalf, bool kSumZ>
 __global__ void __launch_bounds__(kThreads, 1)
     LogitsStatsKernel(const __grid_constant__ CUtensorMap x_map,
-                      const __grid_constant__ CUtensorMap w_map, const KernelArgs a) {
+                      const __grid_constant__ CUtensorMap w_map,
+                      const __grid_constant__ CUtensorMap e_map, const KernelArgs a) {
 #ifdef FLCE_SM90A
   extern __shared__ uint8_t raw_shared[];
   SharedTiles& sm = *reinterpret_cast<SharedTiles*>(
@@ -386,8 +469,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
     if (col0 + kBN - 2 >= a.vocab) MaskPadding(acc, a.vocab - col0);
-    Epilogue<kSumZ>(acc, row0, n_tile, y, a);
+    Epilogue<kSumZ>(acc, row0, n_tile, m_tile, c, y, a, &e_map, sm.out[c]);
   }
+  // e must be in global memory before the kernel ends.
+  if (t == 0) TmaStoreWaitAll();
 #else
   __trap();  // built without sm_90a code: LogitsStatsSupported() is false there
 #endif
@@ -407,12 +492,14 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeFunction() {
   return fn;
 }
 
-absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t rows, int64_t hidden,
+// A row-major rows x cols 16-bit tensor in boxes of 64 columns x box_rows,
+// 128-byte swizzle.
+absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t rows, int64_t cols,
                     uint32_t box_rows) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeFunction();
   if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is unavailable");
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(hidden), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(hidden) * 2};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
   const cuuint32_t box[2] = {kBK, box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = encode(
@@ -423,7 +510,7 @@ absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t row
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed (CUresult ", r,
-                                            ") for a ", rows, " x ", hidden, " operand"));
+                                            ") for a ", rows, " x ", cols, " tensor"));
   }
   return absl::OkStatus();
 }
@@ -452,8 +539,8 @@ bool DeviceIsSm90() {
 }
 
 template <bool kHalf, bool kSumZ>
-absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const KernelArgs& k,
-                    cudaStream_t stream, DeviceHealth* health) {
+absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CUtensorMap& e_map,
+                    const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
   static std::once_flag once;
   static cudaError_t attr = cudaSuccess;
   std::call_once(once, [] {
@@ -464,7 +551,7 @@ absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const Ke
   FLCE_CUDA_RETURN_IF_ERROR(attr, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  LogitsStatsKernel<kHalf, kSumZ><<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, k);
+  LogitsStatsKernel<kHalf, kSumZ><<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }
@@ -486,9 +573,15 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
       args.rows > INT32_MAX / 2 || args.padded_vocab > INT32_MAX / 2) {
     return absl::InternalError("logits-stats GEMM: unsupported layout");
   }
-  CUtensorMap x_map, w_map;
+  if (reinterpret_cast<uintptr_t>(args.exp_out) % 16 != 0) {
+    return absl::InternalError("logits-stats GEMM: e buffer not 16-byte aligned");
+  }
+  static_assert(kBK == kOutBox, "the e boxes reuse the operands' 64-column encoding");
+  CUtensorMap x_map, w_map, e_map;
   FLCE_RETURN_IF_ERROR(Encode(&x_map, dtype, args.x, args.rows, args.hidden, kBM));
   FLCE_RETURN_IF_ERROR(Encode(&w_map, dtype, args.w, args.padded_vocab, args.hidden, kBN));
+  FLCE_RETURN_IF_ERROR(
+      Encode(&e_map, DType::kF16, args.exp_out, args.rows, args.padded_vocab, kOutBox));
   KernelArgs k;
   k.rows = static_cast<int32_t>(args.rows);
   k.hidden = static_cast<int32_t>(args.hidden);
@@ -496,16 +589,15 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
   k.padded_vocab = static_cast<int32_t>(args.padded_vocab);
   k.m_tiles = static_cast<int32_t>((args.rows + kBM - 1) / kBM);
   k.n_tiles = static_cast<int32_t>(LogitsStatsTiles(args.padded_vocab));
-  k.exp_out = static_cast<__half*>(args.exp_out);
   k.target = args.target;
   k.target_logit = args.target_logit;
   k.stats = args.stats;
   if (dtype == DType::kF16) {
-    return args.sum_z ? Launch<true, true>(x_map, w_map, k, stream, health)
-                      : Launch<true, false>(x_map, w_map, k, stream, health);
+    return args.sum_z ? Launch<true, true>(x_map, w_map, e_map, k, stream, health)
+                      : Launch<true, false>(x_map, w_map, e_map, k, stream, health);
   }
-  return args.sum_z ? Launch<false, true>(x_map, w_map, k, stream, health)
-                    : Launch<false, false>(x_map, w_map, k, stream, health);
+  return args.sum_z ? Launch<false, true>(x_map, w_map, e_map, k, stream, health)
+                    : Launch<false, false>(x_map, w_map, e_map, k, stream, health);
 }
 
 }  // namespace flce::cuda

@@ -1,5 +1,6 @@
 // The chunked plan's logits GEMM with the row statistics in its epilogue
-// (Hopper, sm_90a: TMA loads, wgmma, warp-specialised producer/consumers).
+// (Hopper, sm_90a: TMA loads and stores, wgmma, warp-specialised
+// producer/consumers).
 //
 // For each (128-token x 256-column) tile the fp32 accumulators never leave
 // registers: the epilogue takes the tile's per-row max m_t, writes
