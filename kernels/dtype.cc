@@ -1,5 +1,6 @@
 #include "kernels/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -9,9 +10,12 @@ int64_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "fp32";
-    case DType::kF16: return "fp16";
-    case DType::kBF16: return "bf16";
+    case DType::kF32:
+      return "fp32";
+    case DType::kF16:
+      return "fp16";
+    case DType::kBF16:
+      return "bf16";
   }
   return "unknown";
 }
@@ -135,21 +139,38 @@ void RoundTo(DType dtype, float* values, int64_t count) {
   }
 }
 
+namespace {
+
+// Index of the first element whose exponent bits are all set, or -1. Blocks
+// are tested with a branch-free OR over the block (which the compiler
+// vectorizes; an early-exit loop it does not) and only a block holding a bad
+// element is scanned for the index: the server runs this over every hidden
+// byte it receives.
+template <typename Word>
+int64_t FirstWithExponent(const Word* words, int64_t count, Word mask) {
+  constexpr int64_t kBlock = 1024;  // a constant trip count: vectorized at -O2 too
+  int64_t base = 0;
+  for (; base + kBlock <= count; base += kBlock) {
+    const Word* block = words + base;
+    Word any = 0;
+    for (int64_t i = 0; i < kBlock; ++i) any |= static_cast<Word>((block[i] & mask) == mask);
+    if (any != 0) break;
+  }
+  for (int64_t i = base; i < count; ++i) {
+    if ((words[i] & mask) == mask) return i;
+  }
+  return -1;
+}
+
+}  // namespace
+
 int64_t FirstNonFinite(DType dtype, const void* data, int64_t count) {
   if (dtype == DType::kF32) {
-    const uint32_t* words = static_cast<const uint32_t*>(data);
-    for (int64_t i = 0; i < count; ++i) {
-      if ((words[i] & 0x7f800000u) == 0x7f800000u) return i;
-    }
-    return -1;
+    return FirstWithExponent(static_cast<const uint32_t*>(data), count, uint32_t{0x7f800000u});
   }
   // bf16 and fp16: all exponent bits set means Inf or NaN.
   const uint16_t exponent_mask = dtype == DType::kBF16 ? 0x7f80u : 0x7c00u;
-  const uint16_t* halves = static_cast<const uint16_t*>(data);
-  for (int64_t i = 0; i < count; ++i) {
-    if ((halves[i] & exponent_mask) == exponent_mask) return i;
-  }
-  return -1;
+  return FirstWithExponent(static_cast<const uint16_t*>(data), count, exponent_mask);
 }
 
 }  // namespace flce

@@ -40,7 +40,8 @@ const std::vector<Command>& Commands() {
        DeclareFetchGrad, RunFetchGrad},
       {"zero-grad", "Zeroes a session's accumulated gradient.", DeclareZeroGrad, RunZeroGrad},
       {"sessions", "Lists sessions, or deletes one with --delete.", DeclareSessions, RunSessions},
-      {"bench", "Drives a head with random data; reports tokens/s and GB/s on the wire.",
+      {"bench",
+       "Drives a head with random data; reports tokens/s and bytes/s each way over the step.",
        DeclareBench, RunBench},
   };
   return *commands;

@@ -85,6 +85,7 @@ absl::StatusOr<CommandResult> RunBench(const FlagSet& flags, CliEnv& env) {
   absl::Status failed;
   for (int64_t step = 0; step < warmup + steps; ++step) {
     args.header.clear_request_id();  // a fresh id each step: a replay would skip the work
+    args.grad_input_storage = &last.grad_input;  // as a trainer reusing its buffer would
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<ComputeOutcome> outcome = client->Compute(args);
     const double ms =

@@ -61,6 +61,11 @@ struct ComputeArgs {
   absl::string_view hidden;      // BT x H in header.hidden_dtype
   int64_t chunk_bytes = 0;       // hidden bytes per message; 0 = options' chunk_bytes
   ProgressCallback progress;     // hidden bytes sent; called on the sending thread
+  // Optional: a string whose storage the outcome's grad_input takes over
+  // (moved from; its contents do not matter). Passing the previous step's
+  // grad_input spares a step the page faults and zeroing of a fresh
+  // BT x H buffer.
+  std::string* grad_input_storage = nullptr;
 };
 
 struct ComputeOutcome {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
@@ -105,7 +106,13 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   Assembly logprob("logprob", tokens, 4);
   Assembly entropy("entropy", tokens, 4);
   Assembly correct("correct", tokens, 1);
-  if (want_grad_input) outcome.grad_input.resize(hidden_bytes);
+  if (want_grad_input) {
+    if (args.grad_input_storage != nullptr) {
+      outcome.grad_input = std::move(*args.grad_input_storage);
+      args.grad_input_storage->clear();
+    }
+    outcome.grad_input.resize(hidden_bytes);
+  }
   if (wanted.per_token_loss()) outcome.per_token_loss.resize(tokens);
   if (wanted.logprob()) outcome.logprob.resize(tokens);
   if (wanted.entropy()) outcome.entropy.resize(tokens);
@@ -118,12 +125,15 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
 
   std::thread writer([&] {
     if (!stream->Write(first)) return;  // the server ended the call; Finish says why
+    // One message reused for every chunk: its data string keeps its capacity,
+    // so each chunk is one copy into memory already mapped rather than a fresh
+    // multi-MiB allocation (page faults and zeroing) per message.
+    v1::ComputeRequest message;
+    v1::HiddenChunk* piece = message.mutable_hidden();
     for (int64_t row = 0; row < tokens; row += rows_per_chunk) {
       const int64_t rows = std::min(rows_per_chunk, tokens - row);
-      v1::ComputeRequest message;
-      v1::HiddenChunk* piece = message.mutable_hidden();
       piece->set_token_offset(row);
-      piece->set_data(args.hidden.data() + row * row_bytes, rows * row_bytes);
+      piece->mutable_data()->assign(args.hidden.data() + row * row_bytes, rows * row_bytes);
       if (!stream->Write(message)) return;
       if (args.progress) args.progress((row + rows) * row_bytes, hidden_bytes);
     }

@@ -223,6 +223,24 @@ TEST_F(ClientProtocolTest, ComputePlacesChunksByOffsetAndChunksHidden) {
   EXPECT_EQ(out->request_id, fake_.last_header.request_id());
 }
 
+// A caller's storage (any contents, any length within its capacity) becomes
+// the outcome's grad_input: the same heap buffer, filled with exactly the
+// server's rows.
+TEST_F(ClientProtocolTest, ComputeReusesTheCallersGradInputStorage) {
+  ComputeArgs args = Args(/*tokens=*/37, /*hidden_size=*/24);
+  for (size_t garbage : {hidden_.size() + 100, size_t{10}}) {
+    std::string storage(hidden_.size() + 100, 'x');
+    storage.resize(garbage);
+    const char* buffer = storage.data();
+    args.grad_input_storage = &storage;
+    absl::StatusOr<ComputeOutcome> out = client_->Compute(args);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->grad_input, hidden_);
+    EXPECT_EQ(out->grad_input.data(), buffer);
+    EXPECT_TRUE(storage.empty());
+  }
+}
+
 TEST_F(ClientProtocolTest, ComputeSendsHiddenSize) {
   ASSERT_TRUE(client_->Compute(Args(/*tokens=*/5, /*hidden_size=*/24)).ok());
   EXPECT_EQ(fake_.last_header.hidden_size(), 24);

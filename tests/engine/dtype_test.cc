@@ -107,11 +107,11 @@ TEST(DTypeTest, NarrowingToHalfRoundsToNearestEvenIncludingSubnormals) {
     const float x = RandomFloat(rng, -26, 16);
     ExpectNearestEven(x, FloatToHalf(x), DecodeHalf, 65504.0);
   }
-  EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie to even
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);             // smallest subnormal
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);             // tie to even: 0
+  EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);         // smallest subnormal
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);         // tie to even: 0
   EXPECT_EQ(FloatToHalf(std::ldexp(1.5f, -25)), 0x0001);
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);                          // rounds past 65504
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);  // rounds past 65504
   EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);
 }
 
@@ -169,6 +169,24 @@ TEST(DTypeTest, FirstNonFiniteFindsTheFirstBadElement) {
   std::vector<uint16_t> halves(2);
   FromFloat(DType::kF16, big, halves.data(), 2);
   EXPECT_EQ(FirstNonFinite(DType::kF16, halves.data(), 2), 1);
+}
+
+// Positions on both sides of the scan's internal block boundaries, in the
+// tail, and two bad elements in one block: always the first index.
+TEST(DTypeTest, FirstNonFiniteAcrossLongBuffers) {
+  const int64_t n = 5000;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t bad :
+         {int64_t{0}, int64_t{1023}, int64_t{1024}, int64_t{2047}, int64_t{3001}, int64_t{4999}}) {
+      std::vector<float> values(n, -2.5f);
+      values[bad] = std::numeric_limits<float>::quiet_NaN();
+      if (bad + 5 < n) values[bad + 5] = std::numeric_limits<float>::infinity();
+      std::vector<uint8_t> bytes(n * DTypeSize(dtype));
+      FromFloat(dtype, values.data(), bytes.data(), n);
+      EXPECT_EQ(FirstNonFinite(dtype, bytes.data(), n), bad) << DTypeName(dtype) << " at " << bad;
+      EXPECT_EQ(FirstNonFinite(dtype, bytes.data(), bad), -1) << DTypeName(dtype) << " before";
+    }
+  }
 }
 
 }  // namespace
