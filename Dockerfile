@@ -64,6 +64,10 @@ FROM nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU} AS runtime
 ENV DEBIAN_FRONTEND=noninteractive
 # Utility: nvidia-smi and NVML inside the container; compute: CUDA itself.
 ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility
+# The CPU engine: OpenBLAS's idle workers sleep at once instead of spinning on the cores
+# the engine's row pass needs next (2.2x slower row pass otherwise, docs/perf/cpu.md).
+# OpenBLAS reads it when it loads, before main(), so the environment has to carry it.
+ENV OPENBLAS_THREAD_TIMEOUT=4
 
 # Only the packages that own the libraries flce-server, flce-client and the plugin load
 # (gRPC, protobuf, Abseil, prometheus-cpp, civetweb, OpenBLAS, ...): nothing to build with.

@@ -12,7 +12,9 @@ port="${FLCE_PORT:-50051}"
 metrics_port="${FLCE_METRICS_PORT:-9464}"
 work="$(mktemp -d)"
 server_log="$work/server.log"
-"$build/server/flce-server" --port "$port" --metrics-port "$metrics_port" --device auto \
+# Read by OpenBLAS when it loads (the CPU engine; see docs/perf/cpu.md).
+OPENBLAS_THREAD_TIMEOUT="${OPENBLAS_THREAD_TIMEOUT:-4}" \
+  "$build/server/flce-server" --port "$port" --metrics-port "$metrics_port" --device auto \
   >"$server_log" 2>&1 &
 server_pid=$!
 cleanup() {
