@@ -244,6 +244,21 @@ absl::Status RunNaive(const Exec& exec, const HeadView& head, const DeviceReques
   return Backward(exec, head, r, s, x, s.dlogits, head.padded_vocab);
 }
 
+// The split kernels' view of one vocabulary split's logits in s.logits.
+SplitArgs SplitArgsFor(const HeadView& head, const DeviceRequest& r, const Scratch& s, int64_t col0,
+                       int64_t cols) {
+  SplitArgs a;
+  a.logits = s.logits;
+  a.ld = cols;
+  a.col0 = col0;
+  a.cols = cols;
+  a.rows = r.rows;
+  a.bias = head.bias;
+  a.target = r.in.target;
+  a.params = r.params;
+  return a;
+}
+
 // Forward over vocabulary splits: per-row state, then RowGrad and outputs.
 absl::Status SplitForward(const Exec& exec, const HeadView& head, const Plan& plan,
                           const DeviceRequest& r, const Scratch& s, const void* x) {
@@ -254,15 +269,7 @@ absl::Status SplitForward(const Exec& exec, const HeadView& head, const Plan& pl
     FLCE_RETURN_IF_ERROR(
         gemm.Logits(x, static_cast<const char*>(head.weight) + col0 * head.hidden * esize, r.rows,
                     cols, head.hidden, s.logits, cols));
-    SplitArgs a;
-    a.logits = s.logits;
-    a.ld = cols;
-    a.col0 = col0;
-    a.cols = cols;
-    a.rows = r.rows;
-    a.bias = head.bias;
-    a.target = r.in.target;
-    a.params = r.params;
+    const SplitArgs a = SplitArgsFor(head, r, s, col0, cols);
     FLCE_RETURN_IF_ERROR(
         LaunchSplitStats(head.dtype, a, s.state, col0 == 0, exec.stream, exec.health));
   }
@@ -285,15 +292,7 @@ absl::Status RunVocabSplitBlock(const Exec& exec, const HeadView& head, const Pl
     const int64_t cols = std::min(plan.split_cols, head.padded_vocab - col0);
     const void* w = static_cast<const char*>(head.weight) + col0 * head.hidden * esize;
     FLCE_RETURN_IF_ERROR(gemm.Logits(x, w, r.rows, cols, head.hidden, s.logits, cols));
-    SplitArgs a;
-    a.logits = s.logits;
-    a.ld = cols;
-    a.col0 = col0;
-    a.cols = cols;
-    a.rows = r.rows;
-    a.bias = head.bias;
-    a.target = r.in.target;
-    a.params = r.params;
+    const SplitArgs a = SplitArgsFor(head, r, s, col0, cols);
     FLCE_RETURN_IF_ERROR(LaunchSplitGrad(head.dtype, a, s.grad, exec.stream, exec.health));
     // dlogits sit at the start of each fp32 row: row stride cols * 4 bytes.
     const int64_t ld_d = cols * 4 / esize;
