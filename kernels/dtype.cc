@@ -88,57 +88,6 @@ uint16_t FloatToHalf(float value) {
   return sign | static_cast<uint16_t>(bits);
 }
 
-void ToFloat(DType dtype, const void* src, float* dst, int64_t count) {
-  if (count <= 0) return;  // memcpy with a null pointer is undefined even for 0 bytes
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
-      return;
-    case DType::kBF16: {
-      const uint16_t* in = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < count; ++i) dst[i] = Bf16ToFloat(in[i]);
-      return;
-    }
-    case DType::kF16: {
-      const uint16_t* in = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < count; ++i) dst[i] = HalfToFloat(in[i]);
-      return;
-    }
-  }
-}
-
-void FromFloat(DType dtype, const float* src, void* dst, int64_t count) {
-  if (count <= 0) return;
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
-      return;
-    case DType::kBF16: {
-      uint16_t* out = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < count; ++i) out[i] = FloatToBf16(src[i]);
-      return;
-    }
-    case DType::kF16: {
-      uint16_t* out = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < count; ++i) out[i] = FloatToHalf(src[i]);
-      return;
-    }
-  }
-}
-
-void RoundTo(DType dtype, float* values, int64_t count) {
-  switch (dtype) {
-    case DType::kF32:
-      return;
-    case DType::kBF16:
-      for (int64_t i = 0; i < count; ++i) values[i] = Bf16ToFloat(FloatToBf16(values[i]));
-      return;
-    case DType::kF16:
-      for (int64_t i = 0; i < count; ++i) values[i] = HalfToFloat(FloatToHalf(values[i]));
-      return;
-  }
-}
-
 namespace {
 
 // Index of the first element whose exponent bits are all set, or -1. Blocks
@@ -162,7 +111,86 @@ int64_t FirstWithExponent(const Word* words, int64_t count, Word mask) {
   return -1;
 }
 
+// Bulk bf16 conversions, the same bits as Bf16ToFloat / FloatToBf16 element by
+// element, written branch-free over blocks of a constant size so that the
+// compiler vectorizes them (the servers convert every hidden and grad_input
+// byte); the tail goes element by element.
+constexpr int64_t kConvertBlock = 1024;
+
+void WidenBf16(const uint16_t* in, float* out, int64_t count) {
+  int64_t base = 0;
+  for (; base + kConvertBlock <= count; base += kConvertBlock) {
+    uint32_t words[kConvertBlock];
+    for (int64_t i = 0; i < kConvertBlock; ++i)
+      words[i] = static_cast<uint32_t>(in[base + i]) << 16;
+    std::memcpy(out + base, words, sizeof(words));
+  }
+  for (; base < count; ++base) out[base] = Bf16ToFloat(in[base]);
+}
+
+void NarrowToBf16(const float* in, uint16_t* out, int64_t count) {
+  int64_t base = 0;
+  for (; base + kConvertBlock <= count; base += kConvertBlock) {
+    uint32_t words[kConvertBlock];
+    std::memcpy(words, in + base, sizeof(words));
+    for (int64_t i = 0; i < kConvertBlock; ++i) {
+      const uint32_t w = words[i];
+      const uint32_t rounded = (w + 0x7fffu + ((w >> 16) & 1u)) >> 16;  // nearest, ties to even
+      const uint32_t quiet_nan = (w >> 16) | 0x0040u;                   // sign kept
+      out[base + i] = static_cast<uint16_t>((w & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    }
+  }
+  for (; base < count; ++base) out[base] = FloatToBf16(in[base]);
+}
+
 }  // namespace
+
+void ToFloat(DType dtype, const void* src, float* dst, int64_t count) {
+  if (count <= 0) return;  // memcpy with a null pointer is undefined even for 0 bytes
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
+      return;
+    case DType::kBF16:
+      WidenBf16(static_cast<const uint16_t*>(src), dst, count);
+      return;
+    case DType::kF16: {
+      const uint16_t* in = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < count; ++i) dst[i] = HalfToFloat(in[i]);
+      return;
+    }
+  }
+}
+
+void FromFloat(DType dtype, const float* src, void* dst, int64_t count) {
+  if (count <= 0) return;
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
+      return;
+    case DType::kBF16:
+      NarrowToBf16(src, static_cast<uint16_t*>(dst), count);
+      return;
+    case DType::kF16: {
+      uint16_t* out = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < count; ++i) out[i] = FloatToHalf(src[i]);
+      return;
+    }
+  }
+}
+
+void RoundTo(DType dtype, float* values, int64_t count) {
+  switch (dtype) {
+    case DType::kF32:
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < count; ++i) values[i] = Bf16ToFloat(FloatToBf16(values[i]));
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < count; ++i) values[i] = HalfToFloat(FloatToHalf(values[i]));
+      return;
+  }
+}
 
 int64_t FirstNonFinite(DType dtype, const void* data, int64_t count) {
   if (dtype == DType::kF32) {

@@ -152,6 +152,31 @@ TEST(DTypeTest, BulkConversionsMatchTheScalarOnes) {
   FromFloat(DType::kF16, nullptr, nullptr, 0);
 }
 
+// Every kind of float32 bit pattern (normals, subnormals, ties, Inf, NaN with
+// any payload) over several of the bulk loops' internal blocks plus a tail:
+// bit for bit the scalar conversions.
+TEST(DTypeTest, BulkBf16ConversionsAreTheScalarOnesBitForBit) {
+  std::mt19937 rng(11);
+  const int64_t n = 3 * 1024 + 77;
+  std::vector<uint32_t> words(n);
+  for (uint32_t& w : words) w = static_cast<uint32_t>(rng());
+  words[5] = 0x7f800000u;     // +Inf
+  words[6] = 0xff800001u;     // NaN, payload in the low bits only
+  words[1500] = 0x3f808000u;  // a tie: rounds to even
+  words[n - 1] = 0x7fc00000u;
+  std::vector<float> values(n);
+  std::memcpy(values.data(), words.data(), n * sizeof(float));
+  std::vector<uint16_t> narrow(n);
+  FromFloat(DType::kBF16, values.data(), narrow.data(), n);
+  std::vector<float> wide(n);
+  ToFloat(DType::kBF16, narrow.data(), wide.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(narrow[i], FloatToBf16(values[i])) << "at " << i << ", bits " << words[i];
+    const float expected = Bf16ToFloat(narrow[i]);
+    ASSERT_EQ(std::memcmp(&wide[i], &expected, sizeof(float)), 0) << "at " << i;
+  }
+}
+
 TEST(DTypeTest, FirstNonFiniteFindsTheFirstBadElement) {
   std::vector<float> values(10, 1.0f);
   EXPECT_EQ(FirstNonFinite(DType::kF32, values.data(), 10), -1);
