@@ -20,22 +20,31 @@ const char* DTypeName(DType dtype) {
   return "unknown";
 }
 
-float Bf16ToFloat(uint16_t bits) {
-  uint32_t word = static_cast<uint32_t>(bits) << 16;
+namespace {
+
+// The bf16 conversions with internal linkage: the bulk loops below inline
+// them (a position-independent build cannot inline the exported functions)
+// and vectorize; branch-free for the same reason.
+float WidenBf16Bits(uint16_t bits) {
+  const uint32_t word = static_cast<uint32_t>(bits) << 16;
   float out;
   std::memcpy(&out, &word, sizeof(out));
   return out;
 }
 
-uint16_t FloatToBf16(float value) {
+uint16_t NarrowToBf16Bits(float value) {
   uint32_t word;
   std::memcpy(&word, &value, sizeof(word));
-  if ((word & 0x7f800000u) == 0x7f800000u && (word & 0x007fffffu) != 0) {
-    return static_cast<uint16_t>((word >> 16) | 0x0040u);  // quiet NaN, sign kept
-  }
-  uint32_t rounding = 0x7fffu + ((word >> 16) & 1u);  // nearest, ties to even
-  return static_cast<uint16_t>((word + rounding) >> 16);
+  const uint32_t rounded = (word + 0x7fffu + ((word >> 16) & 1u)) >> 16;  // nearest, ties to even
+  const uint32_t quiet_nan = (word >> 16) | 0x0040u;                      // sign kept
+  return static_cast<uint16_t>((word & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
+
+}  // namespace
+
+float Bf16ToFloat(uint16_t bits) { return WidenBf16Bits(bits); }
+
+uint16_t FloatToBf16(float value) { return NarrowToBf16Bits(value); }
 
 float HalfToFloat(uint16_t bits) {
   uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
@@ -111,36 +120,25 @@ int64_t FirstWithExponent(const Word* words, int64_t count, Word mask) {
   return -1;
 }
 
-// Bulk bf16 conversions, the same bits as Bf16ToFloat / FloatToBf16 element by
-// element, written branch-free over blocks of a constant size so that the
-// compiler vectorizes them (the servers convert every hidden and grad_input
-// byte); the tail goes element by element.
+// Bulk bf16 conversions over blocks of a constant size, which the compiler
+// vectorizes (the servers convert every hidden and grad_input byte); the tail
+// goes element by element.
 constexpr int64_t kConvertBlock = 1024;
 
 void WidenBf16(const uint16_t* in, float* out, int64_t count) {
   int64_t base = 0;
   for (; base + kConvertBlock <= count; base += kConvertBlock) {
-    uint32_t words[kConvertBlock];
-    for (int64_t i = 0; i < kConvertBlock; ++i)
-      words[i] = static_cast<uint32_t>(in[base + i]) << 16;
-    std::memcpy(out + base, words, sizeof(words));
+    for (int64_t i = 0; i < kConvertBlock; ++i) out[base + i] = WidenBf16Bits(in[base + i]);
   }
-  for (; base < count; ++base) out[base] = Bf16ToFloat(in[base]);
+  for (; base < count; ++base) out[base] = WidenBf16Bits(in[base]);
 }
 
 void NarrowToBf16(const float* in, uint16_t* out, int64_t count) {
   int64_t base = 0;
   for (; base + kConvertBlock <= count; base += kConvertBlock) {
-    uint32_t words[kConvertBlock];
-    std::memcpy(words, in + base, sizeof(words));
-    for (int64_t i = 0; i < kConvertBlock; ++i) {
-      const uint32_t w = words[i];
-      const uint32_t rounded = (w + 0x7fffu + ((w >> 16) & 1u)) >> 16;  // nearest, ties to even
-      const uint32_t quiet_nan = (w >> 16) | 0x0040u;                   // sign kept
-      out[base + i] = static_cast<uint16_t>((w & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-    }
+    for (int64_t i = 0; i < kConvertBlock; ++i) out[base + i] = NarrowToBf16Bits(in[base + i]);
   }
-  for (; base < count; ++base) out[base] = FloatToBf16(in[base]);
+  for (; base < count; ++base) out[base] = NarrowToBf16Bits(in[base]);
 }
 
 }  // namespace
