@@ -33,6 +33,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
 #include "kernels/cuda/policy.h"
+#include "kernels/cuda/row_scaled_backward.cuh"
 #include "kernels/cuda/tile_stats_kernels.cuh"
 #include "nlohmann/json.hpp"
 
@@ -273,6 +274,8 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   stats.argmax = c.Take<int32_t>(rows * tiles);
   float* zy = c.Take<float>(rows);
   cuda::RowGrad* grad = c.Take<cuda::RowGrad>(rows);
+  float* reference = c.Take<float>(rows);
+  int32_t* fallback = c.Take<int32_t>(1);
   if (c.used() > plan.scratch_bytes) return out;
   cudaStream_t stream = engine.compute_stream();
   cuda::DeviceHealth* health = engine.context()->health();
@@ -312,6 +315,16 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   };
   out["chunk_tokens"] = rows;
   out["logits_stats_gemm_ms"] = time_with_setup(nullptr, stats_gemm);
+  // The row-scaled backward's variant: bf16 exp(z - M_t) after the reference GEMV.
+  out["row_reference_ms"] = time_with_setup(nullptr, [&]() {
+    return cuda::LaunchRowReference(hv.dtype, g.x, g.w, g.target, rows, hv.hidden, reference,
+                                    fallback, stream, health)
+        .ok();
+  });
+  cuda::LogitsStatsArgs scaled = g;
+  scaled.row_reference = reference;
+  out["logits_stats_gemm_row_scaled_ms"] = time_with_setup(
+      nullptr, [&]() { return cuda::LaunchLogitsStats(hv.dtype, scaled, stream, health).ok(); });
   out["row_finish_ms"] = time_with_setup(stats_gemm, finish);
   out["dlogits_pass_ms"] = time_with_setup(
       gemm_and_finish, [&]() { return cuda::LaunchTileGrad(hv.dtype, t, stream, health).ok(); });

@@ -96,6 +96,8 @@ absl::Status CudaComputeCall::Init() {
   params_.softcap = spec_.options.softcap;
   params_.temperature = spec_.options.temperature;
   params_.grad_scale = spec_.options.grad_scale;
+  params_.entropy_weighted = std::any_of(spec_.entropy_weights.begin(), spec_.entropy_weights.end(),
+                                         [](float e) { return e != 0.0f; });
 
   // a_t per MATH.md: the caller's weights replace the reduction's; ignored
   // tokens always 0; n_valid over the whole request.

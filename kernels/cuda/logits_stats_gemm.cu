@@ -1,5 +1,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -58,6 +59,8 @@ struct KernelArgs {
   const int32_t* target;
   float* target_logit;
   TileStats stats;
+  const float* row_reference;
+  const int32_t* run_if;
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -221,12 +224,13 @@ __device__ __forceinline__ void MaskPadding(float (&acc)[2][64], int32_t real) {
 }
 
 // e = exp(z - m) for one half (128 columns) of a thread's accumulators,
-// packed as fp16 pairs, with the row sums, sum e (z - m), sum z and the first
-// offset holding the max folded in along the way.
-template <bool kSumZ>
+// packed as fp16 pairs (kRowRef: e * scale as bf16 pairs), with the row sums, sum e (z - m), sum z
+// and the first offset holding the max folded in along the way.
+template <bool kSumZ, bool kRowRef>
 __device__ __forceinline__ void ExpHalf(const float (&acc)[64], int h, const float (&m)[2],
-                                        float (&s)[2], float (&sez)[2], float (&sz)[2],
-                                        int32_t (&first)[2], uint32_t (&packed)[32]) {
+                                        const float (&scale)[2], float (&s)[2], float (&sez)[2],
+                                        float (&sz)[2], int32_t (&first)[2],
+                                        uint32_t (&packed)[32]) {
   constexpr float kLog2e = 1.4426950408889634f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -244,8 +248,13 @@ __device__ __forceinline__ void ExpHalf(const float (&acc)[64], int h, const flo
         if (kSumZ) sz[r] += z > kMaskedLogit ? z : 0.0f;
         first[r] = z == m[r] ? min(first[r], o + b) : first[r];
       }
-      const __half2 pair = __floats2half2_rn(e[0], e[1]);
-      packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
+      if (kRowRef) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(e[0] * scale[r], e[1] * scale[r]);
+        packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
+      } else {
+        const __half2 pair = __floats2half2_rn(e[0], e[1]);
+        packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
     }
   }
 }
@@ -290,10 +299,11 @@ __device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
 // argmax select; the target logit is looked for only by the one thread whose
 // columns hold it. The first half's e is on its way out while the second
 // half's is computed. kSumZ: label smoothing's sum z.
-template <bool kSumZ>
+template <bool kSumZ, bool kRowRef>
 __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0, int32_t n_tile,
                                          int32_t m_tile, int consumer, const int32_t (&y)[2],
-                                         const KernelArgs& a, const CUtensorMap* e_map,
+                                         const float (&reference)[2], const KernelArgs& a,
+                                         const CUtensorMap* e_map,
                                          uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox]) {
   const int lane = threadIdx.x & 31;
   const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
@@ -337,11 +347,20 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
   }
   float s[2] = {0.0f, 0.0f}, sez[2] = {0.0f, 0.0f}, sz[2] = {0.0f, 0.0f};
   int32_t first[2] = {INT_MAX, INT_MAX};  // lowest offset holding the max
+  // kRowRef: e relative to the row's reference, exp(m_t - M) capped (the
+  // finish sends rows whose max lies further above M to the fallback).
+  float scale[2] = {1.0f, 1.0f};
+  if (kRowRef) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      scale[r] = Exp2Approx(fminf(m[r] - reference[r], kRowReferenceCap) * 1.4426950408889634f);
+    }
+  }
   const int box_row = m_tile * kBM + consumer * 64;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     uint32_t packed[32];
-    ExpHalf<kSumZ>(acc[h], h, m, s, sez, sz, first, packed);
+    ExpHalf<kSumZ, kRowRef>(acc[h], h, m, scale, s, sez, sz, first, packed);
     StageAndStore(packed, boxes, e_map, consumer, n_tile * kBN + h * 128, box_row);
   }
 #pragma unroll
@@ -370,12 +389,13 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
 }
 #endif  // FLCE_SM90A
 
-template <bool kHalf, bool kSumZ>
+template <bool kHalf, bool kSumZ, bool kRowRef>
 __global__ void __launch_bounds__(kThreads, 1)
     LogitsStatsKernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap e_map, const KernelArgs a) {
 #ifdef FLCE_SM90A
+  if (a.run_if != nullptr && *a.run_if == 0) return;
   extern __shared__ uint8_t raw_shared[];
   SharedTiles& sm = *reinterpret_cast<SharedTiles*>(
       (reinterpret_cast<uintptr_t>(raw_shared) + 1023) & ~static_cast<uintptr_t>(1023));
@@ -432,8 +452,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // for them.
     const int64_t row0 = static_cast<int64_t>(m_tile) * kBM + c * 64 + warp * 16 + lane / 4;
     int32_t y[2];
+    float reference[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) y[r] = row0 + 8 * r < a.rows ? a.target[row0 + 8 * r] : -1;
+    for (int r = 0; r < 2; ++r) {
+      const bool in_chunk = row0 + 8 * r < a.rows;
+      y[r] = in_chunk ? a.target[row0 + 8 * r] : -1;
+      if (kRowRef && in_chunk) reference[r] = a.row_reference[row0 + 8 * r];
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -469,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
     if (col0 + kBN - 2 >= a.vocab) MaskPadding(acc, a.vocab - col0);
-    Epilogue<kSumZ>(acc, row0, n_tile, m_tile, c, y, a, &e_map, sm.out[c]);
+    Epilogue<kSumZ, kRowRef>(acc, row0, n_tile, m_tile, c, y, reference, a, &e_map, sm.out[c]);
   }
   // e must be in global memory before the kernel ends.
   if (t == 0) TmaStoreWaitAll();
@@ -538,20 +563,21 @@ bool DeviceIsSm90() {
   return yes;
 }
 
-template <bool kHalf, bool kSumZ>
+template <bool kHalf, bool kSumZ, bool kRowRef>
 absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CUtensorMap& e_map,
                     const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
   static std::once_flag once;
   static cudaError_t attr = cudaSuccess;
   std::call_once(once, [] {
-    attr = cudaFuncSetAttribute(LogitsStatsKernel<kHalf, kSumZ>,
+    attr = cudaFuncSetAttribute(LogitsStatsKernel<kHalf, kSumZ, kRowRef>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(kSharedBytes));
   });
   FLCE_CUDA_RETURN_IF_ERROR(attr, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  LogitsStatsKernel<kHalf, kSumZ><<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
+  LogitsStatsKernel<kHalf, kSumZ, kRowRef>
+      <<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }
@@ -580,8 +606,8 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
   CUtensorMap x_map, w_map, e_map;
   FLCE_RETURN_IF_ERROR(Encode(&x_map, dtype, args.x, args.rows, args.hidden, kBM));
   FLCE_RETURN_IF_ERROR(Encode(&w_map, dtype, args.w, args.padded_vocab, args.hidden, kBN));
-  FLCE_RETURN_IF_ERROR(
-      Encode(&e_map, DType::kF16, args.exp_out, args.rows, args.padded_vocab, kOutBox));
+  FLCE_RETURN_IF_ERROR(Encode(&e_map, args.row_reference != nullptr ? DType::kBF16 : DType::kF16,
+                              args.exp_out, args.rows, args.padded_vocab, kOutBox));
   KernelArgs k;
   k.rows = static_cast<int32_t>(args.rows);
   k.hidden = static_cast<int32_t>(args.hidden);
@@ -592,12 +618,22 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
   k.target = args.target;
   k.target_logit = args.target_logit;
   k.stats = args.stats;
-  if (dtype == DType::kF16) {
-    return args.sum_z ? Launch<true, true>(x_map, w_map, e_map, k, stream, health)
-                      : Launch<true, false>(x_map, w_map, e_map, k, stream, health);
+  k.row_reference = args.row_reference;
+  k.run_if = args.run_if;
+  if (args.row_reference != nullptr) {
+    // Row-scaled e feeds cuBLAS next to W, so it takes W's dtype: bf16 (fp16's
+    // range would not hold exp(z - M_t)).
+    if (dtype != DType::kBF16 || args.sum_z) {
+      return absl::InternalError("logits-stats GEMM: row-scaled e needs bf16 and no sum z");
+    }
+    return Launch<false, false, true>(x_map, w_map, e_map, k, stream, health);
   }
-  return args.sum_z ? Launch<false, true>(x_map, w_map, e_map, k, stream, health)
-                    : Launch<false, false>(x_map, w_map, e_map, k, stream, health);
+  if (dtype == DType::kF16) {
+    return args.sum_z ? Launch<true, true, false>(x_map, w_map, e_map, k, stream, health)
+                      : Launch<true, false, false>(x_map, w_map, e_map, k, stream, health);
+  }
+  return args.sum_z ? Launch<false, true, false>(x_map, w_map, e_map, k, stream, health)
+                    : Launch<false, false, false>(x_map, w_map, e_map, k, stream, health);
 }
 
 }  // namespace flce::cuda

@@ -48,7 +48,20 @@ struct LogitsStatsArgs {
   float* target_logit = nullptr;    // rows: z_y, written by the tile holding y
   TileStats stats;                  // stats.sum_z written as 0 unless sum_z
   bool sum_z = false;               // label smoothing needs sum z
+  // Row-scaled e (row_scaled_backward.cuh): with a reference M_t per row,
+  // exp_out holds bf16 exp(z - M_t) instead (the tile's factor exp(m_t - M_t)
+  // capped at e^60), one scale per row away from dlogits.
+  const float* row_reference = nullptr;
+  // The launch does nothing unless *run_if != 0 (a fallback decided on the
+  // device); null = always run.
+  const int32_t* run_if = nullptr;
 };
+
+// Row-scaled e stores exp(z - M_t) with the tile's factor exp(m_t - M_t)
+// capped at e^kRowReferenceCap: bf16 and fp32 sums of such values stay far
+// from overflow. A row whose max lies further above M_t cannot use the
+// row-scaled backward (its finish raises the fallback).
+inline constexpr float kRowReferenceCap = 60.0f;
 
 // Vocabulary columns per tile, and tiles per row (the partials' row length).
 inline constexpr int64_t kLogitsStatsTileCols = 256;

@@ -13,6 +13,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
 #include "kernels/cuda/policy.h"
+#include "kernels/cuda/row_scaled_backward.cuh"
 #include "kernels/cuda/split_row_kernels.cuh"
 #include "kernels/cuda/tile_stats_kernels.cuh"
 #include "kernels/status_macros.h"
@@ -89,11 +90,22 @@ Scratch Carve(char* base, int64_t rows, int64_t logits_cols, const TokenBytes& t
   return s;
 }
 
+// bf16 heads can take the row-scaled backward (row_scaled_backward.cuh).
+bool RowScaledCapable(const HeadView& head) { return head.dtype == DType::kBF16; }
+
+// Its scratch per token: M_t and K_t, the scaled hidden row (head dtype) and
+// the unscaled fp32 grad_input row.
+int64_t RowScaledPerTokenBytes(const HeadView& head) {
+  return RowScaledCapable(head) ? 4 + 4 + head.hidden * 2 + head.hidden * 4 : 0;
+}
+
 // The logits-stats path's scratch: fp16 e (then dlogits) per logit, five
-// partials per (row, 256-column tile), z_y and RowGrad per row.
+// partials per (row, 256-column tile), z_y and RowGrad per row, and what the
+// row-scaled backward needs.
 int64_t TilePerTokenBytes(const HeadView& head) {
   const int64_t tiles = LogitsStatsTiles(head.padded_vocab);
-  return head.padded_vocab * 2 + tiles * 5 * 4 + 4 + static_cast<int64_t>(sizeof(RowGrad));
+  return head.padded_vocab * 2 + tiles * 5 * 4 + 4 + static_cast<int64_t>(sizeof(RowGrad)) +
+         RowScaledPerTokenBytes(head);
 }
 
 int64_t TileScratchBytes(int64_t rows, const HeadView& head, const TokenBytes& tb) {
@@ -103,15 +115,28 @@ int64_t TileScratchBytes(int64_t rows, const HeadView& head, const TokenBytes& t
                   Carver::Round(rows * static_cast<int64_t>(sizeof(RowGrad)));
   bytes +=
       Carver::Round(rows * tb.conv) + Carver::Round(rows * tb.gi32) + Carver::Round(rows * tb.ones);
+  if (RowScaledCapable(head)) {
+    bytes += Carver::Round(rows * 4) * 2 + Carver::Round(rows * head.hidden * 2) +
+             Carver::Round(rows * head.hidden * 4) + Carver::Round(4);
+  }
   return bytes + 4096;
 }
+
+struct RowScaledScratch {
+  float* reference = nullptr;   // M_t
+  float* scale = nullptr;       // K_t
+  void* x_scaled = nullptr;     // K_t x_t, head dtype
+  float* grad_input = nullptr;  // E W, fp32
+  int32_t* fallback = nullptr;
+};
 
 struct TileScratch {
   void* exp_dlogits = nullptr;
   TileStats stats;
   float* target_logit = nullptr;
   RowGrad* grad = nullptr;
-  Scratch rest;  // conv, gi32, ones
+  Scratch rest;             // conv, gi32, ones
+  RowScaledScratch scaled;  // bf16 heads only
 };
 
 TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const TokenBytes& tb) {
@@ -129,6 +154,13 @@ TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const Toke
   if (tb.conv) s.rest.conv = c.TakeBytes(rows * tb.conv);
   if (tb.gi32) s.rest.gi32 = c.Take<float>(rows * head.hidden);
   s.rest.ones = c.TakeBytes(rows * tb.ones);
+  if (RowScaledCapable(head)) {
+    s.scaled.reference = c.Take<float>(rows);
+    s.scaled.scale = c.Take<float>(rows);
+    s.scaled.x_scaled = c.TakeBytes(rows * head.hidden * 2);
+    s.scaled.grad_input = c.Take<float>(rows * head.hidden);
+    s.scaled.fallback = c.Take<int32_t>(1);
+  }
   return s;
 }
 
@@ -507,6 +539,62 @@ absl::Status RunChunkOverlapped(const Exec& exec, const HeadView& head, const De
   return Backward(exec, head, rest, s, x, s.logits, ld_d);
 }
 
+// The row-scaled backward serves bf16 heads without label smoothing or
+// entropy weights (their dlogits are not one scale per row away from e).
+// FLCE_CUDA_DLOGITS_PASS=1 keeps the dlogits pass (tests compare both).
+bool UseRowScaled(const HeadView& head, const DeviceRequest& r) {
+  const char* env = std::getenv("FLCE_CUDA_DLOGITS_PASS");
+  if (env != nullptr && std::string(env) == "1") return false;
+  return RowScaledCapable(head) && WantsBackward(r) && r.grad_bias == nullptr &&
+         r.params.label_smoothing == 0.0f && !r.params.entropy_weighted;
+}
+
+// The same chunk without the dlogits pass (row_scaled_backward.cuh): e
+// relative to M_t = x_t . W_y, one scale per row applied around the two
+// cuBLAS GEMMs. Rows it cannot serve raise a device flag; the launches after
+// the finish then redo the chunk on the dlogits-pass path (each reads the
+// flag and returns at once in the common case).
+absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const TileScratch& s,
+                               const DeviceRequest& r, const void* x, LogitsStatsArgs g,
+                               TileRowArgs t) {
+  const RowScaledScratch& q = s.scaled;
+  FLCE_RETURN_IF_ERROR(LaunchRowReference(head.dtype, x, head.weight, r.in.target, r.rows,
+                                          head.hidden, q.reference, q.fallback, exec.stream,
+                                          exec.health));
+  g.row_reference = q.reference;
+  FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
+  TileRowArgs scaled = t;
+  scaled.row_reference = q.reference;
+  scaled.row_scale = q.scale;
+  scaled.fallback = q.fallback;
+  FLCE_RETURN_IF_ERROR(LaunchTileFinish(scaled, exec.stream, exec.health));
+  // The fallback: fp16 e per tile, the plain finish, the dlogits pass.
+  g.row_reference = nullptr;
+  g.run_if = q.fallback;
+  t.run_if = q.fallback;
+  FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
+  FLCE_RETURN_IF_ERROR(LaunchTileFinish(t, exec.stream, exec.health));
+  FLCE_RETURN_IF_ERROR(LaunchTileGrad(head.dtype, t, exec.stream, exec.health));
+  // E is now either row-scaled e (with the target entries rewritten) or
+  // dlogits; the scale kernels apply K_t or 1 accordingly.
+  const Gemm gemm = MakeGemm(exec, head);
+  if (r.grad_input != nullptr) {
+    FLCE_RETURN_IF_ERROR(gemm.GradInput(s.exp_dlogits, head.padded_vocab, head.weight, r.rows,
+                                        head.padded_vocab, head.hidden, q.grad_input, DType::kF32,
+                                        0.0f));
+    FLCE_RETURN_IF_ERROR(LaunchScaleRows(DType::kF32, q.grad_input, r.hidden_dtype, r.grad_input,
+                                         r.rows, head.hidden, q.scale, q.fallback, exec.stream,
+                                         exec.health));
+  }
+  if (r.grad_weight != nullptr) {
+    FLCE_RETURN_IF_ERROR(LaunchScaleRows(head.dtype, x, head.dtype, q.x_scaled, r.rows, head.hidden,
+                                         q.scale, q.fallback, exec.stream, exec.health));
+    FLCE_RETURN_IF_ERROR(gemm.GradWeight(s.exp_dlogits, head.padded_vocab, q.x_scaled, r.rows,
+                                         head.padded_vocab, head.hidden, r.grad_weight));
+  }
+  return absl::OkStatus();
+}
+
 // One chunk on the logits-stats path: GEMM + partials, row finish, dlogits
 // in place of e, then the cuBLAS backward over the 16-bit dlogits.
 absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Plan& plan,
@@ -529,7 +617,6 @@ absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Pla
   g.target_logit = s.target_logit;
   g.stats = s.stats;
   g.sum_z = r.params.label_smoothing > 0.0f;
-  FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
   TileRowArgs t;
   t.rows = r.rows;
   t.padded_vocab = head.padded_vocab;
@@ -541,6 +628,8 @@ absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Pla
   t.params = r.params;
   t.grad = s.grad;
   t.exp_dlogits = s.exp_dlogits;
+  if (UseRowScaled(head, r)) return RunRowScaledChunk(exec, head, s, r, x, g, t);
+  FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
   FLCE_RETURN_IF_ERROR(LaunchTileFinish(t, exec.stream, exec.health));
   if (!WantsBackward(r)) return absl::OkStatus();
   FLCE_RETURN_IF_ERROR(LaunchTileGrad(head.dtype, t, exec.stream, exec.health));

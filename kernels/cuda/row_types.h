@@ -14,13 +14,16 @@ struct LossParams {
   float softcap = 0.0f;
   float temperature = 1.0f;
   float grad_scale = 1.0f;
+  // Some e_t != 0: the backward needs per-element entropy terms, so the
+  // logits-stats path keeps its dlogits pass (a hint; rows are checked again).
+  bool entropy_weighted = false;
 };
 
 // Device arrays, one entry per row of the launch.
 struct RowInputs {
-  const int32_t* target = nullptr;          // -1 = ignored
-  const float* token_weight = nullptr;      // a_t (0 for ignored tokens)
-  const float* entropy_weight = nullptr;    // e_t
+  const int32_t* target = nullptr;        // -1 = ignored
+  const float* token_weight = nullptr;    // a_t (0 for ignored tokens)
+  const float* entropy_weight = nullptr;  // e_t
 };
 
 // Device arrays, one entry per row of the launch.
@@ -51,10 +54,10 @@ static_assert(sizeof(RowState) == 32, "RowState is copied as 32 bytes");
 struct RowGrad {
   float m;
   float lse;
-  float mean_shift;   // sum_j p_j (z_j - m)
-  float logprob;      // z_y - LSE (0 for ignored tokens)
-  float coef_loss;    // grad_scale * a_t
-  float coef_entropy; // grad_scale * e_t
+  float mean_shift;    // sum_j p_j (z_j - m)
+  float logprob;       // z_y - LSE (0 for ignored tokens)
+  float coef_loss;     // grad_scale * a_t
+  float coef_entropy;  // grad_scale * e_t
   int32_t target;
   int32_t pad;
 };

@@ -14,7 +14,33 @@ constexpr int kGradVectors = 2;  // vectors per thread
 static_assert(kLogitsStatsTileCols % (kGradVec * kGradVectors) == 0,
               "a thread's columns never straddle two tiles");
 
+// K_t and the target entry of the row-scaled backward (row_scaled_backward.cuh),
+// label smoothing 0: dz_j = coef (1 + 2 s LSE) p_j for j != y, and
+// dz_y = coef (expm1(logprob) + p_y 2 s LSE).
+__device__ __forceinline__ void RowScaledFinish(const TileRowArgs& a, int64_t row,
+                                                const RowState& st, const RowGrad& g) {
+  float scale = 0.0f;
+  bool fallback = g.coef_entropy != 0.0f;  // per-element entropy terms
+  if (g.coef_loss != 0.0f && !fallback) {
+    const float reference = a.row_reference[row];
+    const float zfac = 2.0f * a.params.z_loss_scale * g.lse;
+    const float one_zfac = 1.0f + zfac;
+    if (!(st.m - reference <= kRowReferenceCap) || !(fabsf(one_zfac) >= 1e-3f)) {
+      fallback = true;  // e was capped, or K_t would lose the target's term
+    } else {
+      const float to_prob = expf(reference - g.lse);  // p_j = e_j to_prob
+      scale = g.coef_loss * one_zfac * to_prob;
+      const float target_term = expm1f(g.logprob) + expf(g.logprob) * zfac;
+      static_cast<__nv_bfloat16*>(a.exp_dlogits)[row * a.padded_vocab + g.target] =
+          __float2bfloat16_rn(target_term / (one_zfac * to_prob));
+    }
+  }
+  a.row_scale[row] = scale;
+  if (fallback) *a.fallback = 1;
+}
+
 __global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a) {
+  if (a.run_if != nullptr && *a.run_if == 0) return;
   __shared__ RowState scratch[kFinishThreads / 32];
   __shared__ float row_lse;
   const int64_t row = blockIdx.x;
@@ -44,6 +70,7 @@ __global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a
     const RowGrad g =
         FinishRow(st, y, a.in.token_weight[row], a.in.entropy_weight[row], a.params, a.out, row);
     if (a.grad != nullptr) a.grad[row] = g;
+    if (a.row_reference != nullptr) RowScaledFinish(a, row, st, g);
     row_lse = g.lse;
   }
   __syncthreads();
@@ -92,6 +119,7 @@ __device__ __forceinline__ uint4 GradVector(const uint4 raw, int64_t j0, float f
 // before using any: more bytes in flight per SM for this streaming pass.
 template <typename T>
 __global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a) {
+  if (a.run_if != nullptr && *a.run_if == 0) return;
   const int64_t row = blockIdx.y;
   const int64_t j0 =
       (static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x) * kGradVec * kGradVectors;

@@ -31,6 +31,15 @@ struct TileRowArgs {
   LossParams params;            // plain logits: no softcap, temperature 1
   RowGrad* grad = nullptr;      // rows
   void* exp_dlogits = nullptr;  // rows x padded_vocab: fp16 e in, dlogits out
+  // Both launches do nothing unless *run_if != 0; null = always run.
+  const int32_t* run_if = nullptr;
+  // Row-scaled finish (row_scaled_backward.cuh), selected by row_reference:
+  // exp_dlogits holds bf16 exp(z - M_t); the finish writes K_t to row_scale,
+  // rewrites each valid row's target entry as dz_y / K_t, and sets *fallback
+  // for rows that cannot be scaled (they need the dlogits pass).
+  const float* row_reference = nullptr;
+  float* row_scale = nullptr;
+  int32_t* fallback = nullptr;
 };
 
 absl::Status LaunchTileFinish(const TileRowArgs& args, cudaStream_t stream, DeviceHealth* health);

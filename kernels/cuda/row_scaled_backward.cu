@@ -1,0 +1,121 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/row_math.cuh"
+#include "kernels/cuda/row_scaled_backward.cuh"
+#include "kernels/status_macros.h"
+
+namespace flce::cuda {
+namespace {
+
+constexpr int kReferenceThreads = 256;  // one warp per row
+constexpr int kScaleThreads = 256;
+
+// One warp per row, 16-byte loads (H % 8 == 0 on this path).
+__global__ void __launch_bounds__(kReferenceThreads)
+    RowReferenceKernel(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* target,
+                       int64_t rows, int64_t hidden, float* reference, int32_t* fallback) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *fallback = 0;
+  const int64_t row =
+      static_cast<int64_t>(blockIdx.x) * (kReferenceThreads / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int32_t y = target[row];
+  const uint4* xr = reinterpret_cast<const uint4*>(x + row * hidden);
+  const uint4* wr =
+      reinterpret_cast<const uint4*>(w + static_cast<int64_t>(y >= 0 ? y : 0) * hidden);
+  float sum = 0.0f;
+  for (int64_t v = lane; v < hidden / 8; v += 32) {
+    const uint4 a = xr[v];
+    const uint4 b = wr[v];
+    const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
+    const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 fa = __bfloat1622float2(a2[k]);
+      const float2 fb = __bfloat1622float2(b2[k]);
+      sum = fmaf(fa.x, fb.x, sum);
+      sum = fmaf(fa.y, fb.y, sum);
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) reference[row] = sum;
+}
+
+template <typename In, typename Out>
+__global__ void __launch_bounds__(kScaleThreads)
+    ScaleRowsKernel(const In* in, Out* out, int64_t rows, int64_t cols, const float* scale,
+                    const int32_t* fallback) {
+  const bool unscaled = *fallback != 0;
+  const int64_t n = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float f = unscaled ? 1.0f : scale[i / cols];
+    out[i] = FromFloat<Out>(ToFloat(in[i]) * f);
+  }
+}
+
+template <typename In>
+absl::Status ScaleRowsTo(const In* in, DType out_dtype, void* out, int64_t rows, int64_t cols,
+                         const float* scale, const int32_t* fallback, cudaStream_t stream) {
+  const int64_t blocks = std::min<int64_t>((rows * cols + kScaleThreads - 1) / kScaleThreads, 2048);
+  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
+  switch (out_dtype) {
+    case DType::kF32:
+      ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, static_cast<float*>(out), rows, cols,
+                                                          scale, fallback);
+      return absl::OkStatus();
+    case DType::kBF16:
+      ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, static_cast<__nv_bfloat16*>(out),
+                                                          rows, cols, scale, fallback);
+      return absl::OkStatus();
+    case DType::kF16:
+      ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, static_cast<__half*>(out), rows, cols,
+                                                          scale, fallback);
+      return absl::OkStatus();
+  }
+  return absl::InternalError("scale rows: unknown output dtype");
+}
+
+}  // namespace
+
+absl::Status LaunchRowReference(DType dtype, const void* x, const void* w, const int32_t* target,
+                                int64_t rows, int64_t hidden, float* reference, int32_t* fallback,
+                                cudaStream_t stream, DeviceHealth* health) {
+  if (dtype != DType::kBF16 || hidden % 8 != 0) {
+    return absl::InternalError("row reference: needs a bf16 head with H % 8 == 0");
+  }
+  constexpr int64_t kRowsPerBlock = kReferenceThreads / 32;
+  const unsigned blocks =
+      static_cast<unsigned>(std::max<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1));
+  RowReferenceKernel<<<blocks, kReferenceThreads, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w), target, rows,
+      hidden, reference, fallback);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
+}
+
+absl::Status LaunchScaleRows(DType in_dtype, const void* in, DType out_dtype, void* out,
+                             int64_t rows, int64_t cols, const float* scale,
+                             const int32_t* fallback, cudaStream_t stream, DeviceHealth* health) {
+  if (rows <= 0 || cols <= 0) return absl::OkStatus();
+  switch (in_dtype) {
+    case DType::kF32:
+      FLCE_RETURN_IF_ERROR(ScaleRowsTo(static_cast<const float*>(in), out_dtype, out, rows, cols,
+                                       scale, fallback, stream));
+      break;
+    case DType::kBF16:
+      FLCE_RETURN_IF_ERROR(ScaleRowsTo(static_cast<const __nv_bfloat16*>(in), out_dtype, out, rows,
+                                       cols, scale, fallback, stream));
+      break;
+    case DType::kF16:
+      return absl::InternalError("scale rows: fp16 input is not used");
+  }
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
+}
+
+}  // namespace flce::cuda
