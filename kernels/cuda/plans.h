@@ -4,9 +4,11 @@
 // through RunPlan / RunChunk, so that what is measured is what is served.
 //
 //   chunked      token chunks; on Hopper with plain logits, a GEMM with the
-//                row statistics in its epilogue writes fp16 exp(z - m_tile),
-//                a row pass turns it into dlogits in place (2 bytes per
-//                logit); elsewhere fp32 logits from cuBLAS and one fused row
+//                row statistics in its epilogue writes 2 bytes per logit:
+//                bf16 exp(z - M_t) that is dlogits up to a per-row scale
+//                (row_scaled_backward.cuh), or, where that cannot serve,
+//                fp16 exp(z - m_tile) that a row pass turns into dlogits in
+//                place; elsewhere fp32 logits from cuBLAS and one fused row
 //                kernel overwriting them with dlogits. cuBLAS does grad_input
 //                and grad_W (+= fp32, beta = 1).
 //   separate     the same with one chunk of every token: the full (BT x V)
