@@ -131,6 +131,9 @@ __device__ __forceinline__ void TmaStoreWaitRead() {
 __device__ __forceinline__ void TmaStoreWaitAll() {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
+__device__ __forceinline__ void StoreShared(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
 // Makes this thread's shared-memory writes visible to the copy engine.
 __device__ __forceinline__ void FenceSharedForAsync() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -223,30 +226,31 @@ __device__ __forceinline__ void MaskPadding(float (&acc)[2][64], int32_t real) {
   }
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
 // e = exp(z - m) for one half (128 columns) of a thread's accumulators,
-// packed as fp16 pairs (kRowRef: e * scale as bf16 pairs), with the row sums, sum e (z - m), sum z
-// and the first offset holding the max folded in along the way.
+// packed as fp16 pairs (kRowRef: e * scale as bf16 pairs), with the row sums,
+// sum e (z - m) and sum z folded in along the way. z - m is taken in log2
+// units, d2 = z log2(e) - m log2(e), one FMA that feeds both the exp and the
+// sez sum (scaled back by ln 2 once per row).
 template <bool kSumZ, bool kRowRef>
-__device__ __forceinline__ void ExpHalf(const float (&acc)[64], int h, const float (&m)[2],
+__device__ __forceinline__ void ExpHalf(const float (&acc)[64], const float (&m_log2)[2],
                                         const float (&scale)[2], float (&s)[2], float (&sez)[2],
-                                        float (&sz)[2], int32_t (&first)[2],
-                                        uint32_t (&packed)[32]) {
-  constexpr float kLog2e = 1.4426950408889634f;
+                                        float (&sz)[2], uint32_t (&packed)[32]) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const int o = h * 128 + i * 8;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float e[2];
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         const float z = acc[i * 4 + 2 * r + b];
-        const float d = z - m[r];
-        e[b] = Exp2Approx(d * kLog2e);
+        const float d2 = fmaf(z, kLog2e, -m_log2[r]);
+        e[b] = Exp2Approx(d2);
         s[r] += e[b];
-        sez[r] = fmaf(e[b], d, sez[r]);
+        sez[r] = fmaf(e[b], d2, sez[r]);
         if (kSumZ) sz[r] += z > kMaskedLogit ? z : 0.0f;
-        first[r] = z == m[r] ? min(first[r], o + b) : first[r];
       }
       if (kRowRef) {
         const __nv_bfloat162 pair = __floats2bfloat162_rn(e[0] * scale[r], e[1] * scale[r]);
@@ -273,13 +277,15 @@ __device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
   // The previous stores from these boxes must have read them.
   if (t == 0) TmaStoreWaitRead();
   WarpgroupSync(consumer);
+  const uint32_t box0 = SmemAddr(boxes[0]);
+  const uint32_t box1 = SmemAddr(boxes[1]);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int byte = (local_row + 8 * r) * 128 + (((i % 8) ^ (lane / 4)) * 16) + (lane % 4) * 4;
-      *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(boxes[i / 8]) + byte) =
-          packed[i * 2 + r];
+      const uint32_t byte =
+          (local_row + 8 * r) * 128 + (((i % 8) ^ (lane / 4)) * 16) + (lane % 4) * 4;
+      StoreShared(((i / 8) == 0 ? box0 : box1) + byte, packed[i * 2 + r]);
     }
   }
   FenceSharedForAsync();
@@ -295,10 +301,10 @@ __device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
 // row lane/4, r = 1: row lane/4 + 8 of its warp's 16) processed together,
 // so that two independent dependency chains interleave. Fragment layout
 // (m64nNk16): acc[h][i*4 + 2*r + b] is the tile's column h*128 + 8i +
-// 2(lane%4) + b. Per element: one max, one exp, two or three adds and the
-// argmax select; the target logit is looked for only by the one thread whose
-// columns hold it. The first half's e is on its way out while the second
-// half's is computed. kSumZ: label smoothing's sum z.
+// 2(lane%4) + b. Per element: one max, an argmax compare and select, one
+// FMA into the exp, one add, one FMA for sez (and the row scale); the target
+// logit is looked for only by the one thread whose columns hold it. The first half's e is on its
+// way out while the second half's is computed. kSumZ: label smoothing's sum z.
 template <bool kSumZ, bool kRowRef>
 __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0, int32_t n_tile,
                                          int32_t m_tile, int consumer, const int32_t (&y)[2],
@@ -345,22 +351,38 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
       a.target_logit[row0 + 8 * r] = zy;
     }
   }
+  // The lowest offset holding the max: offsets visited from the highest
+  // down, so a plain select keeps the lowest (two instructions per element).
+  int32_t first[2] = {INT_MAX, INT_MAX};
+#pragma unroll
+  for (int h = 1; h >= 0; --h) {
+#pragma unroll
+    for (int i = 15; i >= 0; --i) {
+#pragma unroll
+      for (int b = 1; b >= 0; --b) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          first[r] = acc[h][i * 4 + 2 * r + b] == m[r] ? h * 128 + i * 8 + b : first[r];
+        }
+      }
+    }
+  }
   float s[2] = {0.0f, 0.0f}, sez[2] = {0.0f, 0.0f}, sz[2] = {0.0f, 0.0f};
-  int32_t first[2] = {INT_MAX, INT_MAX};  // lowest offset holding the max
+  const float m_log2[2] = {m[0] * kLog2e, m[1] * kLog2e};
   // kRowRef: e relative to the row's reference, exp(m_t - M) capped (the
   // finish sends rows whose max lies further above M to the fallback).
   float scale[2] = {1.0f, 1.0f};
   if (kRowRef) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      scale[r] = Exp2Approx(fminf(m[r] - reference[r], kRowReferenceCap) * 1.4426950408889634f);
+      scale[r] = Exp2Approx(fminf(m[r] - reference[r], kRowReferenceCap) * kLog2e);
     }
   }
   const int box_row = m_tile * kBM + consumer * 64;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     uint32_t packed[32];
-    ExpHalf<kSumZ, kRowRef>(acc[h], h, m, scale, s, sez, sz, first, packed);
+    ExpHalf<kSumZ, kRowRef>(acc[h], m_log2, scale, s, sez, sz, packed);
     StageAndStore(packed, boxes, e_map, consumer, n_tile * kBN + h * 128, box_row);
   }
 #pragma unroll
@@ -381,7 +403,7 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
       const int64_t k = row * a.n_tiles + n_tile;
       a.stats.max[k] = m[r];
       a.stats.sum_exp[k] = s[r];
-      a.stats.sez[k] = sez[r];
+      a.stats.sez[k] = sez[r] * kLn2;
       a.stats.sum_z[k] = sz[r];
       a.stats.argmax[k] = idx;
     }
