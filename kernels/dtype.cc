@@ -22,22 +22,59 @@ const char* DTypeName(DType dtype) {
 
 namespace {
 
-// The bf16 conversions with internal linkage: the bulk loops below inline
-// them (a position-independent build cannot inline the exported functions)
-// and vectorize; branch-free for the same reason.
-float WidenBf16Bits(uint16_t bits) {
-  const uint32_t word = static_cast<uint32_t>(bits) << 16;
-  float out;
-  std::memcpy(&out, &word, sizeof(out));
-  return out;
+// The conversions with internal linkage: the bulk loops below inline them (a
+// position-independent build cannot inline the exported functions) and
+// vectorize; branch-free for the same reason.
+template <typename To, typename From>
+To BitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "same size");
+  To to;
+  std::memcpy(&to, &from, sizeof(to));
+  return to;
 }
 
+float WidenBf16Bits(uint16_t bits) { return BitCast<float>(static_cast<uint32_t>(bits) << 16); }
+
 uint16_t NarrowToBf16Bits(float value) {
-  uint32_t word;
-  std::memcpy(&word, &value, sizeof(word));
+  const uint32_t word = BitCast<uint32_t>(value);
   const uint32_t rounded = (word + 0x7fffu + ((word >> 16) & 1u)) >> 16;  // nearest, ties to even
   const uint32_t quiet_nan = (word >> 16) | 0x0040u;                      // sign kept
   return static_cast<uint16_t>((word & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+// fp16 -> fp32: exponent and mantissa move up 13 bits and the exponent is
+// rebased (+112); all-ones exponents (Inf, NaN with its payload) rebase to
+// 255; a subnormal m is read as the normal 2^-14 (1 + m/1024) minus 2^-14,
+// which the fp32 subtraction does exactly.
+float WidenHalfBits(uint16_t bits) {
+  const uint32_t shifted = (static_cast<uint32_t>(bits) & 0x7fffu) << 13;
+  const uint32_t exponent = shifted & 0x0f800000u;
+  const uint32_t normal = shifted + 0x38000000u;
+  const uint32_t inf_nan = shifted + 0x70000000u;
+  const uint32_t subnormal =
+      BitCast<uint32_t>(BitCast<float>(normal + 0x00800000u) - BitCast<float>(0x38800000u));
+  const uint32_t magnitude =
+      exponent == 0x0f800000u ? inf_nan : (exponent == 0 ? subnormal : normal);
+  return BitCast<float>(magnitude | ((static_cast<uint32_t>(bits) & 0x8000u) << 16));
+}
+
+// fp32 -> fp16, nearest with ties to even. Normal results: rebase the
+// exponent (-112) and round the 13 dropped bits with the +0xfff + odd trick
+// (a carry rounds into the exponent, up to Inf past 65504). Subnormal results
+// (|x| < 2^-14): adding 0.5 in fp32 rounds x at 2^-24, the half subnormal
+// step, and the low bits of the sum are the result. Inf stays Inf; NaN
+// becomes the quiet NaN 0x7e00 (payload dropped, sign kept).
+uint16_t NarrowToHalfBits(float value) {
+  const uint32_t word = BitCast<uint32_t>(value);
+  const uint32_t sign = word & 0x80000000u;
+  const uint32_t magnitude = word ^ sign;
+  const uint32_t normal = (magnitude + 0xc8000fffu + ((magnitude >> 13) & 1u)) >> 13;
+  const uint32_t subnormal =
+      BitCast<uint32_t>(BitCast<float>(magnitude) + 0.5f) - BitCast<uint32_t>(0.5f);
+  const uint32_t inf_nan = magnitude > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  const uint32_t half =
+      magnitude >= 0x47800000u ? inf_nan : (magnitude < 0x38800000u ? subnormal : normal);
+  return static_cast<uint16_t>(half | (sign >> 16));
 }
 
 }  // namespace
@@ -46,56 +83,9 @@ float Bf16ToFloat(uint16_t bits) { return WidenBf16Bits(bits); }
 
 uint16_t FloatToBf16(float value) { return NarrowToBf16Bits(value); }
 
-float HalfToFloat(uint16_t bits) {
-  uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
-  uint32_t exponent = (bits >> 10) & 0x1fu;
-  uint32_t mantissa = bits & 0x3ffu;
-  uint32_t word;
-  if (exponent == 0x1f) {
-    word = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    word = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    word = sign;
-  } else {  // subnormal half: normalise
-    int shift = 0;
-    while ((mantissa & 0x400u) == 0) {
-      mantissa <<= 1;
-      ++shift;
-    }
-    mantissa &= 0x3ffu;
-    word = sign | (static_cast<uint32_t>(113 - shift) << 23) | (mantissa << 13);
-  }
-  float out;
-  std::memcpy(&out, &word, sizeof(out));
-  return out;
-}
+float HalfToFloat(uint16_t bits) { return WidenHalfBits(bits); }
 
-uint16_t FloatToHalf(float value) {
-  uint32_t word;
-  std::memcpy(&word, &value, sizeof(word));
-  uint16_t sign = static_cast<uint16_t>((word >> 16) & 0x8000u);
-  uint32_t abs = word & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {  // Inf or NaN
-    return sign | 0x7c00u | (abs > 0x7f800000u ? 0x0200u : 0u);
-  }
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504: Inf
-  int32_t exponent = static_cast<int32_t>(abs >> 23) - 127;
-  if (exponent < -24) {
-    // Below half the smallest subnormal (or exactly half: ties to even = 0).
-    return abs > 0x33000000u ? static_cast<uint16_t>(sign | 1u) : sign;
-  }
-  uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-  int shift = exponent < -14 ? (-14 - exponent) + 13 : 13;  // subnormal or normal
-  uint32_t halfway = 1u << (shift - 1);
-  uint32_t rest = mantissa & ((1u << shift) - 1);
-  uint32_t rounded = mantissa >> shift;
-  if (rest > halfway || (rest == halfway && (rounded & 1u))) ++rounded;
-  if (exponent < -14) return sign | static_cast<uint16_t>(rounded);  // may carry into normal
-  // Normal: rounded holds the implicit bit; a carry bumps the exponent naturally.
-  uint32_t bits = (static_cast<uint32_t>(exponent + 15) << 10) + (rounded - 0x400u);
-  return sign | static_cast<uint16_t>(bits);
-}
+uint16_t FloatToHalf(float value) { return NarrowToHalfBits(value); }
 
 namespace {
 
@@ -120,25 +110,18 @@ int64_t FirstWithExponent(const Word* words, int64_t count, Word mask) {
   return -1;
 }
 
-// Bulk bf16 conversions over blocks of a constant size, which the compiler
+// Bulk conversions over blocks of a constant size, which the compiler
 // vectorizes (the servers convert every hidden and grad_input byte); the tail
 // goes element by element.
 constexpr int64_t kConvertBlock = 1024;
 
-void WidenBf16(const uint16_t* in, float* out, int64_t count) {
+template <typename In, typename Out, Out (*kConvert)(In)>
+void ConvertAll(const In* in, Out* out, int64_t count) {
   int64_t base = 0;
   for (; base + kConvertBlock <= count; base += kConvertBlock) {
-    for (int64_t i = 0; i < kConvertBlock; ++i) out[base + i] = WidenBf16Bits(in[base + i]);
+    for (int64_t i = 0; i < kConvertBlock; ++i) out[base + i] = kConvert(in[base + i]);
   }
-  for (; base < count; ++base) out[base] = WidenBf16Bits(in[base]);
-}
-
-void NarrowToBf16(const float* in, uint16_t* out, int64_t count) {
-  int64_t base = 0;
-  for (; base + kConvertBlock <= count; base += kConvertBlock) {
-    for (int64_t i = 0; i < kConvertBlock; ++i) out[base + i] = NarrowToBf16Bits(in[base + i]);
-  }
-  for (; base < count; ++base) out[base] = NarrowToBf16Bits(in[base]);
+  for (; base < count; ++base) out[base] = kConvert(in[base]);
 }
 
 }  // namespace
@@ -150,13 +133,11 @@ void ToFloat(DType dtype, const void* src, float* dst, int64_t count) {
       std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
       return;
     case DType::kBF16:
-      WidenBf16(static_cast<const uint16_t*>(src), dst, count);
+      ConvertAll<uint16_t, float, WidenBf16Bits>(static_cast<const uint16_t*>(src), dst, count);
       return;
-    case DType::kF16: {
-      const uint16_t* in = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < count; ++i) dst[i] = HalfToFloat(in[i]);
+    case DType::kF16:
+      ConvertAll<uint16_t, float, WidenHalfBits>(static_cast<const uint16_t*>(src), dst, count);
       return;
-    }
   }
 }
 
@@ -167,13 +148,11 @@ void FromFloat(DType dtype, const float* src, void* dst, int64_t count) {
       std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
       return;
     case DType::kBF16:
-      NarrowToBf16(src, static_cast<uint16_t*>(dst), count);
+      ConvertAll<float, uint16_t, NarrowToBf16Bits>(src, static_cast<uint16_t*>(dst), count);
       return;
-    case DType::kF16: {
-      uint16_t* out = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < count; ++i) out[i] = FloatToHalf(src[i]);
+    case DType::kF16:
+      ConvertAll<float, uint16_t, NarrowToHalfBits>(src, static_cast<uint16_t*>(dst), count);
       return;
-    }
   }
 }
 

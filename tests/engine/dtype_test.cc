@@ -154,26 +154,72 @@ TEST(DTypeTest, BulkConversionsMatchTheScalarOnes) {
 
 // Every kind of float32 bit pattern (normals, subnormals, ties, Inf, NaN with
 // any payload) over several of the bulk loops' internal blocks plus a tail:
-// bit for bit the scalar conversions.
-TEST(DTypeTest, BulkBf16ConversionsAreTheScalarOnesBitForBit) {
+// bit for bit the scalar conversions, for both 16-bit dtypes.
+TEST(DTypeTest, Bulk16BitConversionsAreTheScalarOnesBitForBit) {
   std::mt19937 rng(11);
   const int64_t n = 3 * 1024 + 77;
   std::vector<uint32_t> words(n);
   for (uint32_t& w : words) w = static_cast<uint32_t>(rng());
+  // Half of them in fp16's range, where its normal, subnormal and overflow
+  // paths split.
+  for (int64_t i = 0; i < n; i += 2)
+    words[i] = 0x33000000u + static_cast<uint32_t>(rng()) % 0x15000000u;
   words[5] = 0x7f800000u;     // +Inf
   words[6] = 0xff800001u;     // NaN, payload in the low bits only
-  words[1500] = 0x3f808000u;  // a tie: rounds to even
+  words[1500] = 0x3f808000u;  // a bf16 tie: rounds to even
+  words[1502] = 0x3f801000u;  // an fp16 tie: rounds to even
+  words[1504] = 0x477ff000u;  // 65520: rounds past 65504 to Inf
+  words[1506] = 0x33000000u;  // 2^-25, half the smallest fp16 subnormal: ties to 0
+  words[1508] = 0x387fe000u;  // just under 2^-14: rounds up into the normals
   words[n - 1] = 0x7fc00000u;
   std::vector<float> values(n);
   std::memcpy(values.data(), words.data(), n * sizeof(float));
-  std::vector<uint16_t> narrow(n);
-  FromFloat(DType::kBF16, values.data(), narrow.data(), n);
-  std::vector<float> wide(n);
-  ToFloat(DType::kBF16, narrow.data(), wide.data(), n);
-  for (int64_t i = 0; i < n; ++i) {
-    ASSERT_EQ(narrow[i], FloatToBf16(values[i])) << "at " << i << ", bits " << words[i];
-    const float expected = Bf16ToFloat(narrow[i]);
-    ASSERT_EQ(std::memcmp(&wide[i], &expected, sizeof(float)), 0) << "at " << i;
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const bool bf16 = dtype == DType::kBF16;
+    std::vector<uint16_t> narrow(n);
+    FromFloat(dtype, values.data(), narrow.data(), n);
+    std::vector<float> wide(n);
+    ToFloat(dtype, narrow.data(), wide.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(narrow[i], bf16 ? FloatToBf16(values[i]) : FloatToHalf(values[i]))
+          << "at " << i << ", bits " << std::hex << words[i];
+      const float expected = bf16 ? Bf16ToFloat(narrow[i]) : HalfToFloat(narrow[i]);
+      ASSERT_EQ(std::memcmp(&wide[i], &expected, sizeof(float)), 0) << "at " << i;
+    }
+  }
+}
+
+// Every fp16 pattern through the bulk widening, and a dense sweep of float32
+// patterns (every exponent, strided mantissas, both signs) through the bulk
+// narrowing, each result checked as the nearest fp16 with ties to even.
+TEST(DTypeTest, BulkHalfConversionsAreExactAndNearestEven) {
+  std::vector<uint16_t> every(1 << 16);
+  for (uint32_t b = 0; b <= 0xffff; ++b) every[b] = static_cast<uint16_t>(b);
+  std::vector<float> wide(every.size());
+  ToFloat(DType::kF16, every.data(), wide.data(), static_cast<int64_t>(every.size()));
+  for (uint32_t b = 0; b <= 0xffff; ++b) {
+    const double expected = DecodeHalf(static_cast<uint16_t>(b));
+    if (std::isnan(expected)) {
+      ASSERT_TRUE(std::isnan(wide[b])) << std::hex << b;
+    } else {
+      ASSERT_EQ(static_cast<double>(wide[b]), expected) << std::hex << b;
+    }
+  }
+  std::vector<float> sweep;
+  for (uint64_t w = 0x30000000u; w < 0x48000000u; w += 4099) {  // 2^-31 .. 2^17
+    for (uint32_t sign : {0u, 0x80000000u}) {
+      const uint32_t word = static_cast<uint32_t>(w) | sign;
+      float x;
+      std::memcpy(&x, &word, sizeof(x));
+      sweep.push_back(x);
+    }
+  }
+  std::vector<uint16_t> narrow(sweep.size());
+  FromFloat(DType::kF16, sweep.data(), narrow.data(), static_cast<int64_t>(sweep.size()));
+  for (size_t i = 0; i < sweep.size(); ++i) {
+    ExpectNearestEven(sweep[i], narrow[i], DecodeHalf, 65504.0);
+    if (::testing::Test::HasFailure()) FAIL() << "at " << sweep[i];
   }
 }
 
