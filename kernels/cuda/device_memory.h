@@ -5,26 +5,70 @@
 #ifndef FLCE_KERNELS_CUDA_DEVICE_MEMORY_H_
 #define FLCE_KERNELS_CUDA_DEVICE_MEMORY_H_
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace flce::cuda {
 
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer();
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& other) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+// The two kinds of memory the engine allocates.
+struct DeviceMemory {
+  static constexpr const char* kAllocator = "cudaMalloc";
+  static cudaError_t Allocate(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
+  static cudaError_t Free(void* ptr) { return cudaFree(ptr); }
+};
+struct PinnedHostMemory {
+  static constexpr const char* kAllocator = "cudaMallocHost";
+  static cudaError_t Allocate(void** ptr, size_t bytes) { return cudaMallocHost(ptr, bytes); }
+  static cudaError_t Free(void* ptr) { return cudaFreeHost(ptr); }
+};
 
-  static absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, DeviceHealth* health);
-  void Reset();
+// An owning handle on one allocation of `Memory`.
+template <typename Memory>
+class CudaAllocation {
+ public:
+  CudaAllocation() = default;
+  ~CudaAllocation() { Reset(); }
+  CudaAllocation(const CudaAllocation&) = delete;
+  CudaAllocation& operator=(const CudaAllocation&) = delete;
+  CudaAllocation(CudaAllocation&& other) noexcept
+      : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  CudaAllocation& operator=(CudaAllocation&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      ptr_ = std::exchange(other.ptr_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+
+  // RESOURCE_EXHAUSTED (naming the allocator and the size) when out of memory.
+  static absl::StatusOr<CudaAllocation> Allocate(int64_t bytes, DeviceHealth* health) {
+    CudaAllocation buffer;
+    if (bytes <= 0) return buffer;
+    const cudaError_t error = Memory::Allocate(&buffer.ptr_, static_cast<size_t>(bytes));
+    if (error != cudaSuccess) {
+      buffer.ptr_ = nullptr;
+      const std::string what = absl::StrCat(Memory::kAllocator, " of ", bytes, " bytes");
+      return CudaStatus(error, what.c_str(), health);
+    }
+    buffer.bytes_ = bytes;
+    return buffer;
+  }
+  void Reset() {
+    // Errors here are sticky ones already reported elsewhere; nothing to do.
+    if (ptr_ != nullptr) Memory::Free(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
   void* get() const { return ptr_; }
   int64_t bytes() const { return bytes_; }
 
@@ -33,24 +77,8 @@ class DeviceBuffer {
   int64_t bytes_ = 0;
 };
 
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  ~PinnedBuffer();
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  PinnedBuffer(PinnedBuffer&& other) noexcept;
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
-
-  static absl::StatusOr<PinnedBuffer> Allocate(int64_t bytes, DeviceHealth* health);
-  void Reset();
-  void* get() const { return ptr_; }
-  int64_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  int64_t bytes_ = 0;
-};
+using DeviceBuffer = CudaAllocation<DeviceMemory>;
+using PinnedBuffer = CudaAllocation<PinnedHostMemory>;
 
 // Bump allocation over a base pointer, 256-byte aligned pieces.
 class Carver {
@@ -73,8 +101,7 @@ class Carver {
 // accounting. Callers hold the engine's submit lock while using Device().
 class Workspace {
  public:
-  Workspace(int64_t budget_bytes, DeviceHealth* health)
-      : budget_(budget_bytes), health_(health) {}
+  Workspace(int64_t budget_bytes, DeviceHealth* health) : budget_(budget_bytes), health_(health) {}
 
   // RESOURCE_EXHAUSTED naming needed vs available when over the budget.
   absl::StatusOr<char*> Device(int64_t bytes, const char* purpose);
