@@ -260,23 +260,16 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   nlohmann::json out;
   const cuda::HeadView hv = head.view();
   const int64_t rows = std::min(plan.chunk_tokens, req.rows);
-  const int64_t tiles = cuda::LogitsStatsTiles(hv.padded_vocab);
   std::lock_guard<std::mutex> lock(engine.submit_mutex());
   auto scratch = engine.Scratch(plan.scratch_bytes, "stage breakdown");
   if (!scratch.ok()) return out;
-  cuda::Carver c(*scratch);
-  void* e = c.TakeBytes(rows * hv.padded_vocab * 2);
-  cuda::TileStats stats;
-  stats.max = c.Take<float>(rows * tiles);
-  stats.sum_exp = c.Take<float>(rows * tiles);
-  stats.sez = c.Take<float>(rows * tiles);
-  stats.sum_z = c.Take<float>(rows * tiles);
-  stats.argmax = c.Take<int32_t>(rows * tiles);
-  float* zy = c.Take<float>(rows);
-  cuda::RowGrad* grad = c.Take<cuda::RowGrad>(rows);
-  float* reference = c.Take<float>(rows);
-  int32_t* fallback = c.Take<int32_t>(1);
-  if (c.used() > plan.scratch_bytes) return out;
+  DeviceRequest chunk = req;
+  chunk.rows = rows;
+  auto launch = cuda::PrepareTileChunk(engine.exec(), hv, plan, chunk, *scratch);
+  if (!launch.ok()) return out;
+  const cuda::LogitsStatsArgs& g = launch->gemm;
+  const cuda::TileRowArgs& t = launch->rows;
+  void* e = g.exp_out;
   cudaStream_t stream = engine.compute_stream();
   cuda::DeviceHealth* health = engine.context()->health();
   cuda::Gemm gemm;
@@ -284,29 +277,6 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   gemm.stream = stream;
   gemm.health = health;
   gemm.dtype = hv.dtype;
-  cuda::LogitsStatsArgs g;
-  g.x = req.hidden;
-  g.w = hv.weight;
-  g.rows = rows;
-  g.hidden = hv.hidden;
-  g.vocab = hv.vocab;
-  g.padded_vocab = hv.padded_vocab;
-  g.exp_out = e;
-  g.target = req.in.target;
-  g.target_logit = zy;
-  g.stats = stats;
-  g.sum_z = req.params.label_smoothing > 0.0f;
-  cuda::TileRowArgs t;
-  t.rows = rows;
-  t.padded_vocab = hv.padded_vocab;
-  t.tiles = tiles;
-  t.stats = stats;
-  t.target_logit = zy;
-  t.in = req.in;
-  t.out = req.out;
-  t.params = req.params;
-  t.grad = grad;
-  t.exp_dlogits = e;
   auto stats_gemm = [&]() { return cuda::LaunchLogitsStats(hv.dtype, g, stream, health).ok(); };
   auto finish = [&]() { return cuda::LaunchTileFinish(t, stream, health).ok(); };
   auto gemm_and_finish = [&]() { return stats_gemm() && finish(); };
@@ -315,16 +285,19 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   };
   out["chunk_tokens"] = rows;
   out["logits_stats_gemm_ms"] = time_with_setup(nullptr, stats_gemm);
-  // The row-scaled backward's variant: bf16 exp(z - M_t) after the reference GEMV.
-  out["row_reference_ms"] = time_with_setup(nullptr, [&]() {
-    return cuda::LaunchRowReference(hv.dtype, g.x, g.w, g.target, rows, hv.hidden, reference,
-                                    fallback, stream, health)
-        .ok();
-  });
-  cuda::LogitsStatsArgs scaled = g;
-  scaled.row_reference = reference;
-  out["logits_stats_gemm_row_scaled_ms"] = time_with_setup(
-      nullptr, [&]() { return cuda::LaunchLogitsStats(hv.dtype, scaled, stream, health).ok(); });
+  // The row-scaled backward's variant (bf16 heads): bf16 exp(z - M_t) after
+  // the reference GEMV.
+  if (launch->row_reference != nullptr) {
+    out["row_reference_ms"] = time_with_setup(nullptr, [&]() {
+      return cuda::LaunchRowReference(hv.dtype, g.x, g.w, g.target, rows, hv.hidden,
+                                      launch->row_reference, launch->fallback, stream, health)
+          .ok();
+    });
+    cuda::LogitsStatsArgs scaled = g;
+    scaled.row_reference = launch->row_reference;
+    out["logits_stats_gemm_row_scaled_ms"] = time_with_setup(
+        nullptr, [&]() { return cuda::LaunchLogitsStats(hv.dtype, scaled, stream, health).ok(); });
+  }
   out["row_finish_ms"] = time_with_setup(stats_gemm, finish);
   out["dlogits_pass_ms"] = time_with_setup(
       gemm_and_finish, [&]() { return cuda::LaunchTileGrad(hv.dtype, t, stream, health).ok(); });

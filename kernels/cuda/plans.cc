@@ -595,6 +595,32 @@ absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const Til
   return absl::OkStatus();
 }
 
+// The logits-stats GEMM's and the row kernels' arguments for one chunk.
+void TileChunkArgs(const HeadView& head, const DeviceRequest& r, const TileScratch& s,
+                   const void* x, LogitsStatsArgs* g, TileRowArgs* t) {
+  g->x = x;
+  g->w = head.weight;
+  g->rows = r.rows;
+  g->hidden = head.hidden;
+  g->vocab = head.vocab;
+  g->padded_vocab = head.padded_vocab;
+  g->exp_out = s.exp_dlogits;
+  g->target = r.in.target;
+  g->target_logit = s.target_logit;
+  g->stats = s.stats;
+  g->sum_z = r.params.label_smoothing > 0.0f;
+  t->rows = r.rows;
+  t->padded_vocab = head.padded_vocab;
+  t->tiles = LogitsStatsTiles(head.padded_vocab);
+  t->stats = s.stats;
+  t->target_logit = s.target_logit;
+  t->in = r.in;
+  t->out = r.out;
+  t->params = r.params;
+  t->grad = s.grad;
+  t->exp_dlogits = s.exp_dlogits;
+}
+
 // One chunk on the logits-stats path: GEMM + partials, row finish, dlogits
 // in place of e, then the cuBLAS backward over the 16-bit dlogits.
 absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Plan& plan,
@@ -606,34 +632,30 @@ absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Pla
   const TileScratch s = CarveTile(scratch, plan.chunk_tokens, head, tb);
   FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s.rest));
   LogitsStatsArgs g;
-  g.x = x;
-  g.w = head.weight;
-  g.rows = r.rows;
-  g.hidden = head.hidden;
-  g.vocab = head.vocab;
-  g.padded_vocab = head.padded_vocab;
-  g.exp_out = s.exp_dlogits;
-  g.target = r.in.target;
-  g.target_logit = s.target_logit;
-  g.stats = s.stats;
-  g.sum_z = r.params.label_smoothing > 0.0f;
   TileRowArgs t;
-  t.rows = r.rows;
-  t.padded_vocab = head.padded_vocab;
-  t.tiles = LogitsStatsTiles(head.padded_vocab);
-  t.stats = s.stats;
-  t.target_logit = s.target_logit;
-  t.in = r.in;
-  t.out = r.out;
-  t.params = r.params;
-  t.grad = s.grad;
-  t.exp_dlogits = s.exp_dlogits;
+  TileChunkArgs(head, r, s, x, &g, &t);
   if (UseRowScaled(head, r)) return RunRowScaledChunk(exec, head, s, r, x, g, t);
   FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
   FLCE_RETURN_IF_ERROR(LaunchTileFinish(t, exec.stream, exec.health));
   if (!WantsBackward(r)) return absl::OkStatus();
   FLCE_RETURN_IF_ERROR(LaunchTileGrad(head.dtype, t, exec.stream, exec.health));
   return Backward(exec, head, r, s.rest, x, s.exp_dlogits, head.padded_vocab);
+}
+
+absl::StatusOr<TileChunkLaunch> PrepareTileChunk(const Exec& exec, const HeadView& head,
+                                                 const Plan& plan, const DeviceRequest& r,
+                                                 char* scratch) {
+  if (!plan.tile_stats || r.rows > plan.chunk_tokens) {
+    return absl::InternalError("not a chunk of a logits-stats plan");
+  }
+  const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, false);
+  const TileScratch s = CarveTile(scratch, plan.chunk_tokens, head, tb);
+  TileChunkLaunch launch;
+  FLCE_ASSIGN_OR_RETURN(launch.x, HeadDtypeHidden(exec, head, r, s.rest));
+  TileChunkArgs(head, r, s, launch.x, &launch.gemm, &launch.rows);
+  launch.row_reference = s.scaled.reference;
+  launch.fallback = s.scaled.fallback;
+  return launch;
 }
 
 absl::Status RunChunk(const Exec& exec, const HeadView& head, const Plan& plan,

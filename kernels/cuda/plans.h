@@ -29,7 +29,9 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/logits_stats_gemm.cuh"
 #include "kernels/cuda/row_types.h"
+#include "kernels/cuda/tile_stats_kernels.cuh"
 #include "kernels/dtype.h"
 #include "kernels/engine.h"
 
@@ -97,6 +99,19 @@ struct Exec {
 // plan.scratch_bytes.
 absl::Status RunChunk(const Exec& exec, const HeadView& head, const Plan& plan,
                       const DeviceRequest& request, char* scratch);
+
+// One logits-stats chunk's kernel arguments over the plan's scratch, exactly
+// as RunChunk launches them (the benchmark times the stages one by one).
+struct TileChunkLaunch {
+  const void* x = nullptr;         // the chunk's hidden in the head's dtype
+  LogitsStatsArgs gemm;            // the plain variant: fp16 e per tile
+  TileRowArgs rows;                // row finish and dlogits pass
+  float* row_reference = nullptr;  // the row-scaled backward's M_t (bf16 heads)
+  int32_t* fallback = nullptr;     // and its device flag
+};
+absl::StatusOr<TileChunkLaunch> PrepareTileChunk(const Exec& exec, const HeadView& head,
+                                                 const Plan& plan, const DeviceRequest& request,
+                                                 char* scratch);
 
 // The whole request under `plan`.
 absl::Status RunPlan(const Exec& exec, const HeadView& head, const Plan& plan,
