@@ -36,7 +36,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config git ca-certificates \
       libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev \
-      prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev \
+      prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev libxxhash-dev \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src

@@ -66,6 +66,13 @@ class HeadBuilder {
   virtual absl::StatusOr<std::shared_ptr<const Head>> Finish() = 0;
 };
 
+// What GradBuffer::ScaleAndAdd found, element by element.
+struct FiniteCheck {
+  bool contribution_finite = true;  // every element of scale x this
+  bool sum_finite = true;           // every element of base + scale x this
+  bool ok() const { return contribution_finite && sum_finite; }
+};
+
 // An fp32 V x H (+ V bias) gradient accumulator in the engine's memory: a
 // session's grad_W, or one call's staged contribution.
 class GradBuffer {
@@ -78,6 +85,14 @@ class GradBuffer {
   virtual absl::Status Zero() = 0;
   // this += scale * other (same shape).
   virtual absl::Status AddScaled(const GradBuffer& other, float scale) = 0;
+  // this = base + scale * this (same shape), and whether the contribution and
+  // the sum are finite, found in the same pass. A session lands a call's
+  // contribution this way and then swaps the two buffers: no second V x H
+  // buffer, and the accumulator is untouched when the sum would not be finite.
+  // When the check fails, this buffer's content is unspecified.
+  virtual absl::StatusOr<FiniteCheck> ScaleAndAdd(float scale, const GradBuffer& base) = 0;
+  // True when every element (weight and bias) is finite.
+  virtual absl::StatusOr<bool> AllFinite() const = 0;
   // Weight rows [row_begin, row_begin + rows) into host memory as fp32 or bf16.
   virtual absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
                                       void* host_out) const = 0;

@@ -3,13 +3,16 @@
 # Idempotent: packages already present are left alone. The prometheus package is
 # installed for its promtool (the deployment checks); a Prometheus server it would
 # start is stopped and disabled again when this script installed it.
+# clang and libclang-rt-14-dev build the fuzzer (scripts/fuzz.sh: libFuzzer, ASan, UBSan);
+# llvm brings llvm-symbolizer, which turns sanitizer reports into file:line stacks.
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl openssl prometheus docker-compose
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
-  prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev
+  prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev llvm
   python3 python3-venv python3-numpy python3-grpcio python3-protobuf python3-torch python3-pytest python3-wheel
 )
 

@@ -30,10 +30,10 @@ void ComputeJob::Abandon() {
   // The engine call first: it may still be writing into the staging buffer.
   call_.reset();
   if (slot_held_) {
-    ctx_.sessions->AbortContribution(*session_, request_id_);
+    ctx_.sessions->AbortContribution(*session_, request_id_, deferred_);
     slot_held_ = false;
   }
-  staging_.reset();
+  staging_ = StagedGrad{};
 }
 
 absl::Status ComputeJob::Run() {
@@ -48,21 +48,38 @@ absl::Status ComputeJob::Run() {
         std::to_string(first->hidden().token_offset()) + ")");
   }
   absl::Status status = Setup(first->header());
-  while (status.ok()) {
+  bool ended = false;
+  while (status.ok() && !ended) {
     absl::StatusOr<std::optional<v1::ComputeRequest>> next = channel_->Next();
     if (!next.ok()) {
       status = next.status();
       break;
     }
     if (!next->has_value()) {
-      status = Complete();
+      // A half-close, a cancel, a broken connection and a message that does
+      // not parse all look like this: only the end message means "done".
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "the request stream ended without an end message (ComputeRequest.end) after ",
+          rows_->received(), " of num_tokens = ", spec_.num_tokens,
+          " hidden rows: nothing landed; send ComputeRequest{end: {num_tokens}} after the last "
+          "hidden chunk"));
       break;
     }
-    if ((*next)->has_header()) {
-      status = absl::InvalidArgumentError("header sent twice: only the first message is one");
-      break;
+    switch ((*next)->msg_case()) {
+      case v1::ComputeRequest::kHidden:
+        status = AddChunk((*next)->hidden());
+        break;
+      case v1::ComputeRequest::kEnd:
+        status = Complete((*next)->end());
+        ended = true;
+        break;
+      case v1::ComputeRequest::kHeader:
+        status = absl::InvalidArgumentError("header sent twice: only the first message is one");
+        break;
+      default:
+        status = absl::InvalidArgumentError(
+            "a request message holds none of header, hidden or end");
     }
-    status = AddChunk((*next)->hidden());
   }
   if (!status.ok()) Abandon();
   return EngineStatus(*ctx_.engine, status);
@@ -75,6 +92,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   scope_->set_session(header.session_id().empty() ? "default" : header.session_id());
   scope_->set_tokens(header.num_tokens());
   FLCE_RETURN_IF_ERROR(ValidateId(header.head_id(), "head_id"));
+  FLCE_RETURN_IF_ERROR(ValidateRequestId(header.request_id(), "request_id"));
   FLCE_ASSIGN_OR_RETURN(head_, ctx_.heads->Get(who_.tenant, header.head_id()));
   if (header.has_expected_head_version() && header.expected_head_version() != head_.version) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -110,12 +128,11 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   if (!forward_only_) {
     FLCE_ASSIGN_OR_RETURN(
         session_, ctx_.sessions->GetOrCreate(who_.tenant, head_.head_id, session_id_, head_spec));
-    FLCE_ASSIGN_OR_RETURN(begin_, ctx_.sessions->BeginContribution(*session_, request_id_,
-                                                                   ComputeFingerprint(header)));
+    FLCE_ASSIGN_OR_RETURN(begin_, ctx_.sessions->BeginContribution(
+                                      *session_, request_id_, ComputeFingerprint(header), deferred_));
     if (!begin_.replay) {
       slot_held_ = true;
-      FLCE_ASSIGN_OR_RETURN(staging_, ctx_.engine->NewGradBuffer(head_spec));
-      spec_.grad_out = staging_.get();
+      FLCE_RETURN_IF_ERROR(TakeStaging(head_spec));
     }
   }
   FLCE_ASSIGN_OR_RETURN(
@@ -126,12 +143,33 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   return absl::OkStatus();
 }
 
+absl::Status ComputeJob::TakeStaging(const HeadSpec& head_spec) {
+  // The engine's buffer is V x H fp32 (+ V for a bias), give or take padding.
+  const int64_t bytes =
+      head_spec.vocab_size * (head_spec.hidden_size + (head_spec.has_bias ? 1 : 0)) * 4;
+  const absl::Time asked = absl::Now();
+  FLCE_ASSIGN_OR_RETURN(
+      staging_.reservation,
+      ctx_.staging->Acquire(bytes, channel_->Deadline(),
+                            [this] { return channel_->CheckAlive(); }));
+  staging_wait_ms_ = absl::ToDoubleMilliseconds(absl::Now() - asked);
+  FLCE_ASSIGN_OR_RETURN(staging_.grad, ctx_.engine->NewGradBuffer(head_spec));
+  spec_.grad_out = staging_.grad.get();
+  return absl::OkStatus();
+}
+
 absl::Status ComputeJob::AddChunk(const v1::HiddenChunk& chunk) {
   FLCE_ASSIGN_OR_RETURN(
       int64_t rows,
       rows_->Accept(chunk.token_offset(), static_cast<int64_t>(chunk.data().size()), row_bytes_));
   FLCE_RETURN_IF_ERROR(CheckHiddenFinite(spec_.hidden_dtype, chunk.data().data(), rows,
                                          head_.head->spec().hidden_size, chunk.token_offset()));
+  FLCE_RETURN_IF_ERROR(GradInputStatus());
+  if (session_ != nullptr) {
+    // Wrapping sums: the same rows give the same total in any order and chunking.
+    hidden_fingerprint_ +=
+        HiddenFingerprint(chunk.data().data(), rows, row_bytes_, chunk.token_offset());
+  }
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddReceivedBytes("Compute", static_cast<int64_t>(chunk.data().size()));
   }
@@ -140,10 +178,25 @@ absl::Status ComputeJob::AddChunk(const v1::HiddenChunk& chunk) {
 }
 
 void ComputeJob::OnGradInput(int64_t token_offset, int64_t rows, std::string data) {
+  const int64_t hidden_size = head_.head->spec().hidden_size;
+  const int64_t bad = FirstNonFinite(spec_.hidden_dtype, data.data(), rows * hidden_size);
+  {
+    absl::MutexLock lock(&grad_input_mu_);
+    if (!grad_input_status_.ok()) return;
+    if (bad >= 0) {
+      // Not sent: the call fails, and a client must not use a partial answer.
+      grad_input_status_ = absl::InvalidArgumentError(absl::StrCat(
+          kNonFiniteResult, "grad_input holds NaN or Inf at token ", token_offset + bad / hidden_size,
+          " (element ", bad % hidden_size,
+          "): nothing landed; the options (temperature, grad_scale, weights) overflow fp32 "
+          "for this data"));
+      return;
+    }
+  }
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddSentBytes("Compute", static_cast<int64_t>(data.size()));
   }
-  int64_t per_message = ItemsPerMessage(ctx_.config.max_message_bytes, row_bytes_);
+  int64_t per_message = ItemsPerMessage(ctx_.config.max_response_bytes, row_bytes_);
   for (int64_t done = 0; done < rows; done += per_message) {
     int64_t n = std::min(per_message, rows - done);
     auto response = std::make_unique<v1::ComputeResponse>();
@@ -159,11 +212,16 @@ void ComputeJob::OnGradInput(int64_t token_offset, int64_t rows, std::string dat
   }
 }
 
+absl::Status ComputeJob::GradInputStatus() {
+  absl::MutexLock lock(&grad_input_mu_);
+  return grad_input_status_;
+}
+
 void ComputeJob::SendTokenOutputs(const ComputeResult& result) {
   const OutputSelection& want = spec_.outputs;
   if (!want.per_token_loss && !want.logprob && !want.entropy && !want.accuracy) return;
   // loss, logprob, entropy: 4 bytes each; correct: 1.
-  int64_t per_message = ItemsPerMessage(ctx_.config.max_message_bytes, 13);
+  int64_t per_message = ItemsPerMessage(ctx_.config.max_response_bytes, 13);
   auto slice = [](const auto& values, int64_t begin, int64_t n) {
     using T = typename std::decay_t<decltype(values)>::value_type;
     if (static_cast<int64_t>(values.size()) < begin + n) return std::string();
@@ -188,10 +246,23 @@ void ComputeJob::SendTokenOutputs(const ComputeResult& result) {
   }
 }
 
-absl::Status ComputeJob::Complete() {
+absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
+  if (end.num_tokens() != spec_.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("end.num_tokens = ", end.num_tokens(),
+                                                   " but the header's num_tokens is ",
+                                                   spec_.num_tokens));
+  }
   FLCE_RETURN_IF_ERROR(rows_->CheckComplete());
   FLCE_ASSIGN_OR_RETURN(ComputeResult result, call_->Finish());
   call_.reset();
+  FLCE_RETURN_IF_ERROR(GradInputStatus());
+  FLCE_RETURN_IF_ERROR(CheckOutputsFinite(result));
+  if (begin_.replay && begin_.first.hidden_fingerprint != hidden_fingerprint_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request id \"", request_id_,
+        "\" was used for a call with other hidden states in this session: choose a new request "
+        "id for new data (found once every row had arrived; the grad_input sent is not valid)"));
+  }
   // Everything but the summary goes out first; the contribution lands only
   // once it has and the client is still there, and the summary is the very
   // last step. A client that fails before the commit leaves nothing behind
@@ -202,8 +273,10 @@ absl::Status ComputeJob::Complete() {
   if (slot_held_) {
     // CompleteContribution releases the slot whatever it returns.
     slot_held_ = false;
-    FLCE_RETURN_IF_ERROR(ctx_.sessions->CompleteContribution(
-        *session_, request_id_, std::move(staging_), deferred_, spec_.num_tokens));
+    FLCE_RETURN_IF_ERROR(ctx_.sessions->CompleteContribution(*session_, request_id_,
+                                                             std::move(staging_), deferred_,
+                                                             spec_.num_tokens,
+                                                             hidden_fingerprint_));
   }
   scope_->set_strategy(result.strategy_used);
   if (ctx_.metrics != nullptr) {
@@ -238,7 +311,7 @@ absl::Status ComputeJob::Complete() {
   }
   v1::Timings* timings = summary->mutable_timings();
   timings->set_engine_ms(result.engine_ms);
-  timings->set_wait_ms(result.wait_ms);
+  timings->set_wait_ms(result.wait_ms + staging_wait_ms_);
   timings->set_total_ms(absl::ToDoubleMilliseconds(absl::Now() - start_));
   channel_->Send(std::move(response));
   return absl::OkStatus();

@@ -1,8 +1,11 @@
 // The work of one Compute call, on its worker thread, apart from the gRPC
-// plumbing: validate the header, take a head snapshot and a session slot,
-// stream hidden chunks into the engine, then commit the staged grad_W and
-// send token outputs and the summary. Run() leaves nothing behind on failure:
-// the engine call is destroyed, the staging buffer dropped, the slot freed.
+// plumbing: validate the header, take a head snapshot, a session slot and
+// staging memory (waiting for it when all is in use), stream hidden chunks
+// into the engine, and on the explicit end-of-input message check that every
+// output is finite, land (or stage) grad_W and send token outputs and the
+// summary. A stream that ends any other way lands nothing. Run() leaves
+// nothing behind on failure: the engine call is destroyed, the staging buffer
+// and its memory released, the slot freed.
 #ifndef FLCE_SERVER_COMPUTE_JOB_H_
 #define FLCE_SERVER_COMPUTE_JOB_H_
 
@@ -11,8 +14,10 @@
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "flce/v1/flce.pb.h"
 #include "kernels/engine.h"
@@ -40,6 +45,8 @@ class ComputeChannel {
   // Blocks until every queued response has been written (or the call is
   // gone); then as CheckAlive.
   virtual absl::Status WaitForSent() = 0;
+  // When the client stops waiting for the call.
+  virtual absl::Time Deadline() const { return absl::InfiniteFuture(); }
 };
 
 class ComputeJob {
@@ -53,9 +60,12 @@ class ComputeJob {
 
  private:
   absl::Status Setup(const v1::ComputeHeader& header);
+  absl::Status TakeStaging(const HeadSpec& head_spec);
   absl::Status AddChunk(const v1::HiddenChunk& chunk);
-  absl::Status Complete();
+  absl::Status Complete(const v1::EndOfInput& end);
   void OnGradInput(int64_t token_offset, int64_t rows, std::string data);
+  // The engine thread's verdict on grad_input: OK, or the first non-finite row.
+  absl::Status GradInputStatus();
   void SendTokenOutputs(const ComputeResult& result);
   void Abandon();
 
@@ -73,12 +83,17 @@ class ComputeJob {
   bool forward_only_ = false;
   bool deferred_ = false;
   std::shared_ptr<Session> session_;
-  bool slot_held_ = false;  // BeginContribution took a pending slot
+  bool slot_held_ = false;  // BeginContribution recorded the call in flight
   BeginResult begin_;       // replay or not
-  std::unique_ptr<GradBuffer> staging_;
+  StagedGrad staging_;
+  double staging_wait_ms_ = 0.0;
   std::unique_ptr<ComputeCall> call_;
   std::optional<HiddenRowTracker> rows_;
   int64_t row_bytes_ = 0;
+  uint64_t hidden_fingerprint_ = 0;  // HiddenFingerprint summed over the rows received
+
+  absl::Mutex grad_input_mu_;  // OnGradInput runs on an engine thread
+  absl::Status grad_input_status_ ABSL_GUARDED_BY(grad_input_mu_);
 };
 
 }  // namespace flce::server

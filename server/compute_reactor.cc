@@ -146,6 +146,8 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
     return cancelled_ || absl::Now() >= deadline_ ? GoneStatus() : absl::OkStatus();
   }
 
+  absl::Time Deadline() const override { return deadline_; }
+
   absl::Status WaitForRoom() override {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(

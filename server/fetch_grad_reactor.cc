@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "flce/v1/message_size.h"
 #include "kernels/status_macros.h"
+#include "server/session_id.h"
 #include "server/status_mapping.h"
 #include "server/validation.h"
 
@@ -14,6 +15,7 @@ namespace flce::server {
 FetchGradReactor::FetchGradReactor(const ServiceContext& ctx, const v1::FetchGradRequest* request,
                                    Principal who, std::unique_ptr<RpcScope> scope)
     : ctx_(ctx), request_(*request), who_(std::move(who)), scope_(std::move(scope)) {
+  request_.set_session_id(SessionIdOrDefault(request_.session_id()));
   scope_->set_request_id(request_.request_id());
   scope_->set_head(request_.head_id());
   scope_->set_session(request_.session_id());
@@ -75,7 +77,7 @@ absl::Status FetchGradReactor::Prepare() {
       dtype_ = DType::kBF16;
       break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat("dtype = ", v1::DType_Name(request_.dtype()),
+      return absl::InvalidArgumentError(absl::StrCat("dtype = ", EnumValueText(v1::DType_descriptor(), request_.dtype()),
                                                      " is not DTYPE_FP32 or DTYPE_BF16"));
   }
   if (request_.chunk_rows() < 0) {
@@ -92,9 +94,12 @@ absl::Status FetchGradReactor::Prepare() {
                                          request_.reset(), request_.request_id()));
   const GradBuffer& grad = *snapshot_.grad;
   int64_t row_bytes = grad.hidden_size() * DTypeSize(dtype_);
-  int64_t fit = ItemsPerMessage(ctx_.config.max_message_bytes, row_bytes);
+  // What the client receives is bounded by --max-response-mb (a stock gRPC
+  // client takes 4 MiB), not by what the server accepts: chunk_rows is only
+  // an upper bound.
+  int64_t fit = ItemsPerMessage(ctx_.config.max_response_bytes, row_bytes);
   chunk_rows_ = request_.chunk_rows() > 0 ? std::min(request_.chunk_rows(), fit) : fit;
-  bias_chunk_ = ItemsPerMessage(ctx_.config.max_message_bytes, DTypeSize(dtype_));
+  bias_chunk_ = ItemsPerMessage(ctx_.config.max_response_bytes, DTypeSize(dtype_));
   v1::GradHeader* header = response_.mutable_header();
   header->set_vocab_size(grad.vocab_size());
   header->set_hidden_size(grad.hidden_size());

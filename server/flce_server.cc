@@ -1,5 +1,6 @@
 #include "server/flce_server.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -14,6 +15,7 @@
 #include "kernels/status_macros.h"
 #include "server/head_loader.h"
 #include "server/log.h"
+#include "server/memory_budget.h"
 #include "server/transport_security.h"
 #include "server/validation.h"
 
@@ -67,18 +69,31 @@ absl::StatusOr<std::unique_ptr<FlceServer>> FlceServer::Create(const ServerConfi
 }
 
 absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engine> engine) {
+  // A peer sending non-UTF-8 strings would otherwise get one unthrottled line per message.
+  InstallProtobufLogHandler();
   if (config.max_message_bytes < (int64_t{64} << 10) ||
       config.max_message_bytes > (int64_t{2047} << 20)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-message-mb gives ", config.max_message_bytes, " bytes; need 64 KiB to 2047 MiB"));
   }
+  if (config.max_response_bytes < (int64_t{64} << 10) ||
+      config.max_response_bytes > (int64_t{2047} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-response-mb gives ",
+                                                   config.max_response_bytes,
+                                                   " bytes; need 64 KiB to 2047 MiB"));
+  }
   engine_ = std::move(engine);
   LogInfo(absl::StrCat("engine: ", engine_->info().name));
+  FLCE_ASSIGN_OR_RETURN(MemoryBudgets budgets,
+                        ResolveMemoryBudgets(config, engine_->info(), HostMemoryBytes()));
+  LogInfo(DescribeMemoryBudgets(budgets));
+  uploads_.SetLimit(budgets.upload_bytes);
   SessionLimits limits;
   limits.max_sessions = config.max_sessions;
   limits.max_pending = config.max_pending;
   limits.ttl = config.session_ttl;
   sessions_ = std::make_unique<SessionStore>(engine_.get(), limits);
+  staging_ = std::make_unique<StagingBudget>(budgets.staging_bytes, config.max_queued_calls);
   heads_.SetShapeGuard(
       [sessions = sessions_.get()](const std::string& owner, const std::string& head_id) {
         std::vector<std::string> ids = sessions->SessionIds(owner, head_id);
@@ -88,7 +103,7 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
             absl::StrJoin(ids, ", "),
             "): delete them (DeleteSession) or upload under another head_id"));
       });
-  heads_.SetLimits(HeadLimits{config.max_heads, config.max_head_bytes});
+  heads_.SetLimits(HeadLimits{config.max_heads, budgets.head_bytes});
   FLCE_ASSIGN_OR_RETURN(auth_, Authenticator::Create(config.auth_token_file));
   FLCE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         ServerCredentialsFor(config));
@@ -96,13 +111,19 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   pool_ = std::make_unique<ThreadPool>(config.rpc_threads);
 
   ctx_.config = config;
+  // Handlers see the effective budgets, never the "default" marker.
+  ctx_.config.max_head_bytes = budgets.head_bytes;
+  ctx_.config.max_upload_bytes = budgets.upload_bytes;
+  ctx_.config.max_staging_bytes = budgets.staging_bytes;
   ctx_.engine = engine_.get();
   ctx_.heads = &heads_;
   ctx_.sessions = sessions_.get();
+  ctx_.staging = staging_.get();
   ctx_.metrics = metrics_.get();
   ctx_.auth = auth_.get();
   ctx_.pool = pool_.get();
   ctx_.workers = &workers_;
+  ctx_.uploads = &uploads_;
   ctx_.instance_id = RandomInstanceId();
   ctx_.version = FLCE_VERSION;
   FLCE_RETURN_IF_ERROR(PreloadHead());
@@ -113,7 +134,10 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.address, credentials, &port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
+  // Handlers split what they send to max_response_bytes; a single row wider
+  // than that (H x 4 bytes) still goes out whole, up to max_message_bytes.
+  builder.SetMaxSendMessageSize(
+      static_cast<int>(std::max(config.max_message_bytes, config.max_response_bytes)));
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
@@ -132,9 +156,17 @@ absl::Status FlceServer::PreloadHead() {
   const ServerConfig& config = ctx_.config;
   std::shared_ptr<const Head> head;
   std::string source;
+  UploadBudget::Reservation reservation;
   if (!config.head_file.empty()) {
+    // A preloaded head counts against the same caps as an uploaded one,
+    // checked before a byte of it is read.
+    auto check = [&](const HeadSpec& spec) -> absl::Status {
+      FLCE_RETURN_IF_ERROR(heads_.CheckPut(/*owner=*/"", config.head_id, spec));
+      FLCE_ASSIGN_OR_RETURN(reservation, uploads_.Reserve(config.head_id, HeadBytes(spec)));
+      return absl::OkStatus();
+    };
     FLCE_ASSIGN_OR_RETURN(head, LoadSafetensorsHead(*engine_, config.head_file, config.head_tensor,
-                                                    config.head_bias_tensor, std::nullopt));
+                                                    config.head_bias_tensor, std::nullopt, check));
     source = absl::StrCat("file:", config.head_file);
   } else if (config.embedded_demo_head) {
     FLCE_ASSIGN_OR_RETURN(head, BuildDemoHead(*engine_));

@@ -29,6 +29,7 @@
 #include "server/service_context.h"
 #include "server/session_store.h"
 #include "server/thread_pool.h"
+#include "server/upload_budget.h"
 
 namespace flce::server {
 
@@ -71,9 +72,12 @@ class FlceServer {
   // heads, all of them before the engine their buffers belong to.
   std::unique_ptr<Engine> engine_;
   HeadRegistry heads_;
+  // Before the sessions: their staged contributions hold reservations in it.
+  std::unique_ptr<StagingBudget> staging_;
   std::unique_ptr<SessionStore> sessions_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Authenticator> auth_;
+  UploadBudget uploads_;
   WorkTracker workers_;
   std::unique_ptr<ThreadPool> pool_;
   ServiceContext ctx_;

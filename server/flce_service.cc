@@ -13,6 +13,8 @@
 #include "server/fetch_grad_reactor.h"
 #include "server/head_info.h"
 #include "server/head_loader.h"
+#include "server/head_registry.h"
+#include "server/session_id.h"
 #include "server/status_mapping.h"
 #include "server/upload_reactor.h"
 #include "server/validation.h"
@@ -88,12 +90,17 @@ grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(grpc::CallbackServerCont
         if (request->dtype() != v1::DTYPE_UNSPECIFIED) {
           FLCE_ASSIGN_OR_RETURN(dtype, DTypeFromProto(request->dtype(), "dtype"));
         }
-        FLCE_ASSIGN_OR_RETURN(
-            std::shared_ptr<const Head> head,
-            LoadSafetensorsHead(*ctx_.engine, path, request->weight_tensor(),
-                                request->bias_tensor(), dtype, [&](const HeadSpec& spec) {
-                                  return ctx_.heads->CheckPut(owner, request->head_id(), spec);
-                                }));
+        // Held until the head is in the registry (or refused), like an upload's.
+        UploadBudget::Reservation reservation;
+        auto check = [&](const HeadSpec& spec) -> absl::Status {
+          FLCE_RETURN_IF_ERROR(ctx_.heads->CheckPut(owner, request->head_id(), spec));
+          FLCE_ASSIGN_OR_RETURN(reservation,
+                                ctx_.uploads->Reserve(request->head_id(), HeadBytes(spec)));
+          return absl::OkStatus();
+        };
+        FLCE_ASSIGN_OR_RETURN(std::shared_ptr<const Head> head,
+                              LoadSafetensorsHead(*ctx_.engine, path, request->weight_tensor(),
+                                                  request->bias_tensor(), dtype, check));
         FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
                               ctx_.heads->Put(owner, request->head_id(), std::move(head),
                                               absl::StrCat("file:", request->path())));
@@ -163,11 +170,12 @@ grpc::ServerUnaryReactor* FlceService::Commit(grpc::CallbackServerContext* call,
                                               v1::CommitResponse* response) {
   return RunUnary(
       ctx_, call, "Commit", true, [this, request, response](const Principal& who, RpcScope& scope) {
+        const std::string session_id = SessionIdOrDefault(request->session_id());
         scope.set_request_id(request->request_id());
         scope.set_head(request->head_id());
-        scope.set_session(request->session_id());
+        scope.set_session(session_id);
         FLCE_RETURN_IF_ERROR(ValidateId(request->head_id(), "head_id"));
-        FLCE_RETURN_IF_ERROR(ValidateId(request->session_id(), "session_id"));
+        FLCE_RETURN_IF_ERROR(ValidateId(session_id, "session_id"));
         FLCE_RETURN_IF_ERROR(ValidateId(request->request_id(), "request_id"));
         // Unset is 1, not proto3's 0: a client that leaves it out must not
         // commit its contribution times zero.
@@ -177,7 +185,7 @@ grpc::ServerUnaryReactor* FlceService::Commit(grpc::CallbackServerContext* call,
         }
         FLCE_ASSIGN_OR_RETURN(
             CommitResult result,
-            ctx_.sessions->Commit(who.tenant, request->head_id(), request->session_id(),
+            ctx_.sessions->Commit(who.tenant, request->head_id(), session_id,
                                   request->request_id(), scale, request->discard()));
         response->set_state(ToProto(result.state));
         response->set_replayed(result.replayed);
@@ -202,9 +210,14 @@ grpc::ServerUnaryReactor* FlceService::ZeroGrad(grpc::CallbackServerContext* cal
                                                 v1::ZeroGradResponse* response) {
   return RunUnary(
       ctx_, call, "ZeroGrad", true, [this, request](const Principal& who, RpcScope& scope) {
+        const std::string session_id = SessionIdOrDefault(request->session_id());
         scope.set_head(request->head_id());
-        scope.set_session(request->session_id());
-        return ctx_.sessions->Zero(who.tenant, request->head_id(), request->session_id());
+        scope.set_session(session_id);
+        FLCE_RETURN_IF_ERROR(ctx_.heads->Get(who.tenant, request->head_id()).status());
+        absl::Status zeroed = ctx_.sessions->Zero(who.tenant, request->head_id(), session_id);
+        // A session that does not exist yet already has a zero gradient: a
+        // training loop's first zero_grad() succeeds without allocating one.
+        return absl::IsNotFound(zeroed) ? absl::OkStatus() : zeroed;
       });
 }
 
@@ -227,9 +240,10 @@ grpc::ServerUnaryReactor* FlceService::DeleteSession(grpc::CallbackServerContext
                                                      v1::DeleteSessionResponse* response) {
   return RunUnary(
       ctx_, call, "DeleteSession", true, [this, request](const Principal& who, RpcScope& scope) {
+        const std::string session_id = SessionIdOrDefault(request->session_id());
         scope.set_head(request->head_id());
-        scope.set_session(request->session_id());
-        return ctx_.sessions->Delete(who.tenant, request->head_id(), request->session_id());
+        scope.set_session(session_id);
+        return ctx_.sessions->Delete(who.tenant, request->head_id(), session_id);
       });
 }
 

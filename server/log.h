@@ -1,27 +1,64 @@
 // A tiny stderr logger: Debian's Abseil (20220623) has no absl/log, and the
 // server needs only timestamped lines an operator can read or grep.
 //
+// Every call site (file:line, taken from the default arguments) may write at
+// most LogRateLimit::lines lines per interval; further lines are dropped and
+// the next line written from that site is preceded by one saying how many.
+// A client that can make a line appear once per message therefore cannot
+// flood the log. libprotobuf's own messages (InstallProtobufLogHandler) go
+// the same way, keyed by their file:line in libprotobuf.
+//
 // Usage:
 //   flce::server::LogInfo(absl::StrCat("listening on ", address));
 #ifndef FLCE_SERVER_LOG_H_
 #define FLCE_SERVER_LOG_H_
 
+#include <functional>
+
 #include "absl/strings/string_view.h"
+#include "server/log_rate_limiter.h"
 
 namespace flce::server {
 
 enum class LogLevel { kInfo, kWarning, kError };
 
-// One line "<UTC time> <I|W|E> flce-server: <message>" on stderr. Thread-safe:
-// the line is written with a single write() so lines never interleave.
-void Log(LogLevel level, absl::string_view message);
+// One line "<UTC time> <I|W|E> flce-server: <message>" on stderr, subject to
+// its call site's rate limit. Thread-safe: the line is written with a single
+// write() so lines never interleave.
+void Log(LogLevel level, absl::string_view message, const char* file = __builtin_FILE(),
+         int line = __builtin_LINE());
 
-inline void LogInfo(absl::string_view message) { Log(LogLevel::kInfo, message); }
-inline void LogWarning(absl::string_view message) { Log(LogLevel::kWarning, message); }
-inline void LogError(absl::string_view message) { Log(LogLevel::kError, message); }
+inline void LogInfo(absl::string_view message, const char* file = __builtin_FILE(),
+                    int line = __builtin_LINE()) {
+  Log(LogLevel::kInfo, message, file, line);
+}
+inline void LogWarning(absl::string_view message, const char* file = __builtin_FILE(),
+                       int line = __builtin_LINE()) {
+  Log(LogLevel::kWarning, message, file, line);
+}
+inline void LogError(absl::string_view message, const char* file = __builtin_FILE(),
+                     int line = __builtin_LINE()) {
+  Log(LogLevel::kError, message, file, line);
+}
+
+// Never rate-limited: for the one line per RPC (request_log), which is the
+// record of every call and whose rate the calls themselves bound.
+void LogUnthrottled(LogLevel level, absl::string_view message);
 
 // Silences kInfo lines (tests start many servers).
 void SetLogQuiet(bool quiet);
+
+// Replaces the per-call-site limit and forgets every site's count.
+void SetLogRateLimit(LogRateLimit limit);
+
+// Where whole lines (with their newline) go; nullptr = stderr. For tests.
+using LogSink = std::function<void(absl::string_view line)>;
+void SetLogSink(LogSink sink);
+
+// Routes libprotobuf's warnings and errors (e.g. one per message whose string
+// field is not UTF-8) through Log() with its rate limit. Idempotent; the
+// server calls it when it starts.
+void InstallProtobufLogHandler();
 
 }  // namespace flce::server
 

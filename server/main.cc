@@ -31,10 +31,18 @@ ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port (0 = off)");
 ABSL_FLAG(std::string, device, "auto", "cpu, cuda, or auto (CUDA if present, else CPU)");
 ABSL_FLAG(int64_t, workspace_mb, 2048, "engine workspace budget in MiB");
-ABSL_FLAG(int64_t, max_message_mb, 64, "largest gRPC message in MiB, each way");
+ABSL_FLAG(int64_t, max_message_mb, 64, "largest gRPC message the server accepts, in MiB");
+ABSL_FLAG(int64_t, max_response_mb, 4,
+          "largest message the server sends, in MiB (4 = what a stock gRPC client accepts)");
 ABSL_FLAG(int64_t, max_request_tokens, 1048576, "most tokens in one Compute call");
 ABSL_FLAG(int64_t, max_sessions, 1024, "most gradient sessions alive at once");
-ABSL_FLAG(int64_t, max_pending, 2, "most staged contributions per session");
+ABSL_FLAG(int64_t, max_pending, 16,
+          "most COMMIT_DEFERRED contributions per session, staged or still computing");
+ABSL_FLAG(int64_t, max_staging_mb, -1,
+          "MiB of fp32 staging buffers, all calls together (-1 = a quarter of the engine's "
+          "memory less the workspace); calls beyond it wait");
+ABSL_FLAG(int64_t, max_queued_calls, 256,
+          "compute calls that may wait for staging memory at once; more are refused");
 ABSL_FLAG(absl::Duration, session_ttl, absl::Hours(1),
           "sessions idle this long are dropped, staged contributions with them");
 ABSL_FLAG(std::string, head_root, "",
@@ -50,8 +58,12 @@ ABSL_FLAG(int64_t, max_concurrent_streams, 64,
           "most flce.v1 calls in progress at once, all clients together (0 = "
           "no limit)");
 ABSL_FLAG(int64_t, max_heads, 0, "most resident heads, all tenants together (0 = no limit)");
-ABSL_FLAG(int64_t, max_head_bytes, 0,
-          "most resident head bytes (weights + biases), all tenants together (0 = no limit)");
+ABSL_FLAG(int64_t, max_head_bytes, -1,
+          "most resident head bytes (weights + biases), all tenants together (0 = no limit, "
+          "-1 = a share of the engine's memory less workspace and staging, logged at start)");
+ABSL_FLAG(int64_t, max_upload_bytes, -1,
+          "most head bytes that unfinished uploads and file loads may hold, all together "
+          "(0 = no limit, -1 = as --max-head-bytes)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (chain): serve gRPC over TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -114,9 +126,13 @@ int main(int argc, char** argv) {
   config.cuda_plugin_path = absl::GetFlag(FLAGS_cuda_plugin);
   config.workspace_bytes = absl::GetFlag(FLAGS_workspace_mb) << 20;
   config.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  config.max_response_bytes = absl::GetFlag(FLAGS_max_response_mb) << 20;
   config.max_request_tokens = absl::GetFlag(FLAGS_max_request_tokens);
   config.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   config.max_pending = absl::GetFlag(FLAGS_max_pending);
+  const int64_t staging_mb = absl::GetFlag(FLAGS_max_staging_mb);
+  config.max_staging_bytes = staging_mb < 0 ? -1 : staging_mb << 20;
+  config.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);
   config.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   config.head_root = absl::GetFlag(FLAGS_head_root);
   config.head_file = absl::GetFlag(FLAGS_head_file);
@@ -129,6 +145,7 @@ int main(int argc, char** argv) {
   config.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   config.max_heads = absl::GetFlag(FLAGS_max_heads);
   config.max_head_bytes = absl::GetFlag(FLAGS_max_head_bytes);
+  config.max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
   config.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   config.tls_key = absl::GetFlag(FLAGS_tls_key);
   config.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);

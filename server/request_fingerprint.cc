@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <xxhash.h>
+
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
@@ -37,6 +39,17 @@ uint64_t ComputeFingerprint(const v1::ComputeHeader &header) {
     defining.SerializeToCodedStream(&coded);
   }
   return Fnv1a(bytes);
+}
+
+uint64_t HiddenFingerprint(const void *data, int64_t rows, int64_t row_bytes,
+                           int64_t first_token) {
+  const char *row = static_cast<const char *>(data);
+  uint64_t sum = 0;
+  for (int64_t r = 0; r < rows; ++r, row += row_bytes) {
+    sum += XXH3_64bits_withSeed(row, static_cast<size_t>(row_bytes),
+                                static_cast<XXH64_hash_t>(first_token + r));
+  }
+  return sum;
 }
 
 }  // namespace flce::server

@@ -17,13 +17,28 @@ struct ServerConfig {
   std::string device = "auto";   // "cpu", "cuda" or "auto"
   std::string cuda_plugin_path;  // empty = the loader's search order
   int64_t workspace_bytes = int64_t{2048} << 20;
-  int64_t max_message_bytes = int64_t{64} << 20;
+  int64_t max_message_bytes = int64_t{64} << 20;   // largest message received
+  // Largest message sent: 4 MiB is what a stock gRPC client accepts by default.
+  int64_t max_response_bytes = int64_t{4} << 20;
   int64_t max_request_tokens = 1048576;
   int64_t max_sessions = 1024;
-  int64_t max_pending = 2;             // staged contributions per session
+  // Staged (COMMIT_DEFERRED, not yet committed) contributions per session.
+  // Calls still computing are not counted: they queue for staging memory.
+  int64_t max_pending = 16;
+  // Bytes of fp32 staging buffers (calls computing + staged contributions),
+  // all sessions together; < 0 = the default share of the engine's memory.
+  int64_t max_staging_bytes = -1;
+  // Compute calls waiting for staging memory at once; beyond it a call is
+  // refused (RESOURCE_EXHAUSTED). A waiting call also ends at its deadline.
+  int64_t max_queued_calls = 256;
   int64_t max_concurrent_streams = 64;  // flce.v1 calls in progress; 0 = no limit
   int64_t max_heads = 0;               // resident heads; 0 = no limit
-  int64_t max_head_bytes = 0;          // resident head bytes; 0 = no limit
+  // Resident head bytes; 0 = no limit, < 0 = the default share of the
+  // engine's memory (less workspace and staging).
+  int64_t max_head_bytes = -1;
+  // Bytes that unfinished uploads may reserve, all together; < 0 = as
+  // max_head_bytes.
+  int64_t max_upload_bytes = -1;
   absl::Duration session_ttl = absl::Hours(1);
   std::string head_root;  // empty = LoadHeadFromFile refused
   // Preloaded head; empty head_file = the embedded demo head (if enabled).

@@ -42,10 +42,10 @@ void RpcScope::Done(const grpc::Status& status) {
     case grpc::StatusCode::DATA_LOSS:
     case grpc::StatusCode::UNAVAILABLE:
       // The server's own failures stand out; client mistakes stay at info.
-      LogWarning(FormatRequestLog(line));
+      LogUnthrottled(LogLevel::kWarning, FormatRequestLog(line));
       break;
     default:
-      LogInfo(FormatRequestLog(line));
+      LogUnthrottled(LogLevel::kInfo, FormatRequestLog(line));
       break;
   }
   if (ctx_.metrics == nullptr) return;

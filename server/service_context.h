@@ -22,7 +22,9 @@
 #include "server/metrics.h"
 #include "server/server_config.h"
 #include "server/session_store.h"
+#include "server/staging_budget.h"
 #include "server/thread_pool.h"
+#include "server/upload_budget.h"
 
 namespace flce::server {
 
@@ -31,10 +33,12 @@ struct ServiceContext {
   Engine* engine = nullptr;
   HeadRegistry* heads = nullptr;
   SessionStore* sessions = nullptr;
+  StagingBudget* staging = nullptr;  // compute calls' staging buffers
   Metrics* metrics = nullptr;
   const Authenticator* auth = nullptr;
   ThreadPool* pool = nullptr;
   WorkTracker* workers = nullptr;  // compute workers that outlive their reactions
+  UploadBudget* uploads = nullptr;  // --max-upload-bytes, held by head builds in progress
   std::string instance_id;
   std::string version;
   // flce.v1 calls in progress, for --max-concurrent-streams.

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/status_macros.h"
+#include "server/validation.h"
 
 namespace flce::server {
 namespace {
@@ -13,11 +14,34 @@ std::string Describe(const std::string& head_id, const std::string& session_id) 
   return absl::StrCat("session \"", session_id, "\" of head \"", head_id, "\"");
 }
 
-// The request's outcome moved to `state`, its fingerprint kept.
+// The request's outcome moved to `state`, its fingerprints kept.
 Outcome WithState(const OutcomeLog& log, const std::string& request_id, ContributionState state,
                   float scale) {
   const Outcome* first = log.Find(request_id);
-  return Outcome{state, scale, first != nullptr ? first->fingerprint : 0};
+  Outcome out;
+  out.state = state;
+  out.scale = scale;
+  if (first != nullptr) {
+    out.fingerprint = first->fingerprint;
+    out.hidden_fingerprint = first->hidden_fingerprint;
+  }
+  return out;
+}
+
+// INVALID_ARGUMENT for a gradient that must not land, or OK.
+absl::Status NonFiniteGrad(const FiniteCheck& check, const std::string& where,
+                           const char* contribution) {
+  if (!check.contribution_finite) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kNonFiniteResult, "grad_W: ", contribution, " holds NaN or Inf; nothing landed in ",
+        where));
+  }
+  if (!check.sum_finite) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kNonFiniteResult, "grad_W: ", contribution, " is finite but its sum with the accumulator of ", where,
+        " overflows fp32; nothing landed (the accumulator is unchanged)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -120,7 +144,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionStore::Find(const std::string& t
 
 absl::StatusOr<BeginResult> SessionStore::BeginContribution(Session& session,
                                                             const std::string& request_id,
-                                                            uint64_t fingerprint) {
+                                                            uint64_t fingerprint, bool deferred) {
   absl::MutexLock lock(&session.mu_);
   if (session.deleted_) {
     return absl::AbortedError(
@@ -146,49 +170,83 @@ absl::StatusOr<BeginResult> SessionStore::BeginContribution(Session& session,
     result.first = *first;
     return result;
   }
-  int64_t pending = session.in_flight_ + static_cast<int64_t>(session.staged_.size());
-  if (pending >= limits_.max_pending) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        Describe(session.head_id_, session.session_id_), " already has ", pending,
-        " staged contributions (calls in flight or waiting for Commit), --max-pending=",
-        limits_.max_pending));
+  if (deferred) {
+    const int64_t pending =
+        session.in_flight_deferred_ + static_cast<int64_t>(session.staged_.size());
+    if (pending >= limits_.max_pending) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          Describe(session.head_id_, session.session_id_), " already has ", pending,
+          " deferred contributions (staged for Commit or still computing), --max-pending=",
+          limits_.max_pending, ": commit or discard some first"));
+    }
+    ++session.in_flight_deferred_;
   }
   ++session.in_flight_;
-  session.outcomes_.Set(request_id, Outcome{ContributionState::kInFlight, 0.0f, fingerprint});
+  Outcome outcome;
+  outcome.fingerprint = fingerprint;
+  session.outcomes_.Set(request_id, outcome);
   return result;
 }
 
 absl::Status SessionStore::CompleteContribution(Session& session, const std::string& request_id,
-                                                std::unique_ptr<GradBuffer> staging, bool deferred,
-                                                int64_t tokens) {
+                                                StagedGrad staged, bool deferred, int64_t tokens,
+                                                uint64_t hidden_fingerprint) {
+  const std::string where = Describe(session.head_id_, session.session_id_);
+  absl::Status refused;
+  if (deferred) {
+    // A staged contribution must be finite already: checked outside the lock,
+    // the buffer is still private to this call.
+    absl::StatusOr<bool> finite = staged.grad->AllFinite();
+    if (!finite.ok()) {
+      refused = finite.status();
+    } else if (!*finite) {
+      refused = NonFiniteGrad(FiniteCheck{false, true}, where, "this call's contribution");
+    }
+  }
   absl::MutexLock lock(&session.mu_);
   --session.in_flight_;
+  if (deferred) --session.in_flight_deferred_;
   session.last_used_ = absl::Now();
   if (session.deleted_) {
-    return absl::AbortedError(absl::StrCat(Describe(session.head_id_, session.session_id_),
-                                           " was deleted while the call ran"));
+    session.outcomes_.Erase(request_id);
+    return absl::AbortedError(absl::StrCat(where, " was deleted while the call ran"));
+  }
+  if (!refused.ok()) {
+    session.outcomes_.Erase(request_id);
+    return refused;
   }
   if (deferred) {
-    session.staged_[request_id] = std::move(staging);
-    session.outcomes_.Set(
-        request_id, WithState(session.outcomes_, request_id, ContributionState::kStaged, 0.0f));
+    session.staged_[request_id] = std::move(staged);
+    Outcome outcome =
+        WithState(session.outcomes_, request_id, ContributionState::kStaged, 0.0f);
+    outcome.hidden_fingerprint = hidden_fingerprint;
+    session.outcomes_.Set(request_id, outcome);
   } else {
-    absl::Status added = session.grad_->AddScaled(*staging, 1.0f);
-    if (!added.ok()) {
+    // staging = grad + staging, checked in the same pass; then the two swap,
+    // and the old accumulator goes with the call's reservation.
+    absl::StatusOr<FiniteCheck> check = staged.grad->ScaleAndAdd(1.0f, *session.grad_);
+    absl::Status status = check.ok() ? NonFiniteGrad(*check, where, "this call's contribution")
+                                     : check.status();
+    if (!status.ok()) {
       session.outcomes_.Erase(request_id);
-      return added;
+      return status;
     }
+    std::swap(session.grad_, staged.grad);
     ++session.contributions_;
-    session.outcomes_.Set(
-        request_id, WithState(session.outcomes_, request_id, ContributionState::kCommitted, 1.0f));
+    Outcome outcome =
+        WithState(session.outcomes_, request_id, ContributionState::kCommitted, 1.0f);
+    outcome.hidden_fingerprint = hidden_fingerprint;
+    session.outcomes_.Set(request_id, outcome);
   }
   session.tokens_ += tokens;
   return absl::OkStatus();
 }
 
-void SessionStore::AbortContribution(Session& session, const std::string& request_id) {
+void SessionStore::AbortContribution(Session& session, const std::string& request_id,
+                                     bool deferred) {
   absl::MutexLock lock(&session.mu_);
   --session.in_flight_;
+  if (deferred) --session.in_flight_deferred_;
   session.outcomes_.Erase(request_id);
   session.last_used_ = absl::Now();
 }
@@ -230,7 +288,21 @@ absl::StatusOr<CommitResult> SessionStore::Commit(const std::string& tenant,
     result.state = ContributionState::kDiscarded;
     result.scale = 0.0f;
   } else {
-    FLCE_RETURN_IF_ERROR(session->grad_->AddScaled(*staged->second, scale));
+    // As in CompleteContribution: the staged buffer becomes the sum, checked
+    // in the same pass, then the accumulator. A sum that is not finite has
+    // used the staged buffer up: the contribution is dropped, as discarded.
+    absl::StatusOr<FiniteCheck> check = staged->second.grad->ScaleAndAdd(scale, *session->grad_);
+    if (!check.ok()) return check.status();
+    absl::Status landed = NonFiniteGrad(
+        *check, Describe(head_id, session_id), "the staged contribution x scale");
+    if (!landed.ok()) {
+      session->staged_.erase(staged);
+      session->outcomes_.Set(request_id, WithState(session->outcomes_, request_id,
+                                                   ContributionState::kDiscarded, 0.0f));
+      return absl::InvalidArgumentError(absl::StrCat(
+          landed.message(), "; the staged contribution was dropped (scale = ", scale, ")"));
+    }
+    std::swap(session->grad_, staged->second.grad);
     ++session->contributions_;
     result.state = ContributionState::kCommitted;
     result.scale = scale;

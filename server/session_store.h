@@ -3,12 +3,14 @@
 // that wait for Commit, and an outcome log that makes retries idempotent.
 //
 // A compute call's life in a session:
-//   auto begin = store.BeginContribution(*session, request_id);   // slot or replay
+//   auto begin = store.BeginContribution(*session, request_id, fp, deferred);  // or replay
 //   ... the engine adds the call's grad_W into a staging buffer ...
-//   store.CompleteContribution(*session, request_id, std::move(staging), deferred, tokens);
-//   // or, on any failure: store.AbortContribution(*session, request_id);
+//   store.CompleteContribution(*session, request_id, std::move(staged), deferred, tokens,
+//                              hidden_fp);
+//   // or, on any failure: store.AbortContribution(*session, request_id, deferred);
 // The accumulator changes only in CompleteContribution (commit on complete),
-// Commit, ZeroGrad and FetchGrad with reset: a failed call never touches it.
+// Commit, ZeroGrad and FetchGrad with reset: a failed call never touches it,
+// and neither does a contribution whose sum with it would not be finite.
 // Sessions always belong to a tenant (auth.h): two tenants naming the same
 // session of a shared head hold separate gradients, and neither sees the other's.
 #ifndef FLCE_SERVER_SESSION_STORE_H_
@@ -29,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/engine.h"
+#include "server/staging_budget.h"
 
 namespace flce::server {
 
@@ -37,9 +40,17 @@ enum class ContributionState { kInFlight, kStaged, kCommitted, kDiscarded };
 struct Outcome {
   ContributionState state = ContributionState::kInFlight;
   float scale = 0.0f;  // applied scale once committed
-  // What the call was (ComputeFingerprint): a reused request id with other
-  // data is refused rather than "replayed".
+  // What the call was (ComputeFingerprint of its header, HiddenFingerprint
+  // of its rows): a reused request id with other data is refused rather than
+  // "replayed".
   uint64_t fingerprint = 0;
+  uint64_t hidden_fingerprint = 0;  // known once the call completed
+};
+
+// One call's private fp32 gradient and the staging memory it holds.
+struct StagedGrad {
+  std::unique_ptr<GradBuffer> grad;
+  StagingReservation reservation;
 };
 
 // Remembers what happened to each request id of a session, oldest finished
@@ -88,7 +99,8 @@ class Session {
   int64_t contributions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // calls computing into a staging buffer
-  std::map<std::string, std::unique_ptr<GradBuffer>> staged_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_deferred_ ABSL_GUARDED_BY(mu_) = 0;  // of which COMMIT_DEFERRED
+  std::map<std::string, StagedGrad> staged_ ABSL_GUARDED_BY(mu_);
   OutcomeLog outcomes_ ABSL_GUARDED_BY(mu_);
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
   bool deleted_ ABSL_GUARDED_BY(mu_) = false;
@@ -105,7 +117,7 @@ class Session {
 
 struct SessionLimits {
   int64_t max_sessions = 1024;
-  int64_t max_pending = 2;
+  int64_t max_pending = 16;  // staged + deferred calls in flight, per session
   absl::Duration ttl = absl::Hours(1);
   size_t outcome_log = 4096;
 };
@@ -153,20 +165,22 @@ class SessionStore {
                                                 const std::string& head_id,
                                                 const std::string& session_id) const;
 
-  // Takes a pending slot for request_id (RESOURCE_EXHAUSTED naming
-  // --max-pending when none is left; ABORTED if the same id is still in
-  // flight), or says the request id completed before.
+  // Records request_id as in flight (ABORTED if the same id is still in
+  // flight), or says the request id completed before. A deferred call needs
+  // a staging slot: RESOURCE_EXHAUSTED naming --max-pending when the
+  // session's staged contributions and deferred calls in flight fill them.
   // INVALID_ARGUMENT when request_id was used for a call with another
   // fingerprint.
   absl::StatusOr<BeginResult> BeginContribution(Session& session, const std::string& request_id,
-                                                uint64_t fingerprint = 0);
-  // The call finished: add `staging` to the accumulator now, or keep it
-  // staged for Commit. Either way the slot is released or kept staged.
+                                                uint64_t fingerprint, bool deferred);
+  // The call finished: add its gradient to the accumulator now, or keep it
+  // staged for Commit. INVALID_ARGUMENT naming grad_W, with nothing landed
+  // or staged, when the contribution holds NaN or Inf or the sum would.
   absl::Status CompleteContribution(Session& session, const std::string& request_id,
-                                    std::unique_ptr<GradBuffer> staging, bool deferred,
-                                    int64_t tokens);
-  // The call failed or was cancelled: forget it, release the slot.
-  void AbortContribution(Session& session, const std::string& request_id);
+                                    StagedGrad staged, bool deferred, int64_t tokens,
+                                    uint64_t hidden_fingerprint);
+  // The call failed or was cancelled: forget it.
+  void AbortContribution(Session& session, const std::string& request_id, bool deferred);
 
   absl::StatusOr<CommitResult> Commit(const std::string& tenant, const std::string& head_id,
                                       const std::string& session_id, const std::string& request_id,

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 #include "server/head_info.h"
+#include "server/head_registry.h"
 #include "server/status_mapping.h"
 #include "server/validation.h"
 
@@ -39,6 +40,7 @@ void UploadHeadReactor::OnDone() { delete this; }
 
 void UploadHeadReactor::End(const absl::Status& status) {
   builder_.reset();  // a partial head is dropped with its memory
+  reservation_ = UploadBudget::Reservation();
   grpc::Status grpc_status = ToGrpcStatus(EngineStatus(*ctx_.engine, status));
   scope_->Done(grpc_status);
   Finish(grpc_status);
@@ -56,6 +58,9 @@ absl::Status UploadHeadReactor::Handle(const v1::UploadHeadRequest& request) {
     // Limits and shape first: a head that cannot be kept is refused before
     // its bytes travel.
     FLCE_RETURN_IF_ERROR(ctx_.heads->CheckPut(owner_, head_id_, spec_));
+    // The header alone must not be able to take memory: what unfinished
+    // uploads hold is bounded before the engine allocates anything.
+    FLCE_ASSIGN_OR_RETURN(reservation_, ctx_.uploads->Reserve(head_id_, HeadBytes(spec_)));
     FLCE_ASSIGN_OR_RETURN(builder_, ctx_.engine->BeginHead(spec_));
     have_header_ = true;
     return absl::OkStatus();

@@ -14,6 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/engine.h"
 #include "server/service_context.h"
+#include "server/upload_budget.h"
 
 namespace flce::server {
 
@@ -44,6 +45,7 @@ class UploadHeadReactor : public grpc::ServerReadReactor<v1::UploadHeadRequest> 
   std::string owner_;  // registry owner the head goes to
   HeadSpec spec_;
   std::unique_ptr<HeadBuilder> builder_;
+  UploadBudget::Reservation reservation_;  // held while builder_ is
   int64_t weight_received_ = 0;
   int64_t bias_received_ = 0;
 };

@@ -22,9 +22,10 @@ absl::Status CheckFloatRange(absl::string_view field, float value, float lo, flo
                                                  lo_open ? "(" : "[", lo, ", ", hi, "]"));
 }
 
-// num_tokens fp32 values, finite; empty = not given.
+// num_tokens fp32 values, finite and at most `max_abs` in magnitude; empty =
+// not given.
 absl::StatusOr<std::vector<float>> PerTokenFloats(const std::string& bytes, absl::string_view field,
-                                                  int64_t num_tokens) {
+                                                  int64_t num_tokens, float max_abs) {
   std::vector<float> out;
   if (bytes.empty()) return out;
   int64_t want = num_tokens * static_cast<int64_t>(sizeof(float));
@@ -36,15 +37,59 @@ absl::StatusOr<std::vector<float>> PerTokenFloats(const std::string& bytes, absl
   out.resize(num_tokens);
   std::memcpy(out.data(), bytes.data(), bytes.size());
   for (int64_t t = 0; t < num_tokens; ++t) {
-    if (!std::isfinite(out[t])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", t, "] = ", out[t], " is not finite"));
+    if (!(std::abs(out[t]) <= max_abs)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, "[", t, "] = ", out[t],
+                                                     " is outside [-", max_abs, ", ", max_abs,
+                                                     "]"));
     }
   }
   return out;
 }
 
+absl::Status UnknownEnum(absl::string_view field, const google::protobuf::EnumDescriptor* type,
+                         int value) {
+  std::string known;
+  for (int i = 0; i < type->value_count(); ++i) {
+    absl::StrAppend(&known, i == 0 ? "" : ", ", type->value(i)->name());
+  }
+  return absl::InvalidArgumentError(absl::StrCat(field, " = ", EnumValueText(type, value),
+                                                 " is not one of ", known));
+}
+
+// INVALID_ARGUMENT naming `field` and the index of the first NaN or Inf.
+template <typename T>
+absl::Status CheckAllFinite(const std::vector<T>& values, absl::string_view field) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(static_cast<double>(values[i]))) {
+      return absl::InvalidArgumentError(absl::StrCat(kNonFiniteResult, field, "[", i, "] = ",
+                                                     values[i], " is not finite: nothing landed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status ValidateRequestId(absl::string_view id, absl::string_view field) {
+  return id.empty() ? absl::OkStatus() : ValidateId(id, field);
+}
+
+absl::Status CheckOutputsFinite(const ComputeResult& result) {
+  for (const auto& [name, value] : {std::pair<const char*, double>{"loss", result.loss},
+                                    {"z_loss", result.z_loss},
+                                    {"entropy_sum", result.entropy_sum}}) {
+    if (!std::isfinite(value)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kNonFiniteResult, name, " = ", value,
+          " is not finite: nothing landed; the options (temperature, softcap, weights) or the "
+          "hidden states' scale overflow fp32 for this data"));
+    }
+  }
+  absl::Status s = CheckAllFinite(result.per_token_loss, "per-token loss");
+  if (s.ok()) s = CheckAllFinite(result.logprob, "logprob");
+  if (s.ok()) s = CheckAllFinite(result.entropy, "entropy");
+  return s;
+}
 
 absl::Status ValidateId(absl::string_view id, absl::string_view field) {
   if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
@@ -115,8 +160,7 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
       spec.reduction = Reduction::kNone;
       break;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("reduction = ", static_cast<int>(header.reduction()), " is unknown"));
+      return UnknownEnum("reduction", v1::Reduction_descriptor(), header.reduction());
   }
   switch (header.strategy()) {
     case v1::STRATEGY_AUTO:
@@ -138,8 +182,11 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
       spec.strategy = Strategy::kNaive;
       break;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("strategy = ", static_cast<int>(header.strategy()), " is unknown"));
+      return UnknownEnum("strategy", v1::Strategy_descriptor(), header.strategy());
+  }
+  // Not part of the engine's spec, but checked with the rest of the header.
+  if (header.commit() != v1::COMMIT_ON_COMPLETE && header.commit() != v1::COMMIT_DEFERRED) {
+    return UnknownEnum("commit", v1::CommitMode_descriptor(), header.commit());
   }
 
   const v1::LossOptions& o = header.options();
@@ -147,29 +194,41 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
   if (!(s = CheckFloatRange("label_smoothing", o.label_smoothing(), 0.f, 1.f, false)).ok()) {
     return s;
   }
-  constexpr float kInf = std::numeric_limits<float>::max();
-  if (!(s = CheckFloatRange("z_loss_scale", o.z_loss_scale(), 0.f, kInf, false)).ok()) return s;
-  if (!(s = CheckFloatRange("softcap", o.softcap(), 0.f, kInf, false)).ok()) return s;
+  using R = OptionRanges;
+  if (!(s = CheckFloatRange("z_loss_scale", o.z_loss_scale(), 0.f, R::kMaxZLossScale, false))
+           .ok()) {
+    return s;
+  }
+  if (o.softcap() != 0.0f &&
+      !(s = CheckFloatRange("softcap", o.softcap(), R::kMinSoftcap, R::kMaxSoftcap, false)).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(s.message(), " (or 0: no cap)"));
+  }
   spec.options.label_smoothing = o.label_smoothing();
   spec.options.z_loss_scale = o.z_loss_scale();
   spec.options.softcap = o.softcap();
   if (o.has_temperature()) {
-    if (!(s = CheckFloatRange("temperature", o.temperature(), 0.f, kInf, true)).ok()) return s;
+    if (!(s = CheckFloatRange("temperature", o.temperature(), R::kMinTemperature,
+                              R::kMaxTemperature, false))
+             .ok()) {
+      return s;
+    }
     spec.options.temperature = o.temperature();
   }
   if (o.has_grad_scale()) {
-    if (!std::isfinite(o.grad_scale())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("options.grad_scale = ", o.grad_scale(), " is not finite"));
+    if (!(s = CheckFloatRange("grad_scale", o.grad_scale(), -R::kMaxGradScale, R::kMaxGradScale,
+                              false))
+             .ok()) {
+      return s;
     }
     spec.options.grad_scale = o.grad_scale();
   }
 
-  auto token_weights = PerTokenFloats(header.token_weights(), "token_weights", spec.num_tokens);
+  auto token_weights = PerTokenFloats(header.token_weights(), "token_weights", spec.num_tokens,
+                                      R::kMaxTokenWeight);
   if (!token_weights.ok()) return token_weights.status();
   spec.token_weights = std::move(*token_weights);
-  auto entropy_weights =
-      PerTokenFloats(header.entropy_weights(), "entropy_weights", spec.num_tokens);
+  auto entropy_weights = PerTokenFloats(header.entropy_weights(), "entropy_weights",
+                                        spec.num_tokens, R::kMaxTokenWeight);
   if (!entropy_weights.ok()) return entropy_weights.status();
   spec.entropy_weights = std::move(*entropy_weights);
 

@@ -40,6 +40,31 @@ absl::StatusOr<HeadSpec> HeadSpecFromUpload(const v1::UploadHeadHeader& header);
 
 // A head id or session id: non-empty, at most 256 bytes, printable.
 absl::Status ValidateId(absl::string_view id, absl::string_view field);
+// A request id: empty (the server names the call) or as ValidateId.
+absl::Status ValidateRequestId(absl::string_view id, absl::string_view field);
+
+// The accepted ranges of the loss options and per-token weights, refused
+// outside them before any work (docs/API.md lists them): inside them fp32
+// holds every intermediate for data of ordinary scale; what still overflows
+// is caught on the results (CheckOutputsFinite, grad_input, grad_W).
+struct OptionRanges {
+  static constexpr float kMaxZLossScale = 1e3f;
+  static constexpr float kMinSoftcap = 1e-3f;  // or 0: no cap
+  static constexpr float kMaxSoftcap = 1e6f;
+  static constexpr float kMinTemperature = 1e-3f;
+  static constexpr float kMaxTemperature = 1e3f;
+  static constexpr float kMaxGradScale = 1e12f;   // |grad_scale|
+  static constexpr float kMaxTokenWeight = 1e12f;  // |a_t|, |e_t|
+};
+
+// Every refusal of a result that is not finite starts with this, so that a
+// client can tell it from bad input (the Python client turns it into an inf
+// loss and grad_input, which a GradScaler skips).
+inline constexpr char kNonFiniteResult[] = "non-finite result: ";
+
+// INVALID_ARGUMENT naming the first output (loss, z_loss, entropy_sum or a
+// per-token value) that is NaN or Inf.
+absl::Status CheckOutputsFinite(const ComputeResult& result);
 
 // Which hidden rows of a request have arrived. Chunks may come in any order;
 // they must stay inside [0, num_tokens) and never overlap.

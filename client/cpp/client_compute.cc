@@ -137,6 +137,11 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
       if (!stream->Write(message)) return;
       if (args.progress) args.progress((row + rows) * row_bytes, hidden_bytes);
     }
+    // Only this says "done": the server lands nothing from a stream that just
+    // stops, as a dying or cancelled client's does.
+    v1::ComputeRequest end;
+    end.mutable_end()->set_num_tokens(tokens);
+    if (!stream->Write(end)) return;
     stream->WritesDone();
   });
 

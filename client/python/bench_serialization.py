@@ -37,6 +37,7 @@ def encode(hidden, targets, chunk_bytes):
                                                         hidden.shape[1]))
     for row, piece in tensors.row_chunks(hidden, chunk_bytes):
         yield fclient._serialize(wire.encode_hidden_chunk(row, piece))
+    yield fclient._serialize(wire.encode_end_of_input(hidden.shape[0]))
 
 
 def encode_protobuf(hidden, targets, chunk_bytes):
@@ -46,6 +47,7 @@ def encode_protobuf(hidden, targets, chunk_bytes):
     for row, piece in tensors.row_chunks(hidden, chunk_bytes):
         yield pb.ComputeRequest(hidden=pb.HiddenChunk(
             token_offset=row, data=bytes(piece))).SerializeToString()
+    yield pb.ComputeRequest(end=pb.EndOfInput(num_tokens=hidden.shape[0])).SerializeToString()
 
 
 def drain(messages) -> int:

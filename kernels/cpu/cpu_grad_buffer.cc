@@ -1,6 +1,8 @@
 #include "kernels/cpu/cpu_grad_buffer.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -39,24 +41,76 @@ absl::Status CpuGradBuffer::Zero() {
   return absl::OkStatus();
 }
 
-absl::Status CpuGradBuffer::AddScaled(const GradBuffer& other, float scale) {
+absl::StatusOr<const CpuGradBuffer*> CpuGradBuffer::SameShape(const GradBuffer& other,
+                                                              const char* op) const {
   const auto* cpu = dynamic_cast<const CpuGradBuffer*>(&other);
   if (cpu == nullptr) {
-    return absl::InvalidArgumentError("AddScaled: the other buffer is not a CPU engine buffer");
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the other buffer is not a CPU engine buffer"));
   }
   if (cpu->vocab_size_ != vocab_size_ || cpu->hidden_size_ != hidden_size_ ||
       cpu->has_bias_ != has_bias_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "AddScaled: shape ", cpu->vocab_size_, " x ", cpu->hidden_size_,
+        op, ": shape ", cpu->vocab_size_, " x ", cpu->hidden_size_,
         cpu->has_bias_ ? " + bias" : "", " differs from ", vocab_size_, " x ", hidden_size_,
         has_bias_ ? " + bias" : ""));
   }
+  return cpu;
+}
+
+absl::Status CpuGradBuffer::AddScaled(const GradBuffer& other, float scale) {
+  absl::StatusOr<const CpuGradBuffer*> cpu = SameShape(other, "AddScaled");
+  if (!cpu.ok()) return cpu.status();
   const size_t n = weight_.size();
-  const float* src = cpu->weight_.data();
+  const float* src = (*cpu)->weight_.data();
   float* dst = weight_.data();
   for (size_t i = 0; i < n; ++i) dst[i] += scale * src[i];
-  for (size_t i = 0; i < bias_.size(); ++i) bias_[i] += scale * cpu->bias_[i];
+  for (size_t i = 0; i < bias_.size(); ++i) bias_[i] += scale * (*cpu)->bias_[i];
   return absl::OkStatus();
+}
+
+namespace {
+
+// 1 when x is NaN or Inf: its exponent bits are all ones. Integer arithmetic
+// so that the loops below vectorize (std::isfinite does not).
+inline uint32_t NonFiniteBit(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return (bits & 0x7f800000u) == 0x7f800000u;
+}
+
+// inout = base + scale * inout over n elements; bit 0: a contribution was not
+// finite, bit 1: a sum was not finite.
+uint32_t ScaleAddChecked(float scale, const float* base, float* inout, size_t n) {
+  uint32_t bad_contribution = 0, bad_sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = scale * inout[i];
+    const float s = base[i] + v;
+    inout[i] = s;
+    bad_contribution |= NonFiniteBit(v);
+    bad_sum |= NonFiniteBit(s);
+  }
+  return bad_contribution | (bad_sum << 1);
+}
+
+bool AllFiniteIn(const std::vector<float>& values) {
+  uint32_t bad = 0;
+  for (float v : values) bad |= NonFiniteBit(v);
+  return bad == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<FiniteCheck> CpuGradBuffer::ScaleAndAdd(float scale, const GradBuffer& base) {
+  absl::StatusOr<const CpuGradBuffer*> cpu = SameShape(base, "ScaleAndAdd");
+  if (!cpu.ok()) return cpu.status();
+  uint32_t bad = ScaleAddChecked(scale, (*cpu)->weight_.data(), weight_.data(), weight_.size());
+  bad |= ScaleAddChecked(scale, (*cpu)->bias_.data(), bias_.data(), bias_.size());
+  return FiniteCheck{(bad & 1u) == 0, (bad & 2u) == 0};
+}
+
+absl::StatusOr<bool> CpuGradBuffer::AllFinite() const {
+  return AllFiniteIn(weight_) && AllFiniteIn(bias_);
 }
 
 absl::Status CpuGradBuffer::CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,

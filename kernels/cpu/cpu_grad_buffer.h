@@ -18,6 +18,8 @@ class CpuGradBuffer : public GradBuffer {
   int64_t bytes() const override;
   absl::Status Zero() override;
   absl::Status AddScaled(const GradBuffer& other, float scale) override;
+  absl::StatusOr<FiniteCheck> ScaleAndAdd(float scale, const GradBuffer& base) override;
+  absl::StatusOr<bool> AllFinite() const override;
   absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
                               void* host_out) const override;
   absl::Status CopyBias(int64_t begin, int64_t count, DType out_dtype,
@@ -29,6 +31,9 @@ class CpuGradBuffer : public GradBuffer {
  private:
   int64_t vocab_size_;
   int64_t hidden_size_;
+  // The same-shape CPU buffer, or INVALID_ARGUMENT naming `op`.
+  absl::StatusOr<const CpuGradBuffer*> SameShape(const GradBuffer& other, const char* op) const;
+
   bool has_bias_;
   std::vector<float> weight_;
   std::vector<float> bias_;

@@ -70,15 +70,16 @@ absl::StatusOr<std::unique_ptr<CpuHeadBuilder>> CpuHeadBuilder::Create(const Hea
 
 CpuHeadBuilder::CpuHeadBuilder(const HeadSpec& spec)
     : spec_(spec),
-      weight_bytes_(spec.vocab_size * spec.hidden_size * DTypeSize(spec.dtype), '\0'),
-      bias_bytes_(spec.has_bias ? spec.vocab_size * DTypeSize(spec.dtype) : 0, '\0'),
-      weight_coverage_(static_cast<int64_t>(weight_bytes_.size())),
-      bias_coverage_(static_cast<int64_t>(bias_bytes_.size())) {}
+      weight_bytes_(spec.vocab_size * spec.hidden_size * DTypeSize(spec.dtype)),
+      bias_bytes_(spec.has_bias ? spec.vocab_size * DTypeSize(spec.dtype) : 0),
+      weight_coverage_(weight_bytes_.size),
+      bias_coverage_(bias_bytes_.size) {}
 
-absl::Status CpuHeadBuilder::Write(const char* what, std::string& buffer, ByteCoverage& coverage,
-                                   int64_t byte_offset, const void* data, int64_t bytes) {
+absl::Status CpuHeadBuilder::Write(const char* what, UninitializedBytes& buffer,
+                                   ByteCoverage& coverage, int64_t byte_offset, const void* data,
+                                   int64_t bytes) {
   if (finished_) return absl::FailedPreconditionError("head builder already finished");
-  const int64_t total = static_cast<int64_t>(buffer.size());
+  const int64_t total = buffer.size;
   if (byte_offset < 0 || bytes < 0 || byte_offset > total || bytes > total - byte_offset) {
     return absl::InvalidArgumentError(absl::StrCat(what, " bytes [", byte_offset, ", ",
                                                    byte_offset + bytes, ") outside [0, ", total,
@@ -87,7 +88,7 @@ absl::Status CpuHeadBuilder::Write(const char* what, std::string& buffer, ByteCo
   if (bytes > 0 && data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, " data is null"));
   }
-  if (bytes > 0) std::memcpy(&buffer[byte_offset], data, bytes);
+  if (bytes > 0) std::memcpy(buffer.data.get() + byte_offset, data, bytes);
   coverage.Add(byte_offset, byte_offset + bytes);
   return absl::OkStatus();
 }
@@ -105,22 +106,22 @@ absl::StatusOr<std::shared_ptr<const Head>> CpuHeadBuilder::Finish() {
   if (finished_) return absl::FailedPreconditionError("head builder already finished");
   if (int64_t missing = weight_coverage_.FirstMissing(); missing >= 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "weight incomplete: byte ", missing, " of ", weight_bytes_.size(), " never written"));
+        "weight incomplete: byte ", missing, " of ", weight_bytes_.size, " never written"));
   }
   if (int64_t missing = bias_coverage_.FirstMissing(); missing >= 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "bias incomplete: byte ", missing, " of ", bias_bytes_.size(), " never written"));
+        "bias incomplete: byte ", missing, " of ", bias_bytes_.size, " never written"));
   }
   // A non-finite weight would make every logit of its row meaningless (and
   // the row pass assumes finite logits): refuse the head instead.
   const int64_t count = spec_.vocab_size * spec_.hidden_size;
-  if (int64_t bad = FirstNonFinite(spec_.dtype, weight_bytes_.data(), count); bad >= 0) {
+  if (int64_t bad = FirstNonFinite(spec_.dtype, weight_bytes_.data.get(), count); bad >= 0) {
     return absl::InvalidArgumentError(absl::StrCat("weight element (", bad / spec_.hidden_size,
                                                    ", ", bad % spec_.hidden_size,
                                                    ") is not finite (NaN or Inf)"));
   }
   if (spec_.has_bias) {
-    if (int64_t bad = FirstNonFinite(spec_.dtype, bias_bytes_.data(), spec_.vocab_size);
+    if (int64_t bad = FirstNonFinite(spec_.dtype, bias_bytes_.data.get(), spec_.vocab_size);
         bad >= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("bias element ", bad, " is not finite (NaN or Inf)"));
@@ -130,12 +131,12 @@ absl::StatusOr<std::shared_ptr<const Head>> CpuHeadBuilder::Finish() {
   FLCE_RETURN_IF_ERROR(
       TryAllocate("the head's fp32 weight", count * 4, [&] { weight.resize(count); }));
   finished_ = true;
-  ToFloat(spec_.dtype, weight_bytes_.data(), weight.data(), count);
-  std::string().swap(weight_bytes_);
+  ToFloat(spec_.dtype, weight_bytes_.data.get(), weight.data(), count);
+  weight_bytes_.data.reset();
   std::vector<float> bias;
   if (spec_.has_bias) {
     bias.resize(spec_.vocab_size);
-    ToFloat(spec_.dtype, bias_bytes_.data(), bias.data(), spec_.vocab_size);
+    ToFloat(spec_.dtype, bias_bytes_.data.get(), bias.data(), spec_.vocab_size);
   }
   return std::shared_ptr<const Head>(
       std::make_shared<CpuHead>(spec_, std::move(weight), std::move(bias)));

@@ -41,6 +41,15 @@ class ByteCoverage {
   std::map<int64_t, int64_t> ranges_;  // begin -> end, disjoint, not touching
 };
 
+// Allocated, never initialised: a large block's pages stay unmapped until
+// bytes land in them, so a head whose header arrived but whose data did not
+// costs address space, not memory.
+struct UninitializedBytes {
+  explicit UninitializedBytes(int64_t n) : data(new char[n]), size(n) {}
+  std::unique_ptr<char[]> data;
+  int64_t size;
+};
+
 class CpuHeadBuilder : public HeadBuilder {
  public:
   static absl::StatusOr<std::unique_ptr<CpuHeadBuilder>> Create(const HeadSpec& spec);
@@ -50,12 +59,12 @@ class CpuHeadBuilder : public HeadBuilder {
 
  private:
   explicit CpuHeadBuilder(const HeadSpec& spec);
-  absl::Status Write(const char* what, std::string& buffer, ByteCoverage& coverage,
+  absl::Status Write(const char* what, UninitializedBytes& buffer, ByteCoverage& coverage,
                      int64_t byte_offset, const void* data, int64_t bytes);
 
   HeadSpec spec_;
-  std::string weight_bytes_;
-  std::string bias_bytes_;
+  UninitializedBytes weight_bytes_;
+  UninitializedBytes bias_bytes_;
   ByteCoverage weight_coverage_;
   ByteCoverage bias_coverage_;
   bool finished_ = false;

@@ -53,6 +53,7 @@ absl::StatusOr<std::shared_ptr<DeviceContext>> DeviceContext::Create(int ordinal
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&ctx->aux_, cudaStreamNonBlocking),
                             &ctx->health_);
   FLCE_ASSIGN_OR_RETURN(ctx->staging_, PinnedBuffer::Allocate(kStagingBytes, &ctx->health_));
+  FLCE_ASSIGN_OR_RETURN(ctx->flags_, DeviceBuffer::Allocate(sizeof(unsigned), &ctx->health_));
   return ctx;
 }
 
@@ -110,6 +111,37 @@ absl::Status DeviceContext::Axpy(float alpha, const float* x, float* y, int64_t 
   FLCE_RETURN_IF_ERROR(LaunchAxpy(alpha, x, y, count, aux_, &health_));
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
   return absl::OkStatus();
+}
+
+absl::StatusOr<unsigned> DeviceContext::ScaleAddChecked(float scale, const float* base,
+                                                        float* inout, int64_t count) {
+  FLCE_RETURN_IF_ERROR(Enter());
+  std::lock_guard<std::mutex> lock(aux_mu_);
+  auto* flags = static_cast<unsigned*>(flags_.get());
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags, 0, sizeof(unsigned), aux_), &health_);
+  FLCE_RETURN_IF_ERROR(LaunchScaleAddChecked(scale, base, inout, count, flags, aux_, &health_));
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(staging_.get(), flags, sizeof(unsigned), cudaMemcpyDeviceToHost, aux_),
+      &health_);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
+  unsigned out;
+  std::memcpy(&out, staging_.get(), sizeof(out));
+  return out;
+}
+
+absl::StatusOr<bool> DeviceContext::AllFinite(const float* x, int64_t count) {
+  FLCE_RETURN_IF_ERROR(Enter());
+  std::lock_guard<std::mutex> lock(aux_mu_);
+  auto* flags = static_cast<unsigned*>(flags_.get());
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags, 0, sizeof(unsigned), aux_), &health_);
+  FLCE_RETURN_IF_ERROR(LaunchCheckFinite(x, count, flags, aux_, &health_));
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(staging_.get(), flags, sizeof(unsigned), cudaMemcpyDeviceToHost, aux_),
+      &health_);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
+  unsigned out;
+  std::memcpy(&out, staging_.get(), sizeof(out));
+  return out == 0;
 }
 
 // ------------------------------------------------------------------ heads --
@@ -219,15 +251,34 @@ absl::StatusOr<std::unique_ptr<CudaGradBuffer>> CudaGradBuffer::Create(
 
 absl::Status CudaGradBuffer::Zero() { return ctx_->Memset(data_.get(), 0, data_.bytes()); }
 
-absl::Status CudaGradBuffer::AddScaled(const GradBuffer& other, float scale) {
+absl::StatusOr<const CudaGradBuffer*> CudaGradBuffer::SameShape(const GradBuffer& other,
+                                                                const char* op) const {
   const auto* o = dynamic_cast<const CudaGradBuffer*>(&other);
   if (o == nullptr || o->ctx_ != ctx_) {
-    return absl::InvalidArgumentError("AddScaled: the other buffer is not from this CUDA engine");
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the other buffer is not from this CUDA engine"));
   }
   if (o->vocab_ != vocab_ || o->hidden_ != hidden_ || o->has_bias_ != has_bias_) {
-    return absl::InvalidArgumentError("AddScaled: gradient buffers differ in shape");
+    return absl::InvalidArgumentError(absl::StrCat(op, ": gradient buffers differ in shape"));
   }
+  return o;
+}
+
+absl::Status CudaGradBuffer::AddScaled(const GradBuffer& other, float scale) {
+  FLCE_ASSIGN_OR_RETURN(const CudaGradBuffer* o, SameShape(other, "AddScaled"));
   return ctx_->Axpy(scale, o->weight(), weight(), data_.bytes() / 4);
+}
+
+absl::StatusOr<FiniteCheck> CudaGradBuffer::ScaleAndAdd(float scale, const GradBuffer& base) {
+  FLCE_ASSIGN_OR_RETURN(const CudaGradBuffer* o, SameShape(base, "ScaleAndAdd"));
+  // Padded rows are zero in both buffers and stay zero: one pass over all.
+  FLCE_ASSIGN_OR_RETURN(unsigned bad,
+                        ctx_->ScaleAddChecked(scale, o->weight(), weight(), data_.bytes() / 4));
+  return FiniteCheck{(bad & 1u) == 0, (bad & 2u) == 0};
+}
+
+absl::StatusOr<bool> CudaGradBuffer::AllFinite() const {
+  return ctx_->AllFinite(weight(), data_.bytes() / 4);
 }
 
 absl::Status CudaGradBuffer::CopyOut(const float* src, int64_t count, DType out_dtype,

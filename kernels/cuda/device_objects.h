@@ -40,6 +40,11 @@ class DeviceContext {
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes);
   absl::Status Memset(void* dst, int value, int64_t bytes);
   absl::Status Axpy(float alpha, const float* x, float* y, int64_t count);
+  // inout = base + scale * inout; bit 0 of the result: a contribution was not
+  // finite, bit 1: a sum was not.
+  absl::StatusOr<unsigned> ScaleAddChecked(float scale, const float* base, float* inout,
+                                           int64_t count);
+  absl::StatusOr<bool> AllFinite(const float* x, int64_t count);
 
  private:
   DeviceContext() = default;
@@ -49,6 +54,7 @@ class DeviceContext {
   std::mutex aux_mu_;
   cudaStream_t aux_ = nullptr;
   PinnedBuffer staging_;
+  DeviceBuffer flags_;  // one word the finiteness checks OR into
 };
 
 class CudaHead : public Head {
@@ -98,6 +104,8 @@ class CudaGradBuffer : public GradBuffer {
   int64_t bytes() const override { return data_.bytes(); }
   absl::Status Zero() override;
   absl::Status AddScaled(const GradBuffer& other, float scale) override;
+  absl::StatusOr<FiniteCheck> ScaleAndAdd(float scale, const GradBuffer& base) override;
+  absl::StatusOr<bool> AllFinite() const override;
   absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
                               void* host_out) const override;
   absl::Status CopyBias(int64_t begin, int64_t count, DType out_dtype,
@@ -110,6 +118,8 @@ class CudaGradBuffer : public GradBuffer {
 
  private:
   CudaGradBuffer() = default;
+  // The same-shape buffer of this engine, or INVALID_ARGUMENT naming `op`.
+  absl::StatusOr<const CudaGradBuffer*> SameShape(const GradBuffer& other, const char* op) const;
   absl::Status CopyOut(const float* src, int64_t count, DType out_dtype, void* host_out) const;
   std::shared_ptr<DeviceContext> ctx_;
   int64_t vocab_ = 0;

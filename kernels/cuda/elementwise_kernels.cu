@@ -27,6 +27,44 @@ __global__ void AxpyKernel(float alpha, const float* x, float* y, int64_t count)
   }
 }
 
+__device__ __forceinline__ unsigned NonFiniteBit(float x) {
+  return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
+}
+
+// Flags are rare: a warp votes and one lane writes, so the common all-finite
+// pass costs no atomics.
+__device__ __forceinline__ void OrFlags(unsigned bits, unsigned* flags) {
+  const unsigned any = __reduce_or_sync(0xffffffffu, bits);
+  if (any != 0 && (threadIdx.x & 31) == 0) atomicOr(flags, any);
+}
+
+__global__ void ScaleAddCheckedKernel(float scale, const float* base, float* inout,
+                                      int64_t count, unsigned* flags) {
+  unsigned bits = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // Every lane runs the same number of iterations so the vote is warp-wide.
+  const int64_t rounds = (count + stride - 1) / stride;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t r = 0; r < rounds; ++r, i += stride) {
+    if (i < count) {
+      const float v = scale * inout[i];
+      const float sum = base[i] + v;
+      inout[i] = sum;
+      bits |= NonFiniteBit(v) | (NonFiniteBit(sum) << 1);
+    }
+  }
+  OrFlags(bits, flags);
+}
+
+__global__ void CheckFiniteKernel(const float* x, int64_t count, unsigned* flags) {
+  unsigned bits = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    bits |= NonFiniteBit(x[i]);
+  }
+  OrFlags(bits, flags);
+}
+
 template <typename D>
 __global__ void FillOnesKernel(D* dst, int64_t count) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
@@ -94,6 +132,22 @@ absl::Status LaunchAxpy(float alpha, const float* x, float* y, int64_t count,
                         cudaStream_t stream, DeviceHealth* health) {
   if (count <= 0) return absl::OkStatus();
   AxpyKernel<<<Blocks(count), kThreads, 0, stream>>>(alpha, x, y, count);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
+}
+
+absl::Status LaunchScaleAddChecked(float scale, const float* base, float* inout, int64_t count,
+                                   unsigned* flags, cudaStream_t stream, DeviceHealth* health) {
+  if (count <= 0) return absl::OkStatus();
+  ScaleAddCheckedKernel<<<Blocks(count), kThreads, 0, stream>>>(scale, base, inout, count, flags);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
+}
+
+absl::Status LaunchCheckFinite(const float* x, int64_t count, unsigned* flags,
+                               cudaStream_t stream, DeviceHealth* health) {
+  if (count <= 0) return absl::OkStatus();
+  CheckFiniteKernel<<<Blocks(count), kThreads, 0, stream>>>(x, count, flags);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }

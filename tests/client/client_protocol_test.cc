@@ -27,6 +27,7 @@ class FakeFlce final : public v1::Flce::Service {
   std::mutex mu;
   v1::ComputeHeader last_header;
   std::vector<int64_t> hidden_offsets;
+  int64_t end_tokens = -1;  // what the end message said
   std::vector<v1::UploadHeadRequest> uploads;
   int64_t max_message_bytes = 0;  // GetServerInfo's; 0 = UNIMPLEMENTED
   int server_info_calls = 0;
@@ -58,10 +59,19 @@ class FakeFlce final : public v1::Flce::Service {
     }
     const int64_t tokens = header.num_tokens();
     std::string hidden;
+    bool ended = false;
     while (stream->Read(&request)) {
       std::lock_guard<std::mutex> lock(mu);
+      if (request.has_end()) {
+        ended = true;
+        end_tokens = request.end().num_tokens();
+        continue;
+      }
       hidden_offsets.push_back(request.hidden().token_offset());
       hidden += request.hidden().data();  // the client sends in order
+    }
+    if (!ended) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no end message");
     }
     const int64_t row = hidden.size() / tokens;
     // grad_input := hidden, second half first: placement must go by offset.
@@ -214,6 +224,7 @@ TEST_F(ClientProtocolTest, ComputePlacesChunksByOffsetAndChunksHidden) {
   EXPECT_FLOAT_EQ(out->per_token_loss[36], 18.0f);
   // 1000-byte chunks hold 20 rows of 48 bytes.
   EXPECT_EQ(fake_.hidden_offsets, (std::vector<int64_t>{0, 20}));
+  EXPECT_EQ(fake_.end_tokens, 37) << "the end message closes every call";
   EXPECT_EQ(progress_calls, 2);
   EXPECT_EQ(last_done, static_cast<int64_t>(hidden_.size()));
   // Targets and count travel in the header; a fresh 32-hex-digit id is made.

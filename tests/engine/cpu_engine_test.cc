@@ -1,7 +1,11 @@
 // What only the CPU engine promises: its plan's name, its workspace bound,
-// its error messages, agreement across thread counts, and its exp's accuracy.
+// its error messages, no memory for a head before its bytes, agreement across
+// thread counts, and its exp's accuracy.
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <string>
 
@@ -137,6 +141,43 @@ TEST(CpuEngineTest, NonFiniteWeightIsRefused) {
   absl::Status status = (*builder)->Finish().status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), "weight element (2, 1) is not finite (NaN or Inf)");
+}
+
+TEST(CpuEngineTest, AbsurdHeadIsRefusedBeforeAnyAllocation) {
+  auto engine = MakeCpu(64 << 20, 1);
+  ASSERT_NE(engine, nullptr);
+  auto builder = engine->BeginHead(HeadSpec{int64_t{1} << 31, int64_t{1} << 20, DType::kBF16});
+  EXPECT_EQ(builder.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(builder.status().message().find("V=2147483648"), absl::string_view::npos)
+      << builder.status();
+}
+
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0;
+  int64_t resident = 0;
+  statm >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// A head whose header arrived but whose bytes did not must cost no memory:
+// otherwise a client that declares heads and never sends them fills the host.
+TEST(CpuEngineTest, HeadBytesAreNotResidentBeforeTheyArrive) {
+  auto engine = MakeCpu(64 << 20, 1);
+  ASSERT_NE(engine, nullptr);
+  const int64_t before = ResidentBytes();
+  auto builder = engine->BeginHead(HeadSpec{131072, 1024, DType::kF32});  // 512 MiB
+  ASSERT_TRUE(builder.ok()) << builder.status();
+  const int64_t declared = ResidentBytes() - before;
+  EXPECT_LT(declared, 32 << 20) << "BeginHead made " << declared << " bytes resident";
+  const int64_t chunk_bytes = int64_t{4} << 20;
+  std::string chunk(chunk_bytes, '\x3f');
+  for (int64_t i = 0; i < 16; ++i) {
+    ASSERT_TRUE((*builder)->WriteWeight(i * chunk_bytes, chunk.data(), chunk_bytes).ok());
+  }
+  const int64_t written = ResidentBytes() - before;
+  EXPECT_GT(written, 48 << 20) << "64 MiB were written";  // the measure itself works
+  EXPECT_LT(written, 96 << 20) << "only the written bytes should be resident";
 }
 
 TEST(CpuEngineTest, AddHiddenAfterFinishFails) {

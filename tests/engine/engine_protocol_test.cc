@@ -142,6 +142,67 @@ TEST_P(EngineProtocolTest, GradBufferAddScaledZeroAndCopies) {
   EXPECT_LE(RelativeError(*kept, want_w), 1e-6);
 }
 
+// Landing a contribution: this = base + scale * this, with the finiteness of
+// the contribution and of the sum found in the same pass.
+TEST_P(EngineProtocolTest, GradBufferScaleAndAddReportsNonFiniteContributionsAndSums) {
+  ProblemSpec ps;
+  ps.has_bias = true;
+  ps.vocab_size = 131;
+  Problem problem = MakeProblem(ps);
+  absl::StatusOr<std::shared_ptr<const Head>> head = BuildHead(*engine_, problem, 1);
+  ASSERT_TRUE(head.ok()) << head.status();
+  const HeadSpec spec = HeadSpecOf(problem);
+  auto source = engine_->NewGradBuffer(spec);
+  ASSERT_TRUE(source.ok());
+  ASSERT_TRUE(RunCall(*engine_, *head, problem, BaseSpec(), source->get(), {}).ok());
+  auto w = ReadGradWeight(**source, DType::kF32);
+  ASSERT_TRUE(w.ok());
+  auto copy_of_source = [&]() {
+    auto c = engine_->NewGradBuffer(spec);
+    EXPECT_TRUE(c.ok() && (*c)->AddScaled(**source, 1.0f).ok());
+    return std::move(*c);
+  };
+  auto base = engine_->NewGradBuffer(spec);
+  ASSERT_TRUE(base.ok() && (*base)->AddScaled(**source, -0.25f).ok());
+
+  std::unique_ptr<GradBuffer> sum = copy_of_source();
+  absl::StatusOr<FiniteCheck> check = sum->ScaleAndAdd(3.0f, **base);
+  ASSERT_TRUE(check.ok()) << check.status();
+  EXPECT_TRUE(check->contribution_finite && check->sum_finite);
+  auto got = ReadGradWeight(*sum, DType::kF32);
+  std::vector<double> want(w->size());
+  for (size_t i = 0; i < w->size(); ++i) want[i] = 2.75 * (*w)[i];
+  EXPECT_LE(RelativeError(*got, want), 1e-6);
+  EXPECT_TRUE(*sum->AllFinite());
+
+  // A contribution that is not finite.
+  std::unique_ptr<GradBuffer> inf = copy_of_source();
+  check = inf->ScaleAndAdd(std::numeric_limits<float>::infinity(), **base);
+  ASSERT_TRUE(check.ok());
+  EXPECT_FALSE(check->contribution_finite);
+  EXPECT_FALSE(check->sum_finite);
+  EXPECT_FALSE(*inf->AllFinite());
+
+  // Finite contributions whose sum overflows: 0.6 x FLT_MAX twice at the largest element.
+  double largest = 0.0;
+  for (double v : *w) largest = std::max(largest, std::abs(v));
+  ASSERT_GT(largest, 0.0);
+  const float s = static_cast<float>(0.6 * std::numeric_limits<float>::max() / largest);
+  auto big = engine_->NewGradBuffer(spec);
+  ASSERT_TRUE(big.ok() && (*big)->AddScaled(**source, s).ok());
+  EXPECT_TRUE(*(*big)->AllFinite());
+  std::unique_ptr<GradBuffer> over = copy_of_source();
+  check = over->ScaleAndAdd(s, **big);
+  ASSERT_TRUE(check.ok());
+  EXPECT_TRUE(check->contribution_finite);
+  EXPECT_FALSE(check->sum_finite);
+
+  // Other shapes are refused.
+  auto other = engine_->NewGradBuffer(HeadSpec{131, ps.hidden_size + 1, DType::kF32, true});
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(sum->ScaleAndAdd(1.0f, **other).ok());
+}
+
 TEST_P(EngineProtocolTest, GradBufferRejectsBadShapesAndRanges) {
   HeadSpec a{131, 16, DType::kF32, false};
   HeadSpec b{131, 17, DType::kF32, false};

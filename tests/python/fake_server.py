@@ -131,8 +131,15 @@ class FakeFlce(pb_grpc.FlceServicer):
                           f"hidden_size {given} does not match head {header.head_id}'s {hsz}")
         dtype = tensors.torch_dtype(header.hidden_dtype)
         asm = tensors.RowAssembler(n, hsz, dtype)
+        ended = False
         for req in it:
+            if req.WhichOneof("msg") == "end":
+                ended = True
+                break
             asm.put(req.hidden.token_offset, req.hidden.data)
+        if not ended:  # as the real server: a stream that just stops lands nothing
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "the request stream ended without an end message")
         y = tensors.from_bytes(header.targets, torch.int32, (n,)).long()
         opts, outs = header.options, header.outputs
         ignore = header.ignore_index if header.HasField("ignore_index") else -100

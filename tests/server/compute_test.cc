@@ -49,7 +49,7 @@ class ComputeTest : public ServerTest {};
 
 TEST_F(ComputeTest, RoundTripMatchesFloat64Reference) {
   ServerConfig config = TestConfig();
-  config.max_message_bytes = 64 << 10;  // grad_input must come back in several messages
+  config.max_response_bytes = 64 << 10;  // grad_input must come back in several messages
   StartServer(config);
   ProblemSpec ps = SmallSpec();
   ps.num_tokens = 1500;
@@ -90,7 +90,7 @@ TEST_F(ComputeTest, RoundTripMatchesFloat64Reference) {
   EXPECT_EQ(out.summary.server_instance_id(), server().instance_id());
   EXPECT_FALSE(out.summary.strategy_used().empty());
   EXPECT_GT(out.summary.timings().total_ms(), 0.0);
-  EXPECT_GT(out.grad_messages, 1) << "grad_input should be split to fit --max-message-mb";
+  EXPECT_GT(out.grad_messages, 1) << "grad_input should be split to fit --max-response-mb";
   EXPECT_EQ(out.grad_rows, ps.num_tokens);
   EXPECT_LE(RelativeError(Doubles(out.grad_input), ref.grad_input), kTol) << problem.seed;
 
@@ -348,6 +348,7 @@ void RunCallThatNeverReads(v1::Flce::Stub &stub, const Problem &problem,
       break;
     }
   }
+  stream->Write(EndMessage(problem.spec.num_tokens));
   stream->WritesDone();
   std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // past the deadline, unread
   grpc::Status status = stream->Finish();
@@ -658,6 +659,7 @@ TEST_F(ComputeTest, ClientThatDoesNotReadStallsTheUploadInsteadOfFillingMemory) 
         break;
       }
     }
+    stream->Write(EndMessage(ps.num_tokens));
     stream->WritesDone();
     all_written.store(true);
   });

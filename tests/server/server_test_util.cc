@@ -121,6 +121,12 @@ v1::ComputeRequest HiddenMessage(int64_t token_offset, std::string data) {
   return request;
 }
 
+v1::ComputeRequest EndMessage(int64_t num_tokens) {
+  v1::ComputeRequest request;
+  request.mutable_end()->set_num_tokens(num_tokens);
+  return request;
+}
+
 namespace {
 
 // Reads every response of a Compute stream into `out`.
@@ -185,6 +191,7 @@ ComputeOutcome Compute(v1::Flce::Stub& stub, const v1::ComputeHeader& header,
   if (cancelled) {
     context.TryCancel();
   } else {
+    if (options.send_end) stream->Write(EndMessage(num_tokens));
     stream->WritesDone();
   }
   reader.join();

@@ -76,6 +76,8 @@ struct ComputeOptions {
   std::function<void()> on_pause;
   // Stop after the pause instead of sending the rest (no WritesDone).
   bool cancel_at_pause = false;
+  // The end-of-input message after the last chunk (without it nothing lands).
+  bool send_end = true;
   std::chrono::milliseconds deadline{30000};
 };
 
@@ -84,12 +86,14 @@ struct ComputeOptions {
 ComputeOutcome Compute(v1::Flce::Stub& stub, const v1::ComputeHeader& header,
                        const Problem& problem, const ComputeOptions& options = {});
 
-// Sends exactly these messages, then closes; reads everything back.
+// Sends exactly these messages (an end-of-input message only if one is
+// among them), then closes; reads everything back.
 ComputeOutcome ComputeMessages(v1::Flce::Stub& stub,
                                const std::vector<v1::ComputeRequest>& messages);
 
 v1::ComputeRequest HeaderMessage(const v1::ComputeHeader& header);
 v1::ComputeRequest HiddenMessage(int64_t token_offset, std::string data);
+v1::ComputeRequest EndMessage(int64_t num_tokens);
 
 struct FetchedGrad {
   grpc::Status status;

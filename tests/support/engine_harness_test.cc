@@ -113,6 +113,12 @@ class FakeGradBuffer : public GradBuffer {
   absl::Status AddScaled(const GradBuffer&, float) override {
     return absl::UnimplementedError("not needed by the harness");
   }
+  absl::StatusOr<FiniteCheck> ScaleAndAdd(float, const GradBuffer&) override {
+    return absl::UnimplementedError("not needed by the harness");
+  }
+  absl::StatusOr<bool> AllFinite() const override {
+    return absl::UnimplementedError("not needed by the harness");
+  }
   absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
                               void* host_out) const override {
     const int64_t H = spec_.hidden_size;

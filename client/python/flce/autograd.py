@@ -17,6 +17,11 @@ from typing import Optional
 import torch
 
 from flce.client import Client, new_request_id
+from flce.errors import FlceError
+
+
+def _inf_like(hidden: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(hidden, float("inf"))
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,17 @@ class FusedLoss(torch.autograd.Function):
             result = cfg.compute(hidden, targets, reduction=reduction,
                                  request_id=staged.request_id,
                                  grad_input=ctx.needs_input_grad[0], deferred_commit=True)
+        except FlceError as err:
+            if not err.non_finite:
+                staged.discard()
+                raise
+            staged.done = True  # refused before anything was staged
+            # An overflow (nothing landed): inf loss and grad_input, so that a GradScaler
+            # finds inf gradients and skips the step as it would for a local one.
+            ctx.staged = None
+            ctx.device = hidden.device
+            ctx.grad_input = _inf_like(hidden) if ctx.needs_input_grad[0] else None
+            return torch.tensor(float("inf"), dtype=torch.float32, device=hidden.device)
         except BaseException:
             # the server may have staged the contribution before the call failed on our
             # side (deadline, broken stream): drop it, then re-raise the original error
@@ -127,7 +143,8 @@ class FusedLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        ctx.staged.commit(float(grad_output))
+        if ctx.staged is not None:
+            ctx.staged.commit(float(grad_output))
         grad_input, ctx.grad_input = ctx.grad_input, None
         if grad_input is not None and ctx.needs_input_grad[0]:
             grad_input = _scaled(grad_input, grad_output, ctx.device)
@@ -144,9 +161,23 @@ class PerTokenLoss(torch.autograd.Function):
     def forward(ctx, hidden: torch.Tensor, anchor: torch.Tensor, targets: torch.Tensor,
                 cfg: CallConfig, reduction: str, want_logprob: bool, want_entropy: bool,
                 sink: Optional[list]):
-        result = cfg.compute(hidden, targets, reduction=reduction, forward_only=True,
-                             per_token_loss=reduction == "none", logprob=want_logprob,
-                             entropy=want_entropy)
+        try:
+            result = cfg.compute(hidden, targets, reduction=reduction, forward_only=True,
+                                 per_token_loss=reduction == "none", logprob=want_logprob,
+                                 entropy=want_entropy)
+        except FlceError as err:
+            if not err.non_finite:
+                raise
+            result = None
+        if result is None:  # an overflow: inf outputs; backward's call will say the same
+            dev, n = hidden.device, targets.numel()
+            inf = torch.full((n,) if reduction == "none" else (), float("inf"), device=dev)
+            empty = torch.zeros(0, dtype=torch.float32, device=dev)
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(hidden, targets)
+            ctx.cfg, ctx.reduction, ctx.n_valid = cfg, reduction, 0
+            return (inf, torch.full((n,), float("inf"), device=dev) if want_logprob else empty,
+                    torch.full((n,), float("inf"), device=dev) if want_entropy else empty.clone())
         if sink is not None:
             sink.append(result.summary)
         dev = hidden.device
@@ -184,8 +215,15 @@ class PerTokenLoss(torch.autograd.Function):
         e = None
         if g_entropy is not None and g_entropy.numel():
             e = g_entropy.detach().to("cpu", torch.float32).reshape(-1)
-        result = cfg.compute(hidden, targets, reduction="none", token_weights=a,
-                             entropy_weights=e, grad_input=ctx.needs_input_grad[0])
+        try:
+            result = cfg.compute(hidden, targets, reduction="none", token_weights=a,
+                                 entropy_weights=e, grad_input=ctx.needs_input_grad[0])
+        except FlceError as err:
+            if not err.non_finite:
+                raise
+            # an overflow (nothing landed): inf gradients, which a GradScaler skips
+            return ((_inf_like(hidden) if ctx.needs_input_grad[0] else None),
+                    None, None, None, None, None, None, None)
         grad_input = (_to_device(result.grad_input, hidden.device)
                       if ctx.needs_input_grad[0] else None)
         return grad_input, None, None, None, None, None, None, None

@@ -261,6 +261,8 @@ class Client:
             yield header_bytes
             for row, piece in tensors.row_chunks(hid, self.chunk_bytes):
                 yield wire.encode_hidden_chunk(row, piece)
+            # Only this says "done": the server lands nothing from a stream that just stops.
+            yield wire.encode_end_of_input(n)
 
         wanted = [(k, dt) for k, dt in _TOKEN_FIELDS
                   if {"loss": per_token_loss, "logprob": logprob, "entropy": entropy,

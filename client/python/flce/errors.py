@@ -7,6 +7,10 @@ from typing import Optional
 import grpc
 
 
+# The server's prefix for refusals of results that are not finite.
+NON_FINITE_RESULT = "non-finite result: "
+
+
 class FlceError(RuntimeError):
     """A flce call failed. `code` is the grpc.StatusCode (UNAVAILABLE when the server is
     gone, INVALID_ARGUMENT naming the bad field, ...); `method` the RPC's name;
@@ -20,6 +24,14 @@ class FlceError(RuntimeError):
         self.details = details
         self.request_id = request_id
         super().__init__(f"flce {method} failed: {code.name}: {details}")
+
+    @property
+    def non_finite(self) -> bool:
+        """The call was refused because a result (loss, grad_input or grad_W) was NaN or
+        Inf: nothing landed on the server. Under mixed precision this is an overflow that
+        a GradScaler handles by skipping the step."""
+        return (self.code == grpc.StatusCode.INVALID_ARGUMENT
+                and self.details.startswith(NON_FINITE_RESULT))
 
 
 def from_rpc_error(method: str, err: grpc.RpcError) -> FlceError:

@@ -145,11 +145,11 @@ class RemoteLMHead(nn.Module):
         per_token = reduction == "none" or return_logprob or return_entropy
         if not per_token and torch.is_grad_enabled():
             loss = FusedLoss.apply(h2, anchor, y, cfg, reduction, sink)
-            self.last_summary = sink[-1]
+            self.last_summary = sink[-1] if sink else None  # None: the call overflowed
             return loss
         loss, logprob, entropy = PerTokenLoss.apply(h2, anchor, y, cfg, reduction,
                                                     return_logprob, return_entropy, sink)
-        self.last_summary = sink[-1]
+        self.last_summary = sink[-1] if sink else None  # None: the call overflowed
         if reduction == "none":
             loss = loss.reshape(shape)
         if not (return_logprob or return_entropy):

@@ -21,6 +21,7 @@ _FIXED32 = 5
 # Field numbers from proto/flce/v1/flce.proto.
 COMPUTE_REQUEST_HEADER = 1          # ComputeRequest.header (ComputeHeader)
 COMPUTE_REQUEST_HIDDEN = 2          # ComputeRequest.hidden (HiddenChunk)
+COMPUTE_REQUEST_END = 3             # ComputeRequest.end (EndOfInput)
 COMPUTE_HEADER_HIDDEN_SIZE = 18     # ComputeHeader.hidden_size (int64; 0 = not given)
 COMMIT_REQUEST_SCALE = 4            # CommitRequest.scale (optional float; unset = 1.0)
 UPLOAD_REQUEST_CHUNK = 2            # UploadHeadRequest.chunk (TensorChunk)
@@ -58,6 +59,12 @@ def encode_hidden_chunk(token_offset: int, data) -> bytes:
     """ComputeRequest{hidden: HiddenChunk{token_offset, data}}; data: a bytes-like view."""
     head = _int_field(1, token_offset) + _key(2, _LEN) + varint(len(data))
     return _wrap(COMPUTE_REQUEST_HIDDEN, head, data)
+
+
+def encode_end_of_input(num_tokens: int) -> bytes:
+    """ComputeRequest{end: EndOfInput{num_tokens}}: the last message of every Compute call.
+    A stream that ends without it (a cancel, a crash, a broken connection) lands nothing."""
+    return _wrap(COMPUTE_REQUEST_END, _int_field(1, num_tokens), b"")
 
 
 def encode_compute_header(header: bytes, hidden_size: int) -> bytes:

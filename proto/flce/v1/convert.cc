@@ -14,9 +14,15 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
       return DType::kBF16;
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat(field, " = ", v1::DType_Name(dtype),
+          absl::StrCat(field, " = ", EnumValueText(v1::DType_descriptor(), dtype),
                        " is not one of DTYPE_FP32, DTYPE_FP16, DTYPE_BF16"));
   }
+}
+
+std::string EnumValueText(const google::protobuf::EnumDescriptor* type, int value) {
+  const google::protobuf::EnumValueDescriptor* known = type->FindValueByNumber(value);
+  if (known == nullptr) return absl::StrCat(value);
+  return absl::StrCat(known->name(), " (", value, ")");
 }
 
 v1::DType DTypeToProto(DType dtype) {
