@@ -9,6 +9,7 @@
 #include "flce/v1/message_size.h"
 #include "kernels/status_macros.h"
 #include "server/request_fingerprint.h"
+#include "server/session_id.h"
 
 namespace flce::server {
 namespace {
@@ -89,7 +90,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   header_ = header;
   scope_->set_request_id(header.request_id());
   scope_->set_head(header.head_id());
-  scope_->set_session(header.session_id().empty() ? "default" : header.session_id());
+  scope_->set_session(SessionIdOrDefault(header.session_id()));
   scope_->set_tokens(header.num_tokens());
   FLCE_RETURN_IF_ERROR(ValidateId(header.head_id(), "head_id"));
   FLCE_RETURN_IF_ERROR(ValidateRequestId(header.request_id(), "request_id"));
@@ -122,7 +123,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   }
   // An empty session id is the "default" session, so that a first call needs
   // nothing but a head and data.
-  session_id_ = header.session_id().empty() ? "default" : header.session_id();
+  session_id_ = SessionIdOrDefault(header.session_id());
   FLCE_RETURN_IF_ERROR(ValidateId(session_id_, "session_id"));
 
   if (!forward_only_) {

@@ -67,6 +67,7 @@ void FetchGradReactor::Step(bool first) {
 
 absl::Status FetchGradReactor::Prepare() {
   FLCE_RETURN_IF_ERROR(ValidateId(request_.head_id(), "head_id"));
+  FLCE_RETURN_IF_ERROR(ValidateRequestId(request_.request_id(), "request_id"));
   FLCE_RETURN_IF_ERROR(ValidateId(request_.session_id(), "session_id"));
   switch (request_.dtype()) {
     case v1::DTYPE_UNSPECIFIED:

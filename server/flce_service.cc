@@ -22,6 +22,11 @@
 namespace flce::server {
 namespace {
 
+// Names of files and tensors: generous, but a request cannot make the server
+// keep or log megabytes of them.
+constexpr int64_t kMaxPathBytes = 4096;
+constexpr int64_t kMaxTensorNameBytes = 1024;
+
 using UnaryWork = std::function<absl::Status(const Principal& who, RpcScope& scope)>;
 
 // Runs `work` for a unary RPC, inline or on the pool, once the caller is
@@ -82,6 +87,11 @@ grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(grpc::CallbackServerCont
       [this, request, response](const Principal& who, RpcScope& scope) {
         scope.set_head(request->head_id());
         FLCE_RETURN_IF_ERROR(ValidateId(request->head_id(), "head_id"));
+        FLCE_RETURN_IF_ERROR(ValidateText(request->path(), "path", kMaxPathBytes));
+        FLCE_RETURN_IF_ERROR(
+            ValidateText(request->weight_tensor(), "weight_tensor", kMaxTensorNameBytes));
+        FLCE_RETURN_IF_ERROR(
+            ValidateText(request->bias_tensor(), "bias_tensor", kMaxTensorNameBytes));
         FLCE_ASSIGN_OR_RETURN(std::string owner,
                               ctx_.heads->WriteOwner(who.tenant, who.admin, request->head_id()));
         FLCE_ASSIGN_OR_RETURN(std::string path,
@@ -115,6 +125,7 @@ grpc::ServerUnaryReactor* FlceService::DescribeHead(grpc::CallbackServerContext*
   return RunUnary(ctx_, call, "DescribeHead", false,
                   [this, request, response](const Principal& who, RpcScope& scope) {
                     scope.set_head(request->head_id());
+                    FLCE_RETURN_IF_ERROR(ValidateId(request->head_id(), "head_id"));
                     FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
                                           ctx_.heads->Get(who.tenant, request->head_id()));
                     FillHeadInfo(entry, ctx_.sessions->Count(who.tenant, entry.head_id), response);
@@ -142,6 +153,7 @@ grpc::ServerUnaryReactor* FlceService::UnloadHead(grpc::CallbackServerContext* c
       ctx_, call, "UnloadHead", true,
       [this, request, response](const Principal& who, RpcScope& scope) {
         scope.set_head(request->head_id());
+        FLCE_RETURN_IF_ERROR(ValidateId(request->head_id(), "head_id"));
         // Not found for a head the caller cannot see, denied for a shared head it may not unload.
         FLCE_RETURN_IF_ERROR(ctx_.heads->Get(who.tenant, request->head_id()).status());
         FLCE_ASSIGN_OR_RETURN(std::string owner,

@@ -70,6 +70,19 @@ absl::Status CheckAllFinite(const std::vector<T>& values, absl::string_view fiel
 
 }  // namespace
 
+absl::Status ValidateText(absl::string_view text, absl::string_view field, int64_t max_bytes) {
+  if (static_cast<int64_t>(text.size()) > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is ", text.size(), " bytes long; at most ", max_bytes));
+  }
+  for (char c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " holds a control character"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRequestId(absl::string_view id, absl::string_view field) {
   return id.empty() ? absl::OkStatus() : ValidateId(id, field);
 }

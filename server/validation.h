@@ -40,6 +40,9 @@ absl::StatusOr<HeadSpec> HeadSpecFromUpload(const v1::UploadHeadHeader& header);
 
 // A head id or session id: non-empty, at most 256 bytes, printable.
 absl::Status ValidateId(absl::string_view id, absl::string_view field);
+// Free text a call names a file or tensor with: at most max_bytes, no
+// control characters (it reaches log lines and error messages).
+absl::Status ValidateText(absl::string_view text, absl::string_view field, int64_t max_bytes);
 // A request id: empty (the server names the call) or as ValidateId.
 absl::Status ValidateRequestId(absl::string_view id, absl::string_view field);
 

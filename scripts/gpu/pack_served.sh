@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Packs flce-server, flce-client and the CUDA plugin (with their non-system
+# Packs flce-server, flce-client, the CUDA plugin and flce_host_bench (with their non-system
 # shared libraries) into .served-dist/ (git-ignored) for the device machine:
 # pass `carry: [".served-dist"]` and run scripts/gpu/run_served.sh there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build-main}
 dist=$root/.served-dist
-ninja -C "$build" -j2 flce-server flce-client flce_cuda
+ninja -C "$build" -j2 flce-server flce-client flce_cuda flce_host_bench
 rm -rf "$dist" && mkdir -p "$dist/lib"
-cp "$build/server/flce-server" "$build/client/cli/flce-client" "$build/kernels/cuda/libflce_cuda.so" "$dist/"
-for bin in "$dist"/flce-* "$dist"/libflce_cuda.so; do ldd "$bin" | awk '/=>/{print $3}'; done | sort -u |
+cp "$build/server/flce-server" "$build/client/cli/flce-client" "$build/kernels/cuda/libflce_cuda.so" \
+   "$build/bench/server/flce_host_bench" "$dist/"
+for bin in "$dist"/flce-* "$dist"/flce_host_bench "$dist"/libflce_cuda.so; do ldd "$bin" | awk '/=>/{print $3}'; done | sort -u |
   grep -v -E 'libc\.so|libm\.so|libstdc|libgcc_s|ld-linux|libcudart|libcublas|libdl\.so|libpthread|librt\.so' |
   xargs -r -I{} cp -L {} "$dist/lib/"
-strip --strip-debug "$dist"/flce-* "$dist"/libflce_cuda.so "$dist"/lib/*
+strip --strip-debug "$dist"/flce-* "$dist"/flce_host_bench "$dist"/libflce_cuda.so "$dist"/lib/*
 git -C "$root" rev-parse HEAD >"$dist/COMMIT"
 # OpenBLAS alone is 36 MB: compress, the tree that travels is limited to 64 MiB.
 tar -C "$root" -cJf /tmp/served.tar.xz .served-dist && rm -rf "$dist" && mkdir "$dist" && mv /tmp/served.tar.xz "$dist/"

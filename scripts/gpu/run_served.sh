@@ -43,3 +43,6 @@ cl 50061 load-weight --head seed --weight "$out/w.npy" --dtype bf16
 cl 50061 bench --head seed --tokens 65535 --steps 5 --warmup 2 | tee "$out/served-bench.json"
 rm -f "$out"/w.npy "$out"/*.npy
 kill %1 %2; wait
+# The per-byte host work of a call (fingerprint, non-finite scans) on this host's cores.
+"$dist/flce_host_bench" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+  --benchmark_out="$out/host-bench.json" 2>&1 | tee "$out/host-bench.log"

@@ -190,9 +190,24 @@ TEST(BinaryTest, HelpListsTheServersFlags) {
   pclose(pipe);
   EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("No flags matched")));
   for (const char* flag : {"--port", "--host", "--workspace_mb", "--threads", "--demo_head",
-                           "--cuda_plugin", "--max_concurrent_streams", "--max_head_bytes"}) {
+                           "--cuda_plugin", "--max_concurrent_streams", "--max_head_bytes",
+                           "--max_upload_bytes", "--max_response_mb"}) {
     EXPECT_THAT(text, ::testing::HasSubstr(flag)) << text;
   }
+}
+
+// The memory limits a server runs with are stated at start, defaulted or not.
+TEST(BinaryTest, StartLogStatesTheMemoryBudgets) {
+  ServerProcess server({"--port=0", "--metrics-port=0", "--device=cpu", "--threads=1",
+                        "--max-upload-bytes=123456789"},
+                       {});
+  ASSERT_TRUE(server.spawned());
+  ASSERT_GT(server.WaitForPort(), 0) << server.log();
+  std::string log = server.log();
+  EXPECT_THAT(log, HasSubstr("(0.11 GiB, --max-upload-bytes)")) << log;
+  EXPECT_THAT(log, HasSubstr("uploads in progress 123456789 bytes")) << log;
+  EXPECT_THAT(log, HasSubstr("default of --max-head-bytes")) << log;
+  EXPECT_THAT(log, HasSubstr("of host memory")) << log;
 }
 
 TEST(BinaryTest, SigtermDrainsTheCallInFlightAndExitsZero) {

@@ -138,25 +138,41 @@ TEST_F(ConsistencyTest, StockClientRefusesWhatAServerSendsBeyondFourMiB) {
   EXPECT_EQ(fetched.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
 }
 
-TEST_F(ConsistencyTest, GradInputFitsAStockClientWhenTheEngineHandsOverMore) {
-  StartServer(TestConfig());
+// 8192 x 256 fp32 is 8 MiB of grad_input, which the CPU engine hands over in
+// one piece when chunk_tokens covers the call.
+ComputeOutcome ComputeWideGradInput(v1::Flce::Stub& upload, v1::Flce::Stub& compute) {
   ProblemSpec ps;
   ps.vocab_size = 64;
   ps.hidden_size = 256;
-  ps.num_tokens = 8192;  // 8 MiB of fp32 grad_input, one engine chunk
+  ps.num_tokens = 8192;
   Problem problem = MakeProblem(ps);
-  ASSERT_TRUE(UploadHead(stub(), "h", problem).ok());
+  EXPECT_TRUE(UploadHead(upload, "h", problem).ok());
   v1::ComputeHeader header = MakeHeader(problem, "h", "s", "r1");
   header.set_chunk_tokens(ps.num_tokens);
   ComputeOptions options;
   options.rows_per_chunk = 2048;
   options.shuffle = false;
+  return Compute(compute, header, problem, options);
+}
+
+TEST_F(ConsistencyTest, GradInputFitsAStockClientWhenTheEngineHandsOverMore) {
+  StartServer(TestConfig());
   std::unique_ptr<v1::Flce::Stub> stock = StockStub();
-  ComputeOutcome out = Compute(*stock, header, problem, options);
+  ComputeOutcome out = ComputeWideGradInput(stub(), *stock);
   ASSERT_TRUE(out.status.ok()) << out.status.error_message();
   EXPECT_TRUE(out.has_summary);
-  EXPECT_EQ(out.grad_rows, ps.num_tokens);
+  EXPECT_EQ(out.grad_rows, 8192);
   EXPECT_GE(out.grad_messages, 2);
+}
+
+TEST_F(ConsistencyTest, StockClientRefusesGradInputSentBeyondFourMiB) {
+  // The control for the test above: the engine's piece is larger than 4 MiB.
+  ServerConfig config = TestConfig();
+  config.max_response_bytes = 64 << 20;
+  StartServer(config);
+  std::unique_ptr<v1::Flce::Stub> stock = StockStub();
+  ComputeOutcome out = ComputeWideGradInput(stub(), *stock);
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
 }
 
 TEST_F(ConsistencyTest, TokenOutputsFitAStockClient) {

@@ -317,6 +317,44 @@ TEST_F(IntegrityTest, MalformedRequestIdsAreRefused) {
   ExpectUnchanged();
 }
 
+TEST_F(IntegrityTest, EveryStringFieldIsBounded) {
+  {
+    grpc::ClientContext context;
+    v1::DescribeHeadRequest request;
+    request.set_head_id(std::string(64 << 10, 'h'));
+    v1::HeadInfo info;
+    grpc::Status s = stub().DescribeHead(&context, request, &info);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("head_id is 65536 bytes long"));
+  }
+  {
+    grpc::ClientContext context;
+    v1::LoadHeadFromFileRequest request;
+    request.set_head_id("file");
+    request.set_path(std::string(5000, 'p'));
+    request.set_weight_tensor("lm_head.weight");
+    v1::HeadInfo info;
+    grpc::Status s = stub().LoadHeadFromFile(&context, request, &info);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("path is 5000 bytes long"));
+  }
+  {
+    grpc::ClientContext context;
+    v1::LoadHeadFromFileRequest request;
+    request.set_head_id("file");
+    request.set_path("w.safetensors");
+    request.set_weight_tensor("lm_head\nweight");
+    v1::HeadInfo info;
+    grpc::Status s = stub().LoadHeadFromFile(&context, request, &info);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("weight_tensor holds a control character"));
+  }
+  FetchedGrad fetch = FetchGrad(stub(), "h", "s", true, "reset\nid");
+  EXPECT_EQ(fetch.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(fetch.status.error_message(), HasSubstr("request_id"));
+  ExpectUnchanged();
+}
+
 TEST_F(IntegrityTest, ReusedRequestIdWithOtherHiddenIsRefused) {
   // The same rows in another chunking and order are the same call: a replay.
   ComputeOptions other_chunks;

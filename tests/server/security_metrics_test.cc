@@ -64,6 +64,12 @@ double Sample(const std::string& text, const std::string& series) {
 }
 
 TEST(SecurityMetricsTest, RefusedCallsAreCountedAndNoTenantOrTokenIsALabel) {
+#if defined(__SANITIZE_ADDRESS__)
+  // civetweb (under prometheus-cpp) serves /metrics on threads with a fixed
+  // 100 KiB stack, 60 KiB of which OpenBLAS's static TLS takes; with ASan's
+  // larger frames the handler overflows the rest in this process.
+  GTEST_SKIP() << "not under AddressSanitizer: civetweb's worker stacks are too small for it";
+#endif
   SetLogQuiet(true);
   std::string tokens = ::testing::TempDir() + "/flce-metrics-tokens";
   std::ofstream(tokens) << "tok-alice-secret alice\ntok-bob-secret bob\n";
