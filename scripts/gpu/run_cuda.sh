@@ -6,7 +6,7 @@
 set -u -o pipefail
 mode=${1:-all}
 shift || true
-dist=$(pwd)/.gpu-dist
+dist=$(pwd)/.gpu-dist; [ -x "$dist/flce_cuda_tests" ] || tar -xJf "$dist/gpu.tar.xz"
 out=${OUT:-/tmp/flce-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
