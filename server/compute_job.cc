@@ -28,8 +28,10 @@ ComputeJob::ComputeJob(const ServiceContext& ctx, ComputeChannel* channel, const
 ComputeJob::~ComputeJob() { Abandon(); }
 
 void ComputeJob::Abandon() {
-  // The engine call first: it may still be writing into the staging buffer.
+  // The engine call first: it may still be writing into the staging buffer
+  // and handing grad_input to the sender.
   call_.reset();
+  grad_input_.reset();
   if (slot_held_) {
     ctx_.sessions->AbortContribution(*session_, request_id_, deferred_);
     slot_held_ = false;
@@ -136,10 +138,20 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
       FLCE_RETURN_IF_ERROR(TakeStaging(head_spec));
     }
   }
+  if (spec_.outputs.grad_input) {
+    grad_input_ = std::make_unique<GradInputSender>(
+        spec_.hidden_dtype, head_spec.hidden_size,
+        [this](int64_t offset, int64_t rows, std::string data) {
+          SendGradInput(offset, rows, std::move(data));
+        });
+  }
   FLCE_ASSIGN_OR_RETURN(
       call_, ctx_.engine->StartCompute(head_.head, spec_,
                                        [this](int64_t offset, int64_t rows, std::string data) {
-                                         OnGradInput(offset, rows, std::move(data));
+                                         // Engines call it only when grad_input is asked for.
+                                         if (grad_input_) {
+                                           grad_input_->Post(offset, rows, std::move(data));
+                                         }
                                        }));
   return absl::OkStatus();
 }
@@ -178,22 +190,7 @@ absl::Status ComputeJob::AddChunk(const v1::HiddenChunk& chunk) {
   return call_->AddHidden(chunk.token_offset(), rows, chunk.data().data());
 }
 
-void ComputeJob::OnGradInput(int64_t token_offset, int64_t rows, std::string data) {
-  const int64_t hidden_size = head_.head->spec().hidden_size;
-  const int64_t bad = FirstNonFinite(spec_.hidden_dtype, data.data(), rows * hidden_size);
-  {
-    absl::MutexLock lock(&grad_input_mu_);
-    if (!grad_input_status_.ok()) return;
-    if (bad >= 0) {
-      // Not sent: the call fails, and a client must not use a partial answer.
-      grad_input_status_ = absl::InvalidArgumentError(absl::StrCat(
-          kNonFiniteResult, "grad_input holds NaN or Inf at token ", token_offset + bad / hidden_size,
-          " (element ", bad % hidden_size,
-          "): nothing landed; the options (temperature, grad_scale, weights) overflow fp32 "
-          "for this data"));
-      return;
-    }
-  }
+void ComputeJob::SendGradInput(int64_t token_offset, int64_t rows, std::string data) {
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddSentBytes("Compute", static_cast<int64_t>(data.size()));
   }
@@ -214,8 +211,7 @@ void ComputeJob::OnGradInput(int64_t token_offset, int64_t rows, std::string dat
 }
 
 absl::Status ComputeJob::GradInputStatus() {
-  absl::MutexLock lock(&grad_input_mu_);
-  return grad_input_status_;
+  return grad_input_ == nullptr ? absl::OkStatus() : grad_input_->status();
 }
 
 void ComputeJob::SendTokenOutputs(const ComputeResult& result) {
@@ -256,7 +252,7 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   FLCE_RETURN_IF_ERROR(rows_->CheckComplete());
   FLCE_ASSIGN_OR_RETURN(ComputeResult result, call_->Finish());
   call_.reset();
-  FLCE_RETURN_IF_ERROR(GradInputStatus());
+  if (grad_input_ != nullptr) FLCE_RETURN_IF_ERROR(grad_input_->Drain());
   FLCE_RETURN_IF_ERROR(CheckOutputsFinite(result));
   if (begin_.replay && begin_.first.hidden_fingerprint != hidden_fingerprint_) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -14,13 +14,12 @@
 #include <optional>
 #include <string>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "flce/v1/flce.pb.h"
 #include "kernels/engine.h"
+#include "server/grad_input_sender.h"
 #include "server/head_registry.h"
 #include "server/service_context.h"
 #include "server/session_store.h"
@@ -63,8 +62,8 @@ class ComputeJob {
   absl::Status TakeStaging(const HeadSpec& head_spec);
   absl::Status AddChunk(const v1::HiddenChunk& chunk);
   absl::Status Complete(const v1::EndOfInput& end);
-  void OnGradInput(int64_t token_offset, int64_t rows, std::string data);
-  // The engine thread's verdict on grad_input: OK, or the first non-finite row.
+  // Sends grad_input rows checked finite by grad_input_, split to messages.
+  void SendGradInput(int64_t token_offset, int64_t rows, std::string data);
   absl::Status GradInputStatus();
   void SendTokenOutputs(const ComputeResult& result);
   void Abandon();
@@ -91,9 +90,7 @@ class ComputeJob {
   std::optional<HiddenRowTracker> rows_;
   int64_t row_bytes_ = 0;
   uint64_t hidden_fingerprint_ = 0;  // HiddenFingerprint summed over the rows received
-
-  absl::Mutex grad_input_mu_;  // OnGradInput runs on an engine thread
-  absl::Status grad_input_status_ ABSL_GUARDED_BY(grad_input_mu_);
+  std::unique_ptr<GradInputSender> grad_input_;  // when grad_input is asked for
 };
 
 }  // namespace flce::server

@@ -114,34 +114,38 @@ absl::Status DeviceContext::Axpy(float alpha, const float* x, float* y, int64_t 
 }
 
 absl::StatusOr<unsigned> DeviceContext::ScaleAddChecked(float scale, const float* base,
-                                                        float* inout, int64_t count) {
+                                                        float* inout, const Ranges& ranges) {
   FLCE_RETURN_IF_ERROR(Enter());
   std::lock_guard<std::mutex> lock(aux_mu_);
   auto* flags = static_cast<unsigned*>(flags_.get());
   FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags, 0, sizeof(unsigned), aux_), &health_);
-  FLCE_RETURN_IF_ERROR(LaunchScaleAddChecked(scale, base, inout, count, flags, aux_, &health_));
-  FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(staging_.get(), flags, sizeof(unsigned), cudaMemcpyDeviceToHost, aux_),
-      &health_);
+  for (const auto& [offset, count] : ranges) {
+    FLCE_RETURN_IF_ERROR(LaunchScaleAddChecked(scale, base + offset, inout + offset, count, flags,
+                                               aux_, &health_));
+  }
+  return ReadFlagsLocked();
+}
+
+absl::StatusOr<bool> DeviceContext::AllFinite(const float* x, const Ranges& ranges) {
+  FLCE_RETURN_IF_ERROR(Enter());
+  std::lock_guard<std::mutex> lock(aux_mu_);
+  auto* flags = static_cast<unsigned*>(flags_.get());
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags, 0, sizeof(unsigned), aux_), &health_);
+  for (const auto& [offset, count] : ranges) {
+    FLCE_RETURN_IF_ERROR(LaunchCheckFinite(x + offset, count, flags, aux_, &health_));
+  }
+  FLCE_ASSIGN_OR_RETURN(unsigned bad, ReadFlagsLocked());
+  return bad == 0;
+}
+
+absl::StatusOr<unsigned> DeviceContext::ReadFlagsLocked() {
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_.get(), flags_.get(), sizeof(unsigned),
+                                            cudaMemcpyDeviceToHost, aux_),
+                            &health_);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
   unsigned out;
   std::memcpy(&out, staging_.get(), sizeof(out));
   return out;
-}
-
-absl::StatusOr<bool> DeviceContext::AllFinite(const float* x, int64_t count) {
-  FLCE_RETURN_IF_ERROR(Enter());
-  std::lock_guard<std::mutex> lock(aux_mu_);
-  auto* flags = static_cast<unsigned*>(flags_.get());
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags, 0, sizeof(unsigned), aux_), &health_);
-  FLCE_RETURN_IF_ERROR(LaunchCheckFinite(x, count, flags, aux_, &health_));
-  FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(staging_.get(), flags, sizeof(unsigned), cudaMemcpyDeviceToHost, aux_),
-      &health_);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
-  unsigned out;
-  std::memcpy(&out, staging_.get(), sizeof(out));
-  return out == 0;
 }
 
 // ------------------------------------------------------------------ heads --
@@ -269,16 +273,21 @@ absl::Status CudaGradBuffer::AddScaled(const GradBuffer& other, float scale) {
   return ctx_->Axpy(scale, o->weight(), weight(), data_.bytes() / 4);
 }
 
+DeviceContext::Ranges CudaGradBuffer::RealRanges() const {
+  DeviceContext::Ranges ranges = {{0, vocab_ * hidden_}};
+  if (has_bias_) ranges.emplace_back(padded_vocab_ * hidden_, vocab_);
+  return ranges;
+}
+
 absl::StatusOr<FiniteCheck> CudaGradBuffer::ScaleAndAdd(float scale, const GradBuffer& base) {
   FLCE_ASSIGN_OR_RETURN(const CudaGradBuffer* o, SameShape(base, "ScaleAndAdd"));
-  // Padded rows are zero in both buffers and stay zero: one pass over all.
   FLCE_ASSIGN_OR_RETURN(unsigned bad,
-                        ctx_->ScaleAddChecked(scale, o->weight(), weight(), data_.bytes() / 4));
+                        ctx_->ScaleAddChecked(scale, o->weight(), weight(), RealRanges()));
   return FiniteCheck{(bad & 1u) == 0, (bad & 2u) == 0};
 }
 
 absl::StatusOr<bool> CudaGradBuffer::AllFinite() const {
-  return ctx_->AllFinite(weight(), data_.bytes() / 4);
+  return ctx_->AllFinite(weight(), RealRanges());
 }
 
 absl::Status CudaGradBuffer::CopyOut(const float* src, int64_t count, DType out_dtype,

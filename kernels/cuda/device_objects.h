@@ -40,14 +40,18 @@ class DeviceContext {
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes);
   absl::Status Memset(void* dst, int value, int64_t bytes);
   absl::Status Axpy(float alpha, const float* x, float* y, int64_t count);
-  // inout = base + scale * inout; bit 0 of the result: a contribution was not
-  // finite, bit 1: a sum was not.
+  // [offset, offset + count) element ranges of a buffer.
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  // inout = base + scale * inout over `ranges`; bit 0 of the result: a
+  // contribution was not finite, bit 1: a sum was not.
   absl::StatusOr<unsigned> ScaleAddChecked(float scale, const float* base, float* inout,
-                                           int64_t count);
-  absl::StatusOr<bool> AllFinite(const float* x, int64_t count);
+                                           const Ranges& ranges);
+  absl::StatusOr<bool> AllFinite(const float* x, const Ranges& ranges);
 
  private:
   DeviceContext() = default;
+  // The flag word, copied back and waited for; aux_mu_ held.
+  absl::StatusOr<unsigned> ReadFlagsLocked();
   int ordinal_ = 0;
   std::string name_;
   DeviceHealth health_;
@@ -118,6 +122,9 @@ class CudaGradBuffer : public GradBuffer {
 
  private:
   CudaGradBuffer() = default;
+  // The weight's and the bias's real elements: the rows padding V to the
+  // GEMMs' multiple hold whatever the plans left there, never read.
+  DeviceContext::Ranges RealRanges() const;
   // The same-shape buffer of this engine, or INVALID_ARGUMENT naming `op`.
   absl::StatusOr<const CudaGradBuffer*> SameShape(const GradBuffer& other, const char* op) const;
   absl::Status CopyOut(const float* src, int64_t count, DType out_dtype, void* host_out) const;

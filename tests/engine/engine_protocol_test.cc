@@ -184,8 +184,11 @@ TEST_P(EngineProtocolTest, GradBufferScaleAndAddReportsNonFiniteContributionsAnd
   EXPECT_FALSE(*inf->AllFinite());
 
   // Finite contributions whose sum overflows: 0.6 x FLT_MAX twice at the largest element.
+  auto b = ReadGradBias(**source, DType::kF32);
+  ASSERT_TRUE(b.ok());
   double largest = 0.0;
   for (double v : *w) largest = std::max(largest, std::abs(v));
+  for (double v : *b) largest = std::max(largest, std::abs(v));
   ASSERT_GT(largest, 0.0);
   const float s = static_cast<float>(0.6 * std::numeric_limits<float>::max() / largest);
   auto big = engine_->NewGradBuffer(spec);
