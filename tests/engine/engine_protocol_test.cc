@@ -184,18 +184,23 @@ TEST_P(EngineProtocolTest, GradBufferScaleAndAddReportsNonFiniteContributionsAnd
   EXPECT_FALSE(*inf->AllFinite());
 
   // Finite contributions whose sum overflows: 0.6 x FLT_MAX twice at the largest element.
+  // The gradient is first scaled to a largest magnitude of 1, so that the factor
+  // itself stays a finite float whatever the gradient's scale.
   auto b = ReadGradBias(**source, DType::kF32);
   ASSERT_TRUE(b.ok());
   double largest = 0.0;
   for (double v : *w) largest = std::max(largest, std::abs(v));
   for (double v : *b) largest = std::max(largest, std::abs(v));
   ASSERT_GT(largest, 0.0);
-  const float s = static_cast<float>(0.6 * std::numeric_limits<float>::max() / largest);
+  auto unit = engine_->NewGradBuffer(spec);
+  ASSERT_TRUE(unit.ok() && (*unit)->AddScaled(**source, static_cast<float>(1.0 / largest)).ok());
+  const float s = 0.6f * std::numeric_limits<float>::max();
   auto big = engine_->NewGradBuffer(spec);
-  ASSERT_TRUE(big.ok() && (*big)->AddScaled(**source, s).ok());
+  ASSERT_TRUE(big.ok() && (*big)->AddScaled(**unit, s).ok());
   EXPECT_TRUE(*(*big)->AllFinite());
-  std::unique_ptr<GradBuffer> over = copy_of_source();
-  check = over->ScaleAndAdd(s, **big);
+  auto over = engine_->NewGradBuffer(spec);
+  ASSERT_TRUE(over.ok() && (*over)->AddScaled(**unit, 1.0f).ok());
+  check = (*over)->ScaleAndAdd(s, **big);
   ASSERT_TRUE(check.ok());
   EXPECT_TRUE(check->contribution_finite);
   EXPECT_FALSE(check->sum_finite);
