@@ -13,4 +13,4 @@ from flce import safetensors
 
 __all__ = ["Client", "ComputeResult", "GradResult", "FlceError", "LMHeadOutput",
            "RemoteLMHead", "safetensors"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
