@@ -21,14 +21,8 @@ class BadInputTest : public ServerTest {
  protected:
   void SetUp() override {
     StartServer(TestConfig());
-    ProblemSpec ps;
-    ps.vocab_size = 97;
-    ps.hidden_size = 16;
-    ps.num_tokens = 20;
-    ps.head_dtype = DType::kF32;
-    ps.hidden_dtype = DType::kF32;
-    problem_ = MakeProblem(ps);
-    row_bytes_ = ps.hidden_size * 4;
+    problem_ = MakeProblem(TinyF32Spec());
+    row_bytes_ = problem_.spec.hidden_size * 4;
     ASSERT_TRUE(UploadHead(stub(), "h", problem_).ok());
     // A session with a non-zero gradient, so "unchanged" means something.
     ComputeOutcome seed = Compute(stub(), MakeHeader(problem_, "h", "s", "seed"), problem_);

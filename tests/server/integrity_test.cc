@@ -10,7 +10,6 @@
 #include <thread>
 
 #include "gmock/gmock.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "tests/server/server_test_util.h"
 
@@ -25,13 +24,7 @@ class IntegrityTest : public ServerTest {
  protected:
   void SetUp() override {
     StartServer(TestConfig());
-    ProblemSpec ps;
-    ps.vocab_size = 97;
-    ps.hidden_size = 16;
-    ps.num_tokens = 20;
-    ps.head_dtype = DType::kF32;
-    ps.hidden_dtype = DType::kF32;
-    problem_ = MakeProblem(ps);
+    problem_ = MakeProblem(TinyF32Spec());
     ASSERT_TRUE(UploadHead(stub(), "h", problem_).ok());
     // A session with a non-zero gradient, so "unchanged" means something.
     ComputeOutcome seed = Compute(stub(), MakeHeader(problem_, "h", "s", "seed"), problem_);
@@ -110,35 +103,13 @@ TEST_F(IntegrityTest, CancelAfterEveryRowNeverLands) {
 
 // An undecodable message after a complete request is not an end of input.
 TEST_F(IntegrityTest, GarbageAfterEveryRowLandsNothing) {
-  grpc::GenericStub generic(channel());
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::CompletionQueue cq;
-  void* tag;
-  bool ok;
-  auto call = generic.PrepareCall(&context, "/flce.v1.Flce/Compute", &cq);
-  call->StartCall(reinterpret_cast<void*>(1));
-  cq.Next(&tag, &ok);
-  auto send = [&](const std::string& bytes) {
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer buffer(&slice, 1);
-    call->Write(buffer, reinterpret_cast<void*>(2));
-    cq.Next(&tag, &ok);
-  };
-  send(HeaderMessage(MakeHeader(problem_, "h", "s", "garbage")).SerializeAsString());
-  send(HiddenMessage(0, problem_.hidden_bytes).SerializeAsString());
-  send(std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11));  // a varint too long
-  call->WritesDone(reinterpret_cast<void*>(3));
-  cq.Next(&tag, &ok);
-  while (true) {
-    grpc::ByteBuffer in;
-    call->Read(&in, reinterpret_cast<void*>(4));
-    cq.Next(&tag, &ok);
-    if (!ok) break;
-  }
-  grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(5));
-  cq.Next(&tag, &ok);
+  std::string response;
+  grpc::Status status = RawStream(
+      channel().get(), "/flce.v1.Flce/Compute",
+      {HeaderMessage(MakeHeader(problem_, "h", "s", "garbage")).SerializeAsString(),
+       HiddenMessage(0, problem_.hidden_bytes).SerializeAsString(),
+       std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11)},  // a varint too long
+      &response);
   EXPECT_FALSE(status.ok());
   ASSERT_TRUE(WaitForPending(stub(), "s", 0));
   ExpectUnchanged();

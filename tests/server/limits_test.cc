@@ -19,23 +19,13 @@ using ::flce::test::MakeProblem;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-ProblemSpec Small() {
-  ProblemSpec ps;
-  ps.vocab_size = 97;
-  ps.hidden_size = 16;
-  ps.num_tokens = 20;
-  ps.head_dtype = DType::kF32;
-  ps.hidden_dtype = DType::kF32;
-  return ps;
-}
-
-constexpr int64_t kStagingBytes = 97 * 16 * 4;  // one staging buffer of Small()
+constexpr int64_t kStagingBytes = 97 * 16 * 4;  // one staging buffer of TinyF32Spec()
 
 class LimitsTest : public ServerTest {
  protected:
   void Start(const ServerConfig& config) {
     StartServer(config);
-    problem_ = MakeProblem(Small());
+    problem_ = MakeProblem(TinyF32Spec());
     ASSERT_TRUE(UploadHead(stub(), "h", problem_).ok());
   }
   Problem problem_;

@@ -1,5 +1,7 @@
 #include "tests/server/server_test_util.h"
 
+#include "grpcpp/generic/generic_stub.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -306,6 +308,50 @@ int FreePort() {
   int port = ntohs(addr.sin_port);
   close(fd);
   return port;
+}
+
+grpc::Status RawStream(grpc::Channel* channel, const std::string& method,
+                       const std::vector<std::string>& requests, std::string* response) {
+  grpc::GenericStub stub(channel->shared_from_this());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  void* tag;
+  bool ok;
+  auto call = stub.PrepareCall(&context, method, &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  for (const std::string& request : requests) {
+    grpc::Slice slice(request.data(), request.size());
+    grpc::ByteBuffer out(&slice, 1);
+    call->Write(out, reinterpret_cast<void*>(2));
+    cq.Next(&tag, &ok);
+  }
+  call->WritesDone(reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  while (true) {
+    grpc::ByteBuffer in;
+    call->Read(&in, reinterpret_cast<void*>(4));
+    cq.Next(&tag, &ok);
+    if (!ok) break;
+    std::vector<grpc::Slice> slices;
+    in.Dump(&slices);
+    for (const auto& s : slices) response->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  return status;
+}
+
+ProblemSpec TinyF32Spec() {
+  ProblemSpec ps;
+  ps.vocab_size = 97;
+  ps.hidden_size = 16;
+  ps.num_tokens = 20;
+  ps.head_dtype = DType::kF32;
+  ps.hidden_dtype = DType::kF32;
+  return ps;
 }
 
 }  // namespace flce::server::test

@@ -119,6 +119,16 @@ bool WaitForPending(v1::Flce::Stub& stub, const std::string& session_id, int64_t
 std::vector<double> Doubles(const std::vector<float>& values);
 std::vector<double> Scaled(const std::vector<double>& values, double scale);
 
+// Raw request messages on a (possibly streaming) method through the generic
+// stub, then a half-close; every response message concatenated into
+// *response. Bytes need not parse: that is what it is for.
+grpc::Status RawStream(grpc::Channel* channel, const std::string& method,
+                       const std::vector<std::string>& requests, std::string* response);
+
+// V=97, H=16, 20 tokens, fp32 head and hidden: the small problem of the
+// suites that check what a call leaves behind.
+ProblemSpec TinyF32Spec();
+
 // A free TCP port on 127.0.0.1 (bound and released).
 int FreePort();
 
