@@ -1,5 +1,6 @@
 #include "kernels/engine_factory.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -29,8 +30,9 @@ std::vector<std::string> PluginCandidates(const std::string& plugin_path) {
   std::vector<std::string> out;
   std::string dir = ExecutableDir();
   if (!dir.empty()) {
-    out.push_back(absl::StrCat(dir, "/", FLCE_CUDA_PLUGIN_FILE));
-    out.push_back(absl::StrCat(dir, "/../kernels/", FLCE_CUDA_PLUGIN_FILE));
+    out.push_back(absl::StrCat(dir, "/", FLCE_CUDA_PLUGIN_FILE));  // an install, the image
+    // The build tree: build/server/flce-server beside build/kernels/cuda/.
+    out.push_back(absl::StrCat(dir, "/../kernels/cuda/", FLCE_CUDA_PLUGIN_FILE));
     out.push_back(absl::StrCat(dir, "/../lib/", FLCE_CUDA_PLUGIN_FILE));
   }
   out.push_back(FLCE_CUDA_PLUGIN_FILE);
@@ -38,6 +40,20 @@ std::vector<std::string> PluginCandidates(const std::string& plugin_path) {
 }
 
 }  // namespace
+
+bool NvidiaGpuListed(const std::string& gpus_dir) {
+  DIR* dir = opendir(gpus_dir.c_str());
+  if (dir == nullptr) return false;
+  bool found = false;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') {
+      found = true;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
 
 absl::StatusOr<std::unique_ptr<Engine>> LoadCudaEngine(const EngineConfig& config,
                                                        const std::string& plugin_path) {

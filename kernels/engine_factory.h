@@ -19,10 +19,15 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateCpuEngine(const EngineConfig& conf
 
 // Loads the CUDA plugin and creates its engine. plugin_path empty: the
 // FLCE_CUDA_PLUGIN environment variable, else libflce_cuda.so beside the
-// running executable, else in ../lib from it, else the loader's search path.
+// running executable (an install, the image), else in ../kernels/cuda from it
+// (the build tree), else in ../lib from it, else the loader's search path.
 // UNAVAILABLE when the plugin is missing or no CUDA device is present.
 absl::StatusOr<std::unique_ptr<Engine>> LoadCudaEngine(const EngineConfig& config,
                                                        const std::string& plugin_path = "");
+
+// True when the NVIDIA driver lists a GPU (an entry under `gpus_dir`): a host
+// where --device auto falling back to the CPU is worth a warning.
+bool NvidiaGpuListed(const std::string& gpus_dir = "/proc/driver/nvidia/gpus");
 
 }  // namespace flce
 

@@ -2,9 +2,18 @@
 # Sets up and builds flce, starts flce-server on its embedded "demo" head
 # (V=32000, H=512, bf16), and runs a short client session against it:
 # a loss + grad_input computation, the accumulated grad_W, and a small bench.
+#   scripts/demo.sh [--skip-setup]   (--skip-setup: no package installs, e.g. on a GPU
+#                                     host without a registry; the build still runs)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-"$root/scripts/setup.sh"
+skip_setup=0
+for arg in "$@"; do
+  case "$arg" in
+    --skip-setup) skip_setup=1 ;;
+    *) echo "usage: $0 [--skip-setup]" >&2; exit 2 ;;
+  esac
+done
+((skip_setup)) || "$root/scripts/setup.sh"
 build="${FLCE_BUILD_DIR:-$root/build}"
 FLCE_BUILD_DIR="$build" "$root/scripts/build.sh"
 
@@ -39,6 +48,9 @@ if ! kill -0 "$server_pid" 2>/dev/null; then
   exit 1
 fi
 echo "== server"; client server-info
+engine="$(client server-info | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["engine"])')"
+echo "== served by the ${engine} engine"
+grep -E ' W |no CUDA engine' "$server_log" || true
 echo "== the embedded head"; client describe --head demo
 
 # 1024 tokens of random hidden states and targets, 5% of them ignored (-100).
@@ -59,4 +71,5 @@ client fetch-grad --head demo --session demo-session --out "$work/gw.npy" --rese
 echo "== bench: 4 steps of 4096 tokens"
 client bench --head demo --tokens 4096 --steps 4
 echo "== metrics (excerpt)"
-curl -s "http://127.0.0.1:$metrics_port/metrics" | grep -E '^flce_(requests|tokens)_total' | head -5 || true
+curl -s "http://127.0.0.1:$metrics_port/metrics" | grep -E '^flce_(requests|tokens)_total' || true
+echo "== the demo ran on the ${engine} engine"

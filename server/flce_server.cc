@@ -51,8 +51,15 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const ServerConfig& config)
       cuda.status().code() != absl::StatusCode::kUnavailable) {
     return cuda;
   }
-  LogInfo(absl::StrCat("--device=auto: no CUDA engine (", cuda.status().message(),
-                       "); using the CPU engine"));
+  const std::string fallback = absl::StrCat("--device=auto: no CUDA engine (",
+                                            cuda.status().message(), "); using the CPU engine");
+  if (NvidiaGpuListed()) {
+    // Serving on the CPU next to a GPU is almost never what was meant.
+    LogWarning(absl::StrCat(fallback, ", although the NVIDIA driver lists a GPU: pass "
+                                      "--cuda-plugin or set FLCE_CUDA_PLUGIN"));
+  } else {
+    LogInfo(fallback);
+  }
   return CreateCpuEngine(engine_config);
 }
 

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -26,6 +27,7 @@
 #include "client/cpp/health_check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/engine_factory.h"
 #include "tests/server/server_test_util.h"
 
 extern char** environ;
@@ -235,6 +237,34 @@ TEST(BinaryTest, SigtermDrainsTheCallInFlightAndExitsZero) {
   EXPECT_GT(out.summary.loss(), 0.0);
   EXPECT_EQ(server.WaitExit(std::chrono::seconds(30)), 0) << server.log();
   EXPECT_THAT(server.log(), HasSubstr("SIGTERM"));
+}
+
+#ifdef FLCE_TEST_CUDA_PLUGIN
+// The built flce-server, started as the README says (no FLCE_CUDA_PLUGIN, no
+// --cuda-plugin), finds the plugin where the build puts it: mapped whether or
+// not this machine has a GPU (without one the engine falls back to the CPU).
+TEST(BinaryTest, BuiltServerFindsThePluginInTheBuildTree) {
+  // Empty counts as unset, and comes before whatever the test's own environment says.
+  ServerProcess server({"--port=0", "--metrics-port=0", "--device=auto", "--threads=1"},
+                       {"FLCE_CUDA_PLUGIN="});
+  ASSERT_TRUE(server.spawned());
+  ASSERT_GT(server.WaitForPort(), 0) << server.log();
+  std::string maps = ReadFile(absl::StrCat("/proc/", server.pid(), "/maps"));
+  EXPECT_THAT(maps, HasSubstr(CudaPlugin())) << server.log();
+}
+#endif
+
+TEST(BinaryTest, NvidiaGpuListedReadsTheDriversDirectory) {
+  char dir_template[] = "/tmp/flce-gpus-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  EXPECT_FALSE(NvidiaGpuListed(dir)) << "empty: no GPU";
+  EXPECT_FALSE(NvidiaGpuListed(dir + "/absent")) << "no driver";
+  const std::string gpu = dir + "/0000:3b:00.0";
+  ASSERT_EQ(mkdir(gpu.c_str(), 0700), 0);
+  EXPECT_TRUE(NvidiaGpuListed(dir));
+  rmdir(gpu.c_str());
+  rmdir(dir.c_str());
 }
 
 TEST(BinaryTest, MetricsExposerServesBesideTheCudaPlugin) {
