@@ -2,8 +2,9 @@
 # Sets up and builds flce, starts flce-server on its embedded "demo" head
 # (V=32000, H=512, bf16), and runs a short client session against it:
 # a loss + grad_input computation, the accumulated grad_W, and a small bench.
-#   scripts/demo.sh [--skip-setup]   (--skip-setup: no package installs, e.g. on a GPU
-#                                     host without a registry; the build still runs)
+#   scripts/demo.sh [--skip-setup]   (--skip-setup: no package installs, and no build when
+#                                     the binaries are there already, e.g. a build tree
+#                                     carried to a GPU host without a registry)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 skip_setup=0
@@ -15,7 +16,10 @@ for arg in "$@"; do
 done
 ((skip_setup)) || "$root/scripts/setup.sh"
 build="${FLCE_BUILD_DIR:-$root/build}"
-FLCE_BUILD_DIR="$build" "$root/scripts/build.sh"
+python="${FLCE_PYTHON:-/usr/bin/python3}"  # with numpy (python3-numpy from setup.sh)
+if ! ((skip_setup)) || [ ! -x "$build/server/flce-server" ] || [ ! -x "$build/client/cli/flce-client" ]; then
+  FLCE_BUILD_DIR="$build" "$root/scripts/build.sh"
+fi
 
 port="${FLCE_PORT:-50051}"
 metrics_port="${FLCE_METRICS_PORT:-9464}"
@@ -48,13 +52,13 @@ if ! kill -0 "$server_pid" 2>/dev/null; then
   exit 1
 fi
 echo "== server"; client server-info
-engine="$(client server-info | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["engine"])')"
+engine="$(client server-info | "$python" -c 'import json, sys; print(json.load(sys.stdin)["engine"])')"
 echo "== served by the ${engine} engine"
 grep -E ' W |no CUDA engine' "$server_log" || true
 echo "== the embedded head"; client describe --head demo
 
 # 1024 tokens of random hidden states and targets, 5% of them ignored (-100).
-/usr/bin/python3 - "$work" <<'PY'
+"$python" - "$work" <<'PY'
 import sys, numpy as np
 rng = np.random.default_rng(0)
 h = rng.standard_normal((1024, 512), dtype=np.float32)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Packs flce-server, flce-client, the CUDA plugin and flce_host_bench (with their non-system
+# Packs flce-server, flce-client, the CUDA plugin and flce_host_bench in the build tree's
+# layout (with their non-system
 # shared libraries) into .served-dist/ (git-ignored) for the device machine:
 # pass `carry: [".served-dist"]` and run scripts/gpu/run_served.sh there.
 set -euo pipefail
@@ -7,13 +8,20 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build-main}
 dist=$root/.served-dist
 ninja -C "$build" -j2 flce-server flce-client flce_cuda flce_host_bench
-rm -rf "$dist" && mkdir -p "$dist/lib"
-cp "$build/server/flce-server" "$build/client/cli/flce-client" "$build/kernels/cuda/libflce_cuda.so" \
-   "$build/bench/server/flce_host_bench" "$dist/"
-for bin in "$dist"/flce-* "$dist"/flce_host_bench "$dist"/libflce_cuda.so; do ldd "$bin" | awk '/=>/{print $3}'; done | sort -u |
+rm -rf "$dist" && mkdir -p "$dist/lib" "$dist/server" "$dist/client/cli" "$dist/kernels/cuda" \
+  "$dist/bench/server"
+# The build tree's layout: flce-server must find the plugin there by itself, as it does
+# for a user who runs build/server/flce-server (no FLCE_CUDA_PLUGIN, no --cuda-plugin).
+cp "$build/server/flce-server" "$dist/server/"
+cp "$build/client/cli/flce-client" "$dist/client/cli/"
+cp "$build/kernels/cuda/libflce_cuda.so" "$dist/kernels/cuda/"
+cp "$build/bench/server/flce_host_bench" "$dist/bench/server/"
+bins=("$dist/server/flce-server" "$dist/client/cli/flce-client" "$dist/kernels/cuda/libflce_cuda.so"
+      "$dist/bench/server/flce_host_bench")
+for bin in "${bins[@]}"; do ldd "$bin" | awk '/=>/{print $3}'; done | sort -u |
   grep -v -E 'libc\.so|libm\.so|libstdc|libgcc_s|ld-linux|libcudart|libcublas|libdl\.so|libpthread|librt\.so' |
   xargs -r -I{} cp -L {} "$dist/lib/"
-strip --strip-debug "$dist"/flce-* "$dist"/flce_host_bench "$dist"/libflce_cuda.so "$dist"/lib/*
+strip --strip-debug "${bins[@]}" "$dist"/lib/*
 git -C "$root" rev-parse HEAD >"$dist/COMMIT"
 # OpenBLAS alone is 36 MB: compress, the tree that travels is limited to 64 MiB.
 tar -C "$root" -cJf /tmp/served.tar.xz .served-dist && rm -rf "$dist" && mkdir "$dist" && mv /tmp/served.tar.xz "$dist/"

@@ -3,14 +3,19 @@
 # inputs through flce-server --device cuda and --device cpu, compared; then
 # end-to-end tokens/s through gRPC on loopback at the first bench shape.
 set -u -o pipefail
-dist=$(pwd)/.served-dist; [ -x "$dist/flce-server" ] || tar -xJf "$dist/served.tar.xz"
+dist=$(pwd)/.served-dist; [ -x "$dist/server/flce-server" ] || tar -xJf "$dist/served.tar.xz"
 out=${OUT:-/tmp/flce-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+unset FLCE_CUDA_PLUGIN  # the server must find the plugin in the build tree's layout by itself
+# The README's demo on the packed build tree: which engine served it.
+FLCE_PYTHON="$(command -v python3)" FLCE_BUILD_DIR="$dist" FLCE_PORT=50071 FLCE_METRICS_PORT=50072 scripts/demo.sh --skip-setup \
+  >"$out/demo.log" 2>&1
+echo "demo rc=$?: $(grep -E 'served by|ran on|W flce-server' "$out/demo.log" | tr '\n' ' ')"
 py=$(command -v python3)
-"$dist/flce-server" --port 50061 --metrics-port 0 --device cuda >"$out/server-cuda.log" 2>&1 &
-"$dist/flce-server" --port 50062 --metrics-port 0 --device cpu >"$out/server-cpu.log" 2>&1 &
-cl() { "$dist/flce-client" --target "127.0.0.1:$1" "${@:2}"; }
+"$dist/server/flce-server" --port 50061 --metrics-port 0 --device cuda >"$out/server-cuda.log" 2>&1 &
+"$dist/server/flce-server" --port 50062 --metrics-port 0 --device cpu >"$out/server-cpu.log" 2>&1 &
+cl() { "$dist/client/cli/flce-client" --target "127.0.0.1:$1" "${@:2}"; }
 for port in 50061 50062; do
   for _ in $(seq 1 200); do cl $port health >/dev/null 2>&1 && break; sleep 0.1; done
 done
@@ -44,5 +49,5 @@ cl 50061 bench --head seed --tokens 65535 --steps 5 --warmup 2 | tee "$out/serve
 rm -f "$out"/w.npy "$out"/*.npy
 kill %1 %2; wait
 # The per-byte host work of a call (fingerprint, non-finite scans) on this host's cores.
-"$dist/flce_host_bench" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+"$dist/bench/server/flce_host_bench" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/host-bench.json" 2>&1 | tee "$out/host-bench.log"
