@@ -2,7 +2,7 @@
 # Regenerates the Python client's gRPC stubs (client/python/flce/v1/flce_pb2*.py) from
 # proto/flce/v1/flce.proto. The stubs are committed, so that `import flce` and
 # `pip install client/python` need neither protoc nor the proto; run this after every
-# change to the proto and commit the result (tests/python/test_stubs.py compares them).
+# change to the proto and commit the result (tests/python/test_packaging.py compares them).
 #
 # Usage: scripts/gen_python_stubs.sh [OUT_DIR]   (default: client/python, the package root)
 #

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "client" / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import flce  # noqa: E402  (generates the stubs when needed)
+import flce  # noqa: E402
 import fake_server  # noqa: E402
 
 SERVER_BIN = os.environ.get("FLCE_SERVER_BIN", "")

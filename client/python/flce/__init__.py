@@ -6,11 +6,18 @@
     head.load_from_module(model.lm_head)
     loss = head(hidden, targets)      # instead of F.cross_entropy(model.lm_head(hidden), targets)
 """
-from flce.client import Client, ComputeResult, GradResult
-from flce.errors import FlceError
-from flce.module import LMHeadOutput, RemoteLMHead
-from flce import safetensors
+# the package's one version: pyproject.toml reads it from here (without importing flce)
+__version__ = "0.2.0"
+
+from flce.client import Client, ComputeResult, GradResult  # noqa: E402
+from flce.errors import FlceError  # noqa: E402
+from flce.module import LMHeadOutput, RemoteLMHead  # noqa: E402
+from flce.results import (CommitResult, ComputeSummary, ContributionState, DType,  # noqa: E402
+                          GradHeader, HeadInfo, ServerInfo, SessionInfo, Timings,
+                          UnloadResult)
+from flce import safetensors  # noqa: E402
 
 __all__ = ["Client", "ComputeResult", "GradResult", "FlceError", "LMHeadOutput",
-           "RemoteLMHead", "safetensors"]
-__version__ = "0.2.0"
+           "RemoteLMHead", "safetensors", "CommitResult", "ComputeSummary",
+           "ContributionState", "DType", "GradHeader", "HeadInfo", "ServerInfo",
+           "SessionInfo", "Timings", "UnloadResult"]

@@ -17,6 +17,8 @@ from flce import security, tensors, wire
 from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.errors import FlceError, translate
+from flce.results import (CommitResult, ComputeSummary, GradHeader, HeadInfo, ServerInfo,
+                          SessionInfo, UnloadResult)
 
 REDUCTIONS = {"mean": pb.REDUCTION_MEAN, "sum": pb.REDUCTION_SUM, "none": pb.REDUCTION_NONE}
 STRATEGIES = {"auto": pb.STRATEGY_AUTO, "chunked": pb.STRATEGY_CHUNKED,
@@ -52,7 +54,7 @@ def _decode_fetch_response(raw: bytes):
 @dataclass
 class ComputeResult:
     """What one Compute call returned. Per-token tensors are None unless asked for."""
-    summary: pb.ComputeSummary
+    summary: ComputeSummary
     grad_input: Optional[torch.Tensor] = None  # [N, H], the hidden dtype
     token_outputs: Dict[str, torch.Tensor] = field(default_factory=dict)  # [N] each
 
@@ -69,7 +71,7 @@ class ComputeResult:
 class GradResult:
     weight: torch.Tensor            # [V, H]
     bias: Optional[torch.Tensor]    # [V] or None
-    header: pb.GradHeader
+    header: GradHeader
     request_id: str = ""            # as sent: the caller's, or one generated for a reset
 
 
@@ -146,37 +148,39 @@ class Client:
 
     # ---------------------------------------------------------------- heads --
     @translate("GetServerInfo")
-    def server_info(self) -> pb.ServerInfo:
-        return self._stub.GetServerInfo(pb.ServerInfoRequest(), timeout=self.timeout)
+    def server_info(self) -> ServerInfo:
+        return ServerInfo.from_pb(self._stub.GetServerInfo(pb.ServerInfoRequest(),
+                                                           timeout=self.timeout))
 
     @translate("ListHeads")
-    def heads(self) -> List[pb.HeadInfo]:
-        return list(self._stub.ListHeads(pb.ListHeadsRequest(), timeout=self.timeout).heads)
+    def heads(self) -> List[HeadInfo]:
+        return [HeadInfo.from_pb(h) for h in
+                self._stub.ListHeads(pb.ListHeadsRequest(), timeout=self.timeout).heads]
 
     @translate("DescribeHead")
-    def describe_head(self, head_id: str) -> pb.HeadInfo:
-        return self._stub.DescribeHead(pb.DescribeHeadRequest(head_id=head_id),
-                                       timeout=self.timeout)
+    def describe_head(self, head_id: str) -> HeadInfo:
+        return HeadInfo.from_pb(self._stub.DescribeHead(pb.DescribeHeadRequest(head_id=head_id),
+                                                        timeout=self.timeout))
 
     @translate("UnloadHead")
-    def unload_head(self, head_id: str) -> pb.UnloadHeadResponse:
-        return self._stub.UnloadHead(pb.UnloadHeadRequest(head_id=head_id),
-                                     timeout=self.timeout)
+    def unload_head(self, head_id: str) -> UnloadResult:
+        return UnloadResult.from_pb(self._stub.UnloadHead(pb.UnloadHeadRequest(head_id=head_id),
+                                                          timeout=self.timeout))
 
     @translate("LoadHeadFromFile")
     def load_head_from_file(self, head_id: str, path: str, weight_tensor: str,
                             bias_tensor: str = "", dtype: Optional[torch.dtype] = None
-                            ) -> pb.HeadInfo:
+                            ) -> HeadInfo:
         """A safetensors file the SERVER reads (path relative to its --head-root)."""
         req = pb.LoadHeadFromFileRequest(
             head_id=head_id, path=path, weight_tensor=weight_tensor, bias_tensor=bias_tensor,
             dtype=tensors.wire_dtype(dtype) if dtype is not None else pb.DTYPE_UNSPECIFIED)
-        return self._stub.LoadHeadFromFile(req, timeout=self.timeout)
+        return HeadInfo.from_pb(self._stub.LoadHeadFromFile(req, timeout=self.timeout))
 
     @translate("UploadHead")
     def upload_head(self, head_id: str, weight: torch.Tensor,
                     bias: Optional[torch.Tensor] = None,
-                    dtype: Optional[torch.dtype] = None) -> pb.HeadInfo:
+                    dtype: Optional[torch.dtype] = None) -> HeadInfo:
         """Streams W [V, H] (and b [V]) to the server, which keeps them resident in `dtype`
         (default: the weight's). Replacing a head bumps its version."""
         dtype = dtype or weight.dtype
@@ -198,7 +202,7 @@ class Client:
                 for off, piece in tensors.byte_chunks(t, self.chunk_bytes):
                     yield wire.encode_tensor_chunk(role, off, piece)
 
-        return self._upload(requests(), timeout=self.timeout)
+        return HeadInfo.from_pb(self._upload(requests(), timeout=self.timeout))
 
     # -------------------------------------------------------------- compute --
     def compute(self, head_id: str, hidden: torch.Tensor, targets: torch.Tensor, *,
@@ -302,7 +306,7 @@ class Client:
             if not asm.complete:
                 raise FlceError("Compute", grpc.StatusCode.INTERNAL,
                                 f"{name}: {asm.rows_filled} of {n} rows received")
-        return ComputeResult(summary=summary,
+        return ComputeResult(summary=ComputeSummary.from_pb(summary),
                              grad_input=grad.tensor if grad else None,
                              token_outputs={k: a.tensor.reshape(-1) for k, a in per_token.items()})
 
@@ -310,14 +314,15 @@ class Client:
     @translate("Commit")
     def commit(self, head_id: str, request_id: str, scale: float = 1.0, *,
                session_id: Optional[str] = None, discard: bool = False,
-               timeout: Optional[float] = None) -> pb.CommitResponse:
+               timeout: Optional[float] = None) -> CommitResult:
         """Lands (grad_W += scale × staged) or discards a deferred call's contribution.
         scale is always sent explicitly, 0.0 included (unset would mean 1.0)."""
         req = pb.CommitRequest(head_id=head_id, request_id=request_id, discard=discard,
                                session_id=session_id if session_id is not None
                                else self.session_id)
-        return self._commit(wire.encode_commit(req.SerializeToString(), scale),
-                            timeout=timeout if timeout is not None else self.timeout)
+        return CommitResult.from_pb(
+            self._commit(wire.encode_commit(req.SerializeToString(), scale),
+                         timeout=timeout if timeout is not None else self.timeout))
 
     def fetch_grad(self, head_id: str, *, session_id: Optional[str] = None,
                    dtype: torch.dtype = torch.float32, reset: bool = False,
@@ -362,8 +367,8 @@ class Client:
                 bias = tensors.RowAssembler(header.vocab_size, 1, dt) if header.has_bias else None
         if header is None or not weight.complete or (bias is not None and not bias.complete):
             raise FlceError("FetchGrad", grpc.StatusCode.INTERNAL, "incomplete gradient stream")
-        return GradResult(weight.tensor, bias.tensor.reshape(-1) if bias else None, header,
-                          request_id)
+        return GradResult(weight.tensor, bias.tensor.reshape(-1) if bias else None,
+                          GradHeader.from_pb(header), request_id)
 
     @translate("ZeroGrad")
     def zero_grad(self, head_id: str, *, session_id: Optional[str] = None) -> None:
@@ -373,9 +378,10 @@ class Client:
             timeout=self.timeout)
 
     @translate("ListSessions")
-    def sessions(self, head_id: str = "") -> List[pb.SessionInfo]:
-        return list(self._stub.ListSessions(pb.ListSessionsRequest(head_id=head_id),
-                                            timeout=self.timeout).sessions)
+    def sessions(self, head_id: str = "") -> List[SessionInfo]:
+        return [SessionInfo.from_pb(s) for s in
+                self._stub.ListSessions(pb.ListSessionsRequest(head_id=head_id),
+                                        timeout=self.timeout).sessions]
 
     @translate("DeleteSession")
     def delete_session(self, head_id: str, session_id: Optional[str] = None) -> None:

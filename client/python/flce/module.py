@@ -18,6 +18,7 @@ from flce import safetensors
 from flce.autograd import CallConfig, FusedLoss, PerTokenLoss
 from flce.client import Client, GradResult
 from flce.errors import FlceError
+from flce.results import ComputeSummary, HeadInfo
 
 REDUCTIONS = ("mean", "sum", "none")
 _LOSS_OPTIONS = ("ignore_index", "label_smoothing", "z_loss", "softcap", "temperature",
@@ -61,10 +62,12 @@ class RemoteLMHead(nn.Module):
         # stands in for the remote weight in the graph, so that backward (and the grad_W
         # commit) runs even when hidden does not require grad
         self._weight_anchor = torch.empty(0, requires_grad=True)
-        self.last_summary = None  # the latest ComputeSummary (n_valid, accuracy, timings)
+        # the latest flce.ComputeSummary (n_valid, accuracy, timings); None after an overflow
+        self.last_summary: Optional[ComputeSummary] = None
 
     # ------------------------------------------------------------- the head --
-    def load_from_module(self, lm_head: nn.Linear, dtype: Optional[torch.dtype] = None):
+    def load_from_module(self, lm_head: nn.Linear,
+                         dtype: Optional[torch.dtype] = None) -> HeadInfo:
         """Uploads lm_head.weight [V, H] (and lm_head.bias) in `dtype` (default theirs)."""
         return self.client.upload_head(self.head_id, lm_head.weight.detach(),
                                        None if lm_head.bias is None else lm_head.bias.detach(),
@@ -72,13 +75,13 @@ class RemoteLMHead(nn.Module):
 
     def load_from_safetensors(self, path, weight_tensor: str = "lm_head.weight",
                               bias_tensor: Optional[str] = None,
-                              dtype: Optional[torch.dtype] = None):
+                              dtype: Optional[torch.dtype] = None) -> HeadInfo:
         """Reads the tensors from a local safetensors file and uploads them."""
         w = safetensors.load_tensor(path, weight_tensor)
         b = safetensors.load_tensor(path, bias_tensor) if bias_tensor else None
         return self.client.upload_head(self.head_id, w, b, dtype=dtype)
 
-    def info(self):
+    def info(self) -> HeadInfo:
         return self.client.describe_head(self.head_id)
 
     # ------------------------------------------------------------ gradients --
