@@ -277,8 +277,8 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   }
   scope_->set_strategy(result.strategy_used);
   if (ctx_.metrics != nullptr) {
-    ctx_.metrics->RecordCompute(head_.head_id, result.strategy_used, spec_.num_tokens,
-                                result.engine_ms / 1000.0);
+    ctx_.metrics->RecordCompute(head_.owner, head_.head_id, result.strategy_used,
+                                spec_.num_tokens, result.engine_ms / 1000.0);
   }
 
   auto response = std::make_unique<v1::ComputeResponse>();

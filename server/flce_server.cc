@@ -26,6 +26,21 @@
 namespace flce::server {
 namespace {
 
+// Where /metrics listens when --metrics-host is not given: the host of the
+// gRPC address ("127.0.0.1" of "127.0.0.1:50051"). Debian's civetweb (under
+// prometheus-cpp) binds IPv4 only, so IPv6's wildcard and loopback map to
+// IPv4's; another IPv6 address fails the start, asking for --metrics-host.
+std::string DefaultMetricsHost(const std::string& address) {
+  size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "::") return "0.0.0.0";
+  if (host == "::1") return "127.0.0.1";
+  return host;
+}
+
 std::string RandomInstanceId() {
   std::random_device device;
   std::mt19937_64 rng((static_cast<uint64_t>(device()) << 32) ^ device());
@@ -114,7 +129,9 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   FLCE_ASSIGN_OR_RETURN(auth_, Authenticator::Create(config.auth_token_file));
   FLCE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         ServerCredentialsFor(config));
-  FLCE_ASSIGN_OR_RETURN(metrics_, Metrics::Create(config.metrics_port));
+  const std::string metrics_host =
+      config.metrics_host.empty() ? DefaultMetricsHost(config.address) : config.metrics_host;
+  FLCE_ASSIGN_OR_RETURN(metrics_, Metrics::Create(metrics_host, config.metrics_port));
   pool_ = std::make_unique<ThreadPool>(config.rpc_threads);
 
   ctx_.config = config;
@@ -153,7 +170,8 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   server_->GetHealthCheckService()->SetServingStatus(true);
   LogSecurity(config, auth_->token_count());
   LogInfo(absl::StrCat("serving flce.v1.Flce on port ", port_, ", instance ", ctx_.instance_id,
-                       metrics_->port() != 0 ? absl::StrCat(", /metrics on port ", metrics_->port())
+                       metrics_->port() != 0 ? absl::StrCat(", /metrics on ", metrics_host,
+                                                            " port ", metrics_->port())
                                              : std::string(", metrics not served")));
   housekeeping_ = std::thread([this] { Housekeeping(); });
   return absl::OkStatus();
@@ -201,9 +219,11 @@ void FlceServer::Housekeeping() {
     Metrics::Snapshot gauges;
     std::vector<HeadEntry> heads = heads_.ListAll();
     gauges.heads = static_cast<int64_t>(heads.size());
-    // Labelled by head id only (no tenant label): tenants' heads of one id add up.
+    // Shared heads by id; tenants' heads all add up under one label (Metrics::HeadLabel).
     std::map<std::string, int64_t> weight_bytes;
-    for (const HeadEntry& head : heads) weight_bytes[head.head_id] += HeadBytes(head.head->spec());
+    for (const HeadEntry& head : heads) {
+      weight_bytes[Metrics::HeadLabel(head.owner, head.head_id)] += HeadBytes(head.head->spec());
+    }
     metrics_->SetHeadWeights(weight_bytes);
     for (const SessionSummary& s : sessions_->ListAll()) {
       ++gauges.sessions;

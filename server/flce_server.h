@@ -49,6 +49,8 @@ class FlceServer {
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_->port(); }
+  // What /metrics serves now, whether or not it is served (tests).
+  std::string metrics_text() const { return metrics_->Text(); }
   const std::string& instance_id() const { return ctx_.instance_id; }
 
   // Health NOT_SERVING, no new calls, calls in flight get up to config.drain

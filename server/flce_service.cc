@@ -14,6 +14,7 @@
 #include "server/head_info.h"
 #include "server/head_loader.h"
 #include "server/head_registry.h"
+#include "server/metrics.h"
 #include "server/session_id.h"
 #include "server/status_mapping.h"
 #include "server/upload_reactor.h"
@@ -160,6 +161,11 @@ grpc::ServerUnaryReactor* FlceService::UnloadHead(grpc::CallbackServerContext* c
                               ctx_.heads->WriteOwner(who.tenant, who.admin, request->head_id()));
         FLCE_ASSIGN_OR_RETURN(HeadEntry entry, ctx_.heads->Remove(owner, request->head_id()));
         int64_t dropped = ctx_.sessions->DeleteHead(entry.owner, entry.head_id);
+        // A shared head's series go now; the tenants' aggregate stays while
+        // any tenant head is left (the housekeeping sweep drops it after).
+        if (ctx_.metrics != nullptr && entry.owner.empty()) {
+          ctx_.metrics->ForgetHead(Metrics::HeadLabel(entry.owner, entry.head_id));
+        }
         FillHeadInfo(entry, dropped, response->mutable_head());
         response->set_sessions_dropped(dropped);
         return absl::OkStatus();

@@ -29,6 +29,8 @@
 ABSL_FLAG(int, port, 50051, "gRPC port (0 = any free port)");
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port (0 = off)");
+ABSL_FLAG(std::string, metrics_host, "",
+          "address /metrics listens on (empty = the same as --host)");
 ABSL_FLAG(std::string, device, "auto", "cpu, cuda, or auto (CUDA if present, else CPU)");
 ABSL_FLAG(int64_t, workspace_mb, 2048, "engine workspace budget in MiB");
 ABSL_FLAG(int64_t, max_message_mb, 64, "largest gRPC message the server accepts, in MiB");
@@ -122,6 +124,7 @@ int main(int argc, char** argv) {
   flce::server::ServerConfig config;
   config.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
   config.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  config.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   config.device = absl::GetFlag(FLAGS_device);
   config.cuda_plugin_path = absl::GetFlag(FLAGS_cuda_plugin);
   config.workspace_bytes = absl::GetFlag(FLAGS_workspace_mb) << 20;

@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -10,14 +11,31 @@
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+#include "server/process_metrics.h"
 #include "server/status_mapping.h"
+
+// Both set by server/CMakeLists.txt; the commit is `git rev-parse --short
+// HEAD` when CMake configured the build tree.
+#ifndef FLCE_VERSION
+#define FLCE_VERSION "0.0.0"
+#endif
+#ifndef FLCE_COMMIT
+#define FLCE_COMMIT "unknown"
+#endif
 
 namespace flce::server {
 
-absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(int port) {
+std::string Metrics::HeadLabel(absl::string_view owner, absl::string_view head_id) {
+  return std::string(owner.empty() ? head_id : kTenantHeads);
+}
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host, int port) {
   std::unique_ptr<Metrics> metrics(new Metrics());
   metrics->registry_ = std::make_shared<prometheus::Registry>();
+  metrics->process_ = std::make_shared<ProcessCollector>();
   prometheus::Registry& registry = *metrics->registry_;
   metrics->requests_ = &prometheus::BuildCounter()
                             .Name("flce_requests_total")
@@ -58,21 +76,35 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(int port) {
   metrics->sessions_ = gauge("flce_sessions", "Live gradient sessions");
   metrics->sessions_pending_ = gauge("flce_sessions_with_pending_gradients",
                                      "Sessions holding staged (uncommitted) contributions");
-  metrics->workspace_in_use_ =
-      gauge("flce_workspace_bytes_in_use", "Engine workspace high-water mark");
+  // The engines report only the largest workspace any call used since start
+  // (EngineInfo::workspace_peak_bytes), not what is in use at the scrape.
+  metrics->workspace_peak_ =
+      gauge("flce_workspace_peak_bytes", "Largest engine workspace any call used since start");
   metrics->workspace_budget_ =
       gauge("flce_workspace_budget_bytes", "Engine workspace budget (--workspace-mb)");
   metrics->gpu_used_ = gauge("flce_gpu_memory_used_bytes", "Device memory in use (0 on CPU)");
   metrics->gpu_total_ = gauge("flce_gpu_memory_total_bytes", "Device memory size (0 on CPU)");
+  prometheus::BuildGauge()
+      .Name("flce_build_info")
+      .Help("Always 1; the labels say which build of flce-server runs")
+      .Register(registry)
+      .Add({{"version", FLCE_VERSION}, {"commit", FLCE_COMMIT}})
+      .Set(1);
   if (port != 0) {
-    // civetweb reports failures (port taken, no worker thread) as exceptions.
+    // civetweb wants IPv6 addresses in brackets ("[::1]:9464").
+    const std::string bind = host.find(':') != std::string::npos && host.front() != '['
+                                 ? absl::StrCat("[", host, "]:", port)
+                                 : absl::StrCat(host, ":", port);
+    // civetweb reports failures (port taken, no such address, no worker
+    // thread) as exceptions.
     try {
-      metrics->exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat("0.0.0.0:", port));
+      metrics->exposer_ = std::make_unique<prometheus::Exposer>(bind);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot serve /metrics on --metrics-port=", port, ": ", e.what()));
+      return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", bind,
+                                                 " (--metrics-host, --metrics-port): ", e.what()));
     }
     metrics->exposer_->RegisterCollectable(metrics->registry_);
+    metrics->exposer_->RegisterCollectable(metrics->process_);
     std::vector<int> ports = metrics->exposer_->GetListeningPorts();
     metrics->port_ = ports.empty() ? port : ports.front();
   }
@@ -89,10 +121,17 @@ void Metrics::RecordRequest(absl::string_view rpc, grpc::StatusCode code, double
   duration_->Add({{"rpc", std::string(rpc)}}, kBuckets).Observe(seconds);
 }
 
-void Metrics::RecordCompute(absl::string_view head_id, absl::string_view strategy, int64_t tokens,
-                            double engine_seconds) {
-  tokens_->Add({{"head", std::string(head_id)}, {"strategy", std::string(strategy)}})
-      .Increment(static_cast<double>(tokens));
+void Metrics::RecordCompute(absl::string_view owner, absl::string_view head_id,
+                            absl::string_view strategy, int64_t tokens, double engine_seconds) {
+  {
+    const std::string label = HeadLabel(owner, head_id);
+    absl::MutexLock lock(&head_mu_);
+    prometheus::Counter*& counter = token_counters_[label][std::string(strategy)];
+    if (counter == nullptr) {
+      counter = &tokens_->Add({{"head", label}, {"strategy", std::string(strategy)}});
+    }
+    counter->Increment(static_cast<double>(tokens));
+  }
   // 0.1 ms to 10 s in ~x2.5 steps (docs/METRICS.md).
   static const prometheus::Histogram::BucketBoundaries kBuckets = {
       0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
@@ -117,16 +156,34 @@ void Metrics::AddSentBytes(absl::string_view rpc, int64_t bytes) {
   sent_->Add({{"rpc", std::string(rpc)}}).Increment(static_cast<double>(bytes));
 }
 
-void Metrics::SetHeadWeights(const std::map<std::string, int64_t>& bytes_by_head) {
-  absl::MutexLock lock(&head_weight_mu_);
-  for (auto it = head_weight_gauges_.begin(); it != head_weight_gauges_.end();) {
-    if (bytes_by_head.count(it->first) == 0) {
-      head_weight_->Remove(it->second);
-      it = head_weight_gauges_.erase(it);
-    } else {
-      ++it;
-    }
+void Metrics::RemoveHeadLocked(const std::string& label) {
+  auto weight = head_weight_gauges_.find(label);
+  if (weight != head_weight_gauges_.end()) {
+    head_weight_->Remove(weight->second);
+    head_weight_gauges_.erase(weight);
   }
+  auto tokens = token_counters_.find(label);
+  if (tokens != token_counters_.end()) {
+    for (const auto& [strategy, counter] : tokens->second) tokens_->Remove(counter);
+    token_counters_.erase(tokens);
+  }
+}
+
+void Metrics::ForgetHead(const std::string& label) {
+  absl::MutexLock lock(&head_mu_);
+  RemoveHeadLocked(label);
+}
+
+void Metrics::SetHeadWeights(const std::map<std::string, int64_t>& bytes_by_head) {
+  absl::MutexLock lock(&head_mu_);
+  std::vector<std::string> gone;
+  for (const auto& [label, gauge] : head_weight_gauges_) {
+    if (bytes_by_head.count(label) == 0) gone.push_back(label);
+  }
+  for (const auto& [label, counters] : token_counters_) {
+    if (bytes_by_head.count(label) == 0) gone.push_back(label);
+  }
+  for (const std::string& label : gone) RemoveHeadLocked(label);
   for (const auto& [head, bytes] : bytes_by_head) {
     prometheus::Gauge*& gauge = head_weight_gauges_[head];
     if (gauge == nullptr) gauge = &head_weight_->Add({{"head", head}});
@@ -138,10 +195,18 @@ void Metrics::SetGauges(const Snapshot& s) {
   heads_->Set(static_cast<double>(s.heads));
   sessions_->Set(static_cast<double>(s.sessions));
   sessions_pending_->Set(static_cast<double>(s.sessions_with_pending));
-  workspace_in_use_->Set(static_cast<double>(s.workspace_peak_bytes));
+  workspace_peak_->Set(static_cast<double>(s.workspace_peak_bytes));
   workspace_budget_->Set(static_cast<double>(s.workspace_budget_bytes));
   gpu_used_->Set(static_cast<double>(s.gpu_memory_used));
   gpu_total_->Set(static_cast<double>(s.gpu_memory_total));
+}
+
+std::string Metrics::Text() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& family : process_->Collect()) {
+    families.push_back(std::move(family));
+  }
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace flce::server

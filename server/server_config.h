@@ -14,6 +14,9 @@ struct ServerConfig {
   // "host:port"; port 0 picks a free one (FlceServer::port() says which).
   std::string address = "0.0.0.0:50051";
   int metrics_port = 9464;       // 0 = no /metrics exposer
+  // Address /metrics listens on; empty = the host part of `address`, so a
+  // server told to listen on loopback does not expose /metrics beyond it.
+  std::string metrics_host;
   std::string device = "auto";   // "cpu", "cuda" or "auto"
   std::string cuda_plugin_path;  // empty = the loader's search order
   int64_t workspace_bytes = int64_t{2048} << 20;

@@ -8,7 +8,12 @@
   dashboard   the Grafana dashboard parses, names only metrics of docs/METRICS.md, shows
               the panels the operations guide describes, and every query is valid PromQL
               (promtool, with Grafana's variables substituted); the alert rules name only
-              contract metrics; the provisioning files point at the dashboard
+              contract metrics; the dashboard's error panels and the error-rate alert
+              leave out the same codes (OK, CANCELLED); the provisioning files point at
+              the dashboard
+  alerts      promtool test rules tests/deploy/alert_rules_test.yml: the alerts fire
+              for the series they are meant for (one dead server among two, errors
+              without client cancellations) and no others
   dockerfile  the Dockerfile's stages, user, ports, health check and entrypoint, its build
               packages against scripts/setup.sh, and .dockerignore
 
@@ -165,6 +170,19 @@ def check_prometheus(root, c):
     return c.finish()
 
 
+def check_alerts(root, c):
+    exe = shutil.which("promtool")
+    if not exe:
+        print("SKIP: promtool is not installed (Debian: prometheus; scripts/setup.sh installs it)")
+        return fc.SKIP
+    # promtool resolves the test file's rule_files relative to the test file.
+    test = os.path.join(root, "tests", "deploy", "alert_rules_test.yml")
+    rc, out = run([exe, "test", "rules", test])
+    print(out.strip())
+    c.check(rc == 0, "promtool test rules tests/deploy/alert_rules_test.yml failed")
+    return c.finish()
+
+
 # ----------------------------------------------------------------- dashboard --
 
 def check_dashboard(root, c):
@@ -222,7 +240,7 @@ def check_dashboard(root, c):
               r"histogram_quantile\(0\.99,.*flce_engine_duration_seconds_bucket")
     has_panel("errors by code", r'by \([^)]*code[^)]*\) \(rate\(flce_requests_total\{[^}]*code!="OK"')
     has_panel("GPU memory", r"flce_gpu_memory_used_bytes")
-    has_panel("workspace", r"flce_workspace_bytes_in_use")
+    has_panel("workspace", r"flce_workspace_peak_bytes")
     has_panel("heads", r"flce_heads_loaded")
     has_panel("sessions", r"flce_sessions\b")
     has_panel("bytes in", r"rate\(flce_received_bytes_total")
@@ -249,10 +267,23 @@ def check_dashboard(root, c):
     c.check("type: file" in prov and re.search(r"^\s*path:\s*\S+", prov, re.M) is not None,
             "the dashboard provider needs type: file and options.path")
 
-    # Alert rules: contract metrics only.
+    # Alert rules: contract metrics only (and the series Prometheus adds per target).
     for where, expr in fc.rules_expressions(root):
-        for n in fc.promql_metric_names(expr):
+        for n in fc.rule_metric_names(expr):
             c.check(n in allowed, f"rule {where}: '{n}' is not a metric of docs/METRICS.md")
+
+    # "Error" means one thing on the dashboard and in the alert: whatever leaves out OK
+    # leaves out CANCELLED (the client gave up) too, as FlceErrorRateHigh does.
+    error_exprs = [(f"rule {w}", e) for w, e in fc.rules_expressions(root)] + queries
+    n_error = 0
+    for where, expr in error_exprs:
+        if "flce_requests_total" not in expr or not re.search(r'code\s*!=\s*"OK"', expr):
+            continue
+        n_error += 1
+        c.check(re.search(r'code\s*!=\s*"CANCELLED"', expr) is not None,
+                f"{where}: counts CANCELLED as an error, the other error queries do not: {expr}")
+    c.check(n_error >= 3, f"found {n_error} error-rate expressions, want the alert and the "
+                          "dashboard's two error panels")
 
     # PromQL syntax, through promtool: every query as a recording rule.
     exe = shutil.which("promtool")
@@ -395,8 +426,8 @@ def check_dockerfile(root, c):
         needed = (p.endswith("-dev") or p in ("cmake", "ninja-build", "pkg-config",
                                              "protobuf-compiler", "protobuf-compiler-grpc",
                                              "build-essential"))
-        if p in ("libgtest-dev", "libgmock-dev", "libbenchmark-dev"):
-            needed = False  # tests and benchmarks are not built in the image
+        if p in ("libgtest-dev", "libgmock-dev", "libbenchmark-dev", "libclang-rt-14-dev"):
+            needed = False  # tests, benchmarks and the fuzzer are not built in the image
         if needed:
             c.check(p in installed, f"the build stage does not install {p} (scripts/setup.sh does)")
     c.check("libflce_cuda.so" in build_runs, "the build stage should pick up libflce_cuda.so")
@@ -472,11 +503,13 @@ def check_dockerfile(root, c):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
-    ap.add_argument("group", choices=["compose", "prometheus", "dashboard", "dockerfile"])
+    ap.add_argument("group", choices=["compose", "prometheus", "dashboard", "dockerfile",
+                                      "alerts"])
     args = ap.parse_args()
     c = fc.Checks(f"deploy {args.group}")
     fn = {"compose": check_compose, "prometheus": check_prometheus,
-          "dashboard": check_dashboard, "dockerfile": check_dockerfile}[args.group]
+          "dashboard": check_dashboard, "dockerfile": check_dockerfile,
+          "alerts": check_alerts}[args.group]
     try:
         return fn(os.path.abspath(args.root), c)
     except fc.CheckFailed as e:

@@ -40,13 +40,19 @@ class Checks:
 
 # ---------------------------------------------------------------- the contract --
 
+# Series Prometheus itself records for every target it scrapes: rules may read them, the
+# server does not export them.
+PROMETHEUS_SERIES = {"up"}
+
+
 def read_metrics_contract(root):
-    """{metric name: type} from the table of docs/METRICS.md."""
+    """{metric name: type} from the tables of docs/METRICS.md (flce's own metrics and the
+    standard process_* ones)."""
     path = os.path.join(root, "docs", "METRICS.md")
     metrics = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
-            m = re.match(r"^\|\s*`(flce_[a-z0-9_]+)`\s*\|\s*(counter|gauge|histogram|summary)\s*\|"
+            m = re.match(r"^\|\s*`((?:flce|process)_[a-z0-9_]+)`\s*\|\s*(counter|gauge|histogram|summary)\s*\|"
                          r"\s*([^|]*)\|", line)
             if m:
                 labels = [l.strip(" `") for l in m.group(3).split(",") if l.strip(" `")]
@@ -116,6 +122,11 @@ def promql_metric_names(expr):
             continue
         names.append(ident)
     return names
+
+
+def rule_metric_names(expr):
+    """promql_metric_names of an alert or recording rule, less PROMETHEUS_SERIES."""
+    return [n for n in promql_metric_names(expr) if n not in PROMETHEUS_SERIES]
 
 
 def label_values_metric(query):

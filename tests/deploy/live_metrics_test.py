@@ -157,7 +157,7 @@ def main():
     for n in fc.dashboard_metric_names(fc.load_dashboard(root)):
         wanted.add(allowed.get(n, n))
     for _, expr in fc.rules_expressions(root):
-        for n in fc.promql_metric_names(expr):
+        for n in fc.rule_metric_names(expr):
             wanted.add(allowed.get(n, n))
 
     with tempfile.TemporaryDirectory(prefix="flce-deploy-") as work:
@@ -248,7 +248,8 @@ def main():
                         and bool(fc.select(samples, "flce_sessions_with_pending_gradients"))
                         and fc.total(samples, "flce_sessions_with_pending_gradients") == 0
                         and bool(inflight) and all(v == 0 for v in inflight)
-                        and fc.total(samples, "flce_workspace_budget_bytes") > 0)
+                        and fc.total(samples, "flce_workspace_budget_bytes") > 0
+                        and fc.total(samples, "flce_workspace_peak_bytes") > 0)
 
             after_types, after = {}, []
             deadline = time.time() + 15
@@ -356,10 +357,11 @@ def main():
     c.check(inflight and all(v == 0 for v in inflight),
             f"flce_inflight_requests should be 0 once the calls are done: {inflight}")
     budget = gauge("flce_workspace_budget_bytes")
-    used = gauge("flce_workspace_bytes_in_use")
+    peak = gauge("flce_workspace_peak_bytes")
     c.check(budget is not None and budget > 0, f"flce_workspace_budget_bytes = {budget}")
-    c.check(used is not None and budget is not None and 0 <= used <= budget,
-            f"flce_workspace_bytes_in_use = {used}, budget {budget}")
+    # One compute ran: the high-water mark is above 0 and within the budget.
+    c.check(peak is not None and budget is not None and 0 < peak <= budget,
+            f"flce_workspace_peak_bytes = {peak}, budget {budget}")
     c.check(gauge("flce_gpu_memory_used_bytes") == 0 and gauge("flce_gpu_memory_total_bytes") == 0,
             "flce_gpu_memory_*_bytes should be 0 on the CPU engine")
 

@@ -193,7 +193,7 @@ TEST(BinaryTest, HelpListsTheServersFlags) {
   EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("No flags matched")));
   for (const char* flag : {"--port", "--host", "--workspace_mb", "--threads", "--demo_head",
                            "--cuda_plugin", "--max_concurrent_streams", "--max_head_bytes",
-                           "--max_upload_bytes", "--max_response_mb"}) {
+                           "--max_upload_bytes", "--max_response_mb", "--metrics_host"}) {
     EXPECT_THAT(text, ::testing::HasSubstr(flag)) << text;
   }
 }
@@ -265,6 +265,33 @@ TEST(BinaryTest, NvidiaGpuListedReadsTheDriversDirectory) {
   EXPECT_TRUE(NvidiaGpuListed(dir));
   rmdir(gpu.c_str());
   rmdir(dir.c_str());
+}
+
+// --metrics-host reaches the exposer: 127.0.0.2 is loopback, but a socket
+// bound to it does not accept on 127.0.0.1 (nor one bound to 127.0.0.1 on it).
+TEST(BinaryTest, MetricsHostFlagPicksTheExposersAddress) {
+  int metrics_port = FreePort();
+  ServerProcess server({"--host=127.0.0.1", "--port=0", "--metrics-host=127.0.0.2",
+                        absl::StrCat("--metrics-port=", metrics_port), "--device=cpu",
+                        "--threads=1", "--demo-head=false"},
+                       {});
+  ASSERT_TRUE(server.spawned());
+  ASSERT_GT(server.WaitForPort(), 0) << server.log();
+  auto accepts = [metrics_port](const char* ip) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(metrics_port));
+    inet_pton(AF_INET, ip, &addr.sin_addr);
+    bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    return ok;
+  };
+  EXPECT_TRUE(accepts("127.0.0.2")) << server.log();
+  EXPECT_FALSE(accepts("127.0.0.1")) << server.log();
+  EXPECT_THAT(server.log(), HasSubstr("/metrics on 127.0.0.2 port"));
+  kill(server.pid(), SIGTERM);
+  EXPECT_EQ(server.WaitExit(std::chrono::seconds(30)), 0) << server.log();
 }
 
 TEST(BinaryTest, MetricsExposerServesBesideTheCudaPlugin) {
