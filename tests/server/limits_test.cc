@@ -123,7 +123,8 @@ TEST_F(LimitsTest, CallsBeyondStagingMemoryWaitInsteadOfBeingRefused) {
       second = Compute(stub(), MakeHeader(problem_, "h", "s", "second"), problem_);
       second_done = true;
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    // Long enough for the second call's header to reach the server on a loaded machine.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
     EXPECT_FALSE(second_done.load()) << "the second call should wait for staging memory";
   };
   ComputeOutcome first = Compute(stub(), MakeHeader(problem_, "h", "s", "first"), problem_, options);
@@ -145,12 +146,12 @@ TEST_F(LimitsTest, StagingQueueBoundDeadlineAndSizeAreNamed) {
   options.on_pause = [&] {
     ASSERT_TRUE(WaitForPending(stub(), "s", 1));
     ComputeOptions short_deadline;
-    short_deadline.deadline = std::chrono::milliseconds(1500);
+    short_deadline.deadline = std::chrono::milliseconds(3000);
     std::thread t([&] {
       waits_too_long =
           Compute(stub(), MakeHeader(problem_, "h", "s", "late"), problem_, short_deadline);
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // "late" is queued now
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // "late" is queued by now
     queue_full = Compute(stub(), MakeHeader(problem_, "h", "s", "full"), problem_);
     t.join();
   };
