@@ -294,9 +294,13 @@ absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset, int64_t b
   }
   int64_t rows = bytes / row_bytes;
   if (token_offset < 0 || token_offset >= num_tokens_ || rows > num_tokens_ - token_offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hidden chunk rows [", token_offset, ", ", token_offset + rows,
-                     ") are outside [0, num_tokens = ", num_tokens_, ")"));
+    // The end is written out only when it fits an int64: a client picks the offset.
+    const std::string end = token_offset > std::numeric_limits<int64_t>::max() - rows
+                                ? absl::StrCat(token_offset, " + ", rows)
+                                : absl::StrCat(token_offset + rows);
+    return absl::InvalidArgumentError(absl::StrCat("hidden chunk rows [", token_offset, ", ", end,
+                                                   ") are outside [0, num_tokens = ",
+                                                   num_tokens_, ")"));
   }
   int64_t end = token_offset + rows;
   // The first range starting at or after end cannot overlap; the one before

@@ -1,5 +1,6 @@
 // Pieces of the server on their own: the outcome log's bound, hidden-row
 // bookkeeping, --head-root resolution, and the status mapping.
+#include <limits>
 #include <unistd.h>
 
 #include <filesystem>
@@ -55,6 +56,16 @@ TEST(OutcomeLogTest, ForgetsOldestFinishedOutcomesButKeepsStagedOnes) {
   log.Erase("b");
   EXPECT_EQ(log.Find("b"), nullptr);
   EXPECT_EQ(log.size(), 2u);
+}
+
+// An offset a client chose near INT64_MAX: refused, and its message computes no
+// overflowing end (UBSan in the fuzz run caught the old one).
+TEST(HiddenRowTrackerTest, HugeOffsetIsRefusedWithoutOverflow) {
+  HiddenRowTracker rows(10);
+  absl::StatusOr<int64_t> n = rows.Accept(std::numeric_limits<int64_t>::max(), 8, 4);
+  ASSERT_FALSE(n.ok());
+  EXPECT_THAT(std::string(n.status().message()),
+              ::testing::HasSubstr("9223372036854775807 + 2) are outside [0, num_tokens = 10)"));
 }
 
 TEST(HiddenRowTrackerTest, AcceptsAnyOrderAndRejectsOverlapsAndGaps) {
