@@ -50,6 +50,14 @@ absl::string_view Basename(absl::string_view path) {
 
 void WriteLocked(Logger& logger, LogLevel level, absl::string_view message)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(logger.mu) {
+  // Lines quote what clients send (ids, before they are validated): one call
+  // must not be able to write megabytes.
+  std::string cut;
+  if (message.size() > kMaxLogMessageBytes) {
+    cut = absl::StrCat(message.substr(0, kMaxLogMessageBytes), "...(",
+                       message.size() - kMaxLogMessageBytes, " more bytes)");
+    message = cut;
+  }
   std::string line =
       absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()), " ",
                    LevelLetter(level), " flce-server: ", message, "\n");
@@ -100,11 +108,11 @@ void Log(LogLevel level, absl::string_view message, const char* file, int line) 
   LogRateLimiter::Verdict verdict = logger.limiter.Admit(site, absl::Now());
   if (verdict.suppressed > 0) {
     const LogRateLimit& limit = logger.limiter.limit();
-    WriteLocked(logger, level,
-                absl::StrCat(verdict.suppressed, " line(s) from ", Basename(site),
-                             " suppressed over ", absl::FormatDuration(verdict.suppressed_over),
-                             " (at most ", limit.lines, " per ",
-                             absl::FormatDuration(limit.interval), " from one place)"));
+    WriteLocked(
+        logger, level,
+        absl::StrCat(verdict.suppressed, " line(s) from ", Basename(site), " suppressed over ",
+                     absl::FormatDuration(verdict.suppressed_over), " (at most ", limit.lines,
+                     " per ", absl::FormatDuration(limit.interval), " from one place)"));
   }
   if (verdict.write) WriteLocked(logger, level, message);
 }

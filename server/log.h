@@ -13,6 +13,7 @@
 #ifndef FLCE_SERVER_LOG_H_
 #define FLCE_SERVER_LOG_H_
 
+#include <cstddef>
 #include <functional>
 
 #include "absl/strings/string_view.h"
@@ -21,6 +22,9 @@
 namespace flce::server {
 
 enum class LogLevel { kInfo, kWarning, kError };
+
+// Longer messages are cut to this many bytes, and say how many were left out.
+inline constexpr size_t kMaxLogMessageBytes = 16384;
 
 // One line "<UTC time> <I|W|E> flce-server: <message>" on stderr, subject to
 // its call site's rate limit. Thread-safe: the line is written with a single

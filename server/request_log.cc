@@ -8,7 +8,9 @@
 namespace flce::server {
 
 std::string QuoteLogValue(absl::string_view value) {
-  bool plain = !value.empty();
+  const size_t left_out = value.size() > kMaxLogValueBytes ? value.size() - kMaxLogValueBytes : 0;
+  value = value.substr(0, kMaxLogValueBytes);
+  bool plain = !value.empty() && left_out == 0;
   for (char c : value) {
     unsigned char u = static_cast<unsigned char>(c);
     if (u <= 0x20 || u >= 0x7f || c == '"' || c == '\\' || c == '=') plain = false;
@@ -26,6 +28,7 @@ std::string QuoteLogValue(absl::string_view value) {
       out += c;
     }
   }
+  if (left_out > 0) absl::StrAppend(&out, "...(", left_out, " more bytes)");
   out += '"';
   return out;
 }

@@ -7,6 +7,7 @@
 #ifndef FLCE_SERVER_REQUEST_LOG_H_
 #define FLCE_SERVER_REQUEST_LOG_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -28,6 +29,10 @@ struct RequestLogLine {
 };
 
 std::string FormatRequestLog(const RequestLogLine& line);
+
+// Values are what clients sent, validated or not: beyond this many bytes one
+// is cut, quoted, and says how much was left out.
+inline constexpr size_t kMaxLogValueBytes = 512;
 
 // value as is when it is a plain word, else in double quotes with `"` and `\`
 // escaped and control bytes as \xNN.

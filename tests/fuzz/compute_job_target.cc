@@ -62,8 +62,8 @@ Grads AllGrads(server::SessionStore& store) {
 // What the call asked for, as far as its first message says.
 struct CallOutline {
   std::optional<v1::ComputeHeader> header;
-  std::optional<HeadSpec> head;         // the head the caller sees under header.head_id
-  std::optional<ComputeSpec> spec;      // the header validated against it
+  std::optional<HeadSpec> head;     // the head the caller sees under header.head_id
+  std::optional<ComputeSpec> spec;  // the header validated against it
   SessionKey session;
 };
 
@@ -77,9 +77,9 @@ CallOutline OutlineOf(const std::vector<absl::string_view>& records, const serve
     return outline;
   }
   outline.header = first.header();
-  outline.session = {who.tenant, outline.header->head_id(),
-                     outline.header->session_id().empty() ? "default"
-                                                          : outline.header->session_id()};
+  outline.session = {
+      who.tenant, outline.header->head_id(),
+      outline.header->session_id().empty() ? "default" : outline.header->session_id()};
   absl::StatusOr<server::HeadEntry> head = heads.Get(who.tenant, outline.header->head_id());
   if (!head.ok()) return outline;
   outline.head = head->head->spec();
@@ -93,10 +93,9 @@ CallOutline OutlineOf(const std::vector<absl::string_view>& records, const serve
 int64_t CheckChunks(const std::vector<SentChunk>& chunks, int64_t num_tokens, const char* what) {
   std::vector<std::pair<int64_t, int64_t>> ranges;
   for (const SentChunk& c : chunks) {
-    FUZZ_CHECK(c.num_tokens >= 1 && c.token_offset >= 0 &&
-                   c.num_tokens <= num_tokens - c.token_offset,
-               what, " chunk [", c.token_offset, ", +", c.num_tokens, ") outside [0, ", num_tokens,
-               ")");
+    FUZZ_CHECK(
+        c.num_tokens >= 1 && c.token_offset >= 0 && c.num_tokens <= num_tokens - c.token_offset,
+        what, " chunk [", c.token_offset, ", +", c.num_tokens, ") outside [0, ", num_tokens, ")");
     ranges.emplace_back(c.token_offset, c.token_offset + c.num_tokens);
   }
   std::sort(ranges.begin(), ranges.end());
@@ -148,8 +147,8 @@ void CheckResponses(const CallOutline& call, const SentLog& sent, const absl::St
   }
   const OutputSelection& want = spec.outputs;
   bool per_token = want.per_token_loss || want.logprob || want.entropy || want.accuracy;
-  FUZZ_CHECK(output_rows == (per_token ? spec.num_tokens : 0), "token outputs cover ",
-             output_rows, " of ", spec.num_tokens, " tokens");
+  FUZZ_CHECK(output_rows == (per_token ? spec.num_tokens : 0), "token outputs cover ", output_rows,
+             " of ", spec.num_tokens, " tokens");
   const v1::ComputeSummary& summary = *sent.summary;
   FUZZ_CHECK(summary.n_valid() >= 0 && summary.n_valid() <= spec.num_tokens, "n_valid ",
              summary.n_valid());
@@ -201,7 +200,8 @@ void RunComputeJobs(const FuzzInput& input) {
   static const bool verbose = std::getenv("FLCE_FUZZ_VERBOSE") != nullptr;
 
   FuzzContext fc;
-  for (const std::vector<absl::string_view>& records : SplitCalls(input.records, kMaxCallsPerInput)) {
+  for (const std::vector<absl::string_view>& records :
+       SplitCalls(input.records, kMaxCallsPerInput)) {
     CallOutline call = OutlineOf(records, who, *fc.ctx.heads);
     Grads before = AllGrads(*fc.sessions);
     FakeComputeChannel channel(records, behaviour);
@@ -220,7 +220,9 @@ void RunComputeJobs(const FuzzInput& input) {
     if (verbose) {
       std::fprintf(stderr, "flce fuzz: call of %zu messages: %s%s\n", records.size(),
                    status.ToString().c_str(),
-                   sent.summary.has_value() ? absl::StrCat(" ", sent.summary->ShortDebugString()).c_str() : "");
+                   sent.summary.has_value()
+                       ? absl::StrCat(" ", sent.summary->ShortDebugString()).c_str()
+                       : "");
     }
     CheckResponses(call, sent, status);
     const bool landed = status.ok() && sent.summary->committed() && !sent.summary->replayed();

@@ -28,7 +28,8 @@ struct ChannelBehaviour {
 struct SentChunk {
   int64_t token_offset = 0;
   int64_t num_tokens = 0;
-  std::vector<int64_t> bytes;  // grad_input: {data}; token outputs: {loss, logprob, entropy, correct}
+  std::vector<int64_t>
+      bytes;  // grad_input: {data}; token outputs: {loss, logprob, entropy, correct}
 };
 
 struct SentLog {

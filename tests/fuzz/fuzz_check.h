@@ -15,11 +15,11 @@ namespace flce::fuzz {
 
 }  // namespace flce::fuzz
 
-#define FUZZ_CHECK(cond, ...)                                                             \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
+#define FUZZ_CHECK(cond, ...)                                                                \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
       ::flce::fuzz::InvariantBroken(__FILE__, __LINE__, #cond, ::absl::StrCat(__VA_ARGS__)); \
-    }                                                                                     \
+    }                                                                                        \
   } while (0)
 
 #endif  // FLCE_TESTS_FUZZ_FUZZ_CHECK_H_

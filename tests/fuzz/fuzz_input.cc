@@ -22,7 +22,8 @@ FuzzInput ParseFuzzInput(const uint8_t* data, size_t size) {
   input.body = absl::string_view(reinterpret_cast<const char*>(data) + 1, size - 1);
   absl::string_view rest = input.body;
   while (rest.size() >= 2) {
-    size_t length = static_cast<uint8_t>(rest[0]) | (static_cast<size_t>(static_cast<uint8_t>(rest[1])) << 8);
+    size_t length =
+        static_cast<uint8_t>(rest[0]) | (static_cast<size_t>(static_cast<uint8_t>(rest[1])) << 8);
     rest.remove_prefix(2);
     length = std::min(length, rest.size());
     input.records.push_back(rest.substr(0, length));

@@ -188,7 +188,8 @@ bool WriteAll(const std::string& dir) {
     ok &= Write(dir, "job_no_end_message", kJob, {HeaderRecord(h), ChunkRecord(kF32, 0, 4)});
     ok &= Write(dir, "job_wrong_end_count", kJob,
                 {HeaderRecord(h), ChunkRecord(kF32, 0, 4), EndRecord(5)});
-    ok &= Write(dir, "job_cancelled_at_end", kCancelAtEnd, {HeaderRecord(h), ChunkRecord(kF32, 0, 4)});
+    ok &= Write(dir, "job_cancelled_at_end", kCancelAtEnd,
+                {HeaderRecord(h), ChunkRecord(kF32, 0, 4)});
     ok &= Write(dir, "job_gone_before_sent", kGoneBeforeSent, FullCall(kF32, h, 2));
     ok &= Write(dir, "job_gone_while_streaming", kRoomFailsAt2, FullCall(kF32, h, 1));
   }

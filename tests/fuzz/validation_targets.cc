@@ -44,17 +44,17 @@ void CheckSpec(const v1::ComputeHeader& header, const HeadSpec& head) {
   const int64_t n = spec->num_tokens;
   FUZZ_CHECK(n >= 1 && n <= kFuzzMaxTokens, "num_tokens ", n, " accepted");
   FUZZ_CHECK(n == header.num_tokens(), "num_tokens changed");
-  FUZZ_CHECK(header.hidden_size() == 0 || header.hidden_size() == head.hidden_size,
-             "hidden_size ", header.hidden_size(), " accepted for H = ", head.hidden_size);
+  FUZZ_CHECK(header.hidden_size() == 0 || header.hidden_size() == head.hidden_size, "hidden_size ",
+             header.hidden_size(), " accepted for H = ", head.hidden_size);
   FUZZ_CHECK(static_cast<int64_t>(spec->targets.size()) == n, "targets size");
   for (int32_t y : spec->targets) {
     FUZZ_CHECK(y == spec->ignore_index || (y >= 0 && y < head.vocab_size), "target ", y,
                " accepted for V = ", head.vocab_size);
   }
   const LossOptions& o = spec->options;
-  FUZZ_CHECK(std::isfinite(o.label_smoothing) && o.label_smoothing >= 0.0f &&
-                 o.label_smoothing <= 1.0f,
-             "label_smoothing ", o.label_smoothing);
+  FUZZ_CHECK(
+      std::isfinite(o.label_smoothing) && o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f,
+      "label_smoothing ", o.label_smoothing);
   FUZZ_CHECK(std::isfinite(o.z_loss_scale) && o.z_loss_scale >= 0.0f, "z_loss_scale ",
              o.z_loss_scale);
   FUZZ_CHECK(std::isfinite(o.softcap) && o.softcap >= 0.0f, "softcap ", o.softcap);
@@ -158,8 +158,9 @@ void RunHiddenRowTrackerChecks(const FuzzInput& input) {
   absl::Status complete = tracker.CheckComplete();
   FUZZ_CHECK(complete.ok() == (received == num_tokens), complete.ToString());
   if (!complete.ok()) {
-    FUZZ_CHECK(absl::StrContains(complete.message(), absl::StrCat("first missing row ", first_missing)),
-               complete.ToString(), " but the first missing row is ", first_missing);
+    FUZZ_CHECK(
+        absl::StrContains(complete.message(), absl::StrCat("first missing row ", first_missing)),
+        complete.ToString(), " but the first missing row is ", first_missing);
   }
 }
 

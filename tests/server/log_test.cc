@@ -1,18 +1,21 @@
 // The logger's per-call-site rate limit, and libprotobuf's messages routed
 // through it once a server has started: a peer sending strings that are not
 // UTF-8 costs the log a bounded number of lines, not one per message.
+#include "server/log.h"
+
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "flce/v1/flce.pb.h"
 #include "gtest/gtest.h"
-#include "server/log.h"
 #include "server/log_rate_limiter.h"
+#include "server/request_log.h"
 #include "tests/server/server_test_util.h"
 
 namespace flce::server {
@@ -116,6 +119,56 @@ TEST_F(LogLimitTest, UnthrottledLinesAreAllWritten) {
   CapturedLog log;
   for (int i = 0; i < 100; ++i) LogUnthrottled(LogLevel::kInfo, "request line");
   EXPECT_EQ(log.Count("request line"), 100);
+}
+
+TEST_F(LogLimitTest, ALongMessageIsCutAndSaysHowMuchWasLeftOut) {
+  CapturedLog log;
+  LogUnthrottled(LogLevel::kWarning, std::string(1 << 20, 'x'));
+  std::vector<std::string> lines = log.lines();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_LT(lines[0].size(), kMaxLogMessageBytes + 200);
+  EXPECT_TRUE(absl::EndsWith(
+      lines[0], absl::StrCat("x...(", (1 << 20) - kMaxLogMessageBytes, " more bytes)\n")))
+      << lines[0].substr(lines[0].size() - 100);
+}
+
+// A client's ids reach the request line before they are validated: a
+// megabyte-long one costs the log a few kilobytes, not a megabyte.
+class RequestLineLengthTest : public test::ServerTest {
+ protected:
+  void TearDown() override {
+    SetLogQuiet(false);
+    test::ServerTest::TearDown();
+  }
+};
+
+TEST_F(RequestLineLengthTest, AHugeRequestIdMakesOneShortLine) {
+  StartServer(test::TestConfig());
+  SetLogQuiet(false);  // the refusal's request line is at info level
+  CapturedLog log;
+  v1::ComputeHeader header;
+  header.set_request_id(std::string(1 << 20, 'r'));
+  header.set_head_id("no-such-head");
+  header.set_num_tokens(1);
+  test::ComputeOutcome out = test::ComputeMessages(stub(), {test::HeaderMessage(header)});
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << out.status.error_message();
+  // The line is written once the call is done, just after the client hears of it.
+  std::vector<std::string> lines;
+  for (int i = 0; i < 500 && lines.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (const std::string& line : log.lines()) {
+      if (absl::StrContains(line, "request id=")) lines.push_back(line);
+    }
+  }
+  ASSERT_EQ(lines.size(), 1u);
+  const std::string& line = lines[0];
+  EXPECT_LT(line.size(), 2048u) << line.substr(0, 200);
+  // Cut inside its value, the id leaves the rest of the line whole.
+  EXPECT_TRUE(absl::StrContains(
+      line, absl::StrCat("rrr...(", (1 << 20) - kMaxLogValueBytes, " more bytes)\" rpc=Compute")))
+      << line;
+  EXPECT_TRUE(absl::StrContains(line, "code=INVALID_ARGUMENT")) << line;
 }
 
 class ProtobufLogTest : public test::ServerTest {
