@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/dtype.h"
+#include "kernels/optimizer.h"
 
 namespace flce {
 
@@ -44,14 +45,19 @@ struct HeadSpec {
   bool has_bias = false;
 };
 
-// A resident LM head. Immutable once built: replacing a head builds a new one,
-// and calls in flight keep the old one alive through their shared_ptr.
+// A resident LM head. Immutable once built (except by its HeadOptimizer's
+// Step, see Engine::CreateOptimizer): replacing a head builds a new one, and
+// calls in flight keep the old one alive through their shared_ptr.
 class Head {
  public:
   virtual ~Head() = default;
   virtual const HeadSpec& spec() const = 0;
   // Bytes the head occupies where it lives (device or host).
   virtual int64_t resident_bytes() const = 0;
+  // Elements [begin, begin + count) of the weight (row-major) or the bias, in
+  // the head's dtype, into host memory: the values compute calls use.
+  virtual absl::Status CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
+                               void* host_out) const = 0;
 };
 
 // Streams a head's weight (and bias) into the engine's memory.
@@ -71,6 +77,11 @@ struct FiniteCheck {
   bool contribution_finite = true;  // every element of scale x this
   bool sum_finite = true;           // every element of base + scale x this
   bool ok() const { return contribution_finite && sum_finite; }
+};
+
+struct GradNorms {
+  double weight_sq = 0.0;
+  double bias_sq = 0.0;
 };
 
 // An fp32 V x H (+ V bias) gradient accumulator in the engine's memory: a
@@ -93,6 +104,9 @@ class GradBuffer {
   virtual absl::StatusOr<FiniteCheck> ScaleAndAdd(float scale, const GradBuffer& base) = 0;
   // True when every element (weight and bias) is finite.
   virtual absl::StatusOr<bool> AllFinite() const = 0;
+  // Sums of squares of the weight's and the bias's elements, accumulated in
+  // fp64 in a fixed order (the same buffer gives the same bits every time).
+  virtual absl::StatusOr<GradNorms> SquaredNorms() const = 0;
   // Weight rows [row_begin, row_begin + rows) into host memory as fp32 or bf16.
   virtual absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
                                       void* host_out) const = 0;
@@ -119,17 +133,17 @@ struct OutputSelection {
 
 struct ComputeSpec {
   int64_t num_tokens = 0;
-  DType hidden_dtype = DType::kBF16;       // of AddHidden's bytes and of grad_input
-  std::vector<int32_t> targets;            // num_tokens
+  DType hidden_dtype = DType::kBF16;  // of AddHidden's bytes and of grad_input
+  std::vector<int32_t> targets;       // num_tokens
   int32_t ignore_index = -100;
   Reduction reduction = Reduction::kMean;
   LossOptions options;
-  std::vector<float> token_weights;        // a_t; empty = from the reduction
-  std::vector<float> entropy_weights;      // e_t; empty = 0
+  std::vector<float> token_weights;    // a_t; empty = from the reduction
+  std::vector<float> entropy_weights;  // e_t; empty = 0
   OutputSelection outputs;
   Strategy strategy = Strategy::kAuto;
   bool deterministic = false;
-  int64_t chunk_tokens = 0;                // 0 = engine's choice
+  int64_t chunk_tokens = 0;  // 0 = engine's choice
   // Where this call's grad_W (and grad_b) is ADDED, already multiplied by
   // grad_scale. nullptr = forward only (no gradient work at all).
   GradBuffer* grad_out = nullptr;
@@ -169,10 +183,10 @@ class ComputeCall {
 };
 
 struct EngineInfo {
-  std::string name;                   // "cpu" or "cuda:<device name>"
+  std::string name;  // "cpu" or "cuda:<device name>"
   int64_t workspace_budget_bytes = 0;
-  int64_t workspace_peak_bytes = 0;   // high-water mark since start
-  int64_t device_memory_used = 0;     // 0 where not applicable
+  int64_t workspace_peak_bytes = 0;  // high-water mark since start
+  int64_t device_memory_used = 0;    // 0 where not applicable
   int64_t device_memory_total = 0;
 };
 
@@ -185,13 +199,20 @@ class Engine {
   virtual absl::StatusOr<std::unique_ptr<GradBuffer>> NewGradBuffer(const HeadSpec& spec) = 0;
   virtual absl::StatusOr<std::unique_ptr<ComputeCall>> StartCompute(
       std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) = 0;
+  // Optimizer state for `head`, its master initialised from the resident
+  // weight (widened to fp32), moments zero, no steps. The state's Step writes
+  // the head's weight in place: the one exception to a Head's immutability,
+  // allowed only while no compute call uses the head. INVALID_ARGUMENT for a
+  // config ValidateOptimizerGroup refuses.
+  virtual absl::StatusOr<std::unique_ptr<HeadOptimizer>> CreateOptimizer(
+      std::shared_ptr<const Head> head, const OptimizerConfig& config) = 0;
   // False after an unrecoverable (sticky) device error: the process should exit.
   virtual bool healthy() const = 0;
 };
 
 struct EngineConfig {
   int64_t workspace_bytes = int64_t{2048} << 20;
-  int threads = 0;      // CPU engine threads; 0 = hardware concurrency
+  int threads = 0;  // CPU engine threads; 0 = hardware concurrency
   int device_ordinal = 0;
 };
 

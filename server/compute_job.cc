@@ -32,6 +32,7 @@ void ComputeJob::Abandon() {
   // and handing grad_input to the sender.
   call_.reset();
   grad_input_.reset();
+  head_use_.Release();
   if (slot_held_) {
     ctx_.sessions->AbortContribution(*session_, request_id_, deferred_);
     slot_held_ = false;
@@ -80,8 +81,8 @@ absl::Status ComputeJob::Run() {
         status = absl::InvalidArgumentError("header sent twice: only the first message is one");
         break;
       default:
-        status = absl::InvalidArgumentError(
-            "a request message holds none of header, hidden or end");
+        status =
+            absl::InvalidArgumentError("a request message holds none of header, hidden or end");
     }
   }
   if (!status.ok()) Abandon();
@@ -97,6 +98,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   FLCE_RETURN_IF_ERROR(ValidateId(header.head_id(), "head_id"));
   FLCE_RETURN_IF_ERROR(ValidateRequestId(header.request_id(), "request_id"));
   FLCE_ASSIGN_OR_RETURN(head_, ctx_.heads->Get(who_.tenant, header.head_id()));
+  FLCE_RETURN_IF_ERROR(EnterHead(header.head_id()));
   if (header.has_expected_head_version() && header.expected_head_version() != head_.version) {
     return absl::FailedPreconditionError(absl::StrCat(
         "head \"", head_.head_id, "\" is at version ", head_.version,
@@ -131,19 +133,20 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   if (!forward_only_) {
     FLCE_ASSIGN_OR_RETURN(
         session_, ctx_.sessions->GetOrCreate(who_.tenant, head_.head_id, session_id_, head_spec));
-    FLCE_ASSIGN_OR_RETURN(begin_, ctx_.sessions->BeginContribution(
-                                      *session_, request_id_, ComputeFingerprint(header), deferred_));
+    FLCE_ASSIGN_OR_RETURN(
+        begin_, ctx_.sessions->BeginContribution(*session_, request_id_, ComputeFingerprint(header),
+                                                 deferred_));
     if (!begin_.replay) {
       slot_held_ = true;
       FLCE_RETURN_IF_ERROR(TakeStaging(head_spec));
     }
   }
   if (spec_.outputs.grad_input) {
-    grad_input_ = std::make_unique<GradInputSender>(
-        spec_.hidden_dtype, head_spec.hidden_size,
-        [this](int64_t offset, int64_t rows, std::string data) {
-          SendGradInput(offset, rows, std::move(data));
-        });
+    grad_input_ =
+        std::make_unique<GradInputSender>(spec_.hidden_dtype, head_spec.hidden_size,
+                                          [this](int64_t offset, int64_t rows, std::string data) {
+                                            SendGradInput(offset, rows, std::move(data));
+                                          });
   }
   FLCE_ASSIGN_OR_RETURN(
       call_, ctx_.engine->StartCompute(head_.head, spec_,
@@ -156,17 +159,37 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   return absl::OkStatus();
 }
 
+absl::Status ComputeJob::EnterHead(const std::string& head_id) {
+  const absl::Time asked = absl::Now();
+  for (;;) {
+    FLCE_ASSIGN_OR_RETURN(HeadGate::Use use,
+                          head_.training->gate().Enter(channel_->Deadline(),
+                                                       [this] { return channel_->CheckAlive(); }));
+    // An optimizer step may have run while this call waited: the call
+    // computes on the weight (and reports the version) as it is now.
+    FLCE_ASSIGN_OR_RETURN(HeadEntry now, ctx_.heads->Get(who_.tenant, head_id));
+    const bool same = now.training == head_.training;
+    head_ = std::move(now);
+    if (same) {
+      head_use_ = std::move(use);
+      break;
+    }
+  }
+  gate_wait_ms_ = absl::ToDoubleMilliseconds(absl::Now() - asked);
+  return absl::OkStatus();
+}
+
 absl::Status ComputeJob::TakeStaging(const HeadSpec& head_spec) {
   // The engine's buffer is V x H fp32 (+ V for a bias), give or take padding.
   const int64_t bytes =
       head_spec.vocab_size * (head_spec.hidden_size + (head_spec.has_bias ? 1 : 0)) * 4;
   const absl::Time asked = absl::Now();
-  FLCE_ASSIGN_OR_RETURN(
-      staging_.reservation,
-      ctx_.staging->Acquire(bytes, channel_->Deadline(),
-                            [this] { return channel_->CheckAlive(); }));
+  FLCE_ASSIGN_OR_RETURN(staging_.reservation,
+                        ctx_.staging->Acquire(bytes, channel_->Deadline(),
+                                              [this] { return channel_->CheckAlive(); }));
   staging_wait_ms_ = absl::ToDoubleMilliseconds(absl::Now() - asked);
   FLCE_ASSIGN_OR_RETURN(staging_.grad, ctx_.engine->NewGradBuffer(head_spec));
+  staging_.head_version = head_.version;
   spec_.grad_out = staging_.grad.get();
   return absl::OkStatus();
 }
@@ -252,6 +275,7 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   FLCE_RETURN_IF_ERROR(rows_->CheckComplete());
   FLCE_ASSIGN_OR_RETURN(ComputeResult result, call_->Finish());
   call_.reset();
+  head_use_.Release();  // the weight is no longer read: a step may go ahead
   if (grad_input_ != nullptr) FLCE_RETURN_IF_ERROR(grad_input_->Drain());
   FLCE_RETURN_IF_ERROR(CheckOutputsFinite(result));
   if (begin_.replay && begin_.first.hidden_fingerprint != hidden_fingerprint_) {
@@ -270,15 +294,14 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   if (slot_held_) {
     // CompleteContribution releases the slot whatever it returns.
     slot_held_ = false;
-    FLCE_RETURN_IF_ERROR(ctx_.sessions->CompleteContribution(*session_, request_id_,
-                                                             std::move(staging_), deferred_,
-                                                             spec_.num_tokens,
-                                                             hidden_fingerprint_));
+    FLCE_RETURN_IF_ERROR(
+        ctx_.sessions->CompleteContribution(*session_, request_id_, std::move(staging_), deferred_,
+                                            spec_.num_tokens, hidden_fingerprint_));
   }
   scope_->set_strategy(result.strategy_used);
   if (ctx_.metrics != nullptr) {
-    ctx_.metrics->RecordCompute(head_.owner, head_.head_id, result.strategy_used,
-                                spec_.num_tokens, result.engine_ms / 1000.0);
+    ctx_.metrics->RecordCompute(head_.owner, head_.head_id, result.strategy_used, spec_.num_tokens,
+                                result.engine_ms / 1000.0);
   }
 
   auto response = std::make_unique<v1::ComputeResponse>();
@@ -308,7 +331,7 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   }
   v1::Timings* timings = summary->mutable_timings();
   timings->set_engine_ms(result.engine_ms);
-  timings->set_wait_ms(result.wait_ms + staging_wait_ms_);
+  timings->set_wait_ms(result.wait_ms + staging_wait_ms_ + gate_wait_ms_);
   timings->set_total_ms(absl::ToDoubleMilliseconds(absl::Now() - start_));
   channel_->Send(std::move(response));
   return absl::OkStatus();

@@ -59,6 +59,8 @@ class ComputeJob {
 
  private:
   absl::Status Setup(const v1::ComputeHeader& header);
+  // Waits while an optimizer step rewrites the head, then holds head_use_.
+  absl::Status EnterHead(const std::string& head_id);
   absl::Status TakeStaging(const HeadSpec& head_spec);
   absl::Status AddChunk(const v1::HiddenChunk& chunk);
   absl::Status Complete(const v1::EndOfInput& end);
@@ -76,6 +78,8 @@ class ComputeJob {
 
   v1::ComputeHeader header_;
   HeadEntry head_;
+  HeadGate::Use head_use_;  // until the engine call has finished reading the weight
+  double gate_wait_ms_ = 0.0;
   ComputeSpec spec_;
   std::string request_id_;
   std::string session_id_;
@@ -89,7 +93,7 @@ class ComputeJob {
   std::unique_ptr<ComputeCall> call_;
   std::optional<HiddenRowTracker> rows_;
   int64_t row_bytes_ = 0;
-  uint64_t hidden_fingerprint_ = 0;  // HiddenFingerprint summed over the rows received
+  uint64_t hidden_fingerprint_ = 0;              // HiddenFingerprint summed over the rows received
   std::unique_ptr<GradInputSender> grad_input_;  // when grad_input is asked for
 };
 

@@ -78,8 +78,9 @@ absl::Status FetchGradReactor::Prepare() {
       dtype_ = DType::kBF16;
       break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat("dtype = ", EnumValueText(v1::DType_descriptor(), request_.dtype()),
-                                                     " is not DTYPE_FP32 or DTYPE_BF16"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype = ", EnumValueText(v1::DType_descriptor(), request_.dtype()),
+                       " is not DTYPE_FP32 or DTYPE_BF16"));
   }
   if (request_.chunk_rows() < 0) {
     return absl::InvalidArgumentError(
@@ -108,6 +109,8 @@ absl::Status FetchGradReactor::Prepare() {
   header->set_has_bias(grad.has_bias());
   header->set_contributions(snapshot_.contributions);
   header->set_head_version(version);
+  header->mutable_computed_on()->set_oldest(snapshot_.computed_on.oldest);
+  header->mutable_computed_on()->set_newest(snapshot_.computed_on.newest);
   header->set_replayed(snapshot_.replayed);
   return absl::OkStatus();
 }

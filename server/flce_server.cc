@@ -70,8 +70,9 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const ServerConfig& config)
                                             cuda.status().message(), "); using the CPU engine");
   if (NvidiaGpuListed()) {
     // Serving on the CPU next to a GPU is almost never what was meant.
-    LogWarning(absl::StrCat(fallback, ", although the NVIDIA driver lists a GPU: pass "
-                                      "--cuda-plugin or set FLCE_CUDA_PLUGIN"));
+    LogWarning(absl::StrCat(fallback,
+                            ", although the NVIDIA driver lists a GPU: pass "
+                            "--cuda-plugin or set FLCE_CUDA_PLUGIN"));
   } else {
     LogInfo(fallback);
   }
@@ -100,9 +101,8 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   }
   if (config.max_response_bytes < (int64_t{64} << 10) ||
       config.max_response_bytes > (int64_t{2047} << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-response-mb gives ",
-                                                   config.max_response_bytes,
-                                                   " bytes; need 64 KiB to 2047 MiB"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-response-mb gives ", config.max_response_bytes, " bytes; need 64 KiB to 2047 MiB"));
   }
   engine_ = std::move(engine);
   LogInfo(absl::StrCat("engine: ", engine_->info().name));
@@ -223,6 +223,7 @@ void FlceServer::Housekeeping() {
     std::map<std::string, int64_t> weight_bytes;
     for (const HeadEntry& head : heads) {
       weight_bytes[Metrics::HeadLabel(head.owner, head.head_id)] += HeadBytes(head.head->spec());
+      gauges.optimizer_state_bytes += head.training->state_bytes();
     }
     metrics_->SetHeadWeights(weight_bytes);
     for (const SessionSummary& s : sessions_->ListAll()) {

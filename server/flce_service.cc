@@ -14,6 +14,7 @@
 #include "server/head_info.h"
 #include "server/head_loader.h"
 #include "server/head_registry.h"
+#include "server/head_trainer.h"
 #include "server/metrics.h"
 #include "server/session_id.h"
 #include "server/status_mapping.h"
@@ -104,7 +105,8 @@ grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(grpc::CallbackServerCont
         // Held until the head is in the registry (or refused), like an upload's.
         UploadBudget::Reservation reservation;
         auto check = [&](const HeadSpec& spec) -> absl::Status {
-          FLCE_RETURN_IF_ERROR(ctx_.heads->CheckPut(owner, request->head_id(), spec));
+          FLCE_RETURN_IF_ERROR(
+              ctx_.heads->CheckPut(owner, request->head_id(), spec, request->reset_optimizer()));
           FLCE_ASSIGN_OR_RETURN(reservation,
                                 ctx_.uploads->Reserve(request->head_id(), HeadBytes(spec)));
           return absl::OkStatus();
@@ -112,9 +114,10 @@ grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(grpc::CallbackServerCont
         FLCE_ASSIGN_OR_RETURN(std::shared_ptr<const Head> head,
                               LoadSafetensorsHead(*ctx_.engine, path, request->weight_tensor(),
                                                   request->bias_tensor(), dtype, check));
-        FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
-                              ctx_.heads->Put(owner, request->head_id(), std::move(head),
-                                              absl::StrCat("file:", request->path())));
+        FLCE_ASSIGN_OR_RETURN(
+            HeadEntry entry,
+            ctx_.heads->Put(owner, request->head_id(), std::move(head),
+                            absl::StrCat("file:", request->path()), request->reset_optimizer()));
         FillHeadInfo(entry, ctx_.sessions->Count(who.tenant, entry.head_id), response);
         return absl::OkStatus();
       });
@@ -203,8 +206,8 @@ grpc::ServerUnaryReactor* FlceService::Commit(grpc::CallbackServerContext* call,
         }
         FLCE_ASSIGN_OR_RETURN(
             CommitResult result,
-            ctx_.sessions->Commit(who.tenant, request->head_id(), session_id,
-                                  request->request_id(), scale, request->discard()));
+            ctx_.sessions->Commit(who.tenant, request->head_id(), session_id, request->request_id(),
+                                  scale, request->discard()));
         response->set_state(ToProto(result.state));
         response->set_replayed(result.replayed);
         response->set_scale(result.scale);
@@ -256,13 +259,13 @@ grpc::ServerUnaryReactor* FlceService::ListSessions(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* FlceService::DeleteSession(grpc::CallbackServerContext* call,
                                                      const v1::DeleteSessionRequest* request,
                                                      v1::DeleteSessionResponse* response) {
-  return RunUnary(
-      ctx_, call, "DeleteSession", true, [this, request](const Principal& who, RpcScope& scope) {
-        const std::string session_id = SessionIdOrDefault(request->session_id());
-        scope.set_head(request->head_id());
-        scope.set_session(session_id);
-        return ctx_.sessions->Delete(who.tenant, request->head_id(), session_id);
-      });
+  return RunUnary(ctx_, call, "DeleteSession", true,
+                  [this, request](const Principal& who, RpcScope& scope) {
+                    const std::string session_id = SessionIdOrDefault(request->session_id());
+                    scope.set_head(request->head_id());
+                    scope.set_session(session_id);
+                    return ctx_.sessions->Delete(who.tenant, request->head_id(), session_id);
+                  });
 }
 
 grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext* call,
@@ -277,7 +280,46 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                     response->set_workspace_budget_bytes(info.workspace_budget_bytes);
                     response->set_max_request_tokens(ctx_.config.max_request_tokens);
                     response->set_max_message_bytes(ctx_.config.max_message_bytes);
+                    response->add_capabilities("optimizer");
                     return absl::OkStatus();
+                  });
+}
+
+grpc::ServerUnaryReactor* FlceService::CreateOptimizer(grpc::CallbackServerContext* call,
+                                                       const v1::CreateOptimizerRequest* request,
+                                                       v1::OptimizerInfo* response) {
+  return RunUnary(ctx_, call, "CreateOptimizer", true,
+                  [this, request, response](const Principal& who, RpcScope& scope) {
+                    scope.set_head(request->head_id());
+                    return CreateHeadOptimizer(ctx_, who, *request, response);
+                  });
+}
+
+grpc::ServerUnaryReactor* FlceService::Step(grpc::CallbackServerContext* call,
+                                            const v1::StepRequest* request,
+                                            v1::StepResponse* response) {
+  return RunUnary(
+      ctx_, call, "Step", true,
+      [this, call, request, response](const Principal& who, RpcScope& scope) {
+        scope.set_request_id(request->request_id());
+        scope.set_head(request->head_id());
+        scope.set_session(SessionIdOrDefault(request->session_id()));
+        auto alive = [call]() {
+          return call->IsCancelled() ? absl::CancelledError("the Step call was cancelled")
+                                     : absl::OkStatus();
+        };
+        return StepHead(ctx_, who, *request, absl::FromChrono(call->deadline()), alive, response);
+      });
+}
+
+grpc::ServerUnaryReactor* FlceService::GradNorm(grpc::CallbackServerContext* call,
+                                                const v1::GradNormRequest* request,
+                                                v1::GradNormResponse* response) {
+  return RunUnary(ctx_, call, "GradNorm", true,
+                  [this, request, response](const Principal& who, RpcScope& scope) {
+                    scope.set_head(request->head_id());
+                    scope.set_session(SessionIdOrDefault(request->session_id()));
+                    return HeadGradNorm(ctx_, who, *request, response);
                   });
 }
 

@@ -49,6 +49,14 @@ class FlceService final : public v1::Flce::CallbackService {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* call,
                                           const v1::ServerInfoRequest* request,
                                           v1::ServerInfo* response) override;
+  grpc::ServerUnaryReactor* CreateOptimizer(grpc::CallbackServerContext* call,
+                                            const v1::CreateOptimizerRequest* request,
+                                            v1::OptimizerInfo* response) override;
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* call, const v1::StepRequest* request,
+                                 v1::StepResponse* response) override;
+  grpc::ServerUnaryReactor* GradNorm(grpc::CallbackServerContext* call,
+                                     const v1::GradNormRequest* request,
+                                     v1::GradNormResponse* response) override;
 
  private:
   const ServiceContext& ctx_;

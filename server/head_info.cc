@@ -15,6 +15,8 @@ void FillHeadInfo(const HeadEntry& entry, int64_t sessions, v1::HeadInfo* out) {
   out->set_weight_bytes(HeadBytes(spec));
   out->set_source(entry.source);
   out->set_sessions(sessions);
+  if (entry.training != nullptr) entry.training->Describe(out->mutable_optimizer());
+  if (out->optimizer().kind() == v1::OPTIMIZER_UNSPECIFIED) out->clear_optimizer();
 }
 
 void FillSessionInfo(const SessionSummary& summary, v1::SessionInfo* out) {
@@ -25,6 +27,8 @@ void FillSessionInfo(const SessionSummary& summary, v1::SessionInfo* out) {
   out->set_tokens(summary.tokens);
   out->set_idle_seconds(summary.idle_seconds);
   out->set_grad_bytes(summary.grad_bytes);
+  out->mutable_computed_on()->set_oldest(summary.computed_on.oldest);
+  out->mutable_computed_on()->set_newest(summary.computed_on.newest);
 }
 
 v1::ContributionState ToProto(ContributionState state) {

@@ -53,12 +53,8 @@ absl::Status HeadRegistry::CheckLimitsLocked(const Key& key, int64_t new_bytes) 
                      " heads are resident, --max-heads=", limits_.max_heads));
   }
   if (limits_.max_bytes > 0) {
-    int64_t total = new_bytes;
-    for (const auto& [k, entry] : heads_) {
-      if (k != key && __builtin_add_overflow(total, HeadBytes(entry.head->spec()), &total)) {
-        total = INT64_MAX;
-      }
-    }
+    int64_t total = ResidentBytesLocked(&key);
+    if (__builtin_add_overflow(total, new_bytes, &total)) total = INT64_MAX;
     if (total > limits_.max_bytes) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot load head \"", key.second, "\" (", new_bytes,
@@ -81,11 +77,78 @@ absl::Status HeadRegistry::CheckLimitsLocked(const Key& key, int64_t new_bytes) 
   return absl::OkStatus();
 }
 
+int64_t HeadRegistry::ResidentBytesLocked(const Key* except) const {
+  int64_t total = 0;
+  for (const auto& [k, entry] : heads_) {
+    if (except != nullptr && k == *except) continue;
+    int64_t bytes = HeadBytes(entry.head->spec());
+    if (__builtin_add_overflow(bytes, entry.training->state_bytes(), &bytes) ||
+        __builtin_add_overflow(total, bytes, &total)) {
+      return INT64_MAX;
+    }
+  }
+  return total;
+}
+
+absl::Status HeadRegistry::CheckReplaceTrainedLocked(const Key& key, bool reset_optimizer) const {
+  auto it = heads_.find(key);
+  if (it == heads_.end() || reset_optimizer || !it->second.training->has_optimizer()) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "head \"", key.second,
+      "\" is trained on the server (it has optimizer state): a new weight "
+      "would silently drop its master weight and moments; set reset_optimizer to replace the "
+      "weight and drop the state"));
+}
+
+absl::Status HeadRegistry::ReserveStateBytes(const std::string& owner, const std::string& head_id,
+                                             const HeadTraining* training, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  Key key{owner, head_id};
+  auto it = heads_.find(key);
+  if (it == heads_.end() || it->second.training.get() != training) {
+    return absl::AbortedError(absl::StrCat("head \"", head_id, "\" was replaced or unloaded"));
+  }
+  if (limits_.max_bytes > 0) {
+    int64_t total = ResidentBytesLocked(&key);
+    int64_t own = HeadBytes(it->second.head->spec());
+    if (__builtin_add_overflow(total, own, &total) ||
+        __builtin_add_overflow(total, bytes, &total)) {
+      total = INT64_MAX;
+    }
+    if (total > limits_.max_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the optimizer state of head \"", head_id, "\" (", bytes,
+                       " bytes) does not fit: resident heads and their optimizer state would take ",
+                       total, " bytes, --max-head-bytes=", limits_.max_bytes));
+    }
+  }
+  it->second.training->set_state_bytes(bytes);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> HeadRegistry::BumpVersion(const std::string& owner,
+                                                   const std::string& head_id,
+                                                   const HeadTraining* training) {
+  absl::MutexLock lock(&mu_);
+  Key key{owner, head_id};
+  auto it = heads_.find(key);
+  if (it == heads_.end() || it->second.training.get() != training) {
+    return absl::AbortedError(absl::StrCat("head \"", head_id, "\" was replaced or unloaded"));
+  }
+  it->second.version = ++last_version_[key];
+  return it->second.version;
+}
+
 absl::Status HeadRegistry::CheckPut(const std::string& owner, const std::string& head_id,
-                                    const HeadSpec& spec) const {
+                                    const HeadSpec& spec, bool reset_optimizer) const {
   absl::MutexLock lock(&mu_);
   Key key{owner, head_id};
   if (absl::Status limits = CheckLimitsLocked(key, HeadBytes(spec)); !limits.ok()) return limits;
+  if (absl::Status trained = CheckReplaceTrainedLocked(key, reset_optimizer); !trained.ok()) {
+    return trained;
+  }
   auto it = heads_.find(key);
   if (it == heads_.end() || SameGradShape(it->second.head->spec(), spec)) {
     return absl::OkStatus();
@@ -95,11 +158,14 @@ absl::Status HeadRegistry::CheckPut(const std::string& owner, const std::string&
 
 absl::StatusOr<HeadEntry> HeadRegistry::Put(const std::string& owner, const std::string& head_id,
                                             std::shared_ptr<const Head> head,
-                                            const std::string& source) {
+                                            const std::string& source, bool reset_optimizer) {
   absl::MutexLock lock(&mu_);
   Key key{owner, head_id};
   if (absl::Status limits = CheckLimitsLocked(key, HeadBytes(head->spec())); !limits.ok()) {
     return limits;
+  }
+  if (absl::Status trained = CheckReplaceTrainedLocked(key, reset_optimizer); !trained.ok()) {
+    return trained;
   }
   auto it = heads_.find(key);
   if (it != heads_.end() && !SameGradShape(it->second.head->spec(), head->spec()) && shape_guard_) {
@@ -112,6 +178,7 @@ absl::StatusOr<HeadEntry> HeadRegistry::Put(const std::string& owner, const std:
   entry.head = std::move(head);
   entry.version = ++last_version_[key];
   entry.source = source;
+  entry.training = std::make_shared<HeadTraining>();
   heads_[key] = entry;
   return entry;
 }

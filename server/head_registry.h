@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/engine.h"
+#include "server/head_training.h"
 
 namespace flce::server {
 
@@ -38,6 +39,9 @@ struct HeadEntry {
   std::shared_ptr<const Head> head;
   uint64_t version = 0;
   std::string source;  // "upload", "file:<path>", "embedded-demo"
+  // Gate, optimizer and step log: shared by every snapshot of this head,
+  // replaced with the head's weight.
+  std::shared_ptr<HeadTraining> training;
 };
 
 struct HeadLimits {
@@ -61,16 +65,29 @@ class HeadRegistry {
                                          const std::string& head_id) const;
 
   // Adds or replaces (owner, head_id); returns the new entry (version
-  // bumped). RESOURCE_EXHAUSTED naming --max-heads / --max-head-bytes.
+  // bumped). RESOURCE_EXHAUSTED naming --max-heads / --max-head-bytes;
+  // FAILED_PRECONDITION replacing a head with optimizer state unless
+  // reset_optimizer (which drops the state with the old weight).
   absl::StatusOr<HeadEntry> Put(const std::string& owner, const std::string& head_id,
-                                std::shared_ptr<const Head> head, const std::string& source);
+                                std::shared_ptr<const Head> head, const std::string& source,
+                                bool reset_optimizer = false);
   // The head `tenant` sees under head_id: its own, else the shared one.
   // NOT_FOUND naming the id and the ones the tenant sees.
   absl::StatusOr<HeadEntry> Get(const std::string& tenant, const std::string& head_id) const;
   // OK if (owner, head_id) may be replaced by a head of shape `spec` (or is
   // new and fits the limits).
-  absl::Status CheckPut(const std::string& owner, const std::string& head_id,
-                        const HeadSpec& spec) const;
+  absl::Status CheckPut(const std::string& owner, const std::string& head_id, const HeadSpec& spec,
+                        bool reset_optimizer = false) const;
+  // Counts `bytes` of optimizer state for (owner, head_id)'s current head
+  // against --max-head-bytes and reserves them in its HeadTraining.
+  // RESOURCE_EXHAUSTED when they do not fit; ABORTED when the head was
+  // replaced since `training` was read.
+  absl::Status ReserveStateBytes(const std::string& owner, const std::string& head_id,
+                                 const HeadTraining* training, int64_t bytes);
+  // An applied optimizer step changed the weight in place: bumps the
+  // version of (owner, head_id), still holding `training`; the new version.
+  absl::StatusOr<uint64_t> BumpVersion(const std::string& owner, const std::string& head_id,
+                                       const HeadTraining* training);
   absl::StatusOr<HeadEntry> Remove(const std::string& owner, const std::string& head_id);
   // The heads `tenant` sees (its own and the shared ones).
   std::vector<HeadEntry> List(const std::string& tenant) const;
@@ -80,6 +97,10 @@ class HeadRegistry {
   using Key = std::pair<std::string, std::string>;  // owner, head_id
   absl::Status CheckLimitsLocked(const Key& key, int64_t new_bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckReplaceTrainedLocked(const Key& key, bool reset_optimizer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resident bytes of every head but `except` (its weight and optimizer state).
+  int64_t ResidentBytesLocked(const Key* except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   std::map<Key, HeadEntry> heads_ ABSL_GUARDED_BY(mu_);

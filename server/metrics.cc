@@ -84,6 +84,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
       gauge("flce_workspace_budget_bytes", "Engine workspace budget (--workspace-mb)");
   metrics->gpu_used_ = gauge("flce_gpu_memory_used_bytes", "Device memory in use (0 on CPU)");
   metrics->gpu_total_ = gauge("flce_gpu_memory_total_bytes", "Device memory size (0 on CPU)");
+  metrics->optimizer_state_ =
+      gauge("flce_optimizer_state_bytes",
+            "Memory of every head's optimizer state (fp32 master weight and moments)");
+  metrics->steps_ = &prometheus::BuildCounter()
+                         .Name("flce_optimizer_steps_total")
+                         .Help("Optimizer steps by outcome (STEP_APPLIED, STEP_SKIPPED_...)")
+                         .Register(registry);
   prometheus::BuildGauge()
       .Name("flce_build_info")
       .Help("Always 1; the labels say which build of flce-server runs")
@@ -199,6 +206,11 @@ void Metrics::SetGauges(const Snapshot& s) {
   workspace_budget_->Set(static_cast<double>(s.workspace_budget_bytes));
   gpu_used_->Set(static_cast<double>(s.gpu_memory_used));
   gpu_total_->Set(static_cast<double>(s.gpu_memory_total));
+  optimizer_state_->Set(static_cast<double>(s.optimizer_state_bytes));
+}
+
+void Metrics::RecordStep(absl::string_view outcome) {
+  steps_->Add({{"outcome", std::string(outcome)}}).Increment();
 }
 
 std::string Metrics::Text() const {

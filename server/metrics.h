@@ -65,6 +65,8 @@ class Metrics {
   // payload bytes in messages.
   void AddReceivedBytes(absl::string_view rpc, int64_t bytes);
   void AddSentBytes(absl::string_view rpc, int64_t bytes);
+  // flce_optimizer_steps_total{outcome}: STEP_APPLIED, STEP_SKIPPED_...
+  void RecordStep(absl::string_view outcome);
   // flce_inflight_requests{rpc}.
   void InflightAdd(absl::string_view rpc, double delta);
   // Gauges sampled by the server's housekeeping thread.
@@ -76,6 +78,7 @@ class Metrics {
     int64_t workspace_budget_bytes = 0;
     int64_t gpu_memory_used = 0;
     int64_t gpu_memory_total = 0;
+    int64_t optimizer_state_bytes = 0;  // every head's optimizer state
   };
   void SetGauges(const Snapshot& snapshot);
   // flce_head_weight_bytes{head}: exactly these head labels (HeadLabel);
@@ -122,6 +125,8 @@ class Metrics {
   prometheus::Gauge* workspace_budget_ = nullptr;
   prometheus::Gauge* gpu_used_ = nullptr;
   prometheus::Gauge* gpu_total_ = nullptr;
+  prometheus::Gauge* optimizer_state_ = nullptr;
+  prometheus::Family<prometheus::Counter>* steps_ = nullptr;
   int port_ = 0;
 };
 

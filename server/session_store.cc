@@ -32,19 +32,24 @@ Outcome WithState(const OutcomeLog& log, const std::string& request_id, Contribu
 absl::Status NonFiniteGrad(const FiniteCheck& check, const std::string& where,
                            const char* contribution) {
   if (!check.contribution_finite) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kNonFiniteResult, "grad_W: ", contribution, " holds NaN or Inf; nothing landed in ",
-        where));
+    return absl::InvalidArgumentError(absl::StrCat(kNonFiniteResult, "grad_W: ", contribution,
+                                                   " holds NaN or Inf; nothing landed in ", where));
   }
   if (!check.sum_finite) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kNonFiniteResult, "grad_W: ", contribution, " is finite but its sum with the accumulator of ", where,
-        " overflows fp32; nothing landed (the accumulator is unchanged)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kNonFiniteResult, "grad_W: ", contribution,
+                     " is finite but its sum with the accumulator of ", where,
+                     " overflows fp32; nothing landed (the accumulator is unchanged)"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+void VersionRange::Add(uint64_t version) {
+  if (oldest == 0 || version < oldest) oldest = version;
+  if (version > newest) newest = version;
+}
 
 const Outcome* OutcomeLog::Find(const std::string& request_id) const {
   auto it = outcomes_.find(request_id);
@@ -217,24 +222,23 @@ absl::Status SessionStore::CompleteContribution(Session& session, const std::str
   }
   if (deferred) {
     session.staged_[request_id] = std::move(staged);
-    Outcome outcome =
-        WithState(session.outcomes_, request_id, ContributionState::kStaged, 0.0f);
+    Outcome outcome = WithState(session.outcomes_, request_id, ContributionState::kStaged, 0.0f);
     outcome.hidden_fingerprint = hidden_fingerprint;
     session.outcomes_.Set(request_id, outcome);
   } else {
     // staging = grad + staging, checked in the same pass; then the two swap,
     // and the old accumulator goes with the call's reservation.
     absl::StatusOr<FiniteCheck> check = staged.grad->ScaleAndAdd(1.0f, *session.grad_);
-    absl::Status status = check.ok() ? NonFiniteGrad(*check, where, "this call's contribution")
-                                     : check.status();
+    absl::Status status =
+        check.ok() ? NonFiniteGrad(*check, where, "this call's contribution") : check.status();
     if (!status.ok()) {
       session.outcomes_.Erase(request_id);
       return status;
     }
     std::swap(session.grad_, staged.grad);
     ++session.contributions_;
-    Outcome outcome =
-        WithState(session.outcomes_, request_id, ContributionState::kCommitted, 1.0f);
+    session.computed_on_.Add(staged.head_version);
+    Outcome outcome = WithState(session.outcomes_, request_id, ContributionState::kCommitted, 1.0f);
     outcome.hidden_fingerprint = hidden_fingerprint;
     session.outcomes_.Set(request_id, outcome);
   }
@@ -293,8 +297,8 @@ absl::StatusOr<CommitResult> SessionStore::Commit(const std::string& tenant,
     // used the staged buffer up: the contribution is dropped, as discarded.
     absl::StatusOr<FiniteCheck> check = staged->second.grad->ScaleAndAdd(scale, *session->grad_);
     if (!check.ok()) return check.status();
-    absl::Status landed = NonFiniteGrad(
-        *check, Describe(head_id, session_id), "the staged contribution x scale");
+    absl::Status landed =
+        NonFiniteGrad(*check, Describe(head_id, session_id), "the staged contribution x scale");
     if (!landed.ok()) {
       session->staged_.erase(staged);
       session->outcomes_.Set(request_id, WithState(session->outcomes_, request_id,
@@ -304,6 +308,7 @@ absl::StatusOr<CommitResult> SessionStore::Commit(const std::string& tenant,
     }
     std::swap(session->grad_, staged->second.grad);
     ++session->contributions_;
+    session->computed_on_.Add(staged->second.head_version);
     result.state = ContributionState::kCommitted;
     result.scale = scale;
   }
@@ -337,7 +342,9 @@ absl::StatusOr<GradSnapshot> SessionStore::Snapshot(const std::string& tenant,
   session->last_used_ = absl::Now();
   GradSnapshot snapshot;
   snapshot.contributions = session->contributions_;
+  snapshot.computed_on = session->computed_on_;
   if (reset) {
+    session->computed_on_ = VersionRange{};
     std::shared_ptr<const GradBuffer> old(std::move(session->grad_));
     session->grad_ = std::move(fresh);
     session->contributions_ = 0;
@@ -377,8 +384,58 @@ absl::Status SessionStore::Zero(const std::string& tenant, const std::string& he
   session->last_used_ = absl::Now();
   FLCE_RETURN_IF_ERROR(session->grad_->Zero());
   session->contributions_ = 0;
+  session->computed_on_ = VersionRange{};
   session->last_reset_grad_ = nullptr;  // a retry of that reset is now refused
   return absl::OkStatus();
+}
+
+absl::StatusOr<NormSnapshot> SessionStore::Norms(const std::string& tenant,
+                                                 const std::string& head_id,
+                                                 const std::string& session_id) {
+  FLCE_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(tenant, head_id, session_id));
+  absl::MutexLock lock(&session->mu_);
+  session->last_used_ = absl::Now();
+  NormSnapshot out;
+  FLCE_ASSIGN_OR_RETURN(out.norms, session->grad_->SquaredNorms());
+  out.contributions = session->contributions_;
+  out.computed_on = session->computed_on_;
+  return out;
+}
+
+namespace {
+
+absl::Status SettledLocked(const Session& session, int64_t in_flight, size_t staged) {
+  if (in_flight == 0 && staged == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      Describe(session.head_id(), session.session_id()), " has ", in_flight,
+      " call(s) in flight and ", staged,
+      " staged contribution(s): a step applies a finished gradient, so wait for every call's "
+      "summary and Commit or discard what is staged first"));
+}
+
+}  // namespace
+
+absl::Status SessionStore::CheckSettled(const std::string& tenant, const std::string& head_id,
+                                        const std::string& session_id) const {
+  FLCE_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(tenant, head_id, session_id));
+  absl::MutexLock lock(&session->mu_);
+  return SettledLocked(*session, session->in_flight_, session->staged_.size());
+}
+
+absl::StatusOr<int64_t> SessionStore::ConsumeGrad(
+    const std::string& tenant, const std::string& head_id, const std::string& session_id,
+    const std::function<absl::Status(const GradBuffer&)>& use) {
+  FLCE_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(tenant, head_id, session_id));
+  absl::MutexLock lock(&session->mu_);
+  FLCE_RETURN_IF_ERROR(SettledLocked(*session, session->in_flight_, session->staged_.size()));
+  session->last_used_ = absl::Now();
+  FLCE_RETURN_IF_ERROR(use(*session->grad_));
+  FLCE_RETURN_IF_ERROR(session->grad_->Zero());
+  const int64_t contributions = session->contributions_;
+  session->contributions_ = 0;
+  session->computed_on_ = VersionRange{};
+  session->last_reset_grad_ = nullptr;
+  return contributions;
 }
 
 absl::Status SessionStore::Delete(const std::string& tenant, const std::string& head_id,
@@ -456,6 +513,7 @@ std::vector<SessionSummary> SessionStore::Summaries(
     s.head_id = session->head_id_;
     s.session_id = session->session_id_;
     s.contributions = session->contributions_;
+    s.computed_on = session->computed_on_;
     s.pending = session->in_flight_ + static_cast<int64_t>(session->staged_.size());
     s.tokens = session->tokens_;
     s.idle_seconds = absl::ToDoubleSeconds(now - session->last_used_);

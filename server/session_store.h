@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -51,6 +52,14 @@ struct Outcome {
 struct StagedGrad {
   std::unique_ptr<GradBuffer> grad;
   StagingReservation reservation;
+  uint64_t head_version = 0;  // of the head the call computed on
+};
+
+// The head versions a session's contributions were computed on; 0 = none.
+struct VersionRange {
+  uint64_t oldest = 0;
+  uint64_t newest = 0;
+  void Add(uint64_t version);
 };
 
 // Remembers what happened to each request id of a session, oldest finished
@@ -98,7 +107,8 @@ class Session {
   std::unique_ptr<GradBuffer> grad_ ABSL_GUARDED_BY(mu_);
   int64_t contributions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // calls computing into a staging buffer
+  VersionRange computed_on_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;           // calls computing into a staging buffer
   int64_t in_flight_deferred_ ABSL_GUARDED_BY(mu_) = 0;  // of which COMMIT_DEFERRED
   std::map<std::string, StagedGrad> staged_ ABSL_GUARDED_BY(mu_);
   OutcomeLog outcomes_ ABSL_GUARDED_BY(mu_);
@@ -131,6 +141,7 @@ struct SessionSummary {
   int64_t tokens = 0;
   double idle_seconds = 0.0;
   int64_t grad_bytes = 0;
+  VersionRange computed_on;
 };
 
 struct BeginResult {
@@ -150,6 +161,13 @@ struct GradSnapshot {
   std::shared_ptr<const GradBuffer> grad;  // private to the caller
   int64_t contributions = 0;
   bool replayed = false;
+  VersionRange computed_on;
+};
+
+struct NormSnapshot {
+  GradNorms norms;
+  int64_t contributions = 0;
+  VersionRange computed_on;
 };
 
 class SessionStore {
@@ -193,6 +211,19 @@ class SessionStore {
                                         const std::string& request_id);
   absl::Status Zero(const std::string& tenant, const std::string& head_id,
                     const std::string& session_id);
+  // The accumulator's squared norms (GradBuffer::SquaredNorms).
+  absl::StatusOr<NormSnapshot> Norms(const std::string& tenant, const std::string& head_id,
+                                     const std::string& session_id);
+  // FAILED_PRECONDITION while the session has calls in flight or staged
+  // contributions: an optimizer step needs every contribution landed.
+  absl::Status CheckSettled(const std::string& tenant, const std::string& head_id,
+                            const std::string& session_id) const;
+  // Under the session's lock, settled as above: `use` reads the accumulator
+  // (an optimizer step), then the accumulator is zeroed unless `use` failed.
+  // Returns the contributions it held.
+  absl::StatusOr<int64_t> ConsumeGrad(const std::string& tenant, const std::string& head_id,
+                                      const std::string& session_id,
+                                      const std::function<absl::Status(const GradBuffer&)>& use);
   absl::Status Delete(const std::string& tenant, const std::string& head_id,
                       const std::string& session_id);
   // Drops every session of a head of this owner (registry owner: "" = a

@@ -41,6 +41,7 @@ class UploadHeadReactor : public grpc::ServerReadReactor<v1::UploadHeadRequest> 
   std::atomic<bool> cancelled_{false};
   // Touched by one pool task at a time (the next read starts after it).
   bool have_header_ = false;
+  bool reset_optimizer_ = false;
   std::string head_id_;
   std::string owner_;  // registry owner the head goes to
   HeadSpec spec_;

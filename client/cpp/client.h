@@ -123,6 +123,13 @@ class Client {
   absl::StatusOr<std::vector<v1::SessionInfo>> ListSessions(const std::string& head_id = "");
   absl::Status DeleteSession(const std::string& head_id, const std::string& session_id);
 
+  // Training the head on the server: no weight or gradient crosses the wire.
+  absl::StatusOr<v1::OptimizerInfo> CreateOptimizer(const v1::CreateOptimizerRequest& request);
+  absl::StatusOr<v1::GradNormResponse> GradNorm(const std::string& head_id,
+                                                const std::string& session_id);
+  // An empty request_id is filled with a new one (NewRequestId).
+  absl::StatusOr<v1::StepResponse> Step(v1::StepRequest request);
+
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
   // grpc.health.v1; service "" = the whole server.
   absl::StatusOr<HealthStatus> Health(const std::string& service = "");

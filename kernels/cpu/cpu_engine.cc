@@ -7,8 +7,10 @@
 #include "kernels/cpu/cpu_compute_call.h"
 #include "kernels/cpu/cpu_grad_buffer.h"
 #include "kernels/cpu/cpu_head.h"
+#include "kernels/cpu/cpu_optimizer.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/engine_factory.h"
+#include "kernels/optimizer_math.h"
 #include "kernels/status_macros.h"
 
 namespace flce::cpu {
@@ -64,6 +66,31 @@ absl::StatusOr<std::unique_ptr<ComputeCall>> CpuEngine::StartCompute(
       std::unique_ptr<CpuComputeCall> call,
       CpuComputeCall::Create(ctx_, std::move(head), std::move(spec), std::move(sink)));
   return std::unique_ptr<ComputeCall>(std::move(call));
+}
+
+absl::StatusOr<std::unique_ptr<HeadOptimizer>> CpuEngine::CreateOptimizer(
+    std::shared_ptr<const Head> head, const OptimizerConfig& config) {
+  auto cpu_head = std::dynamic_pointer_cast<const CpuHead>(head);
+  if (cpu_head == nullptr) return absl::InvalidArgumentError("not a head of the CPU engine");
+  const HeadSpec& spec = cpu_head->spec();
+  const bool master = spec.dtype != DType::kF32;
+  StateArrays w = StateArraysFor(config.kind, config.weight);
+  StateArrays b = StateArraysFor(config.kind, config.bias);
+  const int64_t weight_arrays = (master ? 1 : 0) + w.m + w.v + w.vmax;
+  const int64_t bias_arrays = spec.has_bias ? (master ? 1 : 0) + b.m + b.v + b.vmax : 0;
+  FLCE_ASSIGN_OR_RETURN(
+      int64_t bytes,
+      HostBytes("optimizer state", {spec.vocab_size, spec.hidden_size * weight_arrays + bias_arrays,
+                                    static_cast<int64_t>(sizeof(float))}));
+  const std::string what =
+      absl::StrCat("the ", OptimizerName(config.kind), " state of a V=", spec.vocab_size,
+                   " H=", spec.hidden_size, " head");
+  FLCE_RETURN_IF_ERROR(CheckHostBytes(what.c_str(), bytes));
+  absl::StatusOr<std::unique_ptr<CpuHeadOptimizer>> optimizer;
+  FLCE_RETURN_IF_ERROR(TryAllocate(
+      what.c_str(), bytes, [&] { optimizer = CpuHeadOptimizer::Create(cpu_head, config); }));
+  if (!optimizer.ok()) return optimizer.status();
+  return std::unique_ptr<HeadOptimizer>(std::move(*optimizer));
 }
 
 }  // namespace flce::cpu

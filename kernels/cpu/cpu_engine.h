@@ -30,6 +30,8 @@ class CpuEngine : public Engine {
   absl::StatusOr<std::unique_ptr<ComputeCall>> StartCompute(std::shared_ptr<const Head> head,
                                                             ComputeSpec spec,
                                                             GradInputSink sink) override;
+  absl::StatusOr<std::unique_ptr<HeadOptimizer>> CreateOptimizer(
+      std::shared_ptr<const Head> head, const OptimizerConfig& config) override;
   bool healthy() const override { return true; }
   // Time per phase of every chunk so far (waits for a running chunk).
   PhaseTimes phase_times() const;

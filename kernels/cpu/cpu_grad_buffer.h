@@ -20,6 +20,7 @@ class CpuGradBuffer : public GradBuffer {
   absl::Status AddScaled(const GradBuffer& other, float scale) override;
   absl::StatusOr<FiniteCheck> ScaleAndAdd(float scale, const GradBuffer& base) override;
   absl::StatusOr<bool> AllFinite() const override;
+  absl::StatusOr<GradNorms> SquaredNorms() const override;
   absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
                               void* host_out) const override;
   absl::Status CopyBias(int64_t begin, int64_t count, DType out_dtype,
@@ -27,6 +28,8 @@ class CpuGradBuffer : public GradBuffer {
 
   float* weight() { return weight_.data(); }  // V x H
   float* bias() { return has_bias_ ? bias_.data() : nullptr; }
+  const float* weight() const { return weight_.data(); }
+  const float* bias() const { return has_bias_ ? bias_.data() : nullptr; }
 
  private:
   int64_t vocab_size_;

@@ -19,6 +19,16 @@ int64_t CpuHead::resident_bytes() const {
   return static_cast<int64_t>((weight_.size() + bias_.size()) * sizeof(float));
 }
 
+absl::Status CpuHead::CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
+                              void* host_out) const {
+  const std::vector<float>& values = tensor == HeadTensor::kWeight ? weight_ : bias_;
+  FLCE_RETURN_IF_ERROR(
+      CheckElementRange(HeadTensorName(tensor), begin, count, static_cast<int64_t>(values.size())));
+  // The values are the head's dtype widened: narrowing them back is exact.
+  FromFloat(spec_.dtype, values.data() + begin, host_out, count);
+  return absl::OkStatus();
+}
+
 void ByteCoverage::Add(int64_t begin, int64_t end) {
   if (begin >= end) return;
   auto it = ranges_.upper_bound(begin);
@@ -46,8 +56,8 @@ int64_t ByteCoverage::FirstMissing() const {
 
 absl::StatusOr<std::unique_ptr<CpuHeadBuilder>> CpuHeadBuilder::Create(const HeadSpec& spec) {
   if (spec.vocab_size <= 0 || spec.hidden_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("head shape ", spec.vocab_size, " x ",
-                                                   spec.hidden_size, " must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("head shape ", spec.vocab_size, " x ", spec.hidden_size, " must be positive"));
   }
   if (spec.vocab_size > int64_t{1} << 31 || spec.hidden_size > int64_t{1} << 31) {
     return absl::InvalidArgumentError("head dimensions must fit in 32 bits (BLAS indices)");
@@ -81,9 +91,8 @@ absl::Status CpuHeadBuilder::Write(const char* what, UninitializedBytes& buffer,
   if (finished_) return absl::FailedPreconditionError("head builder already finished");
   const int64_t total = buffer.size;
   if (byte_offset < 0 || bytes < 0 || byte_offset > total || bytes > total - byte_offset) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " bytes [", byte_offset, ", ",
-                                                   byte_offset + bytes, ") outside [0, ", total,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " bytes [", byte_offset, ", ", byte_offset + bytes, ") outside [0, ", total, ")"));
   }
   if (bytes > 0 && data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, " data is null"));
@@ -105,12 +114,12 @@ absl::Status CpuHeadBuilder::WriteBias(int64_t byte_offset, const void* data, in
 absl::StatusOr<std::shared_ptr<const Head>> CpuHeadBuilder::Finish() {
   if (finished_) return absl::FailedPreconditionError("head builder already finished");
   if (int64_t missing = weight_coverage_.FirstMissing(); missing >= 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "weight incomplete: byte ", missing, " of ", weight_bytes_.size, " never written"));
+    return absl::FailedPreconditionError(absl::StrCat("weight incomplete: byte ", missing, " of ",
+                                                      weight_bytes_.size, " never written"));
   }
   if (int64_t missing = bias_coverage_.FirstMissing(); missing >= 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "bias incomplete: byte ", missing, " of ", bias_bytes_.size, " never written"));
+    return absl::FailedPreconditionError(absl::StrCat("bias incomplete: byte ", missing, " of ",
+                                                      bias_bytes_.size, " never written"));
   }
   // A non-finite weight would make every logit of its row meaningless (and
   // the row pass assumes finite logits): refuse the head instead.

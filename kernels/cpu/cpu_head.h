@@ -19,8 +19,15 @@ class CpuHead : public Head {
   CpuHead(HeadSpec spec, std::vector<float> weight, std::vector<float> bias);
   const HeadSpec& spec() const override { return spec_; }
   int64_t resident_bytes() const override;
-  const float* weight() const { return weight_.data(); }        // V x H
+  absl::Status CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
+                       void* host_out) const override;
+  const float* weight() const { return weight_.data(); }  // V x H
   const float* bias() const { return bias_.empty() ? nullptr : bias_.data(); }
+  // For CpuHeadOptimizer only, while no compute call uses the head.
+  float* weight_for_update() const { return const_cast<float*>(weight_.data()); }
+  float* bias_for_update() const {
+    return bias_.empty() ? nullptr : const_cast<float*>(bias_.data());
+  }
 
  private:
   HeadSpec spec_;

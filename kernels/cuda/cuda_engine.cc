@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/compute_call.h"
+#include "kernels/cuda/cuda_optimizer.h"
 #include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/engine_factory.h"
 #include "kernels/status_macros.h"
@@ -22,7 +23,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineConfi
   DeviceHealth* health = ctx->health();
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->compute_, cudaStreamNonBlocking), health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->upload_, cudaStreamNonBlocking), health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->download_, cudaStreamNonBlocking), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->download_, cudaStreamNonBlocking),
+                            health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->side_, cudaStreamNonBlocking), health);
   for (cudaEvent_t& ev : e->events_) {
     FLCE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), health);
@@ -74,11 +76,21 @@ absl::StatusOr<std::unique_ptr<GradBuffer>> CudaEngine::NewGradBuffer(const Head
   return std::unique_ptr<GradBuffer>(std::move(g));
 }
 
+absl::StatusOr<std::unique_ptr<HeadOptimizer>> CudaEngine::CreateOptimizer(
+    std::shared_ptr<const Head> head, const OptimizerConfig& config) {
+  auto cuda_head = std::dynamic_pointer_cast<const CudaHead>(head);
+  if (cuda_head == nullptr || cuda_head->context().get() != ctx_.get()) {
+    return absl::InvalidArgumentError("not a head of this CUDA engine");
+  }
+  FLCE_ASSIGN_OR_RETURN(auto optimizer, CudaHeadOptimizer::Create(std::move(cuda_head), config));
+  return std::unique_ptr<HeadOptimizer>(std::move(optimizer));
+}
+
 absl::StatusOr<std::unique_ptr<ComputeCall>> CudaEngine::StartCompute(
     std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) {
   FLCE_RETURN_IF_ERROR(ctx_->Enter());
-  FLCE_ASSIGN_OR_RETURN(auto call,
-                        CudaComputeCall::Start(this, std::move(head), std::move(spec), std::move(sink)));
+  FLCE_ASSIGN_OR_RETURN(
+      auto call, CudaComputeCall::Start(this, std::move(head), std::move(spec), std::move(sink)));
   return std::unique_ptr<ComputeCall>(std::move(call));
 }
 

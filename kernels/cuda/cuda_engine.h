@@ -39,6 +39,8 @@ class CudaEngine : public Engine {
   absl::StatusOr<std::unique_ptr<ComputeCall>> StartCompute(std::shared_ptr<const Head> head,
                                                             ComputeSpec spec,
                                                             GradInputSink sink) override;
+  absl::StatusOr<std::unique_ptr<HeadOptimizer>> CreateOptimizer(
+      std::shared_ptr<const Head> head, const OptimizerConfig& config) override;
   bool healthy() const override;
 
   // Runs `plan` over device-resident inputs on the compute stream and waits

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/elementwise_kernels.cuh"
+#include "kernels/cuda/optimizer_kernels.cuh"
 #include "kernels/cuda/policy.h"
 #include "kernels/status_macros.h"
 
@@ -12,6 +13,8 @@ namespace flce::cuda {
 namespace {
 
 constexpr int64_t kStagingBytes = int64_t{16} << 20;
+// A gradient buffer's real ranges: the weight and the bias.
+constexpr size_t kMaxSumRanges = 2;
 
 // FAILED_PRECONDITION naming the first byte not covered by `written`.
 absl::Status CheckCovered(std::vector<std::pair<int64_t, int64_t>> written, int64_t total,
@@ -23,8 +26,8 @@ absl::Status CheckCovered(std::vector<std::pair<int64_t, int64_t>> written, int6
     covered = std::max(covered, end);
   }
   if (covered < total) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " incomplete: byte ", covered,
-                                                      " of ", total, " was never written"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " incomplete: byte ", covered, " of ", total, " was never written"));
   }
   return absl::OkStatus();
 }
@@ -54,6 +57,9 @@ absl::StatusOr<std::shared_ptr<DeviceContext>> DeviceContext::Create(int ordinal
                             &ctx->health_);
   FLCE_ASSIGN_OR_RETURN(ctx->staging_, PinnedBuffer::Allocate(kStagingBytes, &ctx->health_));
   FLCE_ASSIGN_OR_RETURN(ctx->flags_, DeviceBuffer::Allocate(sizeof(unsigned), &ctx->health_));
+  FLCE_ASSIGN_OR_RETURN(
+      ctx->sums_, DeviceBuffer::Allocate((kSumOfSquaresBlocks + kMaxSumRanges) * sizeof(double),
+                                         &ctx->health_));
   return ctx;
 }
 
@@ -120,8 +126,8 @@ absl::StatusOr<unsigned> DeviceContext::ScaleAddChecked(float scale, const float
   auto* flags = static_cast<unsigned*>(flags_.get());
   FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags, 0, sizeof(unsigned), aux_), &health_);
   for (const auto& [offset, count] : ranges) {
-    FLCE_RETURN_IF_ERROR(LaunchScaleAddChecked(scale, base + offset, inout + offset, count, flags,
-                                               aux_, &health_));
+    FLCE_RETURN_IF_ERROR(
+        LaunchScaleAddChecked(scale, base + offset, inout + offset, count, flags, aux_, &health_));
   }
   return ReadFlagsLocked();
 }
@@ -138,10 +144,40 @@ absl::StatusOr<bool> DeviceContext::AllFinite(const float* x, const Ranges& rang
   return bad == 0;
 }
 
+absl::StatusOr<std::vector<double>> DeviceContext::SumsOfSquares(const float* x,
+                                                                 const Ranges& ranges) {
+  if (ranges.size() > kMaxSumRanges) return absl::InternalError("SumsOfSquares: too many ranges");
+  FLCE_RETURN_IF_ERROR(Enter());
+  std::lock_guard<std::mutex> lock(aux_mu_);
+  auto* partials = static_cast<double*>(sums_.get());
+  double* results = partials + kSumOfSquaresBlocks;
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    const auto& [offset, count] = ranges[r];
+    FLCE_RETURN_IF_ERROR(
+        LaunchSumOfSquares(x + offset, count, partials, results + r, aux_, &health_));
+  }
+  const int64_t bytes = static_cast<int64_t>(ranges.size() * sizeof(double));
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(staging_.get(), results, bytes, cudaMemcpyDeviceToHost, aux_), &health_);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
+  std::vector<double> out(ranges.size());
+  std::memcpy(out.data(), staging_.get(), bytes);
+  return out;
+}
+
+absl::StatusOr<unsigned> DeviceContext::RunFlagged(const FlaggedLaunch& launch) {
+  FLCE_RETURN_IF_ERROR(Enter());
+  std::lock_guard<std::mutex> lock(aux_mu_);
+  auto* flags = static_cast<unsigned*>(flags_.get());
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags, 0, sizeof(unsigned), aux_), &health_);
+  FLCE_RETURN_IF_ERROR(launch(aux_, flags));
+  return ReadFlagsLocked();
+}
+
 absl::StatusOr<unsigned> DeviceContext::ReadFlagsLocked() {
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_.get(), flags_.get(), sizeof(unsigned),
-                                            cudaMemcpyDeviceToHost, aux_),
-                            &health_);
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(staging_.get(), flags_.get(), sizeof(unsigned), cudaMemcpyDeviceToHost, aux_),
+      &health_);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
   unsigned out;
   std::memcpy(&out, staging_.get(), sizeof(out));
@@ -158,6 +194,17 @@ CudaHead::CudaHead(std::shared_ptr<DeviceContext> ctx, HeadSpec spec, DeviceBuff
       weight_(std::move(weight)),
       bias_(std::move(bias)) {}
 
+absl::Status CudaHead::CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
+                               void* host_out) const {
+  const bool weight = tensor == HeadTensor::kWeight;
+  FLCE_RETURN_IF_ERROR(CheckElementRange(
+      HeadTensorName(tensor), begin, count,
+      weight ? spec_.vocab_size * spec_.hidden_size : (spec_.has_bias ? spec_.vocab_size : 0)));
+  const int64_t size = DTypeSize(spec_.dtype);
+  const char* src = static_cast<const char*>(weight ? weight_.get() : bias_.get());
+  return ctx_->CopyToHost(host_out, src + begin * size, count * size);
+}
+
 HeadView CudaHead::view() const {
   HeadView v;
   v.dtype = spec_.dtype;
@@ -172,8 +219,8 @@ HeadView CudaHead::view() const {
 absl::StatusOr<std::unique_ptr<CudaHeadBuilder>> CudaHeadBuilder::Create(
     std::shared_ptr<DeviceContext> ctx, const HeadSpec& spec) {
   if (spec.vocab_size <= 0 || spec.hidden_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("head shape ", spec.vocab_size, " x ",
-                                                   spec.hidden_size, " must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("head shape ", spec.vocab_size, " x ", spec.hidden_size, " must be positive"));
   }
   if (spec.vocab_size >= (int64_t{1} << 31) - VocabPolicy::kAlign) {
     return absl::InvalidArgumentError("vocab_size too large for the CUDA engine");
@@ -184,7 +231,8 @@ absl::StatusOr<std::unique_ptr<CudaHeadBuilder>> CudaHeadBuilder::Create(
   b->spec_ = spec;
   const int64_t vp = PadVocab(spec.vocab_size);
   const int64_t es = DTypeSize(spec.dtype);
-  FLCE_ASSIGN_OR_RETURN(b->weight_, DeviceBuffer::Allocate(vp * spec.hidden_size * es, ctx->health()));
+  FLCE_ASSIGN_OR_RETURN(b->weight_,
+                        DeviceBuffer::Allocate(vp * spec.hidden_size * es, ctx->health()));
   // Padded rows must be zero: their logits are then exactly the bias (0).
   FLCE_RETURN_IF_ERROR(ctx->Memset(b->weight_.get(), 0, b->weight_.bytes()));
   if (spec.has_bias) {
@@ -201,9 +249,9 @@ absl::Status CudaHeadBuilder::Write(bool bias, int64_t byte_offset, const void* 
   const int64_t es = DTypeSize(spec_.dtype);
   const int64_t total = bias ? spec_.vocab_size * es : spec_.vocab_size * spec_.hidden_size * es;
   if (byte_offset < 0 || bytes < 0 || byte_offset + bytes > total) {
-    return absl::InvalidArgumentError(absl::StrCat(bias ? "bias" : "weight", " bytes [", byte_offset,
-                                              ", ", byte_offset + bytes, ") outside [0, ", total,
-                                              ")"));
+    return absl::InvalidArgumentError(absl::StrCat(bias ? "bias" : "weight", " bytes [",
+                                                   byte_offset, ", ", byte_offset + bytes,
+                                                   ") outside [0, ", total, ")"));
   }
   if (bytes == 0) return absl::OkStatus();
   char* dst = static_cast<char*>(bias ? bias_.get() : weight_.get()) + byte_offset;
@@ -223,8 +271,8 @@ absl::Status CudaHeadBuilder::WriteBias(int64_t byte_offset, const void* data, i
 absl::StatusOr<std::shared_ptr<const Head>> CudaHeadBuilder::Finish() {
   if (finished_) return absl::FailedPreconditionError("head builder already finished");
   const int64_t es = DTypeSize(spec_.dtype);
-  FLCE_RETURN_IF_ERROR(CheckCovered(weight_written_, spec_.vocab_size * spec_.hidden_size * es,
-                                    "head weight"));
+  FLCE_RETURN_IF_ERROR(
+      CheckCovered(weight_written_, spec_.vocab_size * spec_.hidden_size * es, "head weight"));
   if (spec_.has_bias) {
     FLCE_RETURN_IF_ERROR(CheckCovered(bias_written_, spec_.vocab_size * es, "head bias"));
   }
@@ -286,6 +334,11 @@ absl::StatusOr<FiniteCheck> CudaGradBuffer::ScaleAndAdd(float scale, const GradB
   return FiniteCheck{(bad & 1u) == 0, (bad & 2u) == 0};
 }
 
+absl::StatusOr<GradNorms> CudaGradBuffer::SquaredNorms() const {
+  FLCE_ASSIGN_OR_RETURN(std::vector<double> sums, ctx_->SumsOfSquares(weight(), RealRanges()));
+  return GradNorms{sums[0], has_bias_ ? sums[1] : 0.0};
+}
+
 absl::StatusOr<bool> CudaGradBuffer::AllFinite() const {
   return ctx_->AllFinite(weight(), RealRanges());
 }
@@ -307,8 +360,8 @@ absl::Status CudaGradBuffer::CopyOut(const float* src, int64_t count, DType out_
 absl::Status CudaGradBuffer::CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
                                             void* host_out) const {
   if (row_begin < 0 || rows < 0 || row_begin + rows > vocab_) {
-    return absl::OutOfRangeError(absl::StrCat("gradient rows [", row_begin, ", ",
-                                              row_begin + rows, ") outside [0, ", vocab_, ")"));
+    return absl::OutOfRangeError(absl::StrCat("gradient rows [", row_begin, ", ", row_begin + rows,
+                                              ") outside [0, ", vocab_, ")"));
   }
   return CopyOut(weight() + row_begin * hidden_, rows * hidden_, out_dtype, host_out);
 }
@@ -317,8 +370,8 @@ absl::Status CudaGradBuffer::CopyBias(int64_t begin, int64_t count, DType out_dt
                                       void* host_out) const {
   if (!has_bias_) return absl::FailedPreconditionError("gradient buffer has no bias");
   if (begin < 0 || count < 0 || begin + count > vocab_) {
-    return absl::OutOfRangeError(absl::StrCat("bias gradient [", begin, ", ", begin + count,
-                                              ") outside [0, ", vocab_, ")"));
+    return absl::OutOfRangeError(
+        absl::StrCat("bias gradient [", begin, ", ", begin + count, ") outside [0, ", vocab_, ")"));
   }
   return CopyOut(bias() + begin, count, out_dtype, host_out);
 }

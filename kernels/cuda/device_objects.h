@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,6 +48,12 @@ class DeviceContext {
   absl::StatusOr<unsigned> ScaleAddChecked(float scale, const float* base, float* inout,
                                            const Ranges& ranges);
   absl::StatusOr<bool> AllFinite(const float* x, const Ranges& ranges);
+  // fp64 sums of squares of x over each range, each in a fixed order.
+  absl::StatusOr<std::vector<double>> SumsOfSquares(const float* x, const Ranges& ranges);
+  // Runs `launch` on the auxiliary stream with the flag word zeroed, waits,
+  // and returns the flags the launched kernels set.
+  using FlaggedLaunch = std::function<absl::Status(cudaStream_t stream, unsigned* flags)>;
+  absl::StatusOr<unsigned> RunFlagged(const FlaggedLaunch& launch);
 
  private:
   DeviceContext() = default;
@@ -59,6 +66,7 @@ class DeviceContext {
   cudaStream_t aux_ = nullptr;
   PinnedBuffer staging_;
   DeviceBuffer flags_;  // one word the finiteness checks OR into
+  DeviceBuffer sums_;   // the sum of squares' partials, then its results
 };
 
 class CudaHead : public Head {
@@ -67,8 +75,14 @@ class CudaHead : public Head {
            DeviceBuffer bias);
   const HeadSpec& spec() const override { return spec_; }
   int64_t resident_bytes() const override { return weight_.bytes() + bias_.bytes(); }
+  absl::Status CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
+                       void* host_out) const override;
   int64_t padded_vocab() const { return padded_vocab_; }
   HeadView view() const;
+  // For CudaHeadOptimizer only, while no compute call uses the head.
+  void* weight_for_update() const { return weight_.get(); }
+  void* bias_for_update() const { return bias_.get(); }
+  const std::shared_ptr<DeviceContext>& context() const { return ctx_; }
 
  private:
   std::shared_ptr<DeviceContext> ctx_;
@@ -110,6 +124,7 @@ class CudaGradBuffer : public GradBuffer {
   absl::Status AddScaled(const GradBuffer& other, float scale) override;
   absl::StatusOr<FiniteCheck> ScaleAndAdd(float scale, const GradBuffer& base) override;
   absl::StatusOr<bool> AllFinite() const override;
+  absl::StatusOr<GradNorms> SquaredNorms() const override;
   absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
                               void* host_out) const override;
   absl::Status CopyBias(int64_t begin, int64_t count, DType out_dtype,

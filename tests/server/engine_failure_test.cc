@@ -36,6 +36,10 @@ class BreakableEngine : public Engine {
     if (broken_.load()) return absl::InternalError("device lost (simulated)");
     return inner_->StartCompute(std::move(head), std::move(spec), std::move(sink));
   }
+  absl::StatusOr<std::unique_ptr<HeadOptimizer>> CreateOptimizer(
+      std::shared_ptr<const Head> head, const OptimizerConfig& config) override {
+    return inner_->CreateOptimizer(std::move(head), config);
+  }
   bool healthy() const override { return !broken_.load(); }
 
  private:

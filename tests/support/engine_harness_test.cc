@@ -3,6 +3,8 @@
 // grad_W, so a faithful run must reproduce the problem's inputs bit for bit;
 // its injectable faults (a row delivered twice or never, a short message, a
 // gradient row never copied) must each make the run fail or read as NaN.
+#include "tests/support/engine_harness.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,7 +17,6 @@
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
 #include "kernels/engine.h"
-#include "tests/support/engine_harness.h"
 #include "tests/support/problem.h"
 
 namespace flce::test {
@@ -35,6 +36,9 @@ class FakeHead : public Head {
   const HeadSpec& spec() const override { return spec_; }
   int64_t resident_bytes() const override {
     return static_cast<int64_t>((weight_.size() + bias_.size()) * sizeof(float));
+  }
+  absl::Status CopyOut(HeadTensor, int64_t, int64_t, void*) const override {
+    return absl::UnimplementedError("the fake head is not read back");
   }
   const std::vector<float>& weight() const { return weight_; }
   const std::vector<float>& bias() const { return bias_; }
@@ -116,6 +120,7 @@ class FakeGradBuffer : public GradBuffer {
   absl::StatusOr<FiniteCheck> ScaleAndAdd(float, const GradBuffer&) override {
     return absl::UnimplementedError("not needed by the harness");
   }
+  absl::StatusOr<GradNorms> SquaredNorms() const override { return GradNorms{}; }
   absl::StatusOr<bool> AllFinite() const override {
     return absl::UnimplementedError("not needed by the harness");
   }
@@ -211,9 +216,12 @@ class FakeEngine : public Engine {
                                                             GradInputSink sink) override {
     auto fake = std::dynamic_pointer_cast<const FakeHead>(head);
     if (fake == nullptr) return absl::InvalidArgumentError("not a fake head");
-    return std::unique_ptr<ComputeCall>(
-        std::make_unique<FakeCall>(std::move(fake), std::move(spec), std::move(sink), &faults,
-                                   &offsets));
+    return std::unique_ptr<ComputeCall>(std::make_unique<FakeCall>(
+        std::move(fake), std::move(spec), std::move(sink), &faults, &offsets));
+  }
+  absl::StatusOr<std::unique_ptr<HeadOptimizer>> CreateOptimizer(std::shared_ptr<const Head>,
+                                                                 const OptimizerConfig&) override {
+    return absl::UnimplementedError("the fake engine has no optimizer");
   }
   bool healthy() const override { return true; }
 };
@@ -233,8 +241,8 @@ TEST(EngineHarnessTest, FaithfulEngineReproducesTheInputsExactly) {
   const DType kDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
   for (DType head_dtype : kDtypes) {
     for (DType hidden_dtype : kDtypes) {
-      SCOPED_TRACE(absl::StrCat("head ", DTypeName(head_dtype), " hidden ",
-                                DTypeName(hidden_dtype)));
+      SCOPED_TRACE(
+          absl::StrCat("head ", DTypeName(head_dtype), " hidden ", DTypeName(hidden_dtype)));
       FakeEngine engine;
       Problem problem = SmallProblem(head_dtype, hidden_dtype);
       HarnessOptions options;

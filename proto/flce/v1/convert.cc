@@ -37,4 +37,66 @@ v1::DType DTypeToProto(DType dtype) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
+absl::StatusOr<OptimizerKind> OptimizerKindFromProto(v1::OptimizerKind kind) {
+  switch (kind) {
+    case v1::OPTIMIZER_SGD:
+      return OptimizerKind::kSgd;
+    case v1::OPTIMIZER_ADAMW:
+      return OptimizerKind::kAdamW;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("kind = ", EnumValueText(v1::OptimizerKind_descriptor(), kind),
+                       " is not one of OPTIMIZER_SGD, OPTIMIZER_ADAMW"));
+  }
+}
+
+v1::OptimizerKind OptimizerKindToProto(OptimizerKind kind) {
+  return kind == OptimizerKind::kSgd ? v1::OPTIMIZER_SGD : v1::OPTIMIZER_ADAMW;
+}
+
+absl::StatusOr<OptimizerGroup> OptimizerGroupFromProto(OptimizerKind kind,
+                                                       const v1::OptimizerGroup& group,
+                                                       absl::string_view group_name) {
+  OptimizerGroup out = DefaultOptimizerGroup(kind);
+  if (group.has_weight_decay()) out.weight_decay = group.weight_decay();
+  const char* foreign = nullptr;
+  if (kind == OptimizerKind::kSgd) {
+    if (group.has_beta1()) foreign = "beta1";
+    if (group.has_beta2()) foreign = "beta2";
+    if (group.has_eps()) foreign = "eps";
+    if (group.amsgrad()) foreign = "amsgrad";
+    out.momentum = group.momentum();
+    out.dampening = group.dampening();
+    out.nesterov = group.nesterov();
+  } else {
+    if (group.momentum() != 0.0) foreign = "momentum";
+    if (group.dampening() != 0.0) foreign = "dampening";
+    if (group.nesterov()) foreign = "nesterov";
+    if (group.has_beta1()) out.beta1 = group.beta1();
+    if (group.has_beta2()) out.beta2 = group.beta2();
+    if (group.has_eps()) out.eps = group.eps();
+    out.amsgrad = group.amsgrad();
+  }
+  if (foreign != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(group_name, " group: ", foreign,
+                                                   " is not a parameter of ", OptimizerName(kind)));
+  }
+  return out;
+}
+
+void OptimizerGroupToProto(OptimizerKind kind, const OptimizerGroup& group,
+                           v1::OptimizerGroup* out) {
+  out->set_weight_decay(group.weight_decay);
+  if (kind == OptimizerKind::kSgd) {
+    out->set_momentum(group.momentum);
+    out->set_dampening(group.dampening);
+    out->set_nesterov(group.nesterov);
+    return;
+  }
+  out->set_beta1(group.beta1);
+  out->set_beta2(group.beta2);
+  out->set_eps(group.eps);
+  out->set_amsgrad(group.amsgrad);
+}
+
 }  // namespace flce

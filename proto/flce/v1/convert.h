@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "flce/v1/flce.pb.h"
 #include "kernels/dtype.h"
+#include "kernels/optimizer.h"
 
 namespace flce {
 
@@ -23,6 +24,21 @@ v1::DType DTypeToProto(DType dtype);
 // An enum value as an error message shows it: "DTYPE_UNSPECIFIED (0)", or
 // just the number for a value the enum does not define (proto3 keeps those).
 std::string EnumValueText(const google::protobuf::EnumDescriptor* type, int value);
+
+// INVALID_ARGUMENT for OPTIMIZER_UNSPECIFIED or an unknown value.
+absl::StatusOr<OptimizerKind> OptimizerKindFromProto(v1::OptimizerKind kind);
+v1::OptimizerKind OptimizerKindToProto(OptimizerKind kind);
+
+// The group with torch's defaults for unset fields. INVALID_ARGUMENT naming
+// `group_name` for a field the kind has no use for (SGD's betas, AdamW's
+// momentum): torch's constructors do not take them either. The values are
+// not validated here (ValidateOptimizerGroup).
+absl::StatusOr<OptimizerGroup> OptimizerGroupFromProto(OptimizerKind kind,
+                                                       const v1::OptimizerGroup& group,
+                                                       absl::string_view group_name);
+// Every field of the kind, as applied.
+void OptimizerGroupToProto(OptimizerKind kind, const OptimizerGroup& group,
+                           v1::OptimizerGroup* out);
 
 }  // namespace flce
 

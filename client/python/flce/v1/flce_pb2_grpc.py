@@ -74,6 +74,21 @@ class FlceStub(object):
                 request_serializer=flce_dot_v1_dot_flce__pb2.ServerInfoRequest.SerializeToString,
                 response_deserializer=flce_dot_v1_dot_flce__pb2.ServerInfo.FromString,
                 )
+        self.CreateOptimizer = channel.unary_unary(
+                '/flce.v1.Flce/CreateOptimizer',
+                request_serializer=flce_dot_v1_dot_flce__pb2.CreateOptimizerRequest.SerializeToString,
+                response_deserializer=flce_dot_v1_dot_flce__pb2.OptimizerInfo.FromString,
+                )
+        self.Step = channel.unary_unary(
+                '/flce.v1.Flce/Step',
+                request_serializer=flce_dot_v1_dot_flce__pb2.StepRequest.SerializeToString,
+                response_deserializer=flce_dot_v1_dot_flce__pb2.StepResponse.FromString,
+                )
+        self.GradNorm = channel.unary_unary(
+                '/flce.v1.Flce/GradNorm',
+                request_serializer=flce_dot_v1_dot_flce__pb2.GradNormRequest.SerializeToString,
+                response_deserializer=flce_dot_v1_dot_flce__pb2.GradNormResponse.FromString,
+                )
 
 
 class FlceServicer(object):
@@ -151,6 +166,24 @@ class FlceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateOptimizer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Step(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GradNorm(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FlceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -213,6 +246,21 @@ def add_FlceServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=flce_dot_v1_dot_flce__pb2.ServerInfoRequest.FromString,
                     response_serializer=flce_dot_v1_dot_flce__pb2.ServerInfo.SerializeToString,
+            ),
+            'CreateOptimizer': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateOptimizer,
+                    request_deserializer=flce_dot_v1_dot_flce__pb2.CreateOptimizerRequest.FromString,
+                    response_serializer=flce_dot_v1_dot_flce__pb2.OptimizerInfo.SerializeToString,
+            ),
+            'Step': grpc.unary_unary_rpc_method_handler(
+                    servicer.Step,
+                    request_deserializer=flce_dot_v1_dot_flce__pb2.StepRequest.FromString,
+                    response_serializer=flce_dot_v1_dot_flce__pb2.StepResponse.SerializeToString,
+            ),
+            'GradNorm': grpc.unary_unary_rpc_method_handler(
+                    servicer.GradNorm,
+                    request_deserializer=flce_dot_v1_dot_flce__pb2.GradNormRequest.FromString,
+                    response_serializer=flce_dot_v1_dot_flce__pb2.GradNormResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -425,5 +473,56 @@ class Flce(object):
         return grpc.experimental.unary_unary(request, target, '/flce.v1.Flce/GetServerInfo',
             flce_dot_v1_dot_flce__pb2.ServerInfoRequest.SerializeToString,
             flce_dot_v1_dot_flce__pb2.ServerInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateOptimizer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/flce.v1.Flce/CreateOptimizer',
+            flce_dot_v1_dot_flce__pb2.CreateOptimizerRequest.SerializeToString,
+            flce_dot_v1_dot_flce__pb2.OptimizerInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Step(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/flce.v1.Flce/Step',
+            flce_dot_v1_dot_flce__pb2.StepRequest.SerializeToString,
+            flce_dot_v1_dot_flce__pb2.StepResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GradNorm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/flce.v1.Flce/GradNorm',
+            flce_dot_v1_dot_flce__pb2.GradNormRequest.SerializeToString,
+            flce_dot_v1_dot_flce__pb2.GradNormResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
