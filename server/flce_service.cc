@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 #include "server/compute_reactor.h"
+#include "server/download_head_reactor.h"
 #include "server/fetch_grad_reactor.h"
 #include "server/head_info.h"
 #include "server/head_loader.h"
@@ -224,6 +225,17 @@ grpc::ServerWriteReactor<v1::FetchGradResponse>* FlceService::FetchGrad(
         std::move(scope), ToGrpcStatus(who.status()));
   }
   return new FetchGradReactor(ctx_, request, *who, std::move(scope));
+}
+
+grpc::ServerWriteReactor<v1::DownloadHeadResponse>* FlceService::DownloadHead(
+    grpc::CallbackServerContext* call, const v1::DownloadHeadRequest* request) {
+  auto scope = std::make_unique<RpcScope>(ctx_, "DownloadHead");
+  absl::StatusOr<Principal> who = Admit(ctx_, *call, *scope);
+  if (!who.ok()) {
+    return new RefusedReactor<grpc::ServerWriteReactor<v1::DownloadHeadResponse>>(
+        std::move(scope), ToGrpcStatus(who.status()));
+  }
+  return new DownloadHeadReactor(ctx_, request, *who, std::move(scope));
 }
 
 grpc::ServerUnaryReactor* FlceService::ZeroGrad(grpc::CallbackServerContext* call,

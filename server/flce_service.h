@@ -54,6 +54,8 @@ class FlceService final : public v1::Flce::CallbackService {
                                             v1::OptimizerInfo* response) override;
   grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* call, const v1::StepRequest* request,
                                  v1::StepResponse* response) override;
+  grpc::ServerWriteReactor<v1::DownloadHeadResponse>* DownloadHead(
+      grpc::CallbackServerContext* call, const v1::DownloadHeadRequest* request) override;
   grpc::ServerUnaryReactor* GradNorm(grpc::CallbackServerContext* call,
                                      const v1::GradNormRequest* request,
                                      v1::GradNormResponse* response) override;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "flce/v1/flce.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
@@ -91,6 +92,12 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
                          .Name("flce_optimizer_steps_total")
                          .Help("Optimizer steps by outcome (STEP_APPLIED, STEP_SKIPPED_...)")
                          .Register(registry);
+  // Every outcome from the start, so that rate() and alerts see a 0 before the first step.
+  const google::protobuf::EnumDescriptor* outcomes = v1::StepOutcome_descriptor();
+  for (int i = 0; i < outcomes->value_count(); ++i) {
+    if (outcomes->value(i)->number() == v1::STEP_OUTCOME_UNSPECIFIED) continue;
+    metrics->steps_->Add({{"outcome", outcomes->value(i)->name()}});
+  }
   prometheus::BuildGauge()
       .Name("flce_build_info")
       .Help("Always 1; the labels say which build of flce-server runs")

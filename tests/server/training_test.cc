@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <thread>
@@ -87,8 +88,60 @@ class TrainingTest : public ServerTest {
     return flce::test::ComputeReference(input).loss;
   }
 
+  struct Downloaded {
+    grpc::Status status;
+    v1::DownloadHeader header;
+    std::vector<float> weight;
+    int chunks = 0;
+  };
+  // An fp32 download (the fp32 head, or any head's master).
+  Downloaded Download(bool master, int64_t chunk_rows = 0, const std::string& head_id = "h") {
+    v1::DownloadHeadRequest request;
+    request.set_head_id(head_id);
+    request.set_master(master);
+    request.set_chunk_rows(chunk_rows);
+    grpc::ClientContext ctx;
+    auto reader = stub().DownloadHead(&ctx, request);
+    Downloaded out;
+    v1::DownloadHeadResponse response;
+    while (reader->Read(&response)) {
+      if (response.has_header()) {
+        out.header = response.header();
+        const int64_t n = out.header.head().vocab_size() * out.header.head().hidden_size();
+        out.weight.assign(n, std::nan(""));
+        continue;
+      }
+      const v1::GradChunk& c = response.chunk();
+      if (c.role() != v1::TENSOR_WEIGHT) continue;
+      const int64_t h = out.header.head().hidden_size();
+      EXPECT_EQ(static_cast<int64_t>(c.data().size()), c.rows() * h * 4);
+      std::memcpy(out.weight.data() + c.row_offset() * h, c.data().data(), c.data().size());
+      ++out.chunks;
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+
   Problem problem_;
 };
+
+TEST_F(TrainingTest, DownloadHeadGivesTheServedWeightOrItsMaster) {
+  Downloaded plain = Download(false, /*chunk_rows=*/10);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  EXPECT_EQ(plain.weight, problem_.weight);
+  EXPECT_EQ(plain.chunks, 10);  // 97 rows, 10 per message
+  // A bf16 head: its master is the weight widened until a step moves it.
+  ProblemSpec spec = TinyF32Spec();
+  spec.head_dtype = DType::kBF16;
+  Problem bf16 = MakeProblem(spec);
+  ASSERT_TRUE(UploadHead(stub(), "b", bf16).ok());
+  Downloaded master = Download(true, 0, "b");
+  ASSERT_TRUE(master.status.ok()) << master.status.error_message();
+  EXPECT_EQ(master.header.dtype(), v1::DTYPE_FP32);
+  EXPECT_EQ(master.weight, bf16.weight);
+  Downloaded missing = Download(false, 0, "nope");
+  EXPECT_EQ(missing.status.error_code(), grpc::StatusCode::NOT_FOUND);
+}
 
 TEST_F(TrainingTest, StepAppliesTheSessionGradientAndBumpsTheVersion) {
   v1::OptimizerInfo info;
@@ -138,7 +191,19 @@ TEST_F(TrainingTest, StepAppliesTheSessionGradientAndBumpsTheVersion) {
   EXPECT_EQ(after.header.contributions(), 0);
   for (float g : after.weight) ASSERT_EQ(g, 0.0f);
 
-  // The head now serves W - lr * g: the loss of a forward call says so.
+  // The head now serves W - lr * g, computed as the engine does in fp32.
+  std::vector<float> want_w(problem_.weight.size());
+  for (size_t i = 0; i < want_w.size(); ++i) {
+    want_w[i] = problem_.weight[i] + (-0.5f) * grad.weight[i];
+  }
+  for (bool master : {false, true}) {
+    Downloaded down = Download(master);
+    ASSERT_TRUE(down.status.ok()) << down.status.error_message();
+    EXPECT_EQ(down.header.dtype(), v1::DTYPE_FP32);
+    EXPECT_EQ(down.header.head().version(), v0 + 1);
+    EXPECT_EQ(down.weight, want_w) << "master " << master;
+  }
+  // And a forward call's loss says so too.
   std::vector<double> stepped(problem_.weight.size());
   for (size_t i = 0; i < stepped.size(); ++i) {
     stepped[i] = static_cast<double>(problem_.weight[i] - 0.5f * grad.weight[i]);

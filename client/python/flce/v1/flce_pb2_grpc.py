@@ -89,6 +89,11 @@ class FlceStub(object):
                 request_serializer=flce_dot_v1_dot_flce__pb2.GradNormRequest.SerializeToString,
                 response_deserializer=flce_dot_v1_dot_flce__pb2.GradNormResponse.FromString,
                 )
+        self.DownloadHead = channel.unary_stream(
+                '/flce.v1.Flce/DownloadHead',
+                request_serializer=flce_dot_v1_dot_flce__pb2.DownloadHeadRequest.SerializeToString,
+                response_deserializer=flce_dot_v1_dot_flce__pb2.DownloadHeadResponse.FromString,
+                )
 
 
 class FlceServicer(object):
@@ -184,6 +189,12 @@ class FlceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DownloadHead(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FlceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -261,6 +272,11 @@ def add_FlceServicer_to_server(servicer, server):
                     servicer.GradNorm,
                     request_deserializer=flce_dot_v1_dot_flce__pb2.GradNormRequest.FromString,
                     response_serializer=flce_dot_v1_dot_flce__pb2.GradNormResponse.SerializeToString,
+            ),
+            'DownloadHead': grpc.unary_stream_rpc_method_handler(
+                    servicer.DownloadHead,
+                    request_deserializer=flce_dot_v1_dot_flce__pb2.DownloadHeadRequest.FromString,
+                    response_serializer=flce_dot_v1_dot_flce__pb2.DownloadHeadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -524,5 +540,22 @@ class Flce(object):
         return grpc.experimental.unary_unary(request, target, '/flce.v1.Flce/GradNorm',
             flce_dot_v1_dot_flce__pb2.GradNormRequest.SerializeToString,
             flce_dot_v1_dot_flce__pb2.GradNormResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DownloadHead(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/flce.v1.Flce/DownloadHead',
+            flce_dot_v1_dot_flce__pb2.DownloadHeadRequest.SerializeToString,
+            flce_dot_v1_dot_flce__pb2.DownloadHeadResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
