@@ -28,6 +28,16 @@ __global__ void NormalKernel(__nv_bfloat16* dst, int64_t count, float stddev, ui
   }
 }
 
+__global__ void NormalF32Kernel(float* dst, int64_t count, float stddev, uint64_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t a = Mix(seed ^ (2 * i + 1) * 0x9e3779b97f4a7c15ULL);
+    uint64_t b = Mix(a + 0x632be59bd9b4e019ULL);
+    float r = sqrtf(-2.0f * logf(Uniform(a)));
+    dst[i] = stddev * r * cospif(2.0f * Uniform(b));
+  }
+}
+
 __global__ void TargetsKernel(int32_t* dst, int64_t count, int64_t vocab, float ignored,
                               uint64_t seed) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
@@ -55,6 +65,12 @@ constexpr int kThreads = 256;
 constexpr int kBlocks = 132 * 16;
 
 }  // namespace
+
+cudaError_t FillNormalF32(float* dst, int64_t count, float stddev, uint64_t seed,
+                          cudaStream_t stream) {
+  NormalF32Kernel<<<kBlocks, kThreads, 0, stream>>>(dst, count, stddev, seed);
+  return cudaGetLastError();
+}
 
 cudaError_t FillNormalBf16(void* dst, int64_t count, float stddev, uint64_t seed,
                            cudaStream_t stream) {

@@ -15,6 +15,8 @@ cudaError_t FillNormalBf16(void* dst, int64_t count, float stddev, uint64_t seed
                            cudaStream_t stream);
 // Targets uniform in [0, vocab), a fraction `ignored` set to -1 (the engine's
 // ignored marker); token weights 1/n_valid is computed by the caller.
+cudaError_t FillNormalF32(float* dst, int64_t count, float stddev, uint64_t seed,
+                          cudaStream_t stream);
 cudaError_t FillTargets(int32_t* dst, int64_t count, int64_t vocab, float ignored, uint64_t seed,
                         cudaStream_t stream);
 cudaError_t FillConstant(float* dst, int64_t count, float value, cudaStream_t stream);

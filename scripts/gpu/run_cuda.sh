@@ -2,7 +2,7 @@
 # On the device machine, from the repo root, with .gpu-dist carried (see
 # pack_cuda.sh): CUDA tests, the engine conformance suite's CUDA cases, then
 # the benchmark. Logs and the benchmark JSON go to $OUT.
-#   scripts/gpu/run_cuda.sh tests|bench|all [extra bench flags...]
+#   scripts/gpu/run_cuda.sh tests|bench|optimizer|all [extra bench flags...]
 set -u -o pipefail
 mode=${1:-all}
 shift || true
@@ -18,6 +18,11 @@ if [[ $mode == tests || $mode == all ]]; then
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   FLCE_TEST_PRINT_ERRORS=1 "$dist/flce_engine_tests" --gtest_filter='*cuda*' 2>&1 | tee "$out/engine_tests.log" |
     grep -E '^\[  FAILED|^\[  PASSED|^\[==|Failure|Expected|Which|actual|error' | tail -60
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+fi
+if [[ $mode == optimizer ]]; then
+  "$dist/flce_optimizer_bench" --out="$out/optimizer-bench.json" --commit="$(cat "$dist/COMMIT")" "$@" 2>&1 |
+    tee "$out/optimizer-bench.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
 fi
 if [[ $mode == bench || $mode == all ]]; then

@@ -21,7 +21,10 @@ def _filled(message_name: str):
     so that a field read from the wrong place cannot pass."""
     msg = getattr(pb, message_name)()
     for i, f in enumerate(msg.DESCRIPTOR.fields, start=1):
-        if f.type == f.TYPE_MESSAGE:
+        if f.label == f.LABEL_REPEATED:
+            assert f.type == f.TYPE_STRING, f"{message_name}.{f.name}: teach _filled its type"
+            getattr(msg, f.name).extend([f"{f.name}-{i}", f"{f.name}-{i}-b"])
+        elif f.type == f.TYPE_MESSAGE:
             getattr(msg, f.name).CopyFrom(_filled(f.message_type.name))
         elif f.type == f.TYPE_ENUM:
             setattr(msg, f.name, f.enum_type.values[-1].number)
@@ -49,6 +52,8 @@ def test_every_protobuf_field_is_mirrored(cls):
         if f.type == f.TYPE_MESSAGE:
             assert dataclasses.is_dataclass(got)
             assert got == type(got).from_pb(want)
+        elif f.label == f.LABEL_REPEATED:
+            assert isinstance(got, tuple) and got == tuple(want), f.name  # frozen: a tuple
         else:
             assert got == want, f.name
             if f.type == f.TYPE_ENUM:
@@ -60,8 +65,30 @@ def test_every_protobuf_field_is_mirrored(cls):
 def test_enums_match_the_proto():
     for enum_cls, proto_enum, prefix in ((results.DType, pb.DType, "DTYPE_"),
                                          (results.ContributionState, pb.ContributionState,
-                                          "CONTRIBUTION_")):
-        assert {prefix + m.name: m.value for m in enum_cls} == dict(proto_enum.items())
+                                          "CONTRIBUTION_"),
+                                         (results.OptimizerKind, pb.OptimizerKind,
+                                          "OPTIMIZER_"),
+                                         (results.StepOutcome, pb.StepOutcome, "STEP_")):
+        names = {prefix + m.name: m.value for m in enum_cls}
+        if enum_cls is results.StepOutcome:  # STEP_OUTCOME_UNSPECIFIED, STEP_APPLIED, ...
+            names["STEP_OUTCOME_UNSPECIFIED"] = names.pop("STEP_UNSPECIFIED")
+        assert names == dict(proto_enum.items())
+
+
+def test_every_new_training_message_is_checked():
+    """The training section's messages are mirrored, and checked by the test above."""
+    mirrored = set(results.MIRRORS.values())
+    for name in ("OptimizerGroup", "OptimizerInfo", "StepResponse", "GradNormResponse",
+                 "GradVersions", "DownloadHeader"):
+        assert name in mirrored, name
+
+
+def test_optimizer_group_round_trips_and_leaves_unset_fields_unset():
+    group = flce.OptimizerGroup(weight_decay=0.0, momentum=0.9, nesterov=True)
+    msg = group.to_pb()
+    assert msg.HasField("weight_decay") and msg.weight_decay == 0.0  # 0 is sent, not unset
+    assert not msg.HasField("beta1") and not msg.HasField("eps")
+    assert flce.OptimizerGroup.from_pb(msg) == group
 
 
 def test_results_from_a_server(client):

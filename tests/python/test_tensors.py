@@ -52,6 +52,17 @@ def test_assembler_rejects_partial_rows_and_out_of_range():
     assert asm.complete
 
 
+def test_assembler_refuses_a_row_sent_twice():
+    """A duplicate and a missing row would add up to the right count: refused."""
+    asm = tensors.RowAssembler(4, 2, torch.float32)
+    asm.put(0, b"\0" * 16)  # rows 0, 1
+    with pytest.raises(ValueError, match="arrived twice"):
+        asm.put(1, b"\0" * 16)  # rows 1, 2: row 1 again
+    assert asm.rows_filled == 2 and not asm.complete
+    asm.put(2, b"\0" * 16)
+    assert asm.complete
+
+
 def test_non_contiguous_and_unsupported_dtypes():
     t = torch.randn(6, 4)[:, ::2]
     assert tensors.host_contiguous(t).is_contiguous()

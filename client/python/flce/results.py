@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from flce._pb import pb
 
@@ -30,6 +30,84 @@ class ContributionState(enum.IntEnum):
     DISCARDED = pb.CONTRIBUTION_DISCARDED
 
 
+class OptimizerKind(enum.IntEnum):
+    UNSPECIFIED = pb.OPTIMIZER_UNSPECIFIED
+    SGD = pb.OPTIMIZER_SGD
+    ADAMW = pb.OPTIMIZER_ADAMW
+
+
+class StepOutcome(enum.IntEnum):
+    UNSPECIFIED = pb.STEP_OUTCOME_UNSPECIFIED
+    APPLIED = pb.STEP_APPLIED
+    SKIPPED_FOUND_INF = pb.STEP_SKIPPED_FOUND_INF
+    SKIPPED_NON_FINITE_GRADIENT = pb.STEP_SKIPPED_NON_FINITE_GRADIENT
+    SKIPPED_NON_FINITE_WEIGHT = pb.STEP_SKIPPED_NON_FINITE_WEIGHT
+
+
+def _optional(m, name: str):
+    """An `optional` scalar: None when the message leaves it unset."""
+    return getattr(m, name) if m.HasField(name) else None
+
+
+@dataclass(frozen=True)
+class GradVersions:
+    """The head versions a session's contributions were computed on (0, 0 when it holds
+    none): older than the head's version means computed before a Step."""
+    oldest: int
+    newest: int
+
+    @classmethod
+    def from_pb(cls, m) -> "GradVersions":
+        return cls(m.oldest, m.newest)
+
+
+@dataclass(frozen=True)
+class OptimizerGroup:
+    """One parameter group's hyper-parameters (torch.optim's names). Also what
+    Client.create_optimizer takes: None leaves an optional field to the server's
+    default (torch's)."""
+    weight_decay: Optional[float] = None
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+    beta1: Optional[float] = None
+    beta2: Optional[float] = None
+    eps: Optional[float] = None
+    amsgrad: bool = False
+
+    @classmethod
+    def from_pb(cls, m) -> "OptimizerGroup":
+        return cls(_optional(m, "weight_decay"), m.momentum, m.dampening, m.nesterov,
+                   _optional(m, "beta1"), _optional(m, "beta2"), _optional(m, "eps"),
+                   m.amsgrad)
+
+    def to_pb(self):
+        msg = pb.OptimizerGroup(momentum=self.momentum, dampening=self.dampening,
+                                nesterov=self.nesterov, amsgrad=self.amsgrad)
+        for name in ("weight_decay", "beta1", "beta2", "eps"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(msg, name, value)
+        return msg
+
+
+@dataclass(frozen=True)
+class OptimizerInfo:
+    """A head's optimizer state as the server applies it (defaults filled in)."""
+    kind: OptimizerKind
+    weight: OptimizerGroup
+    bias: Optional[OptimizerGroup]  # None if the server sent none
+    steps: int
+    skipped_steps: int
+    state_bytes: int
+
+    @classmethod
+    def from_pb(cls, m) -> "OptimizerInfo":
+        return cls(OptimizerKind(m.kind), OptimizerGroup.from_pb(m.weight),
+                   OptimizerGroup.from_pb(m.bias) if m.HasField("bias") else None,
+                   m.steps, m.skipped_steps, m.state_bytes)
+
+
 @dataclass(frozen=True)
 class ServerInfo:
     instance_id: str
@@ -38,11 +116,12 @@ class ServerInfo:
     workspace_budget_bytes: int
     max_request_tokens: int
     max_message_bytes: int
+    capabilities: Tuple[str, ...]  # e.g. "optimizer": CreateOptimizer, Step, GradNorm, ...
 
     @classmethod
     def from_pb(cls, m) -> "ServerInfo":
         return cls(m.instance_id, m.version, m.engine, m.workspace_budget_bytes,
-                   m.max_request_tokens, m.max_message_bytes)
+                   m.max_request_tokens, m.max_message_bytes, tuple(m.capabilities))
 
 
 @dataclass(frozen=True)
@@ -56,11 +135,13 @@ class HeadInfo:
     weight_bytes: int
     source: str
     sessions: int
+    optimizer: Optional[OptimizerInfo]  # None until CreateOptimizer
 
     @classmethod
     def from_pb(cls, m) -> "HeadInfo":
         return cls(m.head_id, m.vocab_size, m.hidden_size, DType(m.dtype), m.has_bias,
-                   m.version, m.weight_bytes, m.source, m.sessions)
+                   m.version, m.weight_bytes, m.source, m.sessions,
+                   OptimizerInfo.from_pb(m.optimizer) if m.HasField("optimizer") else None)
 
 
 @dataclass(frozen=True)
@@ -130,11 +211,12 @@ class GradHeader:
     contributions: int
     head_version: int
     replayed: bool
+    computed_on: GradVersions
 
     @classmethod
     def from_pb(cls, m) -> "GradHeader":
         return cls(m.vocab_size, m.hidden_size, DType(m.dtype), m.has_bias, m.contributions,
-                   m.head_version, m.replayed)
+                   m.head_version, m.replayed, GradVersions.from_pb(m.computed_on))
 
 
 @dataclass(frozen=True)
@@ -146,17 +228,72 @@ class SessionInfo:
     tokens: int
     idle_seconds: float
     grad_bytes: int
+    computed_on: GradVersions
 
     @classmethod
     def from_pb(cls, m) -> "SessionInfo":
         return cls(m.head_id, m.session_id, m.contributions, m.pending, m.tokens,
-                   m.idle_seconds, m.grad_bytes)
+                   m.idle_seconds, m.grad_bytes, GradVersions.from_pb(m.computed_on))
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """StepResponse: what a Step did. A replayed step (its request id seen before) reports
+    the first outcome and applied nothing now."""
+    outcome: StepOutcome
+    head_version: int
+    steps: int          # steps applied so far (skipped ones not counted)
+    contributions: int  # the session's contributions the step consumed
+    replayed: bool
+
+    @property
+    def applied(self) -> bool:
+        return self.outcome == StepOutcome.APPLIED
+
+    @classmethod
+    def from_pb(cls, m) -> "StepResult":
+        return cls(StepOutcome(m.outcome), m.head_version, m.steps, m.contributions,
+                   m.replayed)
+
+
+@dataclass(frozen=True)
+class GradNorm:
+    """GradNormResponse: squared L2 norms (fp64) of a session's gradient; zeros for a
+    session that holds none."""
+    sq_norm: float
+    weight_sq_norm: float
+    bias_sq_norm: float
+    contributions: int
+    head_version: int
+    computed_on: GradVersions
+
+    @classmethod
+    def from_pb(cls, m) -> "GradNorm":
+        return cls(m.sq_norm, m.weight_sq_norm, m.bias_sq_norm, m.contributions,
+                   m.head_version, GradVersions.from_pb(m.computed_on))
+
+
+@dataclass(frozen=True)
+class DownloadHeader:
+    """What a DownloadHead stream describes: the head (its version is the weight's) and
+    the dtype of the tensors sent."""
+    head: HeadInfo
+    dtype: DType
+
+    @classmethod
+    def from_pb(cls, m) -> "DownloadHeader":
+        return cls(HeadInfo.from_pb(m.head), DType(m.dtype))
 
 
 # result class -> the protobuf message it mirrors (for the test that they stay in step)
 MIRRORS = {ServerInfo: "ServerInfo", HeadInfo: "HeadInfo", UnloadResult: "UnloadHeadResponse",
            Timings: "Timings", ComputeSummary: "ComputeSummary",
-           CommitResult: "CommitResponse", GradHeader: "GradHeader", SessionInfo: "SessionInfo"}
+           CommitResult: "CommitResponse", GradHeader: "GradHeader", SessionInfo: "SessionInfo",
+           GradVersions: "GradVersions", OptimizerGroup: "OptimizerGroup",
+           OptimizerInfo: "OptimizerInfo", StepResult: "StepResponse",
+           GradNorm: "GradNormResponse", DownloadHeader: "DownloadHeader"}
 
-__all__ = ["DType", "ContributionState", "ServerInfo", "HeadInfo", "UnloadResult", "Timings",
-           "ComputeSummary", "CommitResult", "GradHeader", "SessionInfo"]
+__all__ = ["DType", "ContributionState", "OptimizerKind", "StepOutcome", "ServerInfo",
+           "HeadInfo", "UnloadResult", "Timings", "ComputeSummary", "CommitResult",
+           "GradHeader", "SessionInfo", "GradVersions", "OptimizerGroup", "OptimizerInfo",
+           "StepResult", "GradNorm", "DownloadHeader"]

@@ -92,13 +92,18 @@ def byte_chunks(t: torch.Tensor, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
 
 class RowAssembler:
-    """Fills a preallocated [rows, cols] tensor from chunks that name their first row."""
+    """Fills a preallocated [rows, cols] tensor from chunks that name their first row.
+
+    Every row must arrive exactly once: a chunk overlapping rows already filled is
+    refused, so that `complete` (as many rows filled as the tensor has) also means that
+    none is missing."""
 
     def __init__(self, rows: int, cols: int, dtype: torch.dtype, pool=None):
         self.tensor = (pool.empty((rows, cols), dtype) if pool is not None
                        else torch.empty((rows, cols), dtype=dtype))
         self._bytes = byte_view(self.tensor)
         self._row_bytes = cols * self.tensor.element_size()
+        self._filled = np.zeros(rows, dtype=bool)
         self.rows_filled = 0
 
     def put(self, first_row: int, data) -> None:
@@ -108,8 +113,14 @@ class RowAssembler:
             raise ValueError(f"chunk of {n} bytes is not whole rows of {self._row_bytes} bytes")
         if start < 0 or start + n > len(self._bytes):
             raise ValueError(f"chunk at row {first_row} ({n} bytes) lies outside the tensor")
+        rows = n // self._row_bytes if self._row_bytes else 0
+        seen = self._filled[first_row:first_row + rows]
+        if seen.any():
+            raise ValueError(f"rows {first_row}..{first_row + rows - 1} arrived twice (row "
+                             f"{first_row + int(seen.argmax())} was already filled)")
         self._bytes[start:start + n] = np.frombuffer(data, dtype=np.uint8)
-        self.rows_filled += n // self._row_bytes if self._row_bytes else 0
+        seen[:] = True
+        self.rows_filled += rows
 
     @property
     def complete(self) -> bool:

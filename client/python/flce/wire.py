@@ -27,6 +27,7 @@ COMMIT_REQUEST_SCALE = 4            # CommitRequest.scale (optional float; unset
 UPLOAD_REQUEST_CHUNK = 2            # UploadHeadRequest.chunk (TensorChunk)
 COMPUTE_RESPONSE_GRAD_INPUT = 1     # ComputeResponse.grad_input (GradInputChunk)
 FETCH_RESPONSE_CHUNK = 2            # FetchGradResponse.chunk (GradChunk)
+DOWNLOAD_RESPONSE_CHUNK = 2         # DownloadHeadResponse.chunk (GradChunk)
 
 
 def varint(n: int) -> bytes:
