@@ -30,31 +30,32 @@ __device__ __forceinline__ void Store4(float* p, int64_t i, const float (&in)[kV
   reinterpret_cast<float4*>(p)[i] = make_float4(in[0], in[1], in[2], in[3]);
 }
 
-// Elements [first, first + n) of the group, n <= kVec; vectorised when n == kVec.
+// Four 16-bit values in one 8-byte store.
+template <typename Served>
+__device__ __forceinline__ void StoreServed4(void* served, int64_t q, const float (&p)[kVec]) {
+  union {
+    Served v[kVec];
+    uint2 bits;
+  } packed;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) packed.v[k] = FromFloat<Served>(p[k]);
+  reinterpret_cast<uint2*>(served)[q] = packed.bits;
+}
+
+// Elements [4q, 4q + 4): one float4 of each array. Every index is a constant,
+// so the arrays stay in registers.
 template <OptimizerKind kKind, bool kApply, typename Served>
-__device__ __forceinline__ unsigned StepElements(const ElementStep& s, const OptimizerArrays& a,
-                                                 int64_t first, int n, bool vector) {
-  float g[kVec] = {}, p[kVec] = {}, m[kVec] = {}, v[kVec] = {}, vmax[kVec] = {};
-  if (vector) {
-    const int64_t q = first / kVec;
-    Load4(a.grad, q, g);
-    Load4(a.params, q, p);
-    if (a.m) Load4(a.m, q, m);
-    if (a.v) Load4(a.v, q, v);
-    if (a.vmax) Load4(a.vmax, q, vmax);
-  } else {
-    for (int k = 0; k < n; ++k) {
-      g[k] = a.grad[first + k];
-      p[k] = a.params[first + k];
-      if (a.m) m[k] = a.m[first + k];
-      if (a.v) v[k] = a.v[first + k];
-      if (a.vmax) vmax[k] = a.vmax[first + k];
-    }
-  }
+__device__ __forceinline__ unsigned StepFour(const ElementStep& s, const OptimizerArrays& a,
+                                             int64_t q) {
+  float g[kVec], p[kVec], m[kVec] = {}, v[kVec] = {}, vmax[kVec] = {};
+  Load4(a.grad, q, g);
+  Load4(a.params, q, p);
+  if (a.m) Load4(a.m, q, m);
+  if (a.v) Load4(a.v, q, v);
+  if (a.vmax) Load4(a.vmax, q, vmax);
   unsigned bits = 0;
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
-    if (k >= n) break;
     ElementState e{p[k], m[k], v[k], vmax[k]};
     bits |= StepElement<kKind>(s, g[k], e);
     p[k] = e.param;
@@ -63,23 +64,28 @@ __device__ __forceinline__ unsigned StepElements(const ElementStep& s, const Opt
     vmax[k] = e.vmax;
   }
   if constexpr (kApply) {
-    if (vector) {
-      const int64_t q = first / kVec;
-      Store4(a.params, q, p);
-      if (a.m) Store4(a.m, q, m);
-      if (a.v) Store4(a.v, q, v);
-      if (a.vmax) Store4(a.vmax, q, vmax);
-    } else {
-      for (int k = 0; k < n; ++k) {
-        a.params[first + k] = p[k];
-        if (a.m) a.m[first + k] = m[k];
-        if (a.v) a.v[first + k] = v[k];
-        if (a.vmax) a.vmax[first + k] = vmax[k];
-      }
-    }
+    Store4(a.params, q, p);
+    if (a.m) Store4(a.m, q, m);
+    if (a.v) Store4(a.v, q, v);
+    if (a.vmax) Store4(a.vmax, q, vmax);
+    if constexpr (!std::is_same_v<Served, float>) StoreServed4<Served>(a.served, q, p);
+  }
+  return bits;
+}
+
+// One element of the tail that does not fill a float4.
+template <OptimizerKind kKind, bool kApply, typename Served>
+__device__ __forceinline__ unsigned StepOne(const ElementStep& s, const OptimizerArrays& a,
+                                            int64_t i) {
+  ElementState e{a.params[i], a.m ? a.m[i] : 0.0f, a.v ? a.v[i] : 0.0f, a.vmax ? a.vmax[i] : 0.0f};
+  const unsigned bits = StepElement<kKind>(s, a.grad[i], e);
+  if constexpr (kApply) {
+    a.params[i] = e.param;
+    if (a.m) a.m[i] = e.m;
+    if (a.v) a.v[i] = e.v;
+    if (a.vmax) a.vmax[i] = e.vmax;
     if constexpr (!std::is_same_v<Served, float>) {
-      Served* served = static_cast<Served*>(a.served);
-      for (int k = 0; k < n; ++k) served[first + k] = FromFloat<Served>(p[k]);
+      static_cast<Served*>(a.served)[i] = FromFloat<Served>(e.param);
     }
   }
   return bits;
@@ -87,20 +93,18 @@ __device__ __forceinline__ unsigned StepElements(const ElementStep& s, const Opt
 
 template <OptimizerKind kKind, bool kApply, typename Served>
 __global__ void OptimizerKernel(ElementStep s, OptimizerArrays a, unsigned* flags) {
-  const int64_t groups = (a.count + kVec - 1) / kVec;
+  const int64_t groups = a.count / kVec;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  // Every lane runs the same number of rounds so the check's vote is warp-wide.
-  const int64_t rounds = (groups + stride - 1) / stride;
-  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   unsigned bits = 0;
-  for (int64_t r = 0; r < rounds; ++r, i += stride) {
-    if (i < groups) {
-      const int64_t first = i * kVec;
-      const int n = static_cast<int>(a.count - first < kVec ? a.count - first : kVec);
-      bits |= StepElements<kKind, kApply, Served>(s, a, first, n, n == kVec);
-    }
+  for (int64_t q = thread; q < groups; q += stride) {
+    bits |= StepFour<kKind, kApply, Served>(s, a, q);
+  }
+  if (thread < a.count - groups * kVec) {
+    bits |= StepOne<kKind, kApply, Served>(s, a, groups * kVec + thread);
   }
   if constexpr (!kApply) {
+    // Every lane reaches the vote, whatever its share of the work.
     const unsigned any = __reduce_or_sync(0xffffffffu, bits);
     if (any != 0 && (threadIdx.x & 31) == 0) atomicOr(flags, any);
   }
