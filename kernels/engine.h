@@ -58,6 +58,11 @@ class Head {
   // the head's dtype, into host memory: the values compute calls use.
   virtual absl::Status CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
                                void* host_out) const = 0;
+  // The embedding lookup of a head tied to its model's input embedding:
+  // weight rows ids[0..n) (each in [0, V)) into host memory as out_dtype
+  // (the head's dtype, or fp32 widened exactly), n x H row-major.
+  virtual absl::Status GatherRows(const int32_t* ids, int64_t n, DType out_dtype,
+                                  void* host_out) const = 0;
 };
 
 // Streams a head's weight (and bias) into the engine's memory.
@@ -78,6 +83,9 @@ struct FiniteCheck {
   bool sum_finite = true;           // every element of base + scale x this
   bool ok() const { return contribution_finite && sum_finite; }
 };
+
+// INVALID_ARGUMENT naming the first id outside [0, vocab_size) (and its index).
+absl::Status CheckRowIds(const int32_t* ids, int64_t n, int64_t vocab_size);
 
 struct GradNorms {
   double weight_sq = 0.0;
@@ -104,6 +112,11 @@ class GradBuffer {
   virtual absl::StatusOr<FiniteCheck> ScaleAndAdd(float scale, const GradBuffer& base) = 0;
   // True when every element (weight and bias) is finite.
   virtual absl::StatusOr<bool> AllFinite() const = 0;
+  // The tied embedding's gradient: weight row ids[i] += rows[i] (rows: n x H
+  // in `dtype`, host memory; ids in [0, V)). With `deterministic` repeated
+  // ids add up in the order given, bitwise-repeatable; else in any order.
+  virtual absl::Status ScatterAddRows(const int32_t* ids, int64_t n, const void* rows, DType dtype,
+                                      bool deterministic) = 0;
   // Sums of squares of the weight's and the bias's elements, accumulated in
   // fp64 in a fixed order (the same buffer gives the same bits every time).
   virtual absl::StatusOr<GradNorms> SquaredNorms() const = 0;

@@ -107,6 +107,12 @@ class HeadOptimizer {
   // momentum, AdamW without amsgrad); OUT_OF_RANGE outside the group.
   virtual absl::Status ReadState(HeadTensor group, OptimizerTensor tensor, int64_t begin,
                                  int64_t count, float* host_out) const = 0;
+  // Restoring a checkpoint into fresh state: elements of a state tensor from
+  // host memory (the master of a 16-bit head is then also rounded into the
+  // served weight), and the step count. Errors as ReadState.
+  virtual absl::Status WriteState(HeadTensor group, OptimizerTensor tensor, int64_t begin,
+                                  int64_t count, const float* host) = 0;
+  virtual void set_steps(int64_t steps) = 0;
 };
 
 }  // namespace flce

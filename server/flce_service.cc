@@ -12,6 +12,7 @@
 #include "server/compute_reactor.h"
 #include "server/download_head_reactor.h"
 #include "server/fetch_grad_reactor.h"
+#include "server/head_checkpoint.h"
 #include "server/head_info.h"
 #include "server/head_loader.h"
 #include "server/head_registry.h"
@@ -106,8 +107,8 @@ grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(grpc::CallbackServerCont
         // Held until the head is in the registry (or refused), like an upload's.
         UploadBudget::Reservation reservation;
         auto check = [&](const HeadSpec& spec) -> absl::Status {
-          FLCE_RETURN_IF_ERROR(
-              ctx_.heads->CheckPut(owner, request->head_id(), spec, request->reset_optimizer()));
+          FLCE_RETURN_IF_ERROR(ctx_.heads->CheckPut(owner, request->head_id(), spec,
+                                                    ResetOptimizer(request->reset_optimizer())));
           FLCE_ASSIGN_OR_RETURN(reservation,
                                 ctx_.uploads->Reserve(request->head_id(), HeadBytes(spec)));
           return absl::OkStatus();
@@ -115,10 +116,10 @@ grpc::ServerUnaryReactor* FlceService::LoadHeadFromFile(grpc::CallbackServerCont
         FLCE_ASSIGN_OR_RETURN(std::shared_ptr<const Head> head,
                               LoadSafetensorsHead(*ctx_.engine, path, request->weight_tensor(),
                                                   request->bias_tensor(), dtype, check));
-        FLCE_ASSIGN_OR_RETURN(
-            HeadEntry entry,
-            ctx_.heads->Put(owner, request->head_id(), std::move(head),
-                            absl::StrCat("file:", request->path()), request->reset_optimizer()));
+        FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
+                              ctx_.heads->Put(owner, request->head_id(), std::move(head),
+                                              absl::StrCat("file:", request->path()),
+                                              ResetOptimizer(request->reset_optimizer())));
         FillHeadInfo(entry, ctx_.sessions->Count(who.tenant, entry.head_id), response);
         return absl::OkStatus();
       });
@@ -293,6 +294,9 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                     response->set_max_request_tokens(ctx_.config.max_request_tokens);
                     response->set_max_message_bytes(ctx_.config.max_message_bytes);
                     response->add_capabilities("optimizer");
+                    if (!ctx_.config.checkpoint_dir.empty()) {
+                      response->add_capabilities("checkpoint");
+                    }
                     return absl::OkStatus();
                   });
 }
@@ -322,6 +326,28 @@ grpc::ServerUnaryReactor* FlceService::Step(grpc::CallbackServerContext* call,
         };
         return StepHead(ctx_, who, *request, absl::FromChrono(call->deadline()), alive, response);
       });
+}
+
+grpc::ServerUnaryReactor* FlceService::SaveCheckpoint(grpc::CallbackServerContext* call,
+                                                      const v1::SaveCheckpointRequest* request,
+                                                      v1::CheckpointInfo* response) {
+  return RunUnary(ctx_, call, "SaveCheckpoint", true,
+                  [this, request, response](const Principal& who, RpcScope& scope) {
+                    scope.set_request_id(request->request_id());
+                    scope.set_head(request->head_id());
+                    return SaveHeadCheckpoint(ctx_, who, *request, response);
+                  });
+}
+
+grpc::ServerUnaryReactor* FlceService::LoadCheckpoint(grpc::CallbackServerContext* call,
+                                                      const v1::LoadCheckpointRequest* request,
+                                                      v1::HeadInfo* response) {
+  return RunUnary(ctx_, call, "LoadCheckpoint", true,
+                  [this, request, response](const Principal& who, RpcScope& scope) {
+                    scope.set_request_id(request->request_id());
+                    scope.set_head(request->head_id());
+                    return LoadHeadCheckpoint(ctx_, who, *request, response);
+                  });
 }
 
 grpc::ServerUnaryReactor* FlceService::GradNorm(grpc::CallbackServerContext* call,

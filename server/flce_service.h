@@ -56,6 +56,12 @@ class FlceService final : public v1::Flce::CallbackService {
                                  v1::StepResponse* response) override;
   grpc::ServerWriteReactor<v1::DownloadHeadResponse>* DownloadHead(
       grpc::CallbackServerContext* call, const v1::DownloadHeadRequest* request) override;
+  grpc::ServerUnaryReactor* SaveCheckpoint(grpc::CallbackServerContext* call,
+                                           const v1::SaveCheckpointRequest* request,
+                                           v1::CheckpointInfo* response) override;
+  grpc::ServerUnaryReactor* LoadCheckpoint(grpc::CallbackServerContext* call,
+                                           const v1::LoadCheckpointRequest* request,
+                                           v1::HeadInfo* response) override;
   grpc::ServerUnaryReactor* GradNorm(grpc::CallbackServerContext* call,
                                      const v1::GradNormRequest* request,
                                      v1::GradNormResponse* response) override;

@@ -1,5 +1,6 @@
 #include "server/head_registry.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -142,11 +143,15 @@ absl::StatusOr<uint64_t> HeadRegistry::BumpVersion(const std::string& owner,
 }
 
 absl::Status HeadRegistry::CheckPut(const std::string& owner, const std::string& head_id,
-                                    const HeadSpec& spec, bool reset_optimizer) const {
+                                    const HeadSpec& spec, const PutOptions& options) const {
   absl::MutexLock lock(&mu_);
   Key key{owner, head_id};
-  if (absl::Status limits = CheckLimitsLocked(key, HeadBytes(spec)); !limits.ok()) return limits;
-  if (absl::Status trained = CheckReplaceTrainedLocked(key, reset_optimizer); !trained.ok()) {
+  const int64_t state_bytes = options.training ? options.training->state_bytes() : 0;
+  if (absl::Status limits = CheckLimitsLocked(key, HeadBytes(spec) + state_bytes); !limits.ok()) {
+    return limits;
+  }
+  if (absl::Status trained = CheckReplaceTrainedLocked(key, options.reset_optimizer);
+      !trained.ok()) {
     return trained;
   }
   auto it = heads_.find(key);
@@ -158,13 +163,16 @@ absl::Status HeadRegistry::CheckPut(const std::string& owner, const std::string&
 
 absl::StatusOr<HeadEntry> HeadRegistry::Put(const std::string& owner, const std::string& head_id,
                                             std::shared_ptr<const Head> head,
-                                            const std::string& source, bool reset_optimizer) {
+                                            const std::string& source, const PutOptions& options) {
   absl::MutexLock lock(&mu_);
   Key key{owner, head_id};
-  if (absl::Status limits = CheckLimitsLocked(key, HeadBytes(head->spec())); !limits.ok()) {
+  const int64_t state_bytes = options.training ? options.training->state_bytes() : 0;
+  if (absl::Status limits = CheckLimitsLocked(key, HeadBytes(head->spec()) + state_bytes);
+      !limits.ok()) {
     return limits;
   }
-  if (absl::Status trained = CheckReplaceTrainedLocked(key, reset_optimizer); !trained.ok()) {
+  if (absl::Status trained = CheckReplaceTrainedLocked(key, options.reset_optimizer);
+      !trained.ok()) {
     return trained;
   }
   auto it = heads_.find(key);
@@ -176,9 +184,11 @@ absl::StatusOr<HeadEntry> HeadRegistry::Put(const std::string& owner, const std:
   entry.owner = owner;
   entry.head_id = head_id;
   entry.head = std::move(head);
-  entry.version = ++last_version_[key];
+  uint64_t& last = last_version_[key];
+  last = std::max(last + 1, options.min_version);
+  entry.version = last;
   entry.source = source;
-  entry.training = std::make_shared<HeadTraining>();
+  entry.training = options.training ? options.training : std::make_shared<HeadTraining>();
   heads_[key] = entry;
   return entry;
 }

@@ -44,6 +44,23 @@ struct HeadEntry {
   std::shared_ptr<HeadTraining> training;
 };
 
+struct PutOptions {
+  // Replacing a head with optimizer state drops it; refused otherwise.
+  bool reset_optimizer = false;
+  // The new version is at least this (a checkpoint's own).
+  uint64_t min_version = 0;
+  // The head's training state prepared beforehand (a checkpoint's optimizer),
+  // its state_bytes() counted against --max-head-bytes from the start; null:
+  // a fresh one.
+  std::shared_ptr<HeadTraining> training;
+};
+
+inline PutOptions ResetOptimizer(bool reset) {
+  PutOptions options;
+  options.reset_optimizer = reset;
+  return options;
+}
+
 struct HeadLimits {
   int64_t max_heads = 0;  // resident heads, all owners; 0 = no limit
   int64_t max_bytes = 0;  // resident bytes, all owners; 0 = no limit
@@ -70,14 +87,14 @@ class HeadRegistry {
   // reset_optimizer (which drops the state with the old weight).
   absl::StatusOr<HeadEntry> Put(const std::string& owner, const std::string& head_id,
                                 std::shared_ptr<const Head> head, const std::string& source,
-                                bool reset_optimizer = false);
+                                const PutOptions& options = {});
   // The head `tenant` sees under head_id: its own, else the shared one.
   // NOT_FOUND naming the id and the ones the tenant sees.
   absl::StatusOr<HeadEntry> Get(const std::string& tenant, const std::string& head_id) const;
   // OK if (owner, head_id) may be replaced by a head of shape `spec` (or is
   // new and fits the limits).
   absl::Status CheckPut(const std::string& owner, const std::string& head_id, const HeadSpec& spec,
-                        bool reset_optimizer = false) const;
+                        const PutOptions& options = {}) const;
   // Counts `bytes` of optimizer state for (owner, head_id)'s current head
   // against --max-head-bytes and reserves them in its HeadTraining.
   // RESOURCE_EXHAUSTED when they do not fit; ABORTED when the head was

@@ -17,25 +17,6 @@
 namespace flce::server {
 namespace {
 
-// Optimizer state is created and stepped by whoever may replace the weight:
-// the tenant that owns the head, or an admin for a shared (preloaded) head.
-absl::Status CheckMayTrain(const Principal& who, const HeadEntry& head) {
-  if (!head.owner.empty() || who.admin) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      "head \"", head.head_id,
-      "\" is a shared head: only an admin token may create its optimizer state or step it"));
-}
-
-int64_t StateBytes(const HeadSpec& spec, const OptimizerConfig& config) {
-  auto group_arrays = [&](const OptimizerGroup& group) {
-    StateArrays a = StateArraysFor(config.kind, group);
-    return (spec.dtype != DType::kF32 ? 1 : 0) + (a.m ? 1 : 0) + (a.v ? 1 : 0) + (a.vmax ? 1 : 0);
-  };
-  int64_t floats = spec.vocab_size * spec.hidden_size * group_arrays(config.weight);
-  if (spec.has_bias) floats += spec.vocab_size * group_arrays(config.bias);
-  return floats * 4;
-}
-
 absl::Status CheckFactor(const char* field, double value) {
   if (std::isfinite(value) && value >= 0.0 && value <= 1e12) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -64,6 +45,24 @@ v1::StepOutcome ToProto(StepResult result) {
 }
 
 }  // namespace
+
+absl::Status CheckMayTrain(const Principal& who, const HeadEntry& head) {
+  if (!head.owner.empty() || who.admin) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "head \"", head.head_id,
+      "\" is a shared head: only an admin token may create its optimizer state, step it or "
+      "checkpoint it"));
+}
+
+int64_t OptimizerStateBytes(const HeadSpec& spec, const OptimizerConfig& config) {
+  auto group_arrays = [&](const OptimizerGroup& group) {
+    StateArrays a = StateArraysFor(config.kind, group);
+    return (spec.dtype != DType::kF32 ? 1 : 0) + (a.m ? 1 : 0) + (a.v ? 1 : 0) + (a.vmax ? 1 : 0);
+  };
+  int64_t floats = spec.vocab_size * spec.hidden_size * group_arrays(config.weight);
+  if (spec.has_bias) floats += spec.vocab_size * group_arrays(config.bias);
+  return floats * 4;
+}
 
 absl::Status CreateHeadOptimizer(const ServiceContext& ctx, const Principal& who,
                                  const v1::CreateOptimizerRequest& request,
@@ -98,8 +97,8 @@ absl::Status CreateHeadOptimizer(const ServiceContext& ctx, const Principal& who
     }
     training.set_optimizer(nullptr);  // freed before the new state is allocated
   }
-  FLCE_RETURN_IF_ERROR(
-      ctx.heads->ReserveStateBytes(head.owner, head.head_id, &training, StateBytes(spec, config)));
+  FLCE_RETURN_IF_ERROR(ctx.heads->ReserveStateBytes(head.owner, head.head_id, &training,
+                                                    OptimizerStateBytes(spec, config)));
   absl::StatusOr<std::unique_ptr<HeadOptimizer>> optimizer =
       ctx.engine->CreateOptimizer(head.head, config);
   if (!optimizer.ok()) {
@@ -166,30 +165,40 @@ absl::Status StepHead(const ServiceContext& ctx, const Principal& who,
         " (every applied Step bumps the version)"));
   }
   // Refused before waiting for the head: this session's own calls must be done.
-  FLCE_RETURN_IF_ERROR(ctx.sessions->CheckSettled(who.tenant, head.head_id, session_id));
+  // A session that does not exist holds no gradient, as one without contributions.
+  const absl::Status settled = ctx.sessions->CheckSettled(who.tenant, head.head_id, session_id);
+  if (!settled.ok() && !absl::IsNotFound(settled)) return settled;
+  const bool has_session = settled.ok();
 
-  v1::StepOutcome outcome = v1::STEP_SKIPPED_FOUND_INF;
+  v1::StepOutcome outcome = v1::STEP_SKIPPED_NO_GRADIENT;
   uint64_t version = now.version;
   int64_t contributions = 0;
-  if (request.found_inf()) {
+  if (has_session && request.found_inf()) {
     // As a GradScaler skip followed by zero_grad(): the gradient is dropped.
-    FLCE_ASSIGN_OR_RETURN(contributions, ctx.sessions->ConsumeGrad(
-                                             who.tenant, head.head_id, session_id,
-                                             [](const GradBuffer&) { return absl::OkStatus(); }));
-  } else {
+    outcome = v1::STEP_SKIPPED_FOUND_INF;
+    FLCE_ASSIGN_OR_RETURN(
+        contributions,
+        ctx.sessions->ConsumeGrad(who.tenant, head.head_id, session_id,
+                                  [](const GradBuffer&, int64_t) { return absl::OkStatus(); }));
+  } else if (has_session) {
     FLCE_ASSIGN_OR_RETURN(HeadGate::Exclusive exclusive, training.gate().Lock(deadline, alive));
-    StepResult result = StepResult::kApplied;
-    FLCE_ASSIGN_OR_RETURN(contributions,
-                          ctx.sessions->ConsumeGrad(who.tenant, head.head_id, session_id,
-                                                    [&](const GradBuffer& grad) -> absl::Status {
-                                                      FLCE_ASSIGN_OR_RETURN(
-                                                          result, optimizer->Step(grad, params));
-                                                      return absl::OkStatus();
-                                                    }));
-    outcome = ToProto(result);
-    if (result == StepResult::kApplied) {
+    FLCE_ASSIGN_OR_RETURN(
+        contributions,
+        ctx.sessions->ConsumeGrad(who.tenant, head.head_id, session_id,
+                                  [&](const GradBuffer& grad, int64_t held) -> absl::Status {
+                                    // No contribution is torch's grad None: the parameter is not
+                                    // stepped (no weight decay, no moment update).
+                                    if (held == 0) return absl::OkStatus();
+                                    FLCE_ASSIGN_OR_RETURN(StepResult result,
+                                                          optimizer->Step(grad, params));
+                                    outcome = ToProto(result);
+                                    return absl::OkStatus();
+                                  }));
+    if (outcome == v1::STEP_APPLIED) {
       FLCE_ASSIGN_OR_RETURN(version, ctx.heads->BumpVersion(head.owner, head.head_id, &training));
     }
+  } else if (request.found_inf()) {
+    outcome = v1::STEP_SKIPPED_FOUND_INF;
   }
   if (outcome != v1::STEP_APPLIED) training.CountSkipped();
   out->set_outcome(outcome);

@@ -16,9 +16,18 @@
 #include "flce/v1/flce.pb.h"
 #include "server/auth.h"
 #include "server/head_gate.h"
+#include "server/head_registry.h"
 #include "server/service_context.h"
 
 namespace flce::server {
+
+// Bytes of the optimizer state `config` keeps for a head of this shape.
+int64_t OptimizerStateBytes(const HeadSpec& spec, const OptimizerConfig& config);
+
+// Optimizer state is created, stepped and checkpointed by whoever may replace
+// the weight: the tenant that owns the head, or an admin for a shared
+// (preloaded) head. PERMISSION_DENIED otherwise.
+absl::Status CheckMayTrain(const Principal& who, const HeadEntry& head);
 
 absl::Status CreateHeadOptimizer(const ServiceContext& ctx, const Principal& who,
                                  const v1::CreateOptimizerRequest& request, v1::OptimizerInfo* out);

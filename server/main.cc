@@ -49,6 +49,9 @@ ABSL_FLAG(absl::Duration, session_ttl, absl::Hours(1),
           "sessions idle this long are dropped, staged contributions with them");
 ABSL_FLAG(std::string, head_root, "",
           "directory LoadHeadFromFile may read from (empty = file loads refused)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "directory of SaveCheckpoint / LoadCheckpoint files, one subdirectory per tenant "
+          "(empty = checkpoints refused)");
 ABSL_FLAG(std::string, head_file, "", ".safetensors file to preload a head from");
 ABSL_FLAG(std::string, head_tensor, "lm_head.weight", "weight tensor in --head-file");
 ABSL_FLAG(std::string, head_bias_tensor, "", "bias tensor in --head-file (optional)");
@@ -138,6 +141,7 @@ int main(int argc, char** argv) {
   config.max_queued_calls = absl::GetFlag(FLAGS_max_queued_calls);
   config.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   config.head_root = absl::GetFlag(FLAGS_head_root);
+  config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.head_file = absl::GetFlag(FLAGS_head_file);
   config.head_tensor = absl::GetFlag(FLAGS_head_tensor);
   config.head_bias_tensor = absl::GetFlag(FLAGS_head_bias_tensor);

@@ -104,7 +104,15 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": header is not a JSON object"));
   }
   for (auto it = json.begin(); it != json.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
+    if (it.key() == "__metadata__") {
+      // Strings only, as the format says; anything else is not ours to read.
+      if (it.value().is_object()) {
+        for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+          if (m.value().is_string()) file.metadata_[m.key()] = m.value().get<std::string>();
+        }
+      }
+      continue;
+    }
     const nlohmann::json& t = it.value();
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", it.key(), "\": ", why));

@@ -10,6 +10,7 @@
 #define FLCE_SERVER_SAFETENSORS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,6 +44,9 @@ class SafetensorsFile {
   // bytes at `offset` into the tensor's data.
   absl::Status Read(const SafetensorsTensor& tensor, int64_t offset, int64_t bytes,
                     void* out) const;
+  // The header's __metadata__ (string values only).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::map<std::string, SafetensorsTensor>& tensors() const { return tensors_; }
 
  private:
   SafetensorsFile() = default;
@@ -51,11 +55,31 @@ class SafetensorsFile {
   int fd_ = -1;
   int64_t data_start_ = 0;
   std::map<std::string, SafetensorsTensor> tensors_;
+  std::map<std::string, std::string> metadata_;
   std::unique_ptr<int, void (*)(int*)> closer_{nullptr, nullptr};
 };
 
 // "BF16" / "F16" / "F32" to DType; INVALID_ARGUMENT for anything else.
 absl::StatusOr<DType> DTypeFromSafetensors(const std::string& name);
+const char* DTypeToSafetensors(DType dtype);
+
+// One tensor of a file being written: `read` fills `count` elements from
+// element `begin` on (the writer asks for pieces of at most 16 MiB).
+struct TensorSource {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::function<absl::Status(int64_t begin, int64_t count, void* out)> read;
+};
+
+// Writes a .safetensors file so that a crash never leaves a partial file
+// under `path`: into a temporary file beside it (mode 0600), fsync, rename,
+// fsync of the directory. ALREADY_EXISTS when `path` exists and !overwrite;
+// the temporary file is removed on any error. Returns the file's size.
+absl::StatusOr<int64_t> WriteSafetensors(const std::string& path,
+                                         const std::vector<TensorSource>& tensors,
+                                         const std::map<std::string, std::string>& metadata,
+                                         bool overwrite);
 
 }  // namespace flce::server
 

@@ -13,14 +13,14 @@ namespace flce::server {
 struct ServerConfig {
   // "host:port"; port 0 picks a free one (FlceServer::port() says which).
   std::string address = "0.0.0.0:50051";
-  int metrics_port = 9464;       // 0 = no /metrics exposer
+  int metrics_port = 9464;  // 0 = no /metrics exposer
   // Address /metrics listens on; empty = the host part of `address`, so a
   // server told to listen on loopback does not expose /metrics beyond it.
   std::string metrics_host;
   std::string device = "auto";   // "cpu", "cuda" or "auto"
   std::string cuda_plugin_path;  // empty = the loader's search order
   int64_t workspace_bytes = int64_t{2048} << 20;
-  int64_t max_message_bytes = int64_t{64} << 20;   // largest message received
+  int64_t max_message_bytes = int64_t{64} << 20;  // largest message received
   // Largest message sent: 4 MiB is what a stock gRPC client accepts by default.
   int64_t max_response_bytes = int64_t{4} << 20;
   int64_t max_request_tokens = 1048576;
@@ -35,7 +35,7 @@ struct ServerConfig {
   // refused (RESOURCE_EXHAUSTED). A waiting call also ends at its deadline.
   int64_t max_queued_calls = 256;
   int64_t max_concurrent_streams = 64;  // flce.v1 calls in progress; 0 = no limit
-  int64_t max_heads = 0;               // resident heads; 0 = no limit
+  int64_t max_heads = 0;                // resident heads; 0 = no limit
   // Resident head bytes; 0 = no limit, < 0 = the default share of the
   // engine's memory (less workspace and staging).
   int64_t max_head_bytes = -1;
@@ -43,7 +43,8 @@ struct ServerConfig {
   // max_head_bytes.
   int64_t max_upload_bytes = -1;
   absl::Duration session_ttl = absl::Hours(1);
-  std::string head_root;  // empty = LoadHeadFromFile refused
+  std::string head_root;       // empty = LoadHeadFromFile refused
+  std::string checkpoint_dir;  // empty = SaveCheckpoint / LoadCheckpoint refused
   // Preloaded head; empty head_file = the embedded demo head (if enabled).
   std::string head_file;
   std::string head_tensor = "lm_head.weight";

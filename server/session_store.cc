@@ -422,14 +422,15 @@ absl::Status SessionStore::CheckSettled(const std::string& tenant, const std::st
   return SettledLocked(*session, session->in_flight_, session->staged_.size());
 }
 
-absl::StatusOr<int64_t> SessionStore::ConsumeGrad(
-    const std::string& tenant, const std::string& head_id, const std::string& session_id,
-    const std::function<absl::Status(const GradBuffer&)>& use) {
+absl::StatusOr<int64_t> SessionStore::ConsumeGrad(const std::string& tenant,
+                                                  const std::string& head_id,
+                                                  const std::string& session_id,
+                                                  const GradUse& use) {
   FLCE_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(tenant, head_id, session_id));
   absl::MutexLock lock(&session->mu_);
   FLCE_RETURN_IF_ERROR(SettledLocked(*session, session->in_flight_, session->staged_.size()));
   session->last_used_ = absl::Now();
-  FLCE_RETURN_IF_ERROR(use(*session->grad_));
+  FLCE_RETURN_IF_ERROR(use(*session->grad_, session->contributions_));
   FLCE_RETURN_IF_ERROR(session->grad_->Zero());
   const int64_t contributions = session->contributions_;
   session->contributions_ = 0;

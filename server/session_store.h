@@ -219,11 +219,12 @@ class SessionStore {
   absl::Status CheckSettled(const std::string& tenant, const std::string& head_id,
                             const std::string& session_id) const;
   // Under the session's lock, settled as above: `use` reads the accumulator
-  // (an optimizer step), then the accumulator is zeroed unless `use` failed.
-  // Returns the contributions it held.
+  // and its number of contributions (an optimizer step), then the
+  // accumulator is zeroed unless `use` failed. Returns the contributions it
+  // held.
+  using GradUse = std::function<absl::Status(const GradBuffer& grad, int64_t contributions)>;
   absl::StatusOr<int64_t> ConsumeGrad(const std::string& tenant, const std::string& head_id,
-                                      const std::string& session_id,
-                                      const std::function<absl::Status(const GradBuffer&)>& use);
+                                      const std::string& session_id, const GradUse& use);
   absl::Status Delete(const std::string& tenant, const std::string& head_id,
                       const std::string& session_id);
   // Drops every session of a head of this owner (registry owner: "" = a

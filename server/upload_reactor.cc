@@ -58,7 +58,8 @@ absl::Status UploadHeadReactor::Handle(const v1::UploadHeadRequest& request) {
     FLCE_ASSIGN_OR_RETURN(owner_, ctx_.heads->WriteOwner(who_.tenant, who_.admin, head_id_));
     // Limits and shape first: a head that cannot be kept is refused before
     // its bytes travel.
-    FLCE_RETURN_IF_ERROR(ctx_.heads->CheckPut(owner_, head_id_, spec_, reset_optimizer_));
+    FLCE_RETURN_IF_ERROR(
+        ctx_.heads->CheckPut(owner_, head_id_, spec_, ResetOptimizer(reset_optimizer_)));
     // The header alone must not be able to take memory: what unfinished
     // uploads hold is bounded before the engine allocates anything.
     FLCE_ASSIGN_OR_RETURN(reservation_, ctx_.uploads->Reserve(head_id_, HeadBytes(spec_)));
@@ -123,8 +124,9 @@ absl::Status UploadHeadReactor::Complete() {
   }
   FLCE_ASSIGN_OR_RETURN(std::shared_ptr<const Head> head, builder_->Finish());
   builder_.reset();
-  FLCE_ASSIGN_OR_RETURN(HeadEntry entry, ctx_.heads->Put(owner_, head_id_, std::move(head),
-                                                         "upload", reset_optimizer_));
+  FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
+                        ctx_.heads->Put(owner_, head_id_, std::move(head), "upload",
+                                        ResetOptimizer(reset_optimizer_)));
   FillHeadInfo(entry, ctx_.sessions->Count(who_.tenant, head_id_), response_);
   return absl::OkStatus();
 }

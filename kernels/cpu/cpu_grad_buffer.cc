@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
 
 namespace flce::cpu {
 namespace {
@@ -125,6 +126,20 @@ absl::StatusOr<FiniteCheck> CpuGradBuffer::ScaleAndAdd(float scale, const GradBu
   uint32_t bad = ScaleAddChecked(scale, (*cpu)->weight_.data(), weight_.data(), weight_.size());
   bad |= ScaleAddChecked(scale, (*cpu)->bias_.data(), bias_.data(), bias_.size());
   return FiniteCheck{(bad & 1u) == 0, (bad & 2u) == 0};
+}
+
+absl::Status CpuGradBuffer::ScatterAddRows(const int32_t* ids, int64_t n, const void* rows,
+                                           DType dtype, bool /*deterministic*/) {
+  // One thread, rows in the order given: always deterministic.
+  FLCE_RETURN_IF_ERROR(CheckRowIds(ids, n, vocab_size_));
+  const int64_t h = hidden_size_;
+  std::vector<float> row(h);
+  for (int64_t i = 0; i < n; ++i) {
+    ToFloat(dtype, static_cast<const char*>(rows) + i * h * DTypeSize(dtype), row.data(), h);
+    float* out = weight_.data() + ids[i] * h;
+    for (int64_t c = 0; c < h; ++c) out[c] += row[c];
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<GradNorms> CpuGradBuffer::SquaredNorms() const {

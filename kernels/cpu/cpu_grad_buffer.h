@@ -21,6 +21,8 @@ class CpuGradBuffer : public GradBuffer {
   absl::StatusOr<FiniteCheck> ScaleAndAdd(float scale, const GradBuffer& base) override;
   absl::StatusOr<bool> AllFinite() const override;
   absl::StatusOr<GradNorms> SquaredNorms() const override;
+  absl::Status ScatterAddRows(const int32_t* ids, int64_t n, const void* rows, DType dtype,
+                              bool deterministic) override;
   absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
                               void* host_out) const override;
   absl::Status CopyBias(int64_t begin, int64_t count, DType out_dtype,

@@ -29,6 +29,22 @@ absl::Status CpuHead::CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
   return absl::OkStatus();
 }
 
+absl::Status CpuHead::GatherRows(const int32_t* ids, int64_t n, DType out_dtype,
+                                 void* host_out) const {
+  FLCE_RETURN_IF_ERROR(CheckRowIds(ids, n, spec_.vocab_size));
+  if (out_dtype != DType::kF32 && out_dtype != spec_.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("rows are gathered as ", DTypeName(spec_.dtype),
+                                                   " or fp32, not ", DTypeName(out_dtype)));
+  }
+  const int64_t h = spec_.hidden_size;
+  const int64_t row_bytes = h * DTypeSize(out_dtype);
+  for (int64_t i = 0; i < n; ++i) {
+    FromFloat(out_dtype, weight_.data() + ids[i] * h, static_cast<char*>(host_out) + i * row_bytes,
+              h);
+  }
+  return absl::OkStatus();
+}
+
 void ByteCoverage::Add(int64_t begin, int64_t end) {
   if (begin >= end) return;
   auto it = ranges_.upper_bound(begin);

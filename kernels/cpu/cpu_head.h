@@ -21,6 +21,8 @@ class CpuHead : public Head {
   int64_t resident_bytes() const override;
   absl::Status CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
                        void* host_out) const override;
+  absl::Status GatherRows(const int32_t* ids, int64_t n, DType out_dtype,
+                          void* host_out) const override;
   const float* weight() const { return weight_.data(); }  // V x H
   const float* bias() const { return bias_.empty() ? nullptr : bias_.data(); }
   // For CpuHeadOptimizer only, while no compute call uses the head.

@@ -124,22 +124,22 @@ absl::StatusOr<StepResult> CpuHeadOptimizer::Step(const GradBuffer& grad,
   return StepResult::kApplied;
 }
 
-absl::Status CpuHeadOptimizer::ReadState(HeadTensor group_id, OptimizerTensor tensor, int64_t begin,
-                                         int64_t count, float* host_out) const {
-  const Group& group = group_id == HeadTensor::kWeight ? weight_ : bias_;
-  const float* values = nullptr;
+absl::StatusOr<float*> CpuHeadOptimizer::StateArray(HeadTensor group_id,
+                                                    OptimizerTensor tensor) const {
+  Group& group = const_cast<Group&>(group_id == HeadTensor::kWeight ? weight_ : bias_);
+  float* values = nullptr;
   switch (tensor) {
     case OptimizerTensor::kMaster:
       values = group.size > 0 ? group.params() : nullptr;
       break;
     case OptimizerTensor::kMomentum:
-      values = group.m.empty() ? nullptr : group.m.data();
+      values = OrNull(group.m);
       break;
     case OptimizerTensor::kSecondMoment:
-      values = group.v.empty() ? nullptr : group.v.data();
+      values = OrNull(group.v);
       break;
     case OptimizerTensor::kMaxSecondMoment:
-      values = group.vmax.empty() ? nullptr : group.vmax.data();
+      values = OrNull(group.vmax);
       break;
   }
   if (values == nullptr) {
@@ -147,8 +147,28 @@ absl::Status CpuHeadOptimizer::ReadState(HeadTensor group_id, OptimizerTensor te
                                             HeadTensorName(group_id), " has no ",
                                             OptimizerTensorName(config_.kind, tensor)));
   }
+  return values;
+}
+
+absl::Status CpuHeadOptimizer::ReadState(HeadTensor group_id, OptimizerTensor tensor, int64_t begin,
+                                         int64_t count, float* host_out) const {
+  FLCE_ASSIGN_OR_RETURN(const float* values, StateArray(group_id, tensor));
+  const Group& group = group_id == HeadTensor::kWeight ? weight_ : bias_;
   FLCE_RETURN_IF_ERROR(CheckElementRange(HeadTensorName(group_id), begin, count, group.size));
   std::copy(values + begin, values + begin + count, host_out);
+  return absl::OkStatus();
+}
+
+absl::Status CpuHeadOptimizer::WriteState(HeadTensor group_id, OptimizerTensor tensor,
+                                          int64_t begin, int64_t count, const float* host) {
+  FLCE_ASSIGN_OR_RETURN(float* values, StateArray(group_id, tensor));
+  Group& group = group_id == HeadTensor::kWeight ? weight_ : bias_;
+  FLCE_RETURN_IF_ERROR(CheckElementRange(HeadTensorName(group_id), begin, count, group.size));
+  std::copy(host, host + count, values + begin);
+  if (tensor == OptimizerTensor::kMaster && values != group.served) {
+    std::copy(host, host + count, group.served + begin);
+    RoundTo(dtype_, group.served + begin, count);
+  }
   return absl::OkStatus();
 }
 

@@ -24,6 +24,9 @@ class CpuHeadOptimizer : public HeadOptimizer {
   absl::StatusOr<StepResult> Step(const GradBuffer& grad, const StepParams& params) override;
   absl::Status ReadState(HeadTensor group, OptimizerTensor tensor, int64_t begin, int64_t count,
                          float* host_out) const override;
+  absl::Status WriteState(HeadTensor group, OptimizerTensor tensor, int64_t begin, int64_t count,
+                          const float* host) override;
+  void set_steps(int64_t steps) override { steps_ = steps; }
 
  private:
   // One parameter group's arrays. `served` is what compute calls read (the
@@ -43,6 +46,8 @@ class CpuHeadOptimizer : public HeadOptimizer {
   void InitGroup(Group& group, const OptimizerGroup& hyper, float* served, int64_t size);
   unsigned CheckGroup(Group& group, const float* grad, double lr, float multiplier) const;
   void ApplyGroup(Group& group, const float* grad, double lr, float multiplier);
+  // The array holding `tensor` of `group`, or NOT_FOUND.
+  absl::StatusOr<float*> StateArray(HeadTensor group, OptimizerTensor tensor) const;
 
   std::shared_ptr<const CpuHead> head_;
   OptimizerConfig config_;

@@ -121,11 +121,11 @@ absl::StatusOr<StepResult> CudaHeadOptimizer::Step(const GradBuffer& grad,
   return StepResult::kApplied;
 }
 
-absl::Status CudaHeadOptimizer::ReadState(HeadTensor group_id, OptimizerTensor tensor,
-                                          int64_t begin, int64_t count, float* host_out) const {
+absl::StatusOr<float*> CudaHeadOptimizer::StateArray(HeadTensor group_id,
+                                                     OptimizerTensor tensor) const {
   const Group& group = group_id == HeadTensor::kWeight ? weight_ : bias_;
   const OptimizerArrays a = Arrays(group, nullptr);
-  const float* values = nullptr;
+  float* values = nullptr;
   switch (tensor) {
     case OptimizerTensor::kMaster:
       values = group.count > 0 ? a.params : nullptr;
@@ -145,8 +145,35 @@ absl::Status CudaHeadOptimizer::ReadState(HeadTensor group_id, OptimizerTensor t
                                             HeadTensorName(group_id), " has no ",
                                             OptimizerTensorName(config_.kind, tensor)));
   }
+  return values;
+}
+
+absl::Status CudaHeadOptimizer::ReadState(HeadTensor group_id, OptimizerTensor tensor,
+                                          int64_t begin, int64_t count, float* host_out) const {
+  FLCE_ASSIGN_OR_RETURN(const float* values, StateArray(group_id, tensor));
+  const Group& group = group_id == HeadTensor::kWeight ? weight_ : bias_;
   FLCE_RETURN_IF_ERROR(CheckElementRange(HeadTensorName(group_id), begin, count, group.count));
   return ctx_->CopyToHost(host_out, values + begin, count * static_cast<int64_t>(sizeof(float)));
+}
+
+absl::Status CudaHeadOptimizer::WriteState(HeadTensor group_id, OptimizerTensor tensor,
+                                           int64_t begin, int64_t count, const float* host) {
+  FLCE_ASSIGN_OR_RETURN(float* values, StateArray(group_id, tensor));
+  const Group& group = group_id == HeadTensor::kWeight ? weight_ : bias_;
+  FLCE_RETURN_IF_ERROR(CheckElementRange(HeadTensorName(group_id), begin, count, group.count));
+  FLCE_RETURN_IF_ERROR(
+      ctx_->CopyToDevice(values + begin, host, count * static_cast<int64_t>(sizeof(float))));
+  if (tensor != OptimizerTensor::kMaster || group.master.get() == nullptr) {
+    return absl::OkStatus();
+  }
+  // The served 16-bit weight follows its master.
+  char* served = static_cast<char*>(group.served) + begin * DTypeSize(dtype_);
+  DeviceHealth* health = ctx_->health();
+  return ctx_
+      ->RunFlagged([&](cudaStream_t stream, unsigned*) {
+        return LaunchConvert(DType::kF32, values + begin, dtype_, served, count, stream, health);
+      })
+      .status();
 }
 
 }  // namespace flce::cuda

@@ -25,6 +25,9 @@ class CudaHeadOptimizer : public HeadOptimizer {
   absl::StatusOr<StepResult> Step(const GradBuffer& grad, const StepParams& params) override;
   absl::Status ReadState(HeadTensor group, OptimizerTensor tensor, int64_t begin, int64_t count,
                          float* host_out) const override;
+  absl::Status WriteState(HeadTensor group, OptimizerTensor tensor, int64_t begin, int64_t count,
+                          const float* host) override;
+  void set_steps(int64_t steps) override { steps_ = steps; }
 
  private:
   // One parameter group: its real elements only (V x H, or V), which are a
@@ -40,6 +43,8 @@ class CudaHeadOptimizer : public HeadOptimizer {
   CudaHeadOptimizer(std::shared_ptr<const CudaHead> head, const OptimizerConfig& config);
   absl::Status InitGroup(Group& group, const OptimizerGroup& hyper, void* served, int64_t count);
   OptimizerArrays Arrays(const Group& group, const float* grad) const;
+  // The device array holding `tensor` of `group` and the group's size, or NOT_FOUND.
+  absl::StatusOr<float*> StateArray(HeadTensor group, OptimizerTensor tensor) const;
 
   std::shared_ptr<const CudaHead> head_;
   std::shared_ptr<DeviceContext> ctx_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/elementwise_kernels.cuh"
+#include "kernels/cuda/embedding_kernels.cuh"
 #include "kernels/cuda/optimizer_kernels.cuh"
 #include "kernels/cuda/policy.h"
 #include "kernels/status_macros.h"
@@ -60,6 +61,7 @@ absl::StatusOr<std::shared_ptr<DeviceContext>> DeviceContext::Create(int ordinal
   FLCE_ASSIGN_OR_RETURN(
       ctx->sums_, DeviceBuffer::Allocate((kSumOfSquaresBlocks + kMaxSumRanges) * sizeof(double),
                                          &ctx->health_));
+  FLCE_ASSIGN_OR_RETURN(ctx->scratch_, DeviceBuffer::Allocate(kStagingBytes, &ctx->health_));
   return ctx;
 }
 
@@ -165,6 +167,72 @@ absl::StatusOr<std::vector<double>> DeviceContext::SumsOfSquares(const float* x,
   return out;
 }
 
+namespace {
+
+// Rows per piece when each row takes row_bytes (and its 4-byte id) of a
+// kStagingBytes buffer; INVALID_ARGUMENT when not even one fits.
+absl::StatusOr<int64_t> RowsPerPiece(int64_t row_bytes) {
+  const int64_t rows = kStagingBytes / (row_bytes + static_cast<int64_t>(sizeof(int32_t)));
+  if (rows < 1) return absl::InvalidArgumentError("a row is larger than the staging buffer");
+  return rows;
+}
+
+}  // namespace
+
+absl::Status DeviceContext::GatherRows(const void* weight, DType weight_dtype, int64_t hidden,
+                                       const int32_t* ids, int64_t n, DType out_dtype,
+                                       void* host_out) {
+  const int64_t row_bytes = hidden * DTypeSize(out_dtype);
+  FLCE_ASSIGN_OR_RETURN(const int64_t piece, RowsPerPiece(row_bytes));
+  FLCE_RETURN_IF_ERROR(Enter());
+  std::lock_guard<std::mutex> lock(aux_mu_);
+  auto* dev_ids = static_cast<int32_t*>(scratch_.get());
+  char* dev_rows = static_cast<char*>(scratch_.get()) + piece * sizeof(int32_t);
+  for (int64_t done = 0; done < n; done += piece) {
+    const int64_t rows = std::min(piece, n - done);
+    std::memcpy(staging_.get(), ids + done, rows * sizeof(int32_t));
+    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_ids, staging_.get(), rows * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, aux_),
+                              &health_);
+    FLCE_RETURN_IF_ERROR(LaunchGatherRows(weight, weight_dtype, hidden, dev_ids, rows, dev_rows,
+                                          out_dtype, aux_, &health_));
+    FLCE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(staging_.get(), dev_rows, rows * row_bytes, cudaMemcpyDeviceToHost, aux_),
+        &health_);
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
+    std::memcpy(static_cast<char*>(host_out) + done * row_bytes, staging_.get(), rows * row_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceContext::ScatterAddRows(float* grad, int64_t hidden, const int32_t* ids,
+                                           int64_t n, const void* host_rows, DType rows_dtype,
+                                           bool deterministic) {
+  const int64_t row_bytes = hidden * DTypeSize(rows_dtype);
+  FLCE_ASSIGN_OR_RETURN(const int64_t piece, RowsPerPiece(row_bytes));
+  FLCE_RETURN_IF_ERROR(Enter());
+  std::lock_guard<std::mutex> lock(aux_mu_);
+  auto* dev_ids = static_cast<int32_t*>(scratch_.get());
+  char* dev_rows = static_cast<char*>(scratch_.get()) + piece * sizeof(int32_t);
+  char* staged_rows = static_cast<char*>(staging_.get()) + piece * sizeof(int32_t);
+  for (int64_t done = 0; done < n; done += piece) {
+    const int64_t rows = std::min(piece, n - done);
+    // One staging layout for both: ids, then rows, copied in one transfer.
+    std::memcpy(staging_.get(), ids + done, rows * sizeof(int32_t));
+    std::memcpy(staged_rows, static_cast<const char*>(host_rows) + done * row_bytes,
+                rows * row_bytes);
+    FLCE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(scratch_.get(), staging_.get(), piece * sizeof(int32_t) + rows * row_bytes,
+                        cudaMemcpyHostToDevice, aux_),
+        &health_);
+    FLCE_RETURN_IF_ERROR(LaunchScatterAddRows(grad, hidden, dev_ids, rows, dev_rows, rows_dtype,
+                                              deterministic, aux_, &health_));
+    // The staging buffer is rewritten by the next piece: wait for this one.
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<unsigned> DeviceContext::RunFlagged(const FlaggedLaunch& launch) {
   FLCE_RETURN_IF_ERROR(Enter());
   std::lock_guard<std::mutex> lock(aux_mu_);
@@ -203,6 +271,17 @@ absl::Status CudaHead::CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
   const int64_t size = DTypeSize(spec_.dtype);
   const char* src = static_cast<const char*>(weight ? weight_.get() : bias_.get());
   return ctx_->CopyToHost(host_out, src + begin * size, count * size);
+}
+
+absl::Status CudaHead::GatherRows(const int32_t* ids, int64_t n, DType out_dtype,
+                                  void* host_out) const {
+  FLCE_RETURN_IF_ERROR(CheckRowIds(ids, n, spec_.vocab_size));
+  if (out_dtype != DType::kF32 && out_dtype != spec_.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("rows are gathered as ", DTypeName(spec_.dtype),
+                                                   " or fp32, not ", DTypeName(out_dtype)));
+  }
+  return ctx_->GatherRows(weight_.get(), spec_.dtype, spec_.hidden_size, ids, n, out_dtype,
+                          host_out);
 }
 
 HeadView CudaHead::view() const {
@@ -332,6 +411,12 @@ absl::StatusOr<FiniteCheck> CudaGradBuffer::ScaleAndAdd(float scale, const GradB
   FLCE_ASSIGN_OR_RETURN(unsigned bad,
                         ctx_->ScaleAddChecked(scale, o->weight(), weight(), RealRanges()));
   return FiniteCheck{(bad & 1u) == 0, (bad & 2u) == 0};
+}
+
+absl::Status CudaGradBuffer::ScatterAddRows(const int32_t* ids, int64_t n, const void* rows,
+                                            DType dtype, bool deterministic) {
+  FLCE_RETURN_IF_ERROR(CheckRowIds(ids, n, vocab_));
+  return ctx_->ScatterAddRows(weight(), hidden_, ids, n, rows, dtype, deterministic);
 }
 
 absl::StatusOr<GradNorms> CudaGradBuffer::SquaredNorms() const {

@@ -48,6 +48,13 @@ class DeviceContext {
   absl::StatusOr<unsigned> ScaleAddChecked(float scale, const float* base, float* inout,
                                            const Ranges& ranges);
   absl::StatusOr<bool> AllFinite(const float* x, const Ranges& ranges);
+  // The tied embedding: weight rows by host ids into host memory, and
+  // gradient rows from host memory scatter-added into grad; in pieces through
+  // the staging buffer (embedding_kernels.cuh).
+  absl::Status GatherRows(const void* weight, DType weight_dtype, int64_t hidden,
+                          const int32_t* ids, int64_t n, DType out_dtype, void* host_out);
+  absl::Status ScatterAddRows(float* grad, int64_t hidden, const int32_t* ids, int64_t n,
+                              const void* host_rows, DType rows_dtype, bool deterministic);
   // fp64 sums of squares of x over each range, each in a fixed order.
   absl::StatusOr<std::vector<double>> SumsOfSquares(const float* x, const Ranges& ranges);
   // Runs `launch` on the auxiliary stream with the flag word zeroed, waits,
@@ -65,8 +72,9 @@ class DeviceContext {
   std::mutex aux_mu_;
   cudaStream_t aux_ = nullptr;
   PinnedBuffer staging_;
-  DeviceBuffer flags_;  // one word the finiteness checks OR into
-  DeviceBuffer sums_;   // the sum of squares' partials, then its results
+  DeviceBuffer flags_;    // one word the finiteness checks OR into
+  DeviceBuffer sums_;     // the sum of squares' partials, then its results
+  DeviceBuffer scratch_;  // a staging buffer's worth of device memory (ids and rows)
 };
 
 class CudaHead : public Head {
@@ -77,6 +85,8 @@ class CudaHead : public Head {
   int64_t resident_bytes() const override { return weight_.bytes() + bias_.bytes(); }
   absl::Status CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
                        void* host_out) const override;
+  absl::Status GatherRows(const int32_t* ids, int64_t n, DType out_dtype,
+                          void* host_out) const override;
   int64_t padded_vocab() const { return padded_vocab_; }
   HeadView view() const;
   // For CudaHeadOptimizer only, while no compute call uses the head.
@@ -125,6 +135,8 @@ class CudaGradBuffer : public GradBuffer {
   absl::StatusOr<FiniteCheck> ScaleAndAdd(float scale, const GradBuffer& base) override;
   absl::StatusOr<bool> AllFinite() const override;
   absl::StatusOr<GradNorms> SquaredNorms() const override;
+  absl::Status ScatterAddRows(const int32_t* ids, int64_t n, const void* rows, DType dtype,
+                              bool deterministic) override;
   absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
                               void* host_out) const override;
   absl::Status CopyBias(int64_t begin, int64_t count, DType out_dtype,

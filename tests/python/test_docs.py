@@ -29,7 +29,7 @@ def _blocks(section: str, lang: str) -> list:
 
 def test_from_pytorch_snippet_runs_on_a_bf16_head():
     """Assigning an fp32 gradient to a bf16 weight's .grad raises; the snippet must not."""
-    (code,) = _blocks(_section(README, "From PyTorch"), "python")
+    code = _blocks(_section(README, "From PyTorch"), "python")[0]
     server, port = fake_server.start()
     try:
         V, H, N = 37, 16, 12
@@ -46,6 +46,38 @@ def test_from_pytorch_snippet_runs_on_a_bf16_head():
         assert hidden.grad is not None and torch.isfinite(hidden.grad.float()).all()
     finally:
         server.stop(None)
+
+
+def test_from_pytorch_server_optimizer_snippet_trains_the_head(real_server_bin):
+    """The second recipe (the head trained on the server) after the first, as written."""
+    from conftest import RealServer  # the fake server has no optimizer
+    first, second = _blocks(_section(README, "From PyTorch"), "python")
+    srv = RealServer(real_server_bin)
+    try:
+        V, H, N = 37, 16, 12
+        torch.manual_seed(0)
+        model = nn.Module()
+        model.body = nn.Linear(8, H)
+        model.lm_head = nn.Linear(H, V)
+        hidden = torch.randn(N, H, requires_grad=True)
+        targets = torch.randint(0, V, (N,))
+        batches = [(torch.randn(N, 8), torch.randint(0, V, (N,))) for _ in range(3)]
+        body_params = list(model.body.parameters())
+        before = [p.detach().clone() for p in body_params]
+        start = model.lm_head.weight.detach().clone()
+        scope = {"model": model, "hidden": hidden, "targets": targets, "batches": batches,
+                 "body_params": body_params,
+                 "body_opt": torch.optim.SGD(body_params, lr=0.1)}
+        exec(first.replace("127.0.0.1:50051", srv.target), scope)
+        exec(second, scope)
+        info = scope["head"].info()
+        assert info.optimizer is not None and info.optimizer.steps == 3
+        assert scope["opt"].last_step.applied
+        assert not torch.equal(model.lm_head.weight, start), "copy_to brought no new weight"
+        assert all(not torch.equal(p, b) for p, b in zip(body_params, before))
+        scope["head"].client.close()
+    finally:
+        srv.stop()
 
 
 def test_session_by_hand_has_a_recipe_for_its_npy_files(tmp_path):

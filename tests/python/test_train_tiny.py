@@ -1,18 +1,22 @@
-"""The example trains a tiny LM with a local and a flce-served head: same loss curve."""
+"""The example trains a tiny LM with a local and a flce-served head: same loss curve; and
+with the head trained on the server, the same curve without weights or gradients on the
+wire."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import urllib.request
 
-from conftest import REPO
+from conftest import REPO, RealServer, free_port
 
 EXAMPLE = REPO / "client" / "python" / "examples" / "train_tiny.py"
 
 
-def test_remote_and_local_heads_give_the_same_loss_curve(server_target):
-    run = subprocess.run([sys.executable, str(EXAMPLE), "--target", server_target,
-                          "--steps", "40", "--log-every", "10", "--bias", "--window", "10"],
-                         capture_output=True, text=True, timeout=540)
+def _run(target: str, *extra: str) -> subprocess.CompletedProcess:
+    run = subprocess.run([sys.executable, str(EXAMPLE), "--target", target,
+                          "--steps", "40", "--log-every", "10", "--bias", "--window", "10",
+                          *extra], capture_output=True, text=True, timeout=540)
     print(run.stdout, run.stderr)
     assert run.returncode == 0
     assert "SAME CURVE" in run.stdout
@@ -20,3 +24,40 @@ def test_remote_and_local_heads_give_the_same_loss_curve(server_target):
     assert len(final) == 1
     local, remote = map(float, final[0].split()[1:3])
     assert local < 3.5 and remote < 3.5  # it trained: the first loss is ln(49) ≈ 3.9
+    return run
+
+
+def test_remote_and_local_heads_give_the_same_loss_curve(server_target):
+    _run(server_target)
+
+
+def _counter(metrics_url: str, name: str) -> float:
+    with urllib.request.urlopen(metrics_url, timeout=10) as page:
+        text = page.read().decode()
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_head_trained_on_the_server_gives_the_same_curve_without_weights_on_the_wire(
+        real_server_bin):
+    port = free_port()
+    srv = RealServer(real_server_bin, "--metrics-port", str(port), "--metrics-host",
+                     "127.0.0.1")
+    url = f"http://127.0.0.1:{port}/metrics"
+    upload, fetch, compute = ('flce_received_bytes_total{rpc="UploadHead"}',
+                              'flce_sent_bytes_total{rpc="FetchGrad"}',
+                              'flce_received_bytes_total{rpc="Compute"}')
+    try:
+        run = _run(srv.target, "--server-optimizer", "--metrics-url", url)
+        # what the example scraped after its first and its last step
+        grew = dict(re.findall(r"^metrics from step 0 to step 39: (\S+) \+(\d+)$",
+                               run.stdout, re.M))
+        assert set(grew) == {upload, fetch, compute}, run.stdout
+        assert int(grew[upload]) == 0 and int(grew[fetch]) == 0
+        assert int(grew[compute]) > 0, "the scrape saw no traffic at all"
+        # and the server's totals: one upload (49 x 64 weight and a bias, fp32), no fetch
+        vocab = int(re.search(r"vocabulary (\d+)", run.stdout).group(1))
+        assert _counter(url, upload) == (vocab * 64 + vocab) * 4
+        assert _counter(url, fetch) == 0
+    finally:
+        srv.stop()

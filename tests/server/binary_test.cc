@@ -5,9 +5,9 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <regex>
@@ -243,6 +244,86 @@ TEST(BinaryTest, SigtermDrainsTheCallInFlightAndExitsZero) {
 // The built flce-server, started as the README says (no FLCE_CUDA_PLUGIN, no
 // --cuda-plugin), finds the plugin where the build puts it: mapped whether or
 // not this machine has a GPU (without one the engine falls back to the CPU).
+// A head trained on the server survives a crash: saved, the server killed
+// (SIGKILL), a new one started and the checkpoint loaded, the next steps give
+// the weights of the run that was not interrupted, bit for bit (the CPU engine
+// with a fixed --threads is deterministic).
+TEST(BinaryTest, ACheckpointSurvivesSigkillAndTheRunContinuesBitForBit) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/flce-ckpt-", getpid());
+  const std::vector<std::string> args = {"--port=0",          "--metrics-port=0",
+                                         "--device=cpu",      "--threads=2",
+                                         "--demo-head=false", "--checkpoint-dir=" + dir};
+  auto data = [](int k) {
+    ProblemSpec ps = TinyF32Spec();
+    ps.head_dtype = DType::kBF16;
+    ps.has_bias = true;
+    ps.seed = 1000 + k;
+    return MakeProblem(ps);
+  };
+  auto step = [&](v1::Flce::Stub& stub, int k) {
+    Problem p = data(k);
+    v1::ComputeHeader header = MakeHeader(p, "h", "s", absl::StrCat("c", k));
+    header.set_deterministic(true);
+    ComputeOutcome out = Compute(stub, header, p);
+    ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+    v1::StepResponse response;
+    ASSERT_TRUE(StepHead(stub, "h", "s", absl::StrCat("step-", k), 1e-2, &response).ok());
+    ASSERT_EQ(response.outcome(), v1::STEP_APPLIED);
+  };
+  std::vector<std::vector<float>> uninterrupted;
+  {
+    ServerProcess server(args, {});
+    ASSERT_TRUE(server.spawned());
+    const int port = server.WaitForPort();
+    ASSERT_GT(port, 0) << server.log();
+    auto stub = StubFor(port);
+    ASSERT_TRUE(UploadHead(*stub, "h", data(0)).ok());
+    v1::CreateOptimizerRequest create;
+    create.set_head_id("h");
+    create.set_kind(v1::OPTIMIZER_ADAMW);
+    ASSERT_TRUE(CreateOptimizer(*stub, create).ok());
+    for (int k = 0; k < 2; ++k) step(*stub, k);
+    v1::SaveCheckpointRequest save;
+    save.set_head_id("h");
+    save.set_name("at-2");
+    v1::CheckpointInfo info;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->SaveCheckpoint(&ctx, save, &info).ok());
+    for (int k = 2; k < 7; ++k) {
+      step(*stub, k);
+      DownloadedHead master = DownloadHead(*stub, "h", true);
+      ASSERT_TRUE(master.status.ok());
+      master.weight.insert(master.weight.end(), master.bias.begin(), master.bias.end());
+      uninterrupted.push_back(master.weight);
+    }
+    kill(server.pid(), SIGKILL);
+    EXPECT_EQ(server.WaitExit(std::chrono::seconds(10)), -SIGKILL);
+  }
+  ServerProcess server(args, {});
+  ASSERT_TRUE(server.spawned());
+  const int port = server.WaitForPort();
+  ASSERT_GT(port, 0) << server.log();
+  auto stub = StubFor(port);
+  v1::LoadCheckpointRequest load;
+  load.set_head_id("h");
+  load.set_name("at-2");
+  v1::HeadInfo head;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status status = stub->LoadCheckpoint(&ctx, load, &head);
+    ASSERT_TRUE(status.ok()) << status.error_message() << server.log();
+  }
+  EXPECT_EQ(head.optimizer().steps(), 2);
+  for (int k = 2; k < 7; ++k) {
+    step(*stub, k);
+    DownloadedHead master = DownloadHead(*stub, "h", true);
+    master.weight.insert(master.weight.end(), master.bias.begin(), master.bias.end());
+    EXPECT_TRUE(master.weight == uninterrupted[k - 2]) << "step " << k << " differs";
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 TEST(BinaryTest, BuiltServerFindsThePluginInTheBuildTree) {
   // Empty counts as unset, and comes before whatever the test's own environment says.
   ServerProcess server({"--port=0", "--metrics-port=0", "--device=auto", "--threads=1"},

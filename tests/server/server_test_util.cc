@@ -1,7 +1,5 @@
 #include "tests/server/server_test_util.h"
 
-#include "grpcpp/generic/generic_stub.h"
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -15,6 +13,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "flce/v1/convert.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "kernels/engine_factory.h"
 #include "server/log.h"
 
@@ -63,8 +63,9 @@ void ServerTest::TearDown() {
 }
 
 grpc::Status UploadHead(v1::Flce::Stub& stub, const std::string& head_id, const Problem& problem,
-                        int chunks, v1::HeadInfo* info) {
+                        int chunks, v1::HeadInfo* info, const std::string& token) {
   grpc::ClientContext context;
+  if (!token.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
   v1::HeadInfo local;
   auto writer = stub.UploadHead(&context, info != nullptr ? info : &local);
   v1::UploadHeadRequest header;
@@ -217,6 +218,65 @@ ComputeOutcome ComputeMessages(v1::Flce::Stub& stub,
   return out;
 }
 
+DownloadedHead DownloadHead(v1::Flce::Stub& stub, const std::string& head_id, bool master,
+                            int64_t chunk_rows) {
+  DownloadedHead out;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::DownloadHeadRequest request;
+  request.set_head_id(head_id);
+  request.set_master(master);
+  request.set_chunk_rows(chunk_rows);
+  auto reader = stub.DownloadHead(&context, request);
+  v1::DownloadHeadResponse response;
+  DType dtype = DType::kF32;
+  while (reader->Read(&response)) {
+    if (response.has_header()) {
+      out.header = response.header();
+      dtype = *DTypeFromProto(out.header.dtype());
+      const int64_t v = out.header.head().vocab_size();
+      out.weight.assign(v * out.header.head().hidden_size(),
+                        std::numeric_limits<float>::quiet_NaN());
+      if (out.header.head().has_bias()) out.bias.assign(v, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    const v1::GradChunk& chunk = response.chunk();
+    ++out.chunks;
+    const int64_t width = chunk.role() == v1::TENSOR_WEIGHT ? out.header.head().hidden_size() : 1;
+    std::vector<float>& dst = chunk.role() == v1::TENSOR_WEIGHT ? out.weight : out.bias;
+    const int64_t count = chunk.rows() * width;
+    if ((chunk.row_offset() + chunk.rows()) * width > static_cast<int64_t>(dst.size()) ||
+        static_cast<int64_t>(chunk.data().size()) != count * DTypeSize(dtype)) {
+      ADD_FAILURE() << "malformed download chunk at row " << chunk.row_offset();
+      continue;
+    }
+    ToFloat(dtype, chunk.data().data(), dst.data() + chunk.row_offset() * width, count);
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+grpc::Status StepHead(v1::Flce::Stub& stub, const std::string& head_id,
+                      const std::string& session_id, const std::string& request_id, double lr,
+                      v1::StepResponse* response) {
+  v1::StepRequest request;
+  request.set_head_id(head_id);
+  request.set_session_id(session_id);
+  request.set_request_id(request_id);
+  request.set_lr(lr);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  return stub.Step(&context, request, response);
+}
+
+grpc::Status CreateOptimizer(v1::Flce::Stub& stub, const v1::CreateOptimizerRequest& request,
+                             v1::OptimizerInfo* info) {
+  v1::OptimizerInfo ignored;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  return stub.CreateOptimizer(&context, request, info != nullptr ? info : &ignored);
+}
+
 FetchedGrad FetchGrad(v1::Flce::Stub& stub, const std::string& head_id,
                       const std::string& session_id, bool reset, const std::string& request_id,
                       v1::DType dtype, int64_t chunk_rows) {
@@ -336,7 +396,8 @@ grpc::Status RawStream(grpc::Channel* channel, const std::string& method,
     if (!ok) break;
     std::vector<grpc::Slice> slices;
     in.Dump(&slices);
-    for (const auto& s : slices) response->append(reinterpret_cast<const char*>(s.begin()), s.size());
+    for (const auto& s : slices)
+      response->append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   grpc::Status status;
   call->Finish(&status, reinterpret_cast<void*>(5));

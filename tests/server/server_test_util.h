@@ -51,8 +51,10 @@ class ServerTest : public ::testing::Test {
 };
 
 // Uploads a problem's weight (and bias) in `chunks` messages.
+// token: a bearer token to send (servers with --auth-token-file).
 grpc::Status UploadHead(v1::Flce::Stub& stub, const std::string& head_id, const Problem& problem,
-                        int chunks = 3, v1::HeadInfo* info = nullptr);
+                        int chunks = 3, v1::HeadInfo* info = nullptr,
+                        const std::string& token = "");
 
 // A header for the whole problem: targets, hidden dtype, sum reduction.
 v1::ComputeHeader MakeHeader(const Problem& problem, const std::string& head_id,
@@ -107,6 +109,26 @@ FetchedGrad FetchGrad(v1::Flce::Stub& stub, const std::string& head_id,
                       const std::string& session_id, bool reset = false,
                       const std::string& request_id = "", v1::DType dtype = v1::DTYPE_FP32,
                       int64_t chunk_rows = 0);
+
+// DownloadHead: the weight (and bias) as floats, widened from the chunks' dtype.
+struct DownloadedHead {
+  grpc::Status status;
+  v1::DownloadHeader header;
+  std::vector<float> weight;  // V x H (NaN where no chunk arrived)
+  std::vector<float> bias;    // V, when the head has one
+  int chunks = 0;
+};
+
+DownloadedHead DownloadHead(v1::Flce::Stub& stub, const std::string& head_id, bool master = false,
+                            int64_t chunk_rows = 0);
+
+// Step with the given learning rate and nothing else set.
+grpc::Status StepHead(v1::Flce::Stub& stub, const std::string& head_id,
+                      const std::string& session_id, const std::string& request_id, double lr,
+                      v1::StepResponse* response);
+
+grpc::Status CreateOptimizer(v1::Flce::Stub& stub, const v1::CreateOptimizerRequest& request,
+                             v1::OptimizerInfo* info = nullptr);
 
 grpc::Status Commit(v1::Flce::Stub& stub, const std::string& head_id, const std::string& session_id,
                     const std::string& request_id, float scale, bool discard,

@@ -40,6 +40,7 @@ class TrainingTest : public ServerTest {
     return stub().CreateOptimizer(&ctx, request, info != nullptr ? info : &ignored);
   }
 
+  // StepHead with found_inf and expected_head_version.
   grpc::Status Step(const std::string& session, const std::string& request_id, double lr,
                     v1::StepResponse* response, bool found_inf = false,
                     std::optional<uint64_t> expected_version = std::nullopt) {
@@ -88,45 +89,11 @@ class TrainingTest : public ServerTest {
     return flce::test::ComputeReference(input).loss;
   }
 
-  struct Downloaded {
-    grpc::Status status;
-    v1::DownloadHeader header;
-    std::vector<float> weight;
-    int chunks = 0;
-  };
-  // An fp32 download (the fp32 head, or any head's master).
-  Downloaded Download(bool master, int64_t chunk_rows = 0, const std::string& head_id = "h") {
-    v1::DownloadHeadRequest request;
-    request.set_head_id(head_id);
-    request.set_master(master);
-    request.set_chunk_rows(chunk_rows);
-    grpc::ClientContext ctx;
-    auto reader = stub().DownloadHead(&ctx, request);
-    Downloaded out;
-    v1::DownloadHeadResponse response;
-    while (reader->Read(&response)) {
-      if (response.has_header()) {
-        out.header = response.header();
-        const int64_t n = out.header.head().vocab_size() * out.header.head().hidden_size();
-        out.weight.assign(n, std::nan(""));
-        continue;
-      }
-      const v1::GradChunk& c = response.chunk();
-      if (c.role() != v1::TENSOR_WEIGHT) continue;
-      const int64_t h = out.header.head().hidden_size();
-      EXPECT_EQ(static_cast<int64_t>(c.data().size()), c.rows() * h * 4);
-      std::memcpy(out.weight.data() + c.row_offset() * h, c.data().data(), c.data().size());
-      ++out.chunks;
-    }
-    out.status = reader->Finish();
-    return out;
-  }
-
   Problem problem_;
 };
 
 TEST_F(TrainingTest, DownloadHeadGivesTheServedWeightOrItsMaster) {
-  Downloaded plain = Download(false, /*chunk_rows=*/10);
+  DownloadedHead plain = DownloadHead(stub(), "h", false, /*chunk_rows=*/10);
   ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
   EXPECT_EQ(plain.weight, problem_.weight);
   EXPECT_EQ(plain.chunks, 10);  // 97 rows, 10 per message
@@ -135,11 +102,11 @@ TEST_F(TrainingTest, DownloadHeadGivesTheServedWeightOrItsMaster) {
   spec.head_dtype = DType::kBF16;
   Problem bf16 = MakeProblem(spec);
   ASSERT_TRUE(UploadHead(stub(), "b", bf16).ok());
-  Downloaded master = Download(true, 0, "b");
+  DownloadedHead master = DownloadHead(stub(), "b", true);
   ASSERT_TRUE(master.status.ok()) << master.status.error_message();
   EXPECT_EQ(master.header.dtype(), v1::DTYPE_FP32);
   EXPECT_EQ(master.weight, bf16.weight);
-  Downloaded missing = Download(false, 0, "nope");
+  DownloadedHead missing = DownloadHead(stub(), "nope");
   EXPECT_EQ(missing.status.error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
@@ -197,7 +164,7 @@ TEST_F(TrainingTest, StepAppliesTheSessionGradientAndBumpsTheVersion) {
     want_w[i] = problem_.weight[i] + (-0.5f) * grad.weight[i];
   }
   for (bool master : {false, true}) {
-    Downloaded down = Download(master);
+    DownloadedHead down = DownloadHead(stub(), "h", master);
     ASSERT_TRUE(down.status.ok()) << down.status.error_message();
     EXPECT_EQ(down.header.dtype(), v1::DTYPE_FP32);
     EXPECT_EQ(down.header.head().version(), v0 + 1);
@@ -249,6 +216,32 @@ TEST_F(TrainingTest, FoundInfSkipsTheStepAndDropsTheGradient) {
   EXPECT_EQ(FetchGrad(stub(), "h", "s").header.contributions(), 0);
 }
 
+// As torch.optim skips a parameter whose grad is None: no weight decay, no
+// moment update, no version bump when the session holds no contribution.
+TEST_F(TrainingTest, AStepWithoutAGradientChangesNothing) {
+  v1::CreateOptimizerRequest request;
+  request.set_head_id("h");
+  request.set_kind(v1::OPTIMIZER_ADAMW);
+  request.mutable_weight()->set_weight_decay(0.5);
+  v1::OptimizerInfo info;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub().CreateOptimizer(&ctx, request, &info).ok());
+  }
+  ComputeIn("s", "c1");
+  v1::StepResponse first;
+  ASSERT_TRUE(Step("s", "k1", 0.1, &first).ok());
+  ASSERT_EQ(first.outcome(), v1::STEP_APPLIED);
+  const double loss = ForwardLoss();
+  v1::StepResponse second;
+  ASSERT_TRUE(Step("s", "k2", 0.1, &second).ok());
+  EXPECT_EQ(second.outcome(), v1::STEP_SKIPPED_NO_GRADIENT);
+  EXPECT_EQ(second.head_version(), first.head_version());
+  EXPECT_EQ(second.steps(), 1);
+  EXPECT_EQ(second.contributions(), 0);
+  EXPECT_EQ(ForwardLoss(), loss);
+}
+
 TEST_F(TrainingTest, AnUpdateThatWouldOverflowTheWeightIsSkipped) {
   ASSERT_TRUE(CreateSgd().ok());
   const double loss_before = ForwardLoss();
@@ -286,8 +279,10 @@ TEST_F(TrainingTest, StepsAreRefusedWithAPreciseStatus) {
   EXPECT_THAT(status.error_message(), HasSubstr("Invalid learning rate: -0.1"));
   status = Step("s", "k2", std::nan(""), &step);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // A session that never computed holds no gradient (torch's grad None): skipped.
   status = Step("nobody", "k3", 0.1, &step);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(step.outcome(), v1::STEP_SKIPPED_NO_GRADIENT);
   status = Step("s", "k4", 0.1, &step, false, /*expected_version=*/12345);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(status.error_message(), HasSubstr("expected_head_version = 12345"));

@@ -40,6 +40,9 @@ class FakeHead : public Head {
   absl::Status CopyOut(HeadTensor, int64_t, int64_t, void*) const override {
     return absl::UnimplementedError("the fake head is not read back");
   }
+  absl::Status GatherRows(const int32_t*, int64_t, DType, void*) const override {
+    return absl::UnimplementedError("the fake head has no embedding");
+  }
   const std::vector<float>& weight() const { return weight_; }
   const std::vector<float>& bias() const { return bias_; }
 
@@ -121,6 +124,9 @@ class FakeGradBuffer : public GradBuffer {
     return absl::UnimplementedError("not needed by the harness");
   }
   absl::StatusOr<GradNorms> SquaredNorms() const override { return GradNorms{}; }
+  absl::Status ScatterAddRows(const int32_t*, int64_t, const void*, DType, bool) override {
+    return absl::UnimplementedError("the fake gradient has no embedding rows");
+  }
   absl::StatusOr<bool> AllFinite() const override {
     return absl::UnimplementedError("not needed by the harness");
   }

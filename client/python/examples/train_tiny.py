@@ -10,13 +10,19 @@ The remote step is the one-line swap the package is for:
     loss = F.cross_entropy(model.lm_head(h), y)      # local
     loss = remote_head(h, y)                          # flce
 with the gradient fetched into the local parameter before the optimizer step, and the
-updated weight uploaded after it.
+updated weight uploaded after it. With --server-optimizer the head is trained on the
+server instead (remote_head.optimizer("adamw", ...), step, zero_grad): no weight or
+gradient crosses the wire per step, only hidden states and grad_input.
+    /usr/bin/python3 client/python/examples/train_tiny.py --server-optimizer \
+        --metrics-url http://localhost:9464/metrics   # shows the bytes that did not move
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -60,17 +66,42 @@ def batches(data: torch.Tensor, steps: int, batch: int, context: int, seed: int)
         yield chunk[:, :-1], chunk[:, 1:]
 
 
+# The /metrics counters of tensor bytes that a server-side optimizer keeps off the wire.
+WIRE_COUNTERS = ('flce_received_bytes_total{rpc="UploadHead"}',
+                 'flce_sent_bytes_total{rpc="FetchGrad"}',
+                 'flce_received_bytes_total{rpc="Compute"}')
+
+
+def scrape(url: str) -> dict:
+    """WIRE_COUNTERS from a Prometheus text page (a series not yet created counts 0)."""
+    with urllib.request.urlopen(url, timeout=10) as page:
+        text = page.read().decode()
+    values = {}
+    for name in WIRE_COUNTERS:
+        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        values[name] = float(m.group(1)) if m else 0.0
+    return values
+
+
 def train(args, data: torch.Tensor, vocab: int, remote: bool):
     torch.manual_seed(args.seed)
     model = TinyLM(vocab, args.dim, args.layers, args.heads, args.context, args.bias)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    head = None
+    on_server = remote and args.server_optimizer
+    if on_server:  # the body here, the head there: the same AdamW, split in two
+        body = [p for n, p in model.named_parameters() if not n.startswith("lm_head.")]
+        opt = torch.optim.AdamW(body, lr=args.lr, weight_decay=0.0)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    head = head_opt = None
     if remote:
         client = flce.Client(args.target, timeout=120).wait_ready(30)
         head = flce.RemoteLMHead(client, args.head_id)
-        head.load_from_module(model.lm_head, dtype=torch.float32)
+        # reset_optimizer: state a crashed earlier run left on this head id is dropped
+        head.load_from_module(model.lm_head, dtype=torch.float32, reset_optimizer=True)
         head.zero_grad()
-    losses = []
+        if on_server:
+            head_opt = head.optimizer("adamw", lr=args.lr, weight_decay=0.0)
+    losses, wire = [], []
     t0 = time.perf_counter()
     for step, (x, y) in enumerate(batches(data, args.steps, args.batch, args.context,
                                           args.seed)):
@@ -80,17 +111,28 @@ def train(args, data: torch.Tensor, vocab: int, remote: bool):
         else:
             loss = F.cross_entropy(model.lm_head(h).reshape(-1, vocab), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
+        if head_opt is not None:
+            head_opt.zero_grad()
         loss.backward()
-        if remote:
+        if remote and not on_server:
             head.grad_into(model.lm_head)  # fetch and reset the server's grad_W (and grad_b)
         opt.step()
-        if remote:
+        if head_opt is not None:
+            head_opt.step()  # the server applies AdamW to its grad_W: nothing to upload
+        elif remote:
             head.load_from_module(model.lm_head, dtype=torch.float32)  # serve the new weight
         losses.append(float(loss.detach()))
+        if remote and args.metrics_url and step in (0, args.steps - 1):
+            wire.append(scrape(args.metrics_url))
+    seconds = time.perf_counter() - t0
+    if len(wire) == 2:
+        for name in WIRE_COUNTERS:
+            print(f"metrics from step 0 to step {args.steps - 1}: {name} "
+                  f"+{wire[1][name] - wire[0][name]:.0f}")
     if remote:
         head.client.unload_head(args.head_id)
         head.client.close()
-    return losses, time.perf_counter() - t0
+    return losses, seconds
 
 
 def main(argv=None) -> int:
@@ -107,6 +149,12 @@ def main(argv=None) -> int:
     p.add_argument("--bias", action="store_true", help="give lm_head a bias")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mode", choices=["both", "remote", "local"], default="both")
+    p.add_argument("--server-optimizer", action="store_true",
+                   help="train the remote head on the server (AdamW there, step and "
+                        "zero_grad), instead of fetching grad_W and uploading the weight")
+    p.add_argument("--metrics-url", default="",
+                   help="the server's /metrics: print how much its UploadHead, FetchGrad and "
+                        "Compute byte counters grew between the first and the last step")
     p.add_argument("--rtol", type=float, default=1e-2,
                    help="largest relative difference of the two curves, each smoothed over "
                         "--window steps (single steps differ more: training amplifies "
@@ -124,6 +172,9 @@ def main(argv=None) -> int:
     lookup = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([lookup[c] for c in text], dtype=torch.long)  # once, at load time
     print(f"corpus: {len(text)} characters, vocabulary {len(chars)}")
+    if args.server_optimizer:
+        print("remote head: trained on the server (AdamW there; no weight or gradient "
+              "crosses the wire per step)")
 
     runs = {}
     for mode in (["local", "remote"] if args.mode == "both" else [args.mode]):

@@ -9,15 +9,20 @@
 # the package's one version: pyproject.toml reads it from here (without importing flce)
 __version__ = "0.2.0"
 
-from flce.client import Client, ComputeResult, GradResult  # noqa: E402
+from flce.client import Client, ComputeResult, GradResult, HeadDownload  # noqa: E402
 from flce.errors import FlceError  # noqa: E402
-from flce.module import LMHeadOutput, RemoteLMHead  # noqa: E402
+from flce.module import LMHeadOutput, RemoteLMHead, ignore_in_ddp  # noqa: E402
+from flce.optim import ServerOptimizer, clip_grad_norm_  # noqa: E402
 from flce.results import (CommitResult, ComputeSummary, ContributionState, DType,  # noqa: E402
-                          GradHeader, HeadInfo, ServerInfo, SessionInfo, Timings,
-                          UnloadResult)
+                          DownloadHeader, GradHeader, GradNorm, GradVersions, HeadInfo,
+                          OptimizerGroup, OptimizerInfo, OptimizerKind, ServerInfo,
+                          SessionInfo, StepOutcome, StepResult, Timings, UnloadResult)
 from flce import safetensors  # noqa: E402
 
-__all__ = ["Client", "ComputeResult", "GradResult", "FlceError", "LMHeadOutput",
-           "RemoteLMHead", "safetensors", "CommitResult", "ComputeSummary",
-           "ContributionState", "DType", "GradHeader", "HeadInfo", "ServerInfo",
-           "SessionInfo", "Timings", "UnloadResult"]
+__all__ = ["Client", "ComputeResult", "GradResult", "HeadDownload", "FlceError",
+           "LMHeadOutput", "RemoteLMHead", "ignore_in_ddp", "ServerOptimizer",
+           "clip_grad_norm_", "safetensors", "CommitResult", "ComputeSummary",
+           "ContributionState", "DType", "DownloadHeader", "GradHeader", "GradNorm",
+           "GradVersions", "HeadInfo", "OptimizerGroup", "OptimizerInfo", "OptimizerKind",
+           "ServerInfo", "SessionInfo", "StepOutcome", "StepResult", "Timings",
+           "UnloadResult"]

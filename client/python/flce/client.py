@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import grpc
 import torch
@@ -17,13 +17,15 @@ from flce import security, tensors, wire
 from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.errors import FlceError, translate
-from flce.results import (CommitResult, ComputeSummary, GradHeader, HeadInfo, ServerInfo,
-                          SessionInfo, UnloadResult)
+from flce.results import (CommitResult, ComputeSummary, DownloadHeader, GradHeader, GradNorm,
+                          HeadInfo, OptimizerGroup, OptimizerInfo, OptimizerKind, ServerInfo,
+                          SessionInfo, StepResult, UnloadResult)
 
 REDUCTIONS = {"mean": pb.REDUCTION_MEAN, "sum": pb.REDUCTION_SUM, "none": pb.REDUCTION_NONE}
 STRATEGIES = {"auto": pb.STRATEGY_AUTO, "chunked": pb.STRATEGY_CHUNKED,
               "vocab_split": pb.STRATEGY_VOCAB_SPLIT, "fuse_mn": pb.STRATEGY_FUSE_MN,
               "separate": pb.STRATEGY_SEPARATE, "naive": pb.STRATEGY_NAIVE}
+OPTIMIZERS = {"sgd": OptimizerKind.SGD, "adamw": OptimizerKind.ADAMW}
 _TOKEN_FIELDS = (("loss", torch.float32), ("logprob", torch.float32),
                  ("entropy", torch.float32), ("correct", torch.uint8))
 
@@ -51,6 +53,45 @@ def _decode_fetch_response(raw: bytes):
     return pb.FetchGradResponse.FromString(raw)
 
 
+def _decode_download_response(raw: bytes):
+    number, payload = wire.split_oneof(raw)
+    if number == wire.DOWNLOAD_RESPONSE_CHUNK:
+        return wire.decode_grad_chunk(payload)
+    return pb.DownloadHeadResponse.FromString(raw)
+
+
+def _put(method: str, asm: tensors.RowAssembler, first_row: int, data) -> None:
+    """A received piece into its place; a piece outside the tensor, of partial rows or of
+    rows already received is the server's fault: INTERNAL, as a missing row is."""
+    try:
+        asm.put(first_row, data)
+    except ValueError as err:
+        raise FlceError(method, grpc.StatusCode.INTERNAL, str(err)) from None
+
+
+def optimizer_kind(kind: Union[str, int]) -> OptimizerKind:
+    """The kind named "sgd" or "adamw" (any case), or given as an OptimizerKind; anything
+    else is a ValueError."""
+    if isinstance(kind, str):
+        try:
+            return OPTIMIZERS[kind.lower()]
+        except KeyError:
+            raise ValueError(f"unknown optimizer {kind!r}: the server trains heads with "
+                             f"{' or '.join(repr(k) for k in OPTIMIZERS)}") from None
+    kind = OptimizerKind(kind)
+    if kind == OptimizerKind.UNSPECIFIED:
+        raise ValueError("optimizer kind is unspecified: choose 'sgd' or 'adamw'")
+    return kind
+
+
+def _group_pb(group: Union[OptimizerGroup, Mapping, None]):
+    if group is None:
+        return None
+    if not isinstance(group, OptimizerGroup):
+        group = OptimizerGroup(**dict(group))  # an unknown name: TypeError naming it
+    return group.to_pb()
+
+
 @dataclass
 class ComputeResult:
     """What one Compute call returned. Per-token tensors are None unless asked for."""
@@ -73,6 +114,13 @@ class GradResult:
     bias: Optional[torch.Tensor]    # [V] or None
     header: GradHeader
     request_id: str = ""            # as sent: the caller's, or one generated for a reset
+
+
+class HeadDownload(NamedTuple):
+    """A head's weight as DownloadHead sent it: one consistent version (header.head)."""
+    weight: torch.Tensor            # [V, H], header.dtype
+    bias: Optional[torch.Tensor]    # [V] or None
+    header: DownloadHeader
 
 
 class Client:
@@ -125,6 +173,9 @@ class Client:
         self._fetch = self._channel.unary_stream(
             "/flce.v1.Flce/FetchGrad", request_serializer=_serialize,
             response_deserializer=_decode_fetch_response)
+        self._download = self._channel.unary_stream(
+            "/flce.v1.Flce/DownloadHead", request_serializer=_serialize,
+            response_deserializer=_decode_download_response)
 
     # ------------------------------------------------------------ lifecycle --
     def wait_ready(self, timeout: float = 10.0) -> "Client":
@@ -169,20 +220,25 @@ class Client:
 
     @translate("LoadHeadFromFile")
     def load_head_from_file(self, head_id: str, path: str, weight_tensor: str,
-                            bias_tensor: str = "", dtype: Optional[torch.dtype] = None
-                            ) -> HeadInfo:
-        """A safetensors file the SERVER reads (path relative to its --head-root)."""
+                            bias_tensor: str = "", dtype: Optional[torch.dtype] = None,
+                            reset_optimizer: bool = False) -> HeadInfo:
+        """A safetensors file the SERVER reads (path relative to its --head-root).
+        reset_optimizer: as in upload_head."""
         req = pb.LoadHeadFromFileRequest(
             head_id=head_id, path=path, weight_tensor=weight_tensor, bias_tensor=bias_tensor,
-            dtype=tensors.wire_dtype(dtype) if dtype is not None else pb.DTYPE_UNSPECIFIED)
+            dtype=tensors.wire_dtype(dtype) if dtype is not None else pb.DTYPE_UNSPECIFIED,
+            reset_optimizer=reset_optimizer)
         return HeadInfo.from_pb(self._stub.LoadHeadFromFile(req, timeout=self.timeout))
 
     @translate("UploadHead")
     def upload_head(self, head_id: str, weight: torch.Tensor,
                     bias: Optional[torch.Tensor] = None,
-                    dtype: Optional[torch.dtype] = None) -> HeadInfo:
+                    dtype: Optional[torch.dtype] = None,
+                    reset_optimizer: bool = False) -> HeadInfo:
         """Streams W [V, H] (and b [V]) to the server, which keeps them resident in `dtype`
-        (default: the weight's). Replacing a head bumps its version."""
+        (default: the weight's). Replacing a head bumps its version. A head with optimizer
+        state (create_optimizer) keeps its weight unless reset_optimizer is set, which
+        replaces the weight and drops the state (FAILED_PRECONDITION otherwise)."""
         dtype = dtype or weight.dtype
         if weight.dim() != 2:
             raise ValueError(f"weight must be [V, H], got {tuple(weight.shape)}")
@@ -192,7 +248,8 @@ class Client:
             raise ValueError(f"bias must be [{w.shape[0]}], got {tuple(b.shape)}")
         header = pb.UploadHeadRequest(header=pb.UploadHeadHeader(
             head_id=head_id, vocab_size=w.shape[0], hidden_size=w.shape[1],
-            dtype=tensors.wire_dtype(dtype), has_bias=b is not None))
+            dtype=tensors.wire_dtype(dtype), has_bias=b is not None,
+            reset_optimizer=reset_optimizer))
 
         def requests():
             yield header
@@ -291,13 +348,13 @@ class Client:
                 if grad is None:
                     raise FlceError("Compute", grpc.StatusCode.INTERNAL,
                                     "server sent grad_input that was not asked for")
-                grad.put(msg.token_offset, msg.data)
+                _put("Compute", grad, msg.token_offset, msg.data)
                 continue
             kind = msg.WhichOneof("msg")
             if kind == "token_outputs":
                 chunk = msg.token_outputs
                 for k, asm in per_token.items():
-                    asm.put(chunk.token_offset, getattr(chunk, k))
+                    _put("Compute", asm, chunk.token_offset, getattr(chunk, k))
             elif kind == "summary":
                 summary = msg.summary
         if summary is None:
@@ -358,7 +415,7 @@ class Client:
                 if target is None:
                     raise FlceError("FetchGrad", grpc.StatusCode.INTERNAL,
                                     f"unexpected chunk role {msg.role}")
-                target.put(msg.row_offset, msg.data)
+                _put("FetchGrad", target, msg.row_offset, msg.data)
             elif msg.WhichOneof("msg") == "header":
                 header = msg.header
                 dt = tensors.torch_dtype(header.dtype)
@@ -389,3 +446,114 @@ class Client:
             head_id=head_id,
             session_id=session_id if session_id is not None else self.session_id),
             timeout=self.timeout)
+
+    # ------------------------------------------------------------- training --
+    @translate("CreateOptimizer")
+    def create_optimizer(self, head_id: str, kind: Union[str, int], *,
+                         weight: Union[OptimizerGroup, Mapping, None] = None,
+                         bias: Union[OptimizerGroup, Mapping, None] = None,
+                         replace: bool = False) -> OptimizerInfo:
+        """Creates the head's optimizer state on the server: kind "sgd" or "adamw"
+        (torch.optim.SGD / AdamW semantics), hyper-parameters per group as a
+        flce.OptimizerGroup or a dict of its fields (unset ones get torch's defaults; the
+        bias group defaults to the weight's). With replace, existing state (moments, step
+        count) is dropped; without it a head that has state gives ALREADY_EXISTS. The
+        learning rate is not here: every step() sends it."""
+        req = pb.CreateOptimizerRequest(head_id=head_id, kind=int(optimizer_kind(kind)),
+                                        replace=replace)
+        for name, group in (("weight", weight), ("bias", bias)):
+            msg = _group_pb(group)
+            if msg is not None:
+                getattr(req, name).CopyFrom(msg)
+        return OptimizerInfo.from_pb(self._stub.CreateOptimizer(req, timeout=self.timeout))
+
+    def step(self, head_id: str, lr: float, *, session_id: Optional[str] = None,
+             bias_lr: Optional[float] = None, clip_coef: Optional[float] = None,
+             grad_multiplier: Optional[float] = None, found_inf: bool = False,
+             request_id: Optional[str] = None,
+             expected_head_version: Optional[int] = None) -> StepResult:
+        """Applies the session's gradient × clip_coef × grad_multiplier to the head with its
+        optimizer (lr for the weight, bias_lr, default lr, for the bias), or skips it when
+        found_inf; either way the session's gradient is then zero. Applied steps bump the
+        head's version.
+
+        Retry-safe: the request id (generated when not given) comes back in
+        FlceError.request_id when the call fails; a Step repeated with it and the same
+        values returns the first outcome (replayed) and applies nothing again."""
+        request_id = request_id or new_request_id()
+        req = pb.StepRequest(head_id=head_id, request_id=request_id, lr=lr,
+                             found_inf=found_inf,
+                             session_id=session_id if session_id is not None
+                             else self.session_id)
+        for name, value in (("bias_lr", bias_lr), ("clip_coef", clip_coef),
+                            ("grad_multiplier", grad_multiplier),
+                            ("expected_head_version", expected_head_version)):
+            if value is not None:
+                setattr(req, name, value)
+        try:
+            return self._step(req)
+        except FlceError as err:
+            err.request_id = request_id
+            raise
+
+    @translate("Step")
+    def _step(self, req) -> StepResult:
+        return StepResult.from_pb(self._stub.Step(req, timeout=self.timeout))
+
+    @translate("GradNorm")
+    def grad_norm(self, head_id: str, session_id: Optional[str] = None) -> GradNorm:
+        """Squared L2 norms (fp64) of the session's gradient, for clipping by a global norm
+        (flce.clip_grad_norm_). A session the server does not have gives zeros."""
+        return GradNorm.from_pb(self._stub.GradNorm(pb.GradNormRequest(
+            head_id=head_id,
+            session_id=session_id if session_id is not None else self.session_id),
+            timeout=self.timeout))
+
+    def download_head(self, head_id: str, master: bool = False, *, chunk_rows: int = 0,
+                      retries: int = 3) -> HeadDownload:
+        """The head's weight (and bias) as compute calls use them, in the head's dtype, or
+        with master=True the fp32 master a 16-bit head is trained in (the weight widened
+        when it has no optimizer state). One consistent version, header.head.version: a
+        Step during the download aborts it and it is tried again, `retries` times."""
+        for attempt in range(retries + 1):
+            try:
+                return self._download_head(head_id, master, chunk_rows)
+            except FlceError as err:
+                if err.code != grpc.StatusCode.ABORTED or attempt == retries:
+                    raise
+        raise AssertionError("unreachable")
+
+    @translate("DownloadHead")
+    def _download_head(self, head_id: str, master: bool, chunk_rows: int) -> HeadDownload:
+        req = pb.DownloadHeadRequest(head_id=head_id, master=master, chunk_rows=chunk_rows)
+
+        def bad(what: str) -> FlceError:
+            return FlceError("DownloadHead", grpc.StatusCode.INTERNAL, what)
+
+        header = weight = bias = None
+        for msg in self._download(req, timeout=self.timeout):
+            if isinstance(msg, wire.GradChunkView):
+                if header is None:
+                    raise bad("chunk before header")
+                target = {pb.TENSOR_WEIGHT: weight, pb.TENSOR_BIAS: bias}.get(msg.role)
+                if target is None:
+                    raise bad(f"unexpected chunk role {msg.role}")
+                row_bytes = target.tensor.shape[1] * target.tensor.element_size()
+                if msg.rows * row_bytes != len(msg.data):
+                    raise bad(f"chunk at row {msg.row_offset} says {msg.rows} rows but "
+                              f"carries {len(msg.data)} bytes")
+                _put("DownloadHead", target, msg.row_offset, msg.data)
+            elif msg.WhichOneof("msg") == "header":
+                if header is not None:
+                    raise bad("second header")
+                header = DownloadHeader.from_pb(msg.header)
+                v, h = header.head.vocab_size, header.head.hidden_size
+                dt = tensors.torch_dtype(header.dtype)
+                weight = tensors.RowAssembler(v, h, dt)
+                bias = tensors.RowAssembler(v, 1, dt) if header.head.has_bias else None
+        if header is None:
+            raise bad("stream ended without a header")
+        for name, asm in (("weight", weight), ("bias", bias)):
+            if asm is not None and not asm.complete:
+                raise bad(f"{name}: {asm.rows_filled} of {asm.tensor.shape[0]} rows received")
+        return HeadDownload(weight.tensor, bias.tensor.reshape(-1) if bias else None, header)

@@ -5,10 +5,15 @@
     loss = head(hidden, targets)                    # replaces F.cross_entropy(lm_head(h), y)
     loss.backward()                                 # grad_input local, grad_W on the server
     head.grad_into(model.lm_head)                   # fetch (and reset) into .grad
+
+or trained on the server, where no weight or gradient crosses the wire per step:
+
+    opt = head.optimizer("adamw", lr=3e-4)          # flce.ServerOptimizer (see flce.optim)
+    loss.backward(); opt.step(); opt.zero_grad()
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import grpc
 import torch
@@ -16,7 +21,7 @@ from torch import nn
 
 from flce import safetensors
 from flce.autograd import CallConfig, FusedLoss, PerTokenLoss
-from flce.client import Client, GradResult
+from flce.client import Client, GradResult, HeadDownload
 from flce.errors import FlceError
 from flce.results import ComputeSummary, HeadInfo
 
@@ -64,22 +69,45 @@ class RemoteLMHead(nn.Module):
         self._weight_anchor = torch.empty(0, requires_grad=True)
         # the latest flce.ComputeSummary (n_valid, accuracy, timings); None after an overflow
         self.last_summary: Optional[ComputeSummary] = None
+        # the head's flce.ServerOptimizer, once optimizer() made one
+        self._optimizer = None
+        # flce.clip_grad_norm_'s coefficient, waiting for the next step
+        self._clip_coef: Optional[float] = None
 
     # ------------------------------------------------------------- the head --
-    def load_from_module(self, lm_head: nn.Linear,
-                         dtype: Optional[torch.dtype] = None) -> HeadInfo:
-        """Uploads lm_head.weight [V, H] (and lm_head.bias) in `dtype` (default theirs)."""
+    def load_from_module(self, lm_head: nn.Linear, dtype: Optional[torch.dtype] = None,
+                         reset_optimizer: bool = False) -> HeadInfo:
+        """Uploads lm_head.weight [V, H] (and lm_head.bias) in `dtype` (default theirs).
+        A head with optimizer state keeps its weight unless reset_optimizer (which drops
+        the state: create it again with optimizer())."""
         return self.client.upload_head(self.head_id, lm_head.weight.detach(),
                                        None if lm_head.bias is None else lm_head.bias.detach(),
-                                       dtype=dtype)
+                                       dtype=dtype, reset_optimizer=reset_optimizer)
 
     def load_from_safetensors(self, path, weight_tensor: str = "lm_head.weight",
                               bias_tensor: Optional[str] = None,
-                              dtype: Optional[torch.dtype] = None) -> HeadInfo:
+                              dtype: Optional[torch.dtype] = None,
+                              reset_optimizer: bool = False) -> HeadInfo:
         """Reads the tensors from a local safetensors file and uploads them."""
         w = safetensors.load_tensor(path, weight_tensor)
         b = safetensors.load_tensor(path, bias_tensor) if bias_tensor else None
-        return self.client.upload_head(self.head_id, w, b, dtype=dtype)
+        return self.client.upload_head(self.head_id, w, b, dtype=dtype,
+                                       reset_optimizer=reset_optimizer)
+
+    def download(self, master: bool = False) -> HeadDownload:
+        """The head's weight and bias as the server holds them now (with master=True the
+        fp32 master of a 16-bit head): Client.download_head."""
+        return self.client.download_head(self.head_id, master)
+
+    def copy_to(self, lm_head: nn.Linear, master: bool = True) -> HeadInfo:
+        """Copies the server's weight (and bias) into lm_head's parameters, in their dtype:
+        a head trained on the server, put into the model's own checkpoint."""
+        got = self.download(master)
+        with torch.no_grad():
+            lm_head.weight.copy_(got.weight)
+            if lm_head.bias is not None and got.bias is not None:
+                lm_head.bias.copy_(got.bias)
+        return got.header.head
 
     def info(self) -> HeadInfo:
         return self.client.describe_head(self.head_id)
@@ -117,6 +145,33 @@ class RemoteLMHead(nn.Module):
         except FlceError as err:
             if err.code != grpc.StatusCode.NOT_FOUND:
                 raise
+
+    # ------------------------------------------------------------- training --
+    def optimizer(self, kind: str, lr: float = 1e-3,
+                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                  weight_decay: Optional[float] = None, amsgrad: bool = False,
+                  momentum: float = 0.0, dampening: float = 0.0, nesterov: bool = False,
+                  bias_weight_decay: Optional[float] = None, replace: bool = False,
+                  grad_multiplier: Optional[float] = None, run_id: Optional[str] = None,
+                  distributed: Optional[bool] = None, process_group=None):
+        """Creates the head's optimizer state on the server (CreateOptimizer) and returns a
+        flce.ServerOptimizer that steps it. kind "adamw" (betas, eps, weight_decay default
+        1e-2, amsgrad) or "sgd" (momentum, dampening, weight_decay default 0, nesterov), as
+        torch.optim.AdamW / SGD, which refuse the same values with the same messages.
+        bias_weight_decay: the bias group's weight decay (default: weight_decay). replace:
+        drop existing state (else a head that has state gives ALREADY_EXISTS).
+        grad_multiplier multiplies the gradient a step applies; default 1, or 1/world_size
+        under torch.distributed (distributed=None: when a process group of more than one
+        rank is initialised), where every rank computes into this head's session and the
+        ranks' mean losses add up there. run_id: the prefix of the steps' request ids
+        (default random)."""
+        from flce.optim import ServerOptimizer
+        return ServerOptimizer(self, kind, lr=lr, betas=betas, eps=eps,
+                               weight_decay=weight_decay, amsgrad=amsgrad, momentum=momentum,
+                               dampening=dampening, nesterov=nesterov,
+                               bias_weight_decay=bias_weight_decay, replace=replace,
+                               grad_multiplier=grad_multiplier, run_id=run_id,
+                               distributed=distributed, process_group=process_group)
 
     # -------------------------------------------------------------- forward --
     def _config(self, overrides: dict) -> CallConfig:
@@ -163,3 +218,32 @@ class RemoteLMHead(nn.Module):
     def extra_repr(self) -> str:
         return (f"head_id={self.head_id!r}, session_id={self.session_id!r}, "
                 f"reduction={self.reduction!r}")
+
+
+def ignore_in_ddp(model: nn.Module, *parts: Union[nn.Module, torch.Tensor]) -> list:
+    """Tells torch.nn.parallel.DistributedDataParallel to leave these submodules'
+    parameters and buffers (or these tensors) of `model` alone; call it before wrapping.
+
+    A model that keeps its local lm_head (the nn.Linear a RemoteLMHead was loaded from,
+    for its checkpoint) while the RemoteLMHead computes the loss never uses that
+    lm_head's weight in forward: DDP then fails at the second iteration ("Expected to
+    have finished reduction in the prior iteration ... parameters that were not used in
+    producing loss"). Ignoring it avoids that and the cost of find_unused_parameters=True.
+    Returns the names now ignored."""
+    wanted = set()
+    for part in parts:
+        if isinstance(part, nn.Module):
+            wanted.update(id(t) for t in part.parameters())
+            wanted.update(id(t) for t in part.buffers())
+        else:
+            wanted.add(id(part))
+    names = [name for name, t in list(model.named_parameters()) + list(model.named_buffers())
+             if id(t) in wanted]
+    if parts and not names:
+        raise ValueError("none of these are parameters or buffers of the model")
+    ignored = list(getattr(model, "_ddp_params_and_buffers_to_ignore", []))
+    ignored += [n for n in names if n not in ignored]
+    # DDP's own way of excluding parameters (torch 1.13 and 2.x): read when it wraps
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, ignored)
+    return ignored

@@ -94,6 +94,16 @@ class FlceStub(object):
                 request_serializer=flce_dot_v1_dot_flce__pb2.DownloadHeadRequest.SerializeToString,
                 response_deserializer=flce_dot_v1_dot_flce__pb2.DownloadHeadResponse.FromString,
                 )
+        self.SaveCheckpoint = channel.unary_unary(
+                '/flce.v1.Flce/SaveCheckpoint',
+                request_serializer=flce_dot_v1_dot_flce__pb2.SaveCheckpointRequest.SerializeToString,
+                response_deserializer=flce_dot_v1_dot_flce__pb2.CheckpointInfo.FromString,
+                )
+        self.LoadCheckpoint = channel.unary_unary(
+                '/flce.v1.Flce/LoadCheckpoint',
+                request_serializer=flce_dot_v1_dot_flce__pb2.LoadCheckpointRequest.SerializeToString,
+                response_deserializer=flce_dot_v1_dot_flce__pb2.HeadInfo.FromString,
+                )
 
 
 class FlceServicer(object):
@@ -195,6 +205,18 @@ class FlceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaveCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FlceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -277,6 +299,16 @@ def add_FlceServicer_to_server(servicer, server):
                     servicer.DownloadHead,
                     request_deserializer=flce_dot_v1_dot_flce__pb2.DownloadHeadRequest.FromString,
                     response_serializer=flce_dot_v1_dot_flce__pb2.DownloadHeadResponse.SerializeToString,
+            ),
+            'SaveCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveCheckpoint,
+                    request_deserializer=flce_dot_v1_dot_flce__pb2.SaveCheckpointRequest.FromString,
+                    response_serializer=flce_dot_v1_dot_flce__pb2.CheckpointInfo.SerializeToString,
+            ),
+            'LoadCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadCheckpoint,
+                    request_deserializer=flce_dot_v1_dot_flce__pb2.LoadCheckpointRequest.FromString,
+                    response_serializer=flce_dot_v1_dot_flce__pb2.HeadInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -557,5 +589,39 @@ class Flce(object):
         return grpc.experimental.unary_stream(request, target, '/flce.v1.Flce/DownloadHead',
             flce_dot_v1_dot_flce__pb2.DownloadHeadRequest.SerializeToString,
             flce_dot_v1_dot_flce__pb2.DownloadHeadResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SaveCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/flce.v1.Flce/SaveCheckpoint',
+            flce_dot_v1_dot_flce__pb2.SaveCheckpointRequest.SerializeToString,
+            flce_dot_v1_dot_flce__pb2.CheckpointInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def LoadCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/flce.v1.Flce/LoadCheckpoint',
+            flce_dot_v1_dot_flce__pb2.LoadCheckpointRequest.SerializeToString,
+            flce_dot_v1_dot_flce__pb2.HeadInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

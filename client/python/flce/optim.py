@@ -1,0 +1,420 @@
+"""The head trained where it lives: flce.ServerOptimizer and flce.clip_grad_norm_.
+
+    head = flce.RemoteLMHead(client, "lm", session_id="run-1")
+    head.load_from_module(model.lm_head)
+    opt = head.optimizer("adamw", lr=3e-4, weight_decay=0.1)   # state created on the server
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
+    for x, y in batches:
+        loss = head(model.body(x), y)
+        loss.backward()                                        # grad_W accumulates there
+        flce.clip_grad_norm_(model.parameters(), opt, 1.0)     # one global norm, head included
+        body_opt.step(); opt.step(); sched.step()              # Step: no weight crosses the wire
+        body_opt.zero_grad(); opt.zero_grad()
+
+ServerOptimizer is a torch.optim.Optimizer over placeholder parameters, one per group
+(weight, then bias when the head has one), so that lr schedulers drive its learning
+rates. The moments live on the server; this object holds the hyper-parameters, the
+learning rates and the step count.
+
+Under torch.distributed (data parallel), every rank computes into ONE shared session;
+every collective call here (step, zero_grad, clip_grad_norm_) is made on every rank:
+the ranks meet at a barrier, rank 0 alone talks to the server, and its answer (or its
+error) reaches every rank.
+"""
+from __future__ import annotations
+
+import math
+import uuid
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+import grpc
+import torch
+import torch.distributed as dist
+
+from flce.client import optimizer_kind
+from flce.errors import FlceError
+from flce.results import OptimizerGroup, OptimizerInfo, OptimizerKind, StepResult
+
+if TYPE_CHECKING:
+    from flce.module import RemoteLMHead
+
+# The hyper-parameters each kind keeps in its param_groups, with torch.optim's names.
+_HYPER = {OptimizerKind.SGD: ("momentum", "dampening", "weight_decay", "nesterov"),
+          OptimizerKind.ADAMW: ("betas", "eps", "weight_decay", "amsgrad")}
+_DEFAULT_WEIGHT_DECAY = {OptimizerKind.SGD: 0.0, OptimizerKind.ADAMW: 1e-2}
+_KIND_NAMES = {OptimizerKind.SGD: "sgd", OptimizerKind.ADAMW: "adamw"}
+
+
+def _torch_refusal(kind: OptimizerKind, lr: float, hyper: Dict[str, Any]) -> None:
+    """Raises what torch.optim raises for these hyper-parameters (same type, same message):
+    the same values must be refused here as in a local optimizer."""
+    probe = [torch.nn.Parameter(torch.zeros(1))]
+    if kind == OptimizerKind.SGD:
+        torch.optim.SGD(probe, lr=lr, **hyper)
+    else:
+        torch.optim.AdamW(probe, lr=lr, **hyper)
+
+
+def _group_message(kind: OptimizerKind, hyper: Dict[str, Any]) -> OptimizerGroup:
+    if kind == OptimizerKind.SGD:
+        return OptimizerGroup(weight_decay=float(hyper["weight_decay"]),
+                              momentum=float(hyper["momentum"]),
+                              dampening=float(hyper["dampening"]),
+                              nesterov=bool(hyper["nesterov"]))
+    beta1, beta2 = hyper["betas"]
+    return OptimizerGroup(weight_decay=float(hyper["weight_decay"]), beta1=float(beta1),
+                          beta2=float(beta2), eps=float(hyper["eps"]),
+                          amsgrad=bool(hyper["amsgrad"]))
+
+
+class _Ranks:
+    """The ranks of a process group sharing one session: rank 0 calls the server."""
+
+    def __init__(self, group):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        if group is None:
+            self.src = 0
+        else:  # broadcasts name the source by its global rank
+            get_global = getattr(dist, "get_global_rank", None) or \
+                dist.distributed_c10d._get_global_rank
+            self.src = get_global(group, 0)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    def all_gather(self, value) -> list:
+        out = [None] * self.world_size
+        dist.all_gather_object(out, value, group=self.group)
+        return out
+
+    def on_leader(self, what: str, fn: Callable[[], Any]) -> Any:
+        """fn() on rank 0; its result on every rank. A failure is raised on every rank,
+        so that no rank waits forever in the next collective: a FlceError as the same
+        FlceError (a script's retry logic then runs on every rank alike)."""
+        payload: List[Any] = [None]
+        error: Optional[BaseException] = None
+        if self.leader:
+            try:
+                payload[0] = ("ok", fn())
+            except FlceError as err:
+                error = err
+                payload[0] = ("flce", (err.method, err.code.name, err.details, err.request_id))
+            except Exception as err:  # noqa: BLE001 (re-raised below, on every rank)
+                error = err
+                payload[0] = ("error", f"{type(err).__name__}: {err}")
+        dist.broadcast_object_list(payload, src=self.src, group=self.group)
+        status, value = payload[0]
+        if error is not None:
+            raise error
+        if status == "flce":
+            method, code, details, request_id = value
+            raise FlceError(method, grpc.StatusCode[code], details, request_id)
+        if status == "error":
+            raise RuntimeError(f"{what} failed on rank 0: {value}")
+        return value
+
+
+def _distributed_ranks(distributed: Optional[bool], process_group) -> Optional[_Ranks]:
+    available = dist.is_available() and dist.is_initialized()
+    if distributed is None:
+        distributed = available and dist.get_world_size(process_group) > 1
+    if not distributed:
+        return None
+    if not available:
+        raise RuntimeError("distributed=True needs torch.distributed initialised "
+                           "(init_process_group) first")
+    return _Ranks(process_group)
+
+
+class ServerOptimizer(torch.optim.Optimizer):
+    """torch.optim.SGD or AdamW for a RemoteLMHead, run by the server on the head's session
+    gradient. Create it with RemoteLMHead.optimizer(...).
+
+    param_groups[0] is the weight's group, param_groups[1] the bias's (heads with a bias);
+    each holds "lr" and the kind's hyper-parameters under torch's names, so lr schedulers
+    work on it. Only the learning rates may change after creation: the server's state
+    takes the other hyper-parameters once (a scheduler that cycles momentum or betas,
+    such as OneCycleLR's default, is refused at step(); pass cycle_momentum=False).
+
+    step() sends Step with the groups' learning rates, the clip coefficient recorded by
+    flce.clip_grad_norm_ (then cleared), grad_multiplier and found_inf, under the request
+    id "<run_id>-step-<k>" (k: steps this object has completed), so calling step() again
+    after it failed retries the same step and never applies it twice. The result is
+    `last_step` (a flce.StepResult). zero_grad() zeroes the session's gradient.
+
+    state_dict() holds the hyper-parameters, each group's lr, the step count and the
+    head's version, but no moments: those stay on the server (and are lost with it;
+    checkpointing them is the server's business). load_state_dict() restores the
+    hyper-parameters and learning rates; when they differ from those the server's state
+    was created with, the state is created anew with them (moments start from zero)."""
+
+    def __init__(self, head: "RemoteLMHead", kind: Union[str, int], *, lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: Optional[float] = None, amsgrad: bool = False,
+                 momentum: float = 0.0, dampening: float = 0.0, nesterov: bool = False,
+                 bias_weight_decay: Optional[float] = None, replace: bool = False,
+                 grad_multiplier: Optional[float] = None, run_id: Optional[str] = None,
+                 distributed: Optional[bool] = None, process_group=None):
+        kind = optimizer_kind(kind)
+        name = _KIND_NAMES[kind]
+        if kind == OptimizerKind.ADAMW:
+            foreign = {"momentum": (momentum, 0.0), "dampening": (dampening, 0.0),
+                       "nesterov": (nesterov, False)}
+        else:
+            foreign = {"betas": (tuple(betas), (0.9, 0.999)), "eps": (eps, 1e-8),
+                       "amsgrad": (amsgrad, False)}
+        for key, (value, default) in foreign.items():
+            if value != default:
+                raise ValueError(f"{key} is not a parameter of {name}")
+        if weight_decay is None:
+            weight_decay = _DEFAULT_WEIGHT_DECAY[kind]
+        every = dict(momentum=momentum, dampening=dampening, nesterov=nesterov,
+                     betas=tuple(betas), eps=eps, amsgrad=amsgrad, weight_decay=weight_decay)
+        hyper = {k: every[k] for k in _HYPER[kind]}
+        _torch_refusal(kind, lr, hyper)
+
+        self.head = head
+        self.kind = kind
+        self.run_id = run_id or uuid.uuid4().hex[:16]
+        self._ranks = _distributed_ranks(distributed, process_group)
+        if grad_multiplier is None:
+            grad_multiplier = 1.0 / self._ranks.world_size if self._ranks else 1.0
+        if not (math.isfinite(grad_multiplier) and grad_multiplier >= 0):
+            raise ValueError(f"grad_multiplier must be finite and >= 0, got {grad_multiplier}")
+        self.grad_multiplier = float(grad_multiplier)
+
+        has_bias = head.info().has_bias
+        if bias_weight_decay is not None and not has_bias:
+            raise ValueError(f"head {head.head_id!r} has no bias: bias_weight_decay does not "
+                             "apply")
+        groups = [dict(params=[torch.nn.Parameter(torch.zeros(0))], name="weight", lr=lr,
+                       **hyper)]
+        if has_bias:
+            bias_hyper = dict(hyper)
+            if bias_weight_decay is not None:
+                bias_hyper["weight_decay"] = bias_weight_decay
+                _torch_refusal(kind, lr, bias_hyper)
+            groups.append(dict(params=[torch.nn.Parameter(torch.zeros(0))], name="bias",
+                               lr=lr, **bias_hyper))
+        self._sealed = False
+        super().__init__(groups, dict(lr=lr, **hyper))
+        self._sealed = True
+
+        self._step_calls = 0  # k of the next step's request id
+        self.last_step: Optional[StepResult] = None
+        self.head_version: Optional[int] = None
+        self.steps = 0
+        if self._ranks is not None:
+            self._check_ranks_agree()
+        self._server_hyper: List[Dict[str, Any]] = []
+        self.info: OptimizerInfo = self._create(replace)
+        head._optimizer = self
+
+    # ---------------------------------------------------------------- state --
+    def _hyper_of(self, group: Dict[str, Any]) -> Dict[str, Any]:
+        return {k: (tuple(group[k]) if k == "betas" else group[k]) for k in _HYPER[self.kind]}
+
+    def _create(self, replace: bool) -> OptimizerInfo:
+        hypers = [self._hyper_of(g) for g in self.param_groups]
+        messages = [_group_message(self.kind, h) for h in hypers]
+
+        def create() -> OptimizerInfo:
+            return self.head.client.create_optimizer(
+                self.head.head_id, self.kind, weight=messages[0],
+                bias=messages[1] if len(messages) > 1 else None, replace=replace)
+
+        info = self._ranks.on_leader("CreateOptimizer", create) if self._ranks else create()
+        self._server_hyper = hypers
+        self.steps = info.steps
+        return info
+
+    def _check_ranks_agree(self) -> None:
+        """Every rank must name the same head, session and hyper-parameters: a rank with
+        its own session would have its gradients silently left out of every step."""
+        mine = (self.head.head_id, self.head.session_id, int(self.kind),
+                [self._hyper_of(g) for g in self.param_groups])
+        seen = self._ranks.all_gather(mine)
+        if any(other != seen[0] for other in seen):
+            raise ValueError(
+                "every rank must create the server optimizer for the same head and session "
+                "with the same hyper-parameters (one shared session: give RemoteLMHead the "
+                f"same session_id on every rank); got {seen}")
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        if getattr(self, "_sealed", False):
+            raise ValueError("a ServerOptimizer's groups are the head's weight and bias: no "
+                             "other group can be added")
+        super().add_param_group(param_group)
+
+    def state_dict(self) -> Dict[str, Any]:
+        sd = super().state_dict()
+        sd["flce"] = dict(kind=_KIND_NAMES[self.kind], head_id=self.head.head_id,
+                          run_id=self.run_id, step_calls=self._step_calls, steps=self.steps,
+                          head_version=self.head_version,
+                          grad_multiplier=self.grad_multiplier)
+        return sd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restores hyper-parameters, learning rates and the step count. The run id stays
+        this object's own, so that new steps are never taken for replays of old ones."""
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("flce", {})
+        if extra and extra.get("kind") != _KIND_NAMES[self.kind]:
+            raise ValueError(f"this state is of a {extra.get('kind')} optimizer, not "
+                             f"{_KIND_NAMES[self.kind]}")
+        super().load_state_dict(state_dict)
+        self._sealed = True
+        for group in self.param_groups:
+            if "betas" in group:
+                group["betas"] = tuple(group["betas"])
+            _torch_refusal(self.kind, group["lr"], self._hyper_of(group))
+        self._step_calls = int(extra.get("step_calls", self._step_calls))
+        self.head_version = extra.get("head_version", self.head_version)
+        if [self._hyper_of(g) for g in self.param_groups] != self._server_hyper:
+            self.info = self._create(replace=True)
+
+    # ----------------------------------------------------------------- steps --
+    def _check_hyper(self) -> None:
+        for group, server in zip(self.param_groups, self._server_hyper):
+            now = self._hyper_of(group)
+            changed = {k: (server[k], now[k]) for k in now if now[k] != server[k]}
+            if changed:
+                raise ValueError(
+                    f"the {group['name']} group's {', '.join(changed)} changed since the "
+                    f"optimizer state was created ({changed}: created with, now): the server "
+                    "takes only learning rates per step. For OneCycleLR pass "
+                    "cycle_momentum=False; or create the state anew with "
+                    "head.optimizer(..., replace=True)")
+
+    @property
+    def request_id(self) -> str:
+        """The request id the next step() sends (a retry after a failure sends it again)."""
+        return f"{self.run_id}-step-{self._step_calls}"
+
+    def step(self, closure: Optional[Callable[[], Any]] = None, *,
+             found_inf: bool = False, expected_head_version: Optional[int] = None):
+        """Applies the session's gradient on the server (every rank calls it under
+        torch.distributed; rank 0 sends the Step). found_inf (a GradScaler's overflow)
+        skips the step and drops the gradient. Returns the closure's loss, as torch's
+        optimizers do; the outcome is `last_step`."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_hyper()
+        coef = self.head._clip_coef
+        if coef is not None and not math.isfinite(coef):
+            # the global norm overflowed: where torch would write NaN into the weights,
+            # the step is skipped and the gradient dropped
+            coef, found_inf = None, True
+        groups = self.param_groups
+        bias_lr = groups[1]["lr"] if len(groups) > 1 else None
+        request_id = self.request_id
+
+        def send() -> StepResult:
+            return self.head.client.step(
+                self.head.head_id, groups[0]["lr"], session_id=self.head.session_id,
+                bias_lr=bias_lr, clip_coef=coef,
+                grad_multiplier=self.grad_multiplier if self.grad_multiplier != 1.0 else None,
+                found_inf=found_inf, request_id=request_id,
+                expected_head_version=expected_head_version)
+
+        if self._ranks is not None:
+            self._ranks.barrier()  # every rank's contributions have landed
+            result = self._ranks.on_leader("Step", send)
+        else:
+            result = send()
+        self.head._clip_coef = None
+        self._step_calls += 1
+        self.last_step = result
+        if result.applied and result.contributions == 0 and not result.replayed:
+            warnings.warn(
+                f"step {request_id} was applied to head {self.head.head_id!r} with no "
+                f"gradient in session {self.head.session_id!r} (no compute call since the "
+                "last step or zero_grad): the server still applies weight decay and "
+                "momentum, where torch.optim would skip parameters without a gradient",
+                RuntimeWarning, stacklevel=2)
+        self.head_version = result.head_version
+        self.steps = result.steps
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (torch's API)
+        """Zeroes the session's gradient on the server (a Step already leaves it zero)."""
+        if self._ranks is not None:
+            # no rank may be computing into the session while it is zeroed
+            self._ranks.barrier()
+            self._ranks.on_leader("ZeroGrad", self.head.zero_grad)
+        else:
+            self.head.zero_grad()
+        self.head._clip_coef = None
+
+
+def _head_and_optimizer(head_or_optimizer) -> Tuple["RemoteLMHead", Optional[ServerOptimizer]]:
+    from flce.module import RemoteLMHead
+    if isinstance(head_or_optimizer, ServerOptimizer):
+        return head_or_optimizer.head, head_or_optimizer
+    if isinstance(head_or_optimizer, RemoteLMHead):
+        return head_or_optimizer, head_or_optimizer._optimizer
+    raise TypeError("clip_grad_norm_ needs the flce.RemoteLMHead or its flce.ServerOptimizer, "
+                    f"got {type(head_or_optimizer).__name__}")
+
+
+def clip_grad_norm_(parameters: Union[torch.Tensor, Iterable[torch.Tensor]],
+                    head_or_optimizer, max_norm: float, norm_type: float = 2.0,
+                    error_if_nonfinite: bool = False) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ over `parameters` AND a RemoteLMHead's gradient on the
+    server, as if the head's weight and bias were among the parameters.
+
+    The total norm is sqrt(Σ local squared norms + the head's squared norm × m²), where m
+    is the optimizer's grad_multiplier (the head's gradient as its Step applies it); the
+    local gradients are multiplied by min(1, max_norm / (total + 1e-6)) here, and the same
+    coefficient is recorded for the head's next step (clip_coef). Returns the total norm.
+    Only the L2 norm is available for the head (GradNorm gives its squared norm).
+    Under torch.distributed every rank calls it after backward: rank 0 asks the server,
+    every rank gets the same norm."""
+    if float(norm_type) != 2.0:
+        raise ValueError(f"flce.clip_grad_norm_ computes the L2 norm only (the server gives "
+                         f"the head's squared L2 norm), got norm_type={norm_type}")
+    head, opt = _head_and_optimizer(head_or_optimizer)
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    grads = [p.grad for p in parameters if p.grad is not None]
+    ranks = opt._ranks if opt is not None else None
+    multiplier = opt.grad_multiplier if opt is not None else 1.0
+
+    def head_sq_norm() -> float:
+        return head.client.grad_norm(head.head_id, head.session_id).sq_norm
+
+    if ranks is not None:
+        ranks.barrier()  # every rank's contributions have landed
+        head_sq = ranks.on_leader("GradNorm", head_sq_norm)
+    else:
+        head_sq = head_sq_norm()
+    head_sq *= multiplier * multiplier
+
+    device = grads[0].device if grads else torch.device("cpu")
+    dtype = grads[0].dtype if grads else torch.float32
+    # each local norm as torch computes it, summed with the head's in fp64
+    local = [torch.norm(g.detach(), 2.0).to(device, torch.float64) for g in grads]
+    sq = torch.stack(local).pow(2).sum() if local else torch.zeros((), dtype=torch.float64,
+                                                                    device=device)
+    total_norm = torch.sqrt(sq + head_sq).to(dtype)
+    if error_if_nonfinite and torch.logical_or(total_norm.isnan(), total_norm.isinf()):
+        raise RuntimeError(
+            f"The total norm of order {float(norm_type)} for gradients from `parameters` and "
+            "the flce head is non-finite, so it cannot be clipped. To disable this error and "
+            "scale the gradients by the non-finite norm anyway, set "
+            "`error_if_nonfinite=False`")
+    clip_coef = max_norm / (total_norm + 1e-6)
+    clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
+    for g in grads:
+        g.detach().mul_(clip_coef_clamped.to(g.device))
+    head._clip_coef = float(clip_coef_clamped)
+    return total_norm
