@@ -10,6 +10,7 @@
 #include "kernels/status_macros.h"
 #include "server/request_fingerprint.h"
 #include "server/session_id.h"
+#include "server/staging.h"
 
 namespace flce::server {
 namespace {
@@ -180,16 +181,10 @@ absl::Status ComputeJob::EnterHead(const std::string& head_id) {
 }
 
 absl::Status ComputeJob::TakeStaging(const HeadSpec& head_spec) {
-  // The engine's buffer is V x H fp32 (+ V for a bias), give or take padding.
-  const int64_t bytes =
-      head_spec.vocab_size * (head_spec.hidden_size + (head_spec.has_bias ? 1 : 0)) * 4;
-  const absl::Time asked = absl::Now();
-  FLCE_ASSIGN_OR_RETURN(staging_.reservation,
-                        ctx_.staging->Acquire(bytes, channel_->Deadline(),
-                                              [this] { return channel_->CheckAlive(); }));
-  staging_wait_ms_ = absl::ToDoubleMilliseconds(absl::Now() - asked);
-  FLCE_ASSIGN_OR_RETURN(staging_.grad, ctx_.engine->NewGradBuffer(head_spec));
-  staging_.head_version = head_.version;
+  FLCE_ASSIGN_OR_RETURN(staging_,
+                        AcquireStaging(
+                            ctx_, head_spec, head_.version, channel_->Deadline(),
+                            [this] { return channel_->CheckAlive(); }, &staging_wait_ms_));
   spec_.grad_out = staging_.grad.get();
   return absl::OkStatus();
 }

@@ -11,6 +11,8 @@
 #include "kernels/status_macros.h"
 #include "server/compute_reactor.h"
 #include "server/download_head_reactor.h"
+#include "server/embed_grad_reactor.h"
+#include "server/embed_reactor.h"
 #include "server/fetch_grad_reactor.h"
 #include "server/head_checkpoint.h"
 #include "server/head_info.h"
@@ -294,6 +296,7 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                     response->set_max_request_tokens(ctx_.config.max_request_tokens);
                     response->set_max_message_bytes(ctx_.config.max_message_bytes);
                     response->add_capabilities("optimizer");
+                    response->add_capabilities("embed");
                     if (!ctx_.config.checkpoint_dir.empty()) {
                       response->add_capabilities("checkpoint");
                     }
@@ -326,6 +329,28 @@ grpc::ServerUnaryReactor* FlceService::Step(grpc::CallbackServerContext* call,
         };
         return StepHead(ctx_, who, *request, absl::FromChrono(call->deadline()), alive, response);
       });
+}
+
+grpc::ServerWriteReactor<v1::EmbedResponse>* FlceService::Embed(grpc::CallbackServerContext* call,
+                                                                const v1::EmbedRequest* request) {
+  auto scope = std::make_unique<RpcScope>(ctx_, "Embed");
+  absl::StatusOr<Principal> who = Admit(ctx_, *call, *scope);
+  if (!who.ok()) {
+    return new RefusedReactor<grpc::ServerWriteReactor<v1::EmbedResponse>>(
+        std::move(scope), ToGrpcStatus(who.status()));
+  }
+  return new EmbedReactor(ctx_, request, *who, std::move(scope));
+}
+
+grpc::ServerReadReactor<v1::EmbedGradRequest>* FlceService::EmbedGrad(
+    grpc::CallbackServerContext* call, v1::EmbedGradSummary* response) {
+  auto scope = std::make_unique<RpcScope>(ctx_, "EmbedGrad");
+  absl::StatusOr<Principal> who = Admit(ctx_, *call, *scope);
+  if (!who.ok()) {
+    return new RefusedReactor<grpc::ServerReadReactor<v1::EmbedGradRequest>>(
+        std::move(scope), ToGrpcStatus(who.status()));
+  }
+  return new EmbedGradReactor(ctx_, call, response, *who, std::move(scope));
 }
 
 grpc::ServerUnaryReactor* FlceService::SaveCheckpoint(grpc::CallbackServerContext* call,

@@ -56,6 +56,10 @@ class FlceService final : public v1::Flce::CallbackService {
                                  v1::StepResponse* response) override;
   grpc::ServerWriteReactor<v1::DownloadHeadResponse>* DownloadHead(
       grpc::CallbackServerContext* call, const v1::DownloadHeadRequest* request) override;
+  grpc::ServerWriteReactor<v1::EmbedResponse>* Embed(grpc::CallbackServerContext* call,
+                                                     const v1::EmbedRequest* request) override;
+  grpc::ServerReadReactor<v1::EmbedGradRequest>* EmbedGrad(grpc::CallbackServerContext* call,
+                                                           v1::EmbedGradSummary* response) override;
   grpc::ServerUnaryReactor* SaveCheckpoint(grpc::CallbackServerContext* call,
                                            const v1::SaveCheckpointRequest* request,
                                            v1::CheckpointInfo* response) override;

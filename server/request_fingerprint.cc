@@ -1,8 +1,8 @@
 #include "server/request_fingerprint.h"
 
-#include <string>
-
 #include <xxhash.h>
+
+#include <string>
 
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -21,6 +21,29 @@ uint64_t Fnv1a(const std::string &bytes) {
 }
 
 }  // namespace
+
+namespace {
+
+uint64_t DeterministicFingerprint(const google::protobuf::Message &message) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    message.SerializeToCodedStream(&coded);
+  }
+  return Fnv1a(bytes);
+}
+
+}  // namespace
+
+uint64_t EmbedGradFingerprint(const v1::EmbedGradHeader &header) {
+  v1::EmbedGradHeader defining = header;
+  defining.clear_request_id();
+  defining.clear_deterministic();
+  defining.clear_expected_head_version();
+  return DeterministicFingerprint(defining);
+}
 
 uint64_t ComputeFingerprint(const v1::ComputeHeader &header) {
   v1::ComputeHeader defining = header;
@@ -41,8 +64,7 @@ uint64_t ComputeFingerprint(const v1::ComputeHeader &header) {
   return Fnv1a(bytes);
 }
 
-uint64_t HiddenFingerprint(const void *data, int64_t rows, int64_t row_bytes,
-                           int64_t first_token) {
+uint64_t HiddenFingerprint(const void *data, int64_t rows, int64_t row_bytes, int64_t first_token) {
   const char *row = static_cast<const char *>(data);
   uint64_t sum = 0;
   for (int64_t r = 0; r < rows; ++r, row += row_bytes) {

@@ -22,11 +22,14 @@ namespace flce::server {
 // are covered by HiddenFingerprint: they arrive after the id is checked.
 uint64_t ComputeFingerprint(const v1::ComputeHeader &header);
 
+// The same for an EmbedGrad call: its head, session, token ids, row dtype
+// and padding_idx (not its determinism or version check).
+uint64_t EmbedGradFingerprint(const v1::EmbedGradHeader &header);
+
 // The sum (mod 2^64) over `rows` rows of XXH3(row bytes, seed = its token
 // index). Summing per-row hashes keyed by the token index makes the total
 // independent of chunking and arrival order, yet moving a row changes it.
-uint64_t HiddenFingerprint(const void *data, int64_t rows, int64_t row_bytes,
-                           int64_t first_token);
+uint64_t HiddenFingerprint(const void *data, int64_t rows, int64_t row_bytes, int64_t first_token);
 
 }  // namespace flce::server
 

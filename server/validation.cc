@@ -38,9 +38,8 @@ absl::StatusOr<std::vector<float>> PerTokenFloats(const std::string& bytes, absl
   std::memcpy(out.data(), bytes.data(), bytes.size());
   for (int64_t t = 0; t < num_tokens; ++t) {
     if (!(std::abs(out[t]) <= max_abs)) {
-      return absl::InvalidArgumentError(absl::StrCat(field, "[", t, "] = ", out[t],
-                                                     " is outside [-", max_abs, ", ", max_abs,
-                                                     "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "[", t, "] = ", out[t], " is outside [-", max_abs, ", ", max_abs, "]"));
     }
   }
   return out;
@@ -52,8 +51,8 @@ absl::Status UnknownEnum(absl::string_view field, const google::protobuf::EnumDe
   for (int i = 0; i < type->value_count(); ++i) {
     absl::StrAppend(&known, i == 0 ? "" : ", ", type->value(i)->name());
   }
-  return absl::InvalidArgumentError(absl::StrCat(field, " = ", EnumValueText(type, value),
-                                                 " is not one of ", known));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " = ", EnumValueText(type, value), " is not one of ", known));
 }
 
 // INVALID_ARGUMENT naming `field` and the index of the first NaN or Inf.
@@ -61,8 +60,8 @@ template <typename T>
 absl::Status CheckAllFinite(const std::vector<T>& values, absl::string_view field) {
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(static_cast<double>(values[i]))) {
-      return absl::InvalidArgumentError(absl::StrCat(kNonFiniteResult, field, "[", i, "] = ",
-                                                     values[i], " is not finite: nothing landed"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          kNonFiniteResult, field, "[", i, "] = ", values[i], " is not finite: nothing landed"));
     }
   }
   return absl::OkStatus();
@@ -236,8 +235,8 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
     spec.options.grad_scale = o.grad_scale();
   }
 
-  auto token_weights = PerTokenFloats(header.token_weights(), "token_weights", spec.num_tokens,
-                                      R::kMaxTokenWeight);
+  auto token_weights =
+      PerTokenFloats(header.token_weights(), "token_weights", spec.num_tokens, R::kMaxTokenWeight);
   if (!token_weights.ok()) return token_weights.status();
   spec.token_weights = std::move(*token_weights);
   auto entropy_weights = PerTokenFloats(header.entropy_weights(), "entropy_weights",
@@ -299,8 +298,8 @@ absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset, int64_t b
                                 ? absl::StrCat(token_offset, " + ", rows)
                                 : absl::StrCat(token_offset + rows);
     return absl::InvalidArgumentError(absl::StrCat("hidden chunk rows [", token_offset, ", ", end,
-                                                   ") are outside [0, num_tokens = ",
-                                                   num_tokens_, ")"));
+                                                   ") are outside [0, num_tokens = ", num_tokens_,
+                                                   ")"));
   }
   int64_t end = token_offset + rows;
   // The first range starting at or after end cannot overlap; the one before
@@ -338,6 +337,30 @@ absl::Status CheckHiddenFinite(DType dtype, const void* data, int64_t rows, int6
   return absl::InvalidArgumentError(absl::StrCat("hidden holds NaN or Inf at token ",
                                                  token_offset + bad / hidden_size, " (element ",
                                                  bad % hidden_size, ")"));
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseTokenIds(const std::string& bytes, int64_t expected,
+                                                   int64_t max_tokens, int64_t vocab_size,
+                                                   const char* field) {
+  if (bytes.size() % 4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " holds ", bytes.size(), " bytes, not a multiple of 4 (int32 ids)"));
+  }
+  const int64_t n = static_cast<int64_t>(bytes.size() / 4);
+  if (expected >= 0 && n != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " holds ", n, " ids but num_tokens is ", expected));
+  }
+  if (n > max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " holds ", n, " ids, more than --max-request-tokens=", max_tokens));
+  }
+  std::vector<int32_t> ids(n);
+  std::memcpy(ids.data(), bytes.data(), bytes.size());
+  absl::Status in_range = CheckRowIds(ids.data(), n, vocab_size);
+  if (!in_range.ok())
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", in_range.message()));
+  return ids;
 }
 
 }  // namespace flce::server

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -56,7 +58,7 @@ struct OptionRanges {
   static constexpr float kMaxSoftcap = 1e6f;
   static constexpr float kMinTemperature = 1e-3f;
   static constexpr float kMaxTemperature = 1e3f;
-  static constexpr float kMaxGradScale = 1e12f;   // |grad_scale|
+  static constexpr float kMaxGradScale = 1e12f;    // |grad_scale|
   static constexpr float kMaxTokenWeight = 1e12f;  // |a_t|, |e_t|
 };
 
@@ -87,6 +89,13 @@ class HiddenRowTracker {
   int64_t received_ = 0;
   std::map<int64_t, int64_t> ranges_;  // begin -> end of rows received
 };
+
+// Token ids as they travel (int32 little-endian): INVALID_ARGUMENT naming
+// `field` for a byte count that is not 4 x expected (expected < 0: any, up to
+// max_tokens), more than max_tokens ids, or an id outside [0, vocab_size).
+absl::StatusOr<std::vector<int32_t>> ParseTokenIds(const std::string& bytes, int64_t expected,
+                                                   int64_t max_tokens, int64_t vocab_size,
+                                                   const char* field);
 
 // INVALID_ARGUMENT naming the first token (and element) holding NaN or Inf in
 // `rows` rows of `hidden_size` elements starting at token `token_offset`.

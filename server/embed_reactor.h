@@ -1,0 +1,54 @@
+// The Embed RPC, the lookup of a head tied to its model's input embedding:
+// EmbedHeader, then the rows of the request's token ids. Each message is
+// gathered on the worker pool just before it is written, while no optimizer
+// step rewrites the head, and only while the head's version is the header's:
+// a step in between fails the call with ABORTED (retry).
+#ifndef FLCE_SERVER_EMBED_REACTOR_H_
+#define FLCE_SERVER_EMBED_REACTOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "flce/v1/flce.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/head_registry.h"
+#include "server/service_context.h"
+
+namespace flce::server {
+
+class EmbedReactor : public grpc::ServerWriteReactor<v1::EmbedResponse> {
+ public:
+  EmbedReactor(const ServiceContext& ctx, const v1::EmbedRequest* request, Principal who,
+               std::unique_ptr<RpcScope> scope);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  absl::Status Prepare();
+  // Fills response_ with the next rows; false when every row was sent.
+  absl::StatusOr<bool> NextRows();
+  void Step(bool first);
+  void End(const absl::Status& status);
+
+  const ServiceContext& ctx_;
+  v1::EmbedRequest request_;
+  const Principal who_;
+  std::unique_ptr<RpcScope> scope_;
+  std::atomic<bool> cancelled_{false};
+  // Touched by one pool task at a time (the next starts after OnWriteDone).
+  v1::EmbedResponse response_;
+  HeadEntry head_;
+  std::vector<int32_t> ids_;
+  DType dtype_ = DType::kF32;
+  int64_t chunk_rows_ = 0;
+  int64_t next_ = 0;
+};
+
+}  // namespace flce::server
+
+#endif  // FLCE_SERVER_EMBED_REACTOR_H_
