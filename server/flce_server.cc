@@ -148,6 +148,7 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   ctx_.pool = pool_.get();
   ctx_.workers = &workers_;
   ctx_.uploads = &uploads_;
+  ctx_.checkpoints = &checkpoints_;
   ctx_.instance_id = RandomInstanceId();
   ctx_.version = FLCE_VERSION;
   FLCE_RETURN_IF_ERROR(PreloadHead());

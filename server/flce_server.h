@@ -22,6 +22,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/engine.h"
 #include "server/auth.h"
+#include "server/checkpoint_log.h"
 #include "server/flce_service.h"
 #include "server/head_registry.h"
 #include "server/metrics.h"
@@ -80,6 +81,7 @@ class FlceServer {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Authenticator> auth_;
   UploadBudget uploads_;
+  CheckpointLog checkpoints_;
   WorkTracker workers_;
   std::unique_ptr<ThreadPool> pool_;
   ServiceContext ctx_;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/optimizer_math.h"
 #include "kernels/status_macros.h"
+#include "server/checkpoint_log.h"
 #include "server/head_info.h"
 #include "server/head_loader.h"
 #include "server/head_registry.h"
@@ -263,7 +264,13 @@ absl::Status SaveHeadCheckpoint(const ServiceContext& ctx, const Principal& who,
   // Steps hold this lock: the file is one version of the head and its state.
   absl::MutexLock lock(&training.mu());
   if (!request.request_id().empty()) {
-    if (const v1::CheckpointInfo* seen = training.FindSave(request.request_id())) {
+    if (std::optional<v1::CheckpointInfo> seen =
+            ctx.checkpoints->Find(who.tenant, request.request_id())) {
+      if (seen->name() != request.name()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "request_id \"", request.request_id(), "\" saved checkpoint \"", seen->name(),
+            "\", not \"", request.name(), "\": choose a new request id for a new save"));
+      }
       *out = *seen;
       out->set_replayed(true);
       return absl::OkStatus();
@@ -333,7 +340,9 @@ absl::Status SaveHeadCheckpoint(const ServiceContext& ctx, const Principal& who,
   out->set_head_version(now.version);
   out->set_steps(optimizer == nullptr ? 0 : optimizer->steps());
   out->set_has_optimizer(optimizer != nullptr);
-  if (!request.request_id().empty()) training.RecordSave(request.request_id(), *out);
+  if (!request.request_id().empty()) {
+    ctx.checkpoints->Record(who.tenant, request.request_id(), *out);
+  }
   return absl::OkStatus();
 }
 
@@ -350,9 +359,16 @@ absl::Status LoadHeadCheckpoint(const ServiceContext& ctx, const Principal& who,
     if (absl::StatusOr<HeadEntry> current = ctx.heads->Get(who.tenant, request.head_id());
         current.ok()) {
       bool repeat;
+      std::string loaded_name;
       {
         absl::MutexLock lock(&current->training->mu());
         repeat = current->training->loaded_by() == request.request_id();
+        loaded_name = current->training->loaded_name();
+      }
+      if (repeat && loaded_name != request.name()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "request_id \"", request.request_id(), "\" loaded checkpoint \"", loaded_name,
+            "\", not \"", request.name(), "\": choose a new request id for a new load"));
       }
       if (repeat) {
         FillHeadInfo(*current, ctx.sessions->Count(who.tenant, current->head_id), out);
@@ -407,7 +423,7 @@ absl::Status LoadHeadCheckpoint(const ServiceContext& ctx, const Principal& who,
       training->set_optimizer(std::move(optimizer));
       training->set_skipped(contents.skipped);
     }
-    training->set_loaded_by(request.request_id());
+    training->set_loaded_by(request.request_id(), request.name());
   }
   FLCE_ASSIGN_OR_RETURN(HeadEntry entry,
                         ctx.heads->Put(owner, request.head_id(), std::move(head),

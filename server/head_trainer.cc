@@ -200,7 +200,10 @@ absl::Status StepHead(const ServiceContext& ctx, const Principal& who,
   } else if (request.found_inf()) {
     outcome = v1::STEP_SKIPPED_FOUND_INF;
   }
-  if (outcome != v1::STEP_APPLIED) training.CountSkipped();
+  // A step without a gradient is no step (torch does not count it either).
+  if (outcome != v1::STEP_APPLIED && outcome != v1::STEP_SKIPPED_NO_GRADIENT) {
+    training.CountSkipped();
+  }
   out->set_outcome(outcome);
   out->set_head_version(version);
   out->set_steps(optimizer->steps());

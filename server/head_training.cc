@@ -45,17 +45,4 @@ void HeadTraining::RecordStep(const std::string& request_id, StepRecord record) 
   }
 }
 
-const v1::CheckpointInfo* HeadTraining::FindSave(const std::string& request_id) const {
-  auto it = saves_.find(request_id);
-  return it == saves_.end() ? nullptr : &it->second;
-}
-
-void HeadTraining::RecordSave(const std::string& request_id, const v1::CheckpointInfo& info) {
-  if (saves_.emplace(request_id, info).second) save_order_.push_back(request_id);
-  while (save_order_.size() > kStepsRemembered) {
-    saves_.erase(save_order_.front());
-    save_order_.pop_front();
-  }
-}
-
 }  // namespace flce::server

@@ -45,15 +45,11 @@ class HeadTraining {
   // The LoadCheckpoint request that created this head, so that its retry
   // loads nothing again.
   const std::string& loaded_by() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return loaded_by_; }
-  void set_loaded_by(std::string request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  const std::string& loaded_name() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return loaded_name_; }
+  void set_loaded_by(std::string request_id, std::string name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     loaded_by_ = std::move(request_id);
+    loaded_name_ = std::move(name);
   }
-
-  // A SaveCheckpoint request's earlier outcome, or nullptr.
-  const v1::CheckpointInfo* FindSave(const std::string& request_id) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecordSave(const std::string& request_id, const v1::CheckpointInfo& info)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A Step request's earlier outcome, or nullptr.
   struct StepRecord {
@@ -74,9 +70,8 @@ class HeadTraining {
   int64_t skipped_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, StepRecord> steps_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> step_order_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, v1::CheckpointInfo> saves_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> save_order_ ABSL_GUARDED_BY(mu_);
   std::string loaded_by_ ABSL_GUARDED_BY(mu_);
+  std::string loaded_name_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> has_optimizer_{false};
   std::atomic<int64_t> state_bytes_{0};
 };

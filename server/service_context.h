@@ -28,6 +28,8 @@
 
 namespace flce::server {
 
+class CheckpointLog;
+
 struct ServiceContext {
   ServerConfig config;
   Engine* engine = nullptr;
@@ -37,8 +39,9 @@ struct ServiceContext {
   Metrics* metrics = nullptr;
   const Authenticator* auth = nullptr;
   ThreadPool* pool = nullptr;
-  WorkTracker* workers = nullptr;  // compute workers that outlive their reactions
-  UploadBudget* uploads = nullptr;  // --max-upload-bytes, held by head builds in progress
+  WorkTracker* workers = nullptr;        // compute workers that outlive their reactions
+  UploadBudget* uploads = nullptr;       // --max-upload-bytes, held by head builds in progress
+  CheckpointLog* checkpoints = nullptr;  // SaveCheckpoint outcomes by request id
   std::string instance_id;
   std::string version;
   // flce.v1 calls in progress, for --max-concurrent-streams.

@@ -79,7 +79,7 @@ def test_every_new_training_message_is_checked():
     """The training section's messages are mirrored, and checked by the test above."""
     mirrored = set(results.MIRRORS.values())
     for name in ("OptimizerGroup", "OptimizerInfo", "StepResponse", "GradNormResponse",
-                 "GradVersions", "DownloadHeader"):
+                 "GradVersions", "DownloadHeader", "CheckpointInfo"):
         assert name in mirrored, name
 
 

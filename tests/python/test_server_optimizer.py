@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import math
 import uuid
+import warnings
 
 import grpc
 import pytest
@@ -309,19 +310,58 @@ def test_found_inf_skips_the_step_and_drops_the_gradient(client):
     assert opt.last_step.applied and opt.last_step.steps == 1
 
 
-def test_a_step_without_a_gradient_warns_since_the_server_still_applies_it(client):
-    """torch.optim skips a parameter whose grad is None; the server's Step on a session
-    holding no contribution applies weight decay and the moments all the same."""
-    head, _ = _head(client)
+def test_a_step_without_a_gradient_is_skipped_as_torch_skips_grad_none(client):
+    """torch.optim skips a parameter whose grad is None: no weight decay, no moment update,
+    no step counted. The server's Step on a session holding no contribution (zeroed, or
+    never created) is STEP_SKIPPED_NO_GRADIENT: weight, version and step count unchanged,
+    and the next applied step is torch's after the same skip."""
+    head, lin = _head(client)
+    ref = copy.deepcopy(lin)
     opt = head.optimizer("adamw", lr=1e-2, weight_decay=0.1)
-    _compute(head, torch.Generator().manual_seed(16))
+    topt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(16)
+    _compute(head, gen)
+    _give_grads(ref, head.fetch_grad())
+    topt.step()
     opt.step()
-    before = head.download().weight
+    assert opt.last_step.applied
+    before = _assert_same_weights(head, ref, "first step")
+    version = before.header.head.version
+    assert opt.last_step.head_version == version and opt.last_step.steps == 1
+
     opt.zero_grad()
-    with pytest.warns(RuntimeWarning, match="with no gradient"):
+    topt.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about any more
         opt.step()
-    assert opt.last_step.applied and opt.last_step.contributions == 0
-    assert not torch.equal(head.download().weight, before)
+    topt.step()  # every grad None: torch changes nothing either
+    step = opt.last_step
+    assert step.outcome == flce.StepOutcome.SKIPPED_NO_GRADIENT and not step.applied
+    assert not step.replayed and step.contributions == 0
+    assert step.head_version == version and step.steps == 1
+    assert opt.head_version == version and opt.steps == 1
+    after = head.download()
+    assert after.header.head.version == version
+    assert torch.equal(after.weight, before.weight) and torch.equal(after.bias, before.bias)
+
+    # a session the server does not have holds no gradient either (no NOT_FOUND)
+    nobody = client.step(head.head_id, 1e-2, session_id=f"never-{uuid.uuid4().hex[:8]}")
+    assert nobody.outcome == flce.StepOutcome.SKIPPED_NO_GRADIENT
+    assert nobody.head_version == version and nobody.steps == 1
+    assert torch.equal(head.download().weight, before.weight)
+    info = head.info()
+    assert info.version == version and info.optimizer.steps == 1
+    assert info.optimizer.skipped_steps == 2  # skipped steps are counted as such
+
+    # the moments and the step count (bias correction) were left alone: the next step is
+    # torch's after its own skipped step
+    _compute(head, gen)
+    _give_grads(ref, head.fetch_grad())
+    topt.step()
+    opt.step()
+    assert opt.last_step.applied and opt.last_step.steps == 2
+    assert opt.last_step.head_version == version + 1
+    _assert_same_weights(head, ref, "the step after the skipped one")
 
 
 def test_zero_grad_zeroes_the_session(client):
@@ -526,6 +566,23 @@ def test_state_dict_holds_hyper_parameters_lrs_and_counts(client):
     assert other.last_step.applied and not other.last_step.replayed
     with pytest.raises(ValueError, match="sgd"):
         head.optimizer("sgd", lr=0.1, replace=True).load_state_dict(sd)
+
+
+def test_an_earlier_state_loaded_into_the_same_optimizer_never_replays_a_step(client):
+    """Step request ids are "<run_id>-step-<k>": loading an earlier state_dict into the
+    optimizer that took later steps must not send an id the server has seen (it would
+    answer with that old step's outcome and apply nothing)."""
+    head, _ = _head(client)
+    opt = head.optimizer("sgd", lr=0.1, run_id="same")
+    sd = opt.state_dict()
+    for k in range(2):
+        _compute(head, torch.Generator().manual_seed(40 + k))
+        opt.step()
+    opt.load_state_dict(sd)
+    assert opt.request_id == "same-step-2"
+    _compute(head, torch.Generator().manual_seed(42))
+    opt.step()
+    assert opt.last_step.applied and not opt.last_step.replayed and opt.last_step.steps == 3
 
 
 # ---------------------------------------------------------------- download --

@@ -155,6 +155,11 @@ TEST_F(CheckpointTest, ARepeatedSaveWritesOnceAndARepeatedLoadLoadsOnce) {
   ASSERT_TRUE(Load("c", &reloaded, true, "h", "load-1").ok());
   EXPECT_EQ(reloaded.version(), Describe().version());
   EXPECT_EQ(reloaded.optimizer().steps(), 2) << "the repeat loaded the checkpoint again";
+  // An id names one request: reused for another checkpoint, it is refused.
+  EXPECT_EQ(Save("other", &again, "save-1").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "anonymous" / "other.safetensors"));
+  EXPECT_EQ(Load("missing", &reloaded, true, "h", "load-1").error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_F(CheckpointTest, RefusalsChangeNothing) {

@@ -13,16 +13,17 @@ from flce.client import Client, ComputeResult, GradResult, HeadDownload  # noqa:
 from flce.errors import FlceError  # noqa: E402
 from flce.module import LMHeadOutput, RemoteLMHead, ignore_in_ddp  # noqa: E402
 from flce.optim import ServerOptimizer, clip_grad_norm_  # noqa: E402
-from flce.results import (CommitResult, ComputeSummary, ContributionState, DType,  # noqa: E402
-                          DownloadHeader, GradHeader, GradNorm, GradVersions, HeadInfo,
-                          OptimizerGroup, OptimizerInfo, OptimizerKind, ServerInfo,
-                          SessionInfo, StepOutcome, StepResult, Timings, UnloadResult)
+from flce.results import (CheckpointInfo, CommitResult, ComputeSummary,  # noqa: E402
+                          ContributionState, DType, DownloadHeader, GradHeader, GradNorm,
+                          GradVersions, HeadInfo, OptimizerGroup, OptimizerInfo,
+                          OptimizerKind, ServerInfo, SessionInfo, StepOutcome, StepResult,
+                          Timings, UnloadResult)
 from flce import safetensors  # noqa: E402
 
 __all__ = ["Client", "ComputeResult", "GradResult", "HeadDownload", "FlceError",
            "LMHeadOutput", "RemoteLMHead", "ignore_in_ddp", "ServerOptimizer",
-           "clip_grad_norm_", "safetensors", "CommitResult", "ComputeSummary",
-           "ContributionState", "DType", "DownloadHeader", "GradHeader", "GradNorm",
-           "GradVersions", "HeadInfo", "OptimizerGroup", "OptimizerInfo", "OptimizerKind",
-           "ServerInfo", "SessionInfo", "StepOutcome", "StepResult", "Timings",
-           "UnloadResult"]
+           "clip_grad_norm_", "safetensors", "CheckpointInfo", "CommitResult",
+           "ComputeSummary", "ContributionState", "DType", "DownloadHeader", "GradHeader",
+           "GradNorm", "GradVersions", "HeadInfo", "OptimizerGroup", "OptimizerInfo",
+           "OptimizerKind", "ServerInfo", "SessionInfo", "StepOutcome", "StepResult",
+           "Timings", "UnloadResult"]

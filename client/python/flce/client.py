@@ -17,9 +17,9 @@ from flce import security, tensors, wire
 from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.errors import FlceError, translate
-from flce.results import (CommitResult, ComputeSummary, DownloadHeader, GradHeader, GradNorm,
-                          HeadInfo, OptimizerGroup, OptimizerInfo, OptimizerKind, ServerInfo,
-                          SessionInfo, StepResult, UnloadResult)
+from flce.results import (CheckpointInfo, CommitResult, ComputeSummary, DownloadHeader,
+                          GradHeader, GradNorm, HeadInfo, OptimizerGroup, OptimizerInfo,
+                          OptimizerKind, ServerInfo, SessionInfo, StepResult, UnloadResult)
 
 REDUCTIONS = {"mean": pb.REDUCTION_MEAN, "sum": pb.REDUCTION_SUM, "none": pb.REDUCTION_NONE}
 STRATEGIES = {"auto": pb.STRATEGY_AUTO, "chunked": pb.STRATEGY_CHUNKED,
@@ -475,7 +475,10 @@ class Client:
         """Applies the session's gradient × clip_coef × grad_multiplier to the head with its
         optimizer (lr for the weight, bias_lr, default lr, for the bias), or skips it when
         found_inf; either way the session's gradient is then zero. Applied steps bump the
-        head's version.
+        head's version. A session that holds no contribution (none since the last step or
+        zero_grad, or a session the server does not have) is skipped,
+        StepOutcome.SKIPPED_NO_GRADIENT, changing nothing, as torch.optim skips a
+        parameter whose grad is None.
 
         Retry-safe: the request id (generated when not given) comes back in
         FlceError.request_id when the call fails; a Step repeated with it and the same
@@ -557,3 +560,55 @@ class Client:
             if asm is not None and not asm.complete:
                 raise bad(f"{name}: {asm.rows_filled} of {asm.tensor.shape[0]} rows received")
         return HeadDownload(weight.tensor, bias.tensor.reshape(-1) if bias else None, header)
+
+    # ----------------------------------------------------------- checkpoints --
+    def save_checkpoint(self, head_id: str, name: str, *, overwrite: bool = False,
+                        request_id: Optional[str] = None) -> CheckpointInfo:
+        """Saves the head with its optimizer state (weight, bias, fp32 master, moments, step
+        count, version, hyper-parameters; not the sessions' gradients: save between steps)
+        as `<name>.safetensors` in the caller's directory under the server's
+        --checkpoint-dir (capability "checkpoint"; FAILED_PRECONDITION without one). name:
+        1-128 of [A-Za-z0-9._-] starting with a letter or digit. An existing name is
+        ALREADY_EXISTS unless overwrite.
+
+        Retry-safe: the request id (generated when not given) comes back in
+        FlceError.request_id when the call fails; a save repeated with it returns the first
+        outcome (replayed) and writes nothing, so it needs no overwrite. The server does
+        not compare a repeat's name: a new save needs a new request id."""
+        request_id = request_id or new_request_id()
+        req = pb.SaveCheckpointRequest(head_id=head_id, name=name, request_id=request_id,
+                                       overwrite=overwrite)
+        try:
+            return self._save_checkpoint(req)
+        except FlceError as err:
+            err.request_id = request_id
+            raise
+
+    @translate("SaveCheckpoint")
+    def _save_checkpoint(self, req) -> CheckpointInfo:
+        return CheckpointInfo.from_pb(self._stub.SaveCheckpoint(req, timeout=self.timeout))
+
+    def load_checkpoint(self, head_id: str, name: str, *, reset_optimizer: bool = False,
+                        request_id: Optional[str] = None) -> HeadInfo:
+        """Creates or replaces head_id from the caller's checkpoint `name`: weight, bias and,
+        when it was saved with them, the optimizer state and step count (HeadInfo.source
+        "checkpoint:<name>"; the version is at least the saved one, above every version the
+        head had on this server). Replacing a head that has optimizer state needs
+        reset_optimizer, as an upload does (FAILED_PRECONDITION otherwise); a missing name
+        is NOT_FOUND. Sessions keep their gradients: zero them first if they are stale.
+
+        Retry-safe: the request id (generated when not given) comes back in
+        FlceError.request_id when the call fails; a load repeated with it while the head is
+        still the one it loaded changes nothing."""
+        request_id = request_id or new_request_id()
+        req = pb.LoadCheckpointRequest(head_id=head_id, name=name,
+                                       reset_optimizer=reset_optimizer, request_id=request_id)
+        try:
+            return self._load_checkpoint(req)
+        except FlceError as err:
+            err.request_id = request_id
+            raise
+
+    @translate("LoadCheckpoint")
+    def _load_checkpoint(self, req) -> HeadInfo:
+        return HeadInfo.from_pb(self._stub.LoadCheckpoint(req, timeout=self.timeout))

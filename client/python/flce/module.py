@@ -10,6 +10,7 @@ or trained on the server, where no weight or gradient crosses the wire per step:
 
     opt = head.optimizer("adamw", lr=3e-4)          # flce.ServerOptimizer (see flce.optim)
     loss.backward(); opt.step(); opt.zero_grad()
+    opt.save_checkpoint("step-1000")                # head + moments, on the server
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from flce import safetensors
 from flce.autograd import CallConfig, FusedLoss, PerTokenLoss
 from flce.client import Client, GradResult, HeadDownload
 from flce.errors import FlceError
-from flce.results import ComputeSummary, HeadInfo
+from flce.results import CheckpointInfo, ComputeSummary, HeadInfo
 
 REDUCTIONS = ("mean", "sum", "none")
 _LOSS_OPTIONS = ("ignore_index", "label_smoothing", "z_loss", "softcap", "temperature",
@@ -172,6 +173,33 @@ class RemoteLMHead(nn.Module):
                                bias_weight_decay=bias_weight_decay, replace=replace,
                                grad_multiplier=grad_multiplier, run_id=run_id,
                                distributed=distributed, process_group=process_group)
+
+    def save_checkpoint(self, name: str, overwrite: bool = False,
+                        request_id: Optional[str] = None) -> CheckpointInfo:
+        """Saves the head with its optimizer state on the server (Client.save_checkpoint: a
+        server started with --checkpoint-dir). The head's ServerOptimizer, if it has one,
+        records the name for its state_dict(); under torch.distributed call the
+        optimizer's save_checkpoint() on every rank instead."""
+        info = self.client.save_checkpoint(self.head_id, name, overwrite=overwrite,
+                                           request_id=request_id)
+        if self._optimizer is not None:
+            self._optimizer._track_save(info)
+        return info
+
+    def load_checkpoint(self, name: str, reset_optimizer: bool = False,
+                        request_id: Optional[str] = None) -> HeadInfo:
+        """Creates or replaces this head from the server checkpoint `name`, with the optimizer
+        state it was saved with (Client.load_checkpoint); replacing a head that has
+        optimizer state needs reset_optimizer. The head's ServerOptimizer, if it has one,
+        follows the loaded state (step count, head version, checkpoint name; its learning
+        rates stay its own: restore them with its load_state_dict(), which loads the
+        checkpoint itself)."""
+        info = self.client.load_checkpoint(self.head_id, name, reset_optimizer=reset_optimizer,
+                                           request_id=request_id)
+        self._clip_coef = None
+        if self._optimizer is not None:
+            self._optimizer._track_load(name, info)
+        return info
 
     # -------------------------------------------------------------- forward --
     def _config(self, overrides: dict) -> CallConfig:

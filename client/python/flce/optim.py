@@ -14,7 +14,17 @@
 ServerOptimizer is a torch.optim.Optimizer over placeholder parameters, one per group
 (weight, then bias when the head has one), so that lr schedulers drive its learning
 rates. The moments live on the server; this object holds the hyper-parameters, the
-learning rates and the step count.
+learning rates and the step count. A server started with --checkpoint-dir saves the
+head with its moments (opt.save_checkpoint(name)); the optimizer's state_dict() then
+names that checkpoint, and load_state_dict() loads it back on the server:
+
+    opt.save_checkpoint("run-1.step-1000")                    # head + moments, on the server
+    torch.save({"opt": opt.state_dict(), "sched": sched.state_dict(), ...}, path)
+    ...                                                        # later, or in a new process
+    state = torch.load(path)
+    head.load_checkpoint(state["opt"]["flce"]["checkpoint"])  # only if the server lost the head
+    opt = head.optimizer("adamw", lr=3e-4, weight_decay=0.1, replace=True)
+    opt.load_state_dict(state["opt"])                         # LoadCheckpoint, then lrs
 
 Under torch.distributed (data parallel), every rank computes into ONE shared session;
 every collective call here (step, zero_grad, clip_grad_norm_) is made on every rank:
@@ -25,7 +35,6 @@ from __future__ import annotations
 
 import math
 import uuid
-import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import grpc
@@ -34,7 +43,8 @@ import torch.distributed as dist
 
 from flce.client import optimizer_kind
 from flce.errors import FlceError
-from flce.results import OptimizerGroup, OptimizerInfo, OptimizerKind, StepResult
+from flce.results import (CheckpointInfo, HeadInfo, OptimizerGroup, OptimizerInfo,
+                          OptimizerKind, StepResult)
 
 if TYPE_CHECKING:
     from flce.module import RemoteLMHead
@@ -54,6 +64,15 @@ def _torch_refusal(kind: OptimizerKind, lr: float, hyper: Dict[str, Any]) -> Non
         torch.optim.SGD(probe, lr=lr, **hyper)
     else:
         torch.optim.AdamW(probe, lr=lr, **hyper)
+
+
+def _hyper_from_server(kind: OptimizerKind, group: OptimizerGroup) -> Dict[str, Any]:
+    """A group's hyper-parameters as the server applies them, under torch's names."""
+    if kind == OptimizerKind.SGD:
+        return dict(momentum=group.momentum, dampening=group.dampening,
+                    weight_decay=group.weight_decay, nesterov=group.nesterov)
+    return dict(betas=(group.beta1, group.beta2), eps=group.eps,
+                weight_decay=group.weight_decay, amsgrad=group.amsgrad)
 
 
 def _group_message(kind: OptimizerKind, hyper: Dict[str, Any]) -> OptimizerGroup:
@@ -149,11 +168,20 @@ class ServerOptimizer(torch.optim.Optimizer):
     after it failed retries the same step and never applies it twice. The result is
     `last_step` (a flce.StepResult). zero_grad() zeroes the session's gradient.
 
-    state_dict() holds the hyper-parameters, each group's lr, the step count and the
-    head's version, but no moments: those stay on the server (and are lost with it;
-    checkpointing them is the server's business). load_state_dict() restores the
-    hyper-parameters and learning rates; when they differ from those the server's state
-    was created with, the state is created anew with them (moments start from zero)."""
+    A step on a session that holds no gradient (no compute call since the last step or
+    zero_grad) changes nothing: last_step.outcome is StepOutcome.SKIPPED_NO_GRADIENT, as
+    torch.optim skips a parameter whose grad is None.
+
+    state_dict() holds the hyper-parameters, each group's lr, the step count, the head's
+    version and the name of the server checkpoint last saved or loaded through this
+    optimizer (or its head), but never the moments: those stay on the server.
+    save_checkpoint(name) saves the head with its optimizer state there (a server
+    started with --checkpoint-dir, capability "checkpoint"); load_state_dict() of a
+    state naming a checkpoint loads it on the server (head, fp32 master, moments, step
+    count), then restores the learning rates. A state without a checkpoint name restores
+    the hyper-parameters and learning rates only; when they differ from those the
+    server's state was created with, the state is created anew with them (moments start
+    from zero)."""
 
     def __init__(self, head: "RemoteLMHead", kind: Union[str, int], *, lr: float = 1e-3,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -208,9 +236,16 @@ class ServerOptimizer(torch.optim.Optimizer):
         self._sealed = True
 
         self._step_calls = 0  # k of the next step's request id
+        self._save_calls = 0  # k of the next save's request id
+        self._pending_save: Optional[Tuple[str, bool, int]] = None  # a save that raised
         self.last_step: Optional[StepResult] = None
         self.head_version: Optional[int] = None
         self.steps = 0
+        # the server checkpoint last saved or loaded through this optimizer or its head,
+        # and the optimizer steps it holds
+        self.checkpoint: Optional[str] = None
+        self.checkpoint_steps: Optional[int] = None
+        self._detached: Optional[str] = None  # why step() refuses (the server's state changed)
         if self._ranks is not None:
             self._check_ranks_agree()
         self._server_hyper: List[Dict[str, Any]] = []
@@ -232,7 +267,10 @@ class ServerOptimizer(torch.optim.Optimizer):
 
         info = self._ranks.on_leader("CreateOptimizer", create) if self._ranks else create()
         self._server_hyper = hypers
+        self._detached = None
         self.steps = info.steps
+        # the server's state is new: no checkpoint holds it
+        self.checkpoint = self.checkpoint_steps = None
         return info
 
     def _check_ranks_agree(self) -> None:
@@ -254,41 +292,174 @@ class ServerOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def state_dict(self) -> Dict[str, Any]:
+        """torch's state_dict (no "state": the moments live on the server) with "flce": the
+        kind, the head, the step count, the head's version, and "checkpoint", the name of
+        the server checkpoint last saved or loaded through this optimizer or its head (None
+        if none), with "checkpoint_steps", the optimizer steps it holds. Take it right
+        after save_checkpoint(), so that its learning rates are those of the checkpoint's
+        step (load_state_dict() refuses a state taken steps later)."""
         sd = super().state_dict()
         sd["flce"] = dict(kind=_KIND_NAMES[self.kind], head_id=self.head.head_id,
                           run_id=self.run_id, step_calls=self._step_calls, steps=self.steps,
                           head_version=self.head_version,
-                          grad_multiplier=self.grad_multiplier)
+                          grad_multiplier=self.grad_multiplier, checkpoint=self.checkpoint,
+                          checkpoint_steps=self.checkpoint_steps)
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restores hyper-parameters, learning rates and the step count. The run id stays
-        this object's own, so that new steps are never taken for replays of old ones."""
+        """Restores the optimizer from a state_dict(). The run id stays this object's own and
+        its step request ids never go back, so that new steps are never taken for replays
+        of old ones.
+
+        A state naming a server checkpoint (state_dict["flce"]["checkpoint"]) loads it on
+        the server first (LoadCheckpoint with reset_optimizer: the head's weight, fp32
+        master, moments and step count become the checkpoint's; every rank calls this
+        under torch.distributed, rank 0 loads), then restores the learning rates; the
+        step count and head version become the loaded head's (at least the saved
+        version, and never one the head had before on that server). The state's
+        hyper-parameters must be the checkpoint's (ValueError otherwise, after the load).
+        A state taken steps after its checkpoint was saved ("steps" != "checkpoint_steps")
+        is refused before anything is loaded: its learning rates are not the
+        checkpoint's (set "checkpoint" to None to restore the learning rates alone). The
+        sessions' gradients are not touched (zero_grad() drops one computed before the
+        load).
+
+        A state without a checkpoint name restores hyper-parameters and learning rates;
+        when the hyper-parameters differ from those the server's state was created with,
+        the state is created anew with them (moments start from zero)."""
         state_dict = dict(state_dict)
-        extra = state_dict.pop("flce", {})
+        extra = dict(state_dict.pop("flce", None) or {})
         if extra and extra.get("kind") != _KIND_NAMES[self.kind]:
             raise ValueError(f"this state is of a {extra.get('kind')} optimizer, not "
                              f"{_KIND_NAMES[self.kind]}")
+        step_calls = max(self._step_calls, int(extra.get("step_calls", 0)))
+        name = extra.get("checkpoint")
+        if not name:
+            super().load_state_dict(state_dict)
+            self._sealed = True
+            for group in self.param_groups:
+                if "betas" in group:
+                    group["betas"] = tuple(group["betas"])
+                _torch_refusal(self.kind, group["lr"], self._hyper_of(group))
+            self._step_calls = step_calls
+            self.head_version = extra.get("head_version", self.head_version)
+            if [self._hyper_of(g) for g in self.param_groups] != self._server_hyper:
+                self.info = self._create(replace=True)
+            return
+
+        # Everything that can be checked is checked before the server loads anything.
+        groups = [dict(g) for g in state_dict.get("param_groups", [])]
+        if len(groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        for group in groups:
+            if "betas" in group:
+                group["betas"] = tuple(group["betas"])
+            _torch_refusal(self.kind, group["lr"], self._hyper_of(group))
+        saved_steps, steps = extra.get("checkpoint_steps"), extra.get("steps")
+        if saved_steps is not None and steps is not None and saved_steps != steps:
+            raise ValueError(
+                f"this state was taken {steps - saved_steps} steps after checkpoint "
+                f"{name!r} was saved (steps {steps}, the checkpoint's {saved_steps}): its "
+                "learning rates are not the checkpoint's. Take state_dict() right after "
+                "save_checkpoint(), or set state_dict['flce']['checkpoint'] = None to restore "
+                "the learning rates and hyper-parameters alone")
+
+        def load() -> HeadInfo:
+            return self.head.client.load_checkpoint(self.head.head_id, name,
+                                                    reset_optimizer=True)
+
+        if self._ranks is not None:
+            self._ranks.barrier()  # no rank computes on the head while it is replaced
+            info = self._ranks.on_leader("LoadCheckpoint", load)
+        else:
+            info = load()
+        self._track_load(name, info)
+        if self._detached is not None:
+            raise ValueError(self._detached)
+        hypers = [self._hyper_of(g) for g in groups]
+        if hypers != self._server_hyper:
+            raise ValueError(
+                f"checkpoint {name!r} (now loaded on the server) holds the hyper-parameters "
+                f"{self._server_hyper}, this state {hypers}: a state names the checkpoint "
+                "saved with it")
         super().load_state_dict(state_dict)
         self._sealed = True
         for group in self.param_groups:
             if "betas" in group:
                 group["betas"] = tuple(group["betas"])
-            _torch_refusal(self.kind, group["lr"], self._hyper_of(group))
-        self._step_calls = int(extra.get("step_calls", self._step_calls))
-        self.head_version = extra.get("head_version", self.head_version)
-        if [self._hyper_of(g) for g in self.param_groups] != self._server_hyper:
-            self.info = self._create(replace=True)
+        self._step_calls = step_calls
+
+    # ----------------------------------------------------------- checkpoints --
+    def save_checkpoint(self, name: str, *, overwrite: bool = False) -> CheckpointInfo:
+        """Saves the head with this optimizer's state on the server (SaveCheckpoint: weight,
+        bias, fp32 master, moments, step count, hyper-parameters, as <name>.safetensors in
+        the caller's directory under --checkpoint-dir) and records the name for
+        state_dict(). Save between steps: the sessions' gradients are not saved. An
+        existing name is FlceError ALREADY_EXISTS unless overwrite.
+
+        Retry-safe as step(): the save goes out under the request id
+        "<run_id>-save-<k>"; when it raises, calling save_checkpoint() again with the same
+        name and overwrite before any step sends the same request (the server answers with
+        the first outcome, `replayed`, and writes nothing). Under torch.distributed every
+        rank calls it, rank 0 saves."""
+        key = (name, bool(overwrite), self._step_calls)
+        if self._pending_save is not None and self._pending_save != key:
+            self._save_calls += 1  # a save that raised may have reached the server
+        self._pending_save = key
+        request_id = f"{self.run_id}-save-{self._save_calls}"
+
+        def save() -> CheckpointInfo:
+            return self.head.client.save_checkpoint(self.head.head_id, name,
+                                                    overwrite=overwrite, request_id=request_id)
+
+        info = self._ranks.on_leader("SaveCheckpoint", save) if self._ranks else save()
+        self._save_calls += 1
+        self._pending_save = None
+        self._track_save(info)
+        return info
+
+    def _track_save(self, info: CheckpointInfo) -> None:
+        self.checkpoint = info.name
+        self.checkpoint_steps = info.steps
+        self.head_version = info.head_version
+
+    def _track_load(self, name: str, info: HeadInfo) -> None:
+        """The server's head is now checkpoint `name`: this object follows it."""
+        self.head._clip_coef = None
+        self.head_version = info.version
+        self.checkpoint = name
+        state = info.optimizer
+        self.checkpoint_steps = self.steps = state.steps if state is not None else 0
+        self._detached = None
+        if state is None:
+            self._detached = (f"checkpoint {name!r} holds no optimizer state: head "
+                              f"{self.head.head_id!r} has none now")
+        elif state.kind != self.kind:
+            theirs = _KIND_NAMES.get(state.kind, state.kind.name.lower())
+            self._detached = (f"checkpoint {name!r} holds {theirs} state, not "
+                              f"{_KIND_NAMES[self.kind]}: create a {theirs} optimizer for "
+                              f"head {self.head.head_id!r}")
+        elif info.has_bias != (len(self.param_groups) > 1):
+            self._detached = (f"checkpoint {name!r} is of a head "
+                              f"{'with' if info.has_bias else 'without'} a bias, this "
+                              f"optimizer {'has no' if info.has_bias else 'has a'} bias group")
+        if state is not None:
+            self.info = state
+            if state.kind == self.kind:
+                groups = [state.weight] + ([state.bias] if len(self.param_groups) > 1 else [])
+                self._server_hyper = [_hyper_from_server(state.kind, g) for g in groups]
 
     # ----------------------------------------------------------------- steps --
     def _check_hyper(self) -> None:
+        if self._detached is not None:
+            raise ValueError(self._detached)
         for group, server in zip(self.param_groups, self._server_hyper):
             now = self._hyper_of(group)
             changed = {k: (server[k], now[k]) for k in now if now[k] != server[k]}
             if changed:
                 raise ValueError(
-                    f"the {group['name']} group's {', '.join(changed)} changed since the "
-                    f"optimizer state was created ({changed}: created with, now): the server "
+                    f"the {group['name']} group's {', '.join(changed)} differ from the "
+                    f"server's optimizer state's ({changed}: the server's, now): the server "
                     "takes only learning rates per step. For OneCycleLR pass "
                     "cycle_momentum=False; or create the state anew with "
                     "head.optimizer(..., replace=True)")
@@ -302,7 +473,9 @@ class ServerOptimizer(torch.optim.Optimizer):
              found_inf: bool = False, expected_head_version: Optional[int] = None):
         """Applies the session's gradient on the server (every rank calls it under
         torch.distributed; rank 0 sends the Step). found_inf (a GradScaler's overflow)
-        skips the step and drops the gradient. Returns the closure's loss, as torch's
+        skips the step and drops the gradient; a session that holds no gradient is skipped
+        (StepOutcome.SKIPPED_NO_GRADIENT: no weight decay, no moment update, as torch.optim
+        skips a parameter whose grad is None). Returns the closure's loss, as torch's
         optimizers do; the outcome is `last_step`."""
         loss = None
         if closure is not None:
@@ -334,13 +507,6 @@ class ServerOptimizer(torch.optim.Optimizer):
         self.head._clip_coef = None
         self._step_calls += 1
         self.last_step = result
-        if result.applied and result.contributions == 0 and not result.replayed:
-            warnings.warn(
-                f"step {request_id} was applied to head {self.head.head_id!r} with no "
-                f"gradient in session {self.head.session_id!r} (no compute call since the "
-                "last step or zero_grad): the server still applies weight decay and "
-                "momentum, where torch.optim would skip parameters without a gradient",
-                RuntimeWarning, stacklevel=2)
         self.head_version = result.head_version
         self.steps = result.steps
         return loss

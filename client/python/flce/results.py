@@ -42,6 +42,7 @@ class StepOutcome(enum.IntEnum):
     SKIPPED_FOUND_INF = pb.STEP_SKIPPED_FOUND_INF
     SKIPPED_NON_FINITE_GRADIENT = pb.STEP_SKIPPED_NON_FINITE_GRADIENT
     SKIPPED_NON_FINITE_WEIGHT = pb.STEP_SKIPPED_NON_FINITE_WEIGHT
+    SKIPPED_NO_GRADIENT = pb.STEP_SKIPPED_NO_GRADIENT  # no contribution: torch's grad None
 
 
 def _optional(m, name: str):
@@ -116,7 +117,9 @@ class ServerInfo:
     workspace_budget_bytes: int
     max_request_tokens: int
     max_message_bytes: int
-    capabilities: Tuple[str, ...]  # e.g. "optimizer": CreateOptimizer, Step, GradNorm, ...
+    # e.g. "optimizer" (CreateOptimizer, Step, GradNorm, DownloadHead), "checkpoint"
+    # (SaveCheckpoint, LoadCheckpoint: the server has a --checkpoint-dir)
+    capabilities: Tuple[str, ...]
 
     @classmethod
     def from_pb(cls, m) -> "ServerInfo":
@@ -239,7 +242,9 @@ class SessionInfo:
 @dataclass(frozen=True)
 class StepResult:
     """StepResponse: what a Step did. A replayed step (its request id seen before) reports
-    the first outcome and applied nothing now."""
+    the first outcome and applied nothing now. A session that holds no contribution (none
+    computed since the last step or zero_grad, or no such session) is SKIPPED_NO_GRADIENT:
+    nothing changes, as torch.optim skips a parameter whose grad is None."""
     outcome: StepOutcome
     head_version: int
     steps: int          # steps applied so far (skipped ones not counted)
@@ -285,15 +290,34 @@ class DownloadHeader:
         return cls(HeadInfo.from_pb(m.head), DType(m.dtype))
 
 
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What SaveCheckpoint wrote: the head (and its optimizer state, when it has one) as
+    `<name>.safetensors` in the caller's directory under the server's --checkpoint-dir. A
+    repeated save (same request id) reports the first outcome (replayed) and writes
+    nothing."""
+    name: str
+    bytes: int          # the file's size
+    head_version: int   # the version saved
+    steps: int          # optimizer steps applied (0 without optimizer state)
+    has_optimizer: bool
+    replayed: bool
+
+    @classmethod
+    def from_pb(cls, m) -> "CheckpointInfo":
+        return cls(m.name, m.bytes, m.head_version, m.steps, m.has_optimizer, m.replayed)
+
+
 # result class -> the protobuf message it mirrors (for the test that they stay in step)
 MIRRORS = {ServerInfo: "ServerInfo", HeadInfo: "HeadInfo", UnloadResult: "UnloadHeadResponse",
            Timings: "Timings", ComputeSummary: "ComputeSummary",
            CommitResult: "CommitResponse", GradHeader: "GradHeader", SessionInfo: "SessionInfo",
            GradVersions: "GradVersions", OptimizerGroup: "OptimizerGroup",
            OptimizerInfo: "OptimizerInfo", StepResult: "StepResponse",
-           GradNorm: "GradNormResponse", DownloadHeader: "DownloadHeader"}
+           GradNorm: "GradNormResponse", DownloadHeader: "DownloadHeader",
+           CheckpointInfo: "CheckpointInfo"}
 
 __all__ = ["DType", "ContributionState", "OptimizerKind", "StepOutcome", "ServerInfo",
            "HeadInfo", "UnloadResult", "Timings", "ComputeSummary", "CommitResult",
            "GradHeader", "SessionInfo", "GradVersions", "OptimizerGroup", "OptimizerInfo",
-           "StepResult", "GradNorm", "DownloadHeader"]
+           "StepResult", "GradNorm", "DownloadHeader", "CheckpointInfo"]

@@ -94,6 +94,16 @@ class FlceStub(object):
                 request_serializer=flce_dot_v1_dot_flce__pb2.DownloadHeadRequest.SerializeToString,
                 response_deserializer=flce_dot_v1_dot_flce__pb2.DownloadHeadResponse.FromString,
                 )
+        self.Embed = channel.unary_stream(
+                '/flce.v1.Flce/Embed',
+                request_serializer=flce_dot_v1_dot_flce__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=flce_dot_v1_dot_flce__pb2.EmbedResponse.FromString,
+                )
+        self.EmbedGrad = channel.stream_unary(
+                '/flce.v1.Flce/EmbedGrad',
+                request_serializer=flce_dot_v1_dot_flce__pb2.EmbedGradRequest.SerializeToString,
+                response_deserializer=flce_dot_v1_dot_flce__pb2.EmbedGradSummary.FromString,
+                )
         self.SaveCheckpoint = channel.unary_unary(
                 '/flce.v1.Flce/SaveCheckpoint',
                 request_serializer=flce_dot_v1_dot_flce__pb2.SaveCheckpointRequest.SerializeToString,
@@ -205,6 +215,18 @@ class FlceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EmbedGrad(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SaveCheckpoint(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -299,6 +321,16 @@ def add_FlceServicer_to_server(servicer, server):
                     servicer.DownloadHead,
                     request_deserializer=flce_dot_v1_dot_flce__pb2.DownloadHeadRequest.FromString,
                     response_serializer=flce_dot_v1_dot_flce__pb2.DownloadHeadResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_stream_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=flce_dot_v1_dot_flce__pb2.EmbedRequest.FromString,
+                    response_serializer=flce_dot_v1_dot_flce__pb2.EmbedResponse.SerializeToString,
+            ),
+            'EmbedGrad': grpc.stream_unary_rpc_method_handler(
+                    servicer.EmbedGrad,
+                    request_deserializer=flce_dot_v1_dot_flce__pb2.EmbedGradRequest.FromString,
+                    response_serializer=flce_dot_v1_dot_flce__pb2.EmbedGradSummary.SerializeToString,
             ),
             'SaveCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.SaveCheckpoint,
@@ -589,6 +621,40 @@ class Flce(object):
         return grpc.experimental.unary_stream(request, target, '/flce.v1.Flce/DownloadHead',
             flce_dot_v1_dot_flce__pb2.DownloadHeadRequest.SerializeToString,
             flce_dot_v1_dot_flce__pb2.DownloadHeadResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/flce.v1.Flce/Embed',
+            flce_dot_v1_dot_flce__pb2.EmbedRequest.SerializeToString,
+            flce_dot_v1_dot_flce__pb2.EmbedResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def EmbedGrad(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(request_iterator, target, '/flce.v1.Flce/EmbedGrad',
+            flce_dot_v1_dot_flce__pb2.EmbedGradRequest.SerializeToString,
+            flce_dot_v1_dot_flce__pb2.EmbedGradSummary.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
