@@ -2,7 +2,8 @@
 
 `server` is parametrized: "fake" (tests/python/fake_server.py, always) and "cpu" (the real
 flce-server, started on a free port with --device cpu --metrics-port 0, when
-$FLCE_SERVER_BIN names the binary; ctest sets it)."""
+$FLCE_SERVER_BIN names the binary; ctest sets it). $FLCE_TEST_SERVER_DEVICE=cuda runs the
+real servers on the GPU instead."""
 from __future__ import annotations
 
 import os
@@ -24,6 +25,8 @@ import flce  # noqa: E402
 import fake_server  # noqa: E402
 
 SERVER_BIN = os.environ.get("FLCE_SERVER_BIN", "")
+# The engine real servers run on: "cpu" (CI) or "cuda" (the same tests on a GPU host).
+SERVER_DEVICE = os.environ.get("FLCE_TEST_SERVER_DEVICE", "cpu")
 
 
 def free_port() -> int:
@@ -41,7 +44,7 @@ class RealServer:
         self.log = tempfile.NamedTemporaryFile(prefix="flce-server-", suffix=".log",
                                                delete=False)
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--metrics-port", "0", "--device", "cpu",
+            [binary, "--port", str(self.port), "--metrics-port", "0", "--device", SERVER_DEVICE,
              *extra], stdout=self.log, stderr=subprocess.STDOUT)
         self.target = f"127.0.0.1:{self.port}"
         deadline = time.monotonic() + 30
