@@ -4,11 +4,14 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/server_test_util.h"
@@ -431,6 +434,43 @@ TEST_F(TrainingLimitsTest, OptimizerStateCountsAgainstTheHeadMemoryCap) {
     status = stub().CreateOptimizer(&ctx, request, &info);
   }
   EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// Optimizer state is the owner's: a tenant trains its own heads, an admin the
+// shared ones; nobody else may create state, step or save it.
+TEST_F(TrainingLimitsTest, OnlyTheOwnerTrainsAHead) {
+  const std::string tokens = absl::StrCat(::testing::TempDir(), "/flce-training-tokens-", getpid());
+  std::ofstream(tokens) << "tok-alice alice\ntok-ops ops admin\n";
+  ServerConfig config = TestConfig();
+  config.auth_token_file = tokens;
+  StartServer(config);
+  Problem problem = MakeProblem(TinyF32Spec());
+  ASSERT_TRUE(UploadHead(stub(), "shared", problem, 3, nullptr, "tok-ops").ok());
+  ASSERT_TRUE(UploadHead(stub(), "mine", problem, 3, nullptr, "tok-alice").ok());
+  auto create = [&](const std::string& head, const std::string& token) {
+    v1::CreateOptimizerRequest request;
+    request.set_head_id(head);
+    request.set_kind(v1::OPTIMIZER_SGD);
+    v1::OptimizerInfo info;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    return stub().CreateOptimizer(&ctx, request, &info);
+  };
+  grpc::Status status = create("shared", "tok-alice");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(status.error_message(), HasSubstr("only an admin"));
+  EXPECT_TRUE(create("shared", "tok-ops").ok());
+  EXPECT_TRUE(create("mine", "tok-alice").ok());
+  // A step on the shared head by the tenant is refused too.
+  v1::StepRequest step;
+  step.set_head_id("shared");
+  step.set_request_id("k");
+  step.set_lr(0.1);
+  v1::StepResponse response;
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer tok-alice");
+  EXPECT_EQ(stub().Step(&ctx, step, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  std::remove(tokens.c_str());
 }
 
 }  // namespace
