@@ -139,8 +139,11 @@ absl::Status EmbedGradReactor::AddRows(const v1::EmbedRows& rows) {
   FLCE_ASSIGN_OR_RETURN(
       int64_t n,
       tracker_->Accept(rows.token_offset(), static_cast<int64_t>(rows.data().size()), row_bytes_));
-  FLCE_RETURN_IF_ERROR(CheckHiddenFinite(dtype_, rows.data().data(), n,
-                                         head_.head->spec().hidden_size, rows.token_offset()));
+  if (absl::Status finite = CheckHiddenFinite(dtype_, rows.data().data(), n,
+                                              head_.head->spec().hidden_size, rows.token_offset());
+      !finite.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient rows: ", finite.message()));
+  }
   std::memcpy(rows_.data() + rows.token_offset() * row_bytes_, rows.data().data(),
               rows.data().size());
   rows_fingerprint_ += HiddenFingerprint(rows.data().data(), n, row_bytes_, rows.token_offset());
@@ -159,16 +162,6 @@ absl::Status EmbedGradReactor::Complete(const v1::EndOfInput& end) {
   }
   FLCE_RETURN_IF_ERROR(tracker_->CheckComplete());
   response_->set_head_version(head_.version);
-  if (begin_.replay) {
-    if (begin_.first.hidden_fingerprint != rows_fingerprint_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "request id \"", header_.request_id(),
-          "\" was used for an EmbedGrad call with other gradient rows: choose a new request id"));
-    }
-    response_->set_replayed(true);
-    response_->set_committed(begin_.first.state == ContributionState::kCommitted);
-    return absl::OkStatus();
-  }
   // Padding rows get no gradient: drop them (and their ids) in place.
   int64_t kept = 0;
   for (int64_t i = 0; i < header_.num_tokens(); ++i) {
@@ -178,6 +171,17 @@ absl::Status EmbedGradReactor::Complete(const v1::EndOfInput& end) {
       std::memcpy(rows_.data() + kept * row_bytes_, rows_.data() + i * row_bytes_, row_bytes_);
     }
     ++kept;
+  }
+  response_->set_rows_applied(kept);
+  if (begin_.replay) {
+    if (begin_.first.hidden_fingerprint != rows_fingerprint_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request id \"", header_.request_id(),
+          "\" was used for an EmbedGrad call with other gradient rows: choose a new request id"));
+    }
+    response_->set_replayed(true);
+    response_->set_committed(begin_.first.state == ContributionState::kCommitted);
+    return absl::OkStatus();
   }
   double waited_ms = 0.0;
   FLCE_ASSIGN_OR_RETURN(
@@ -197,7 +201,6 @@ absl::Status EmbedGradReactor::Complete(const v1::EndOfInput& end) {
                                                            std::move(staged), /*deferred=*/false,
                                                            /*tokens=*/0, rows_fingerprint_));
   response_->set_committed(true);
-  response_->set_rows_applied(kept);
   v1::Timings* timings = response_->mutable_timings();
   timings->set_wait_ms(waited_ms);
   timings->set_total_ms(absl::ToDoubleMilliseconds(absl::Now() - scope_->start()));

@@ -13,11 +13,18 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/stubs/logging.h"
+#include "nlohmann/json.hpp"
+#include "server/request_log.h"
 
 namespace flce::server {
 namespace {
 
-std::atomic<bool> g_quiet{false};
+std::atomic<LogLevel> g_min_level{LogLevel::kInfo};
+std::atomic<LogFormat> g_format{LogFormat::kText};
+
+bool Silenced(LogLevel level) {
+  return static_cast<int>(level) < static_cast<int>(g_min_level.load());
+}
 
 struct Logger {
   absl::Mutex mu;
@@ -29,6 +36,18 @@ struct Logger {
 Logger& TheLogger() {
   static Logger* logger = new Logger();
   return *logger;
+}
+
+const char* LevelName(LogLevel level) {
+  switch (level) {
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarning:
+      return "warning";
+    case LogLevel::kError:
+      return "error";
+  }
+  return "?";
 }
 
 const char* LevelLetter(LogLevel level) {
@@ -48,6 +67,26 @@ absl::string_view Basename(absl::string_view path) {
   return slash == absl::string_view::npos ? path : path.substr(slash + 1);
 }
 
+std::string Now() {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
+}
+
+// Writes one whole line (newline included) to the sink or stderr.
+void EmitLocked(Logger& logger, const std::string& line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(logger.mu) {
+  if (logger.sink) {
+    logger.sink(line);
+    return;
+  }
+  // One write() per line: lines never interleave with other writers of stderr.
+  ssize_t unused = write(STDERR_FILENO, line.data(), line.size());
+  (void)unused;
+}
+
+// Client-sent strings need not be UTF-8: replaced, never a broken line.
+std::string JsonLine(const nlohmann::json& object) {
+  return object.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
 void WriteLocked(Logger& logger, LogLevel level, absl::string_view message)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(logger.mu) {
   // Lines quote what clients send (ids, before they are validated): one call
@@ -58,16 +97,13 @@ void WriteLocked(Logger& logger, LogLevel level, absl::string_view message)
                        message.size() - kMaxLogMessageBytes, " more bytes)");
     message = cut;
   }
-  std::string line =
-      absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()), " ",
-                   LevelLetter(level), " flce-server: ", message, "\n");
-  if (logger.sink) {
-    logger.sink(line);
+  if (g_format.load() == LogFormat::kJson) {
+    EmitLocked(logger, JsonLine({{"time", Now()},
+                                 {"level", LevelName(level)},
+                                 {"message", std::string(message)}}));
     return;
   }
-  // One write() per line: lines never interleave with other writers of stderr.
-  ssize_t unused = write(STDERR_FILENO, line.data(), line.size());
-  (void)unused;
+  EmitLocked(logger, absl::StrCat(Now(), " ", LevelLetter(level), " flce-server: ", message, "\n"));
 }
 
 void ProtobufLog(google::protobuf::LogLevel level, const char* filename, int line,
@@ -86,7 +122,38 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* filename, int lin
 
 }  // namespace
 
-void SetLogQuiet(bool quiet) { g_quiet.store(quiet); }
+void SetLogQuiet(bool quiet) { SetLogLevel(quiet ? LogLevel::kWarning : LogLevel::kInfo); }
+
+void SetLogLevel(LogLevel level) { g_min_level.store(level); }
+
+void SetLogFormat(LogFormat format) { g_format.store(format); }
+
+absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name) {
+  if (name == "info") return LogLevel::kInfo;
+  if (name == "warning") return LogLevel::kWarning;
+  if (name == "error") return LogLevel::kError;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--log-level=", name, " is not one of info, warning, error"));
+}
+
+absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name) {
+  if (name == "text") return LogFormat::kText;
+  if (name == "json") return LogFormat::kJson;
+  return absl::InvalidArgumentError(absl::StrCat("--log-format=", name, " is not text or json"));
+}
+
+void LogRequestLine(LogLevel level, const RequestLogLine& line) {
+  if (Silenced(level)) return;
+  if (g_format.load() == LogFormat::kText) {
+    LogUnthrottled(level, FormatRequestLog(line));
+    return;
+  }
+  nlohmann::json object = {{"time", Now()}, {"level", LevelName(level)}};
+  for (auto& [key, value] : RequestLogFields(line)) object[key] = std::move(value);
+  Logger& logger = TheLogger();
+  absl::MutexLock lock(&logger.mu);
+  EmitLocked(logger, JsonLine(object));
+}
 
 void SetLogRateLimit(LogRateLimit limit) {
   Logger& logger = TheLogger();
@@ -101,7 +168,7 @@ void SetLogSink(LogSink sink) {
 }
 
 void Log(LogLevel level, absl::string_view message, const char* file, int line) {
-  if (level == LogLevel::kInfo && g_quiet.load()) return;
+  if (Silenced(level)) return;
   std::string site = absl::StrCat(file, ":", line);
   Logger& logger = TheLogger();
   absl::MutexLock lock(&logger.mu);
@@ -118,7 +185,7 @@ void Log(LogLevel level, absl::string_view message, const char* file, int line) 
 }
 
 void LogUnthrottled(LogLevel level, absl::string_view message) {
-  if (level == LogLevel::kInfo && g_quiet.load()) return;
+  if (Silenced(level)) return;
   Logger& logger = TheLogger();
   absl::MutexLock lock(&logger.mu);
   WriteLocked(logger, level, message);

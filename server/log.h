@@ -16,12 +16,26 @@
 #include <cstddef>
 #include <functional>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/log_rate_limiter.h"
 
 namespace flce::server {
 
 enum class LogLevel { kInfo, kWarning, kError };
+
+// kText: "<UTC time> <I|W|E> flce-server: <message>". kJson: one object per
+// line, {"time", "level" ("info"/"warning"/"error"), "message"}, or for a
+// request line its fields (LogRequestLine).
+enum class LogFormat { kText, kJson };
+
+// "info", "warning", "error" / "text", "json"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name);
+absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name);
+
+// Lines below `level` are not written (--log-level); kInfo by default.
+void SetLogLevel(LogLevel level);
+void SetLogFormat(LogFormat format);
 
 // Longer messages are cut to this many bytes, and say how many were left out.
 inline constexpr size_t kMaxLogMessageBytes = 16384;
@@ -49,7 +63,14 @@ inline void LogError(absl::string_view message, const char* file = __builtin_FIL
 // record of every call and whose rate the calls themselves bound.
 void LogUnthrottled(LogLevel level, absl::string_view message);
 
-// Silences kInfo lines (tests start many servers).
+struct RequestLogLine;
+// The one line of an RPC, in the --log-format: FormatRequestLog's key=value
+// text, or a JSON object of RequestLogFields with time and level. Never
+// rate-limited.
+void LogRequestLine(LogLevel level, const RequestLogLine& line);
+
+// Silences kInfo lines (tests start many servers): SetLogLevel(kWarning), or
+// back to kInfo.
 void SetLogQuiet(bool quiet);
 
 // Replaces the per-call-site limit and forgets every site's count.

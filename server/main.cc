@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -29,6 +30,10 @@
 ABSL_FLAG(int, port, 50051, "gRPC port (0 = any free port)");
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port (0 = off)");
+ABSL_FLAG(std::string, log_level, "info",
+          "lines below this level are not written: info, warning or error");
+ABSL_FLAG(std::string, log_format, "text",
+          "text (<time> <I|W|E> flce-server: <message>) or json (one object per line)");
 ABSL_FLAG(std::string, metrics_host, "",
           "address /metrics listens on (empty = the same as --host)");
 ABSL_FLAG(std::string, device, "auto", "cpu, cuda, or auto (CUDA if present, else CPU)");
@@ -123,6 +128,19 @@ int main(int argc, char** argv) {
   std::vector<char*> arg_ptrs;
   for (std::string& arg : args) arg_ptrs.push_back(arg.data());
   absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+
+  // The log's shape first, so that every later line has it.
+  absl::StatusOr<flce::server::LogLevel> level =
+      flce::server::ParseLogLevel(absl::GetFlag(FLAGS_log_level));
+  absl::StatusOr<flce::server::LogFormat> format =
+      flce::server::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!level.ok() || !format.ok()) {
+    std::fprintf(stderr, "flce-server: %s\n",
+                 std::string((level.ok() ? format.status() : level.status()).message()).c_str());
+    return 2;
+  }
+  flce::server::SetLogLevel(*level);
+  flce::server::SetLogFormat(*format);
 
   flce::server::ServerConfig config;
   config.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));

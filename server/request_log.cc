@@ -47,4 +47,24 @@ std::string FormatRequestLog(const RequestLogLine& line) {
   return out;
 }
 
+std::vector<std::pair<std::string, nlohmann::json>> RequestLogFields(const RequestLogLine& line) {
+  auto cut = [](const std::string& value) {
+    if (value.size() <= kMaxLogValueBytes) return value;
+    return absl::StrCat(value.substr(0, kMaxLogValueBytes), "...(",
+                        value.size() - kMaxLogValueBytes, " more bytes)");
+  };
+  std::vector<std::pair<std::string, nlohmann::json>> fields;
+  fields.emplace_back("request_id", cut(line.id));
+  fields.emplace_back("rpc", line.rpc);
+  if (!line.tenant.empty()) fields.emplace_back("tenant", cut(line.tenant));
+  if (!line.head.empty()) fields.emplace_back("head", cut(line.head));
+  if (!line.session.empty()) fields.emplace_back("session", cut(line.session));
+  if (line.tokens >= 0) fields.emplace_back("tokens", line.tokens);
+  if (!line.strategy.empty()) fields.emplace_back("strategy", cut(line.strategy));
+  fields.emplace_back("duration_ms", line.seconds * 1000.0);
+  fields.emplace_back("code", line.code);
+  if (line.code != "OK" && !line.message.empty()) fields.emplace_back("message", cut(line.message));
+  return fields;
+}
+
 }  // namespace flce::server

@@ -10,8 +10,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
 
 namespace flce::server {
 
@@ -28,7 +31,13 @@ struct RequestLogLine {
   std::string message;
 };
 
+// The key=value line of --log-format=text.
 std::string FormatRequestLog(const RequestLogLine& line);
+
+// The fields of --log-format=json, in order: request_id, rpc, tenant, head,
+// session, tokens, strategy (each only when known), duration_ms, code,
+// message (not for OK); string values cut as QuoteLogValue cuts them.
+std::vector<std::pair<std::string, nlohmann::json>> RequestLogFields(const RequestLogLine& line);
 
 // Values are what clients sent, validated or not: beyond this many bytes one
 // is cut, quoted, and says how much was left out.

@@ -42,10 +42,10 @@ void RpcScope::Done(const grpc::Status& status) {
     case grpc::StatusCode::DATA_LOSS:
     case grpc::StatusCode::UNAVAILABLE:
       // The server's own failures stand out; client mistakes stay at info.
-      LogUnthrottled(LogLevel::kWarning, FormatRequestLog(line));
+      LogRequestLine(LogLevel::kWarning, line);
       break;
     default:
-      LogUnthrottled(LogLevel::kInfo, FormatRequestLog(line));
+      LogRequestLine(LogLevel::kInfo, line);
       break;
   }
   if (ctx_.metrics == nullptr) return;

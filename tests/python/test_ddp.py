@@ -4,7 +4,9 @@ equal 1 rank computing the whole batch (the same script runs on every rank).
 
 The model keeps the local lm_head it uploaded (for its checkpoint) beside the
 RemoteLMHead, as a training script would: DDP must be told to ignore it
-(flce.ignore_in_ddp), since the loss never uses it. Real server only."""
+(flce.ignore_in_ddp), since the loss never uses it. With a tied embedding
+(flce.RemoteEmbedding: the input embedding is the head's weight, on the server) every rank
+adds its embedding gradient into the shared session too. Real server only."""
 from __future__ import annotations
 
 import datetime
@@ -27,9 +29,9 @@ LR = 0.2
 
 
 class TinyLM(nn.Module):
-    def __init__(self, head: flce.RemoteLMHead):
+    def __init__(self, head: flce.RemoteLMHead, tied: bool = False):
         super().__init__()
-        self.tok = nn.Embedding(V, H)
+        self.tok = flce.RemoteEmbedding(head) if tied else nn.Embedding(V, H)
         self.body = nn.Linear(H, H)
         self.lm_head = nn.Linear(H, V)  # where the served head came from; unused in forward
         self.head = head
@@ -45,11 +47,12 @@ def _batch(step: int):
                                                                          generator=g)
 
 
-def train(rank: int, world: int, target: str, head_id: str, session_id: str) -> dict:
+def train(rank: int, world: int, target: str, head_id: str, session_id: str,
+          tied: bool = False) -> dict:
     """One rank's training, the same code for 1 or 2 ranks."""
     torch.manual_seed(0)
     head = flce.RemoteLMHead(flce.Client(target, timeout=60), head_id, session_id=session_id)
-    model = TinyLM(head)
+    model = TinyLM(head, tied)
     if rank == 0:
         head.load_from_module(model.lm_head)
     if world > 1:
@@ -84,11 +87,11 @@ def train(rank: int, world: int, target: str, head_id: str, session_id: str) -> 
 
 
 def _rank_main(rank: int, world: int, port: int, target: str, head_id: str, session_id: str,
-               out_dir: str):
+               out_dir: str, tied: bool):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
-        torch.save(train(rank, world, target, head_id, session_id),
+        torch.save(train(rank, world, target, head_id, session_id, tied),
                    Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -105,10 +108,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def test_two_ranks_sharing_a_session_equal_one_rank_with_the_whole_batch(target, tmp_path):
-    one = train(0, 1, target, f"ddp1-{uuid.uuid4().hex[:6]}", "one")
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_two_ranks_sharing_a_session_equal_one_rank_with_the_whole_batch(target, tmp_path,
+                                                                          tied):
+    one = train(0, 1, target, f"ddp1-{uuid.uuid4().hex[:6]}", "one", tied)
     head_id = f"ddp2-{uuid.uuid4().hex[:6]}"
-    mp.spawn(_rank_main, args=(2, free_port(), target, head_id, "shared", str(tmp_path)),
+    mp.spawn(_rank_main, args=(2, free_port(), target, head_id, "shared", str(tmp_path), tied),
              nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
 

@@ -83,6 +83,16 @@ def test_every_new_training_message_is_checked():
         assert name in mirrored, name
 
 
+def test_tied_embedding_results_are_checked():
+    """What Client.embed_grad returns and RemoteEmbedding.last_header holds are mirrored,
+    and checked by the test above."""
+    mirrored = set(results.MIRRORS.values())
+    for name in ("EmbedHeader", "EmbedGradSummary"):
+        assert name in mirrored, name
+    assert flce.EmbedHeader is results.EmbedHeader
+    assert flce.EmbedGradSummary is results.EmbedGradSummary
+
+
 def test_optimizer_group_round_trips_and_leaves_unset_fields_unset():
     group = flce.OptimizerGroup(weight_decay=0.0, momentum=0.9, nesterov=True)
     msg = group.to_pb()

@@ -1,6 +1,8 @@
 """The example trains a tiny LM with a local and a flce-served head: same loss curve; and
 with the head trained on the server, the same curve without weights or gradients on the
-wire."""
+wire; and with the input embedding tied to the head and kept on the server too
+(flce.RemoteEmbedding), the local tied model's curve, still without weights or gradients
+on the wire."""
 from __future__ import annotations
 
 import re
@@ -59,5 +61,37 @@ def test_head_trained_on_the_server_gives_the_same_curve_without_weights_on_the_
         vocab = int(re.search(r"vocabulary (\d+)", run.stdout).group(1))
         assert _counter(url, upload) == (vocab * 64 + vocab) * 4
         assert _counter(url, fetch) == 0
+    finally:
+        srv.stop()
+
+
+def test_tied_embedding_trained_on_the_server_gives_the_local_tied_curve(real_server_bin):
+    """--tied: the embedding is the head's weight, looked up (Embed) and trained (EmbedGrad,
+    one Step with the head's gradient) on the server; the local run ties nn.Embedding to
+    lm_head. Same curve (1e-2 smoothed), and the weight never crosses the wire after the
+    first upload: UploadHead, FetchGrad and DownloadHead do not grow."""
+    port = free_port()
+    srv = RealServer(real_server_bin, "--metrics-port", str(port), "--metrics-host",
+                     "127.0.0.1")
+    url = f"http://127.0.0.1:{port}/metrics"
+    upload, fetch, download = ('flce_received_bytes_total{rpc="UploadHead"}',
+                               'flce_sent_bytes_total{rpc="FetchGrad"}',
+                               'flce_sent_bytes_total{rpc="DownloadHead"}')
+    embed, embed_grad = ('flce_sent_bytes_total{rpc="Embed"}',
+                         'flce_received_bytes_total{rpc="EmbedGrad"}')
+    try:
+        run = _run(srv.target, "--tied", "--metrics-url", url)
+        assert "tied embedding" in run.stdout
+        grew = dict(re.findall(r"^metrics from step 0 to step 39: (\S+) \+(\d+)$",
+                               run.stdout, re.M))
+        assert {upload, fetch, download, embed, embed_grad} <= set(grew), run.stdout
+        assert int(grew[upload]) == 0 and int(grew[fetch]) == 0 and int(grew[download]) == 0
+        # 39 steps of 16 x 64 ids: fp32 rows of H = 64 down, their gradient up
+        rows = 39 * 16 * 64 * 64 * 4
+        assert int(grew[embed]) == rows
+        assert int(grew[embed_grad]) >= rows
+        vocab = int(re.search(r"vocabulary (\d+)", run.stdout).group(1))
+        assert _counter(url, upload) == (vocab * 64 + vocab) * 4  # the one upload
+        assert _counter(url, fetch) == 0 and _counter(url, download) == 0
     finally:
         srv.stop()

@@ -40,6 +40,27 @@ def test_grad_input_decodes_from_protobuf_bytes():
     assert (view.token_offset, view.num_tokens, bytes(view.data)) == (123456, 7, b"abcdefg" * 100)
 
 
+@pytest.mark.parametrize("offset,rows", [(0, 0), (0, 3), (70000, 5)])
+def test_embed_grad_rows_and_end_parse_as_embed_grad_requests(offset, rows):
+    data = bytes(range(256)) * rows
+    msg = pb.EmbedGradRequest.FromString(
+        wire.encode_embed_grad_rows(offset, rows, memoryview(data)))
+    assert msg.WhichOneof("msg") == "rows"
+    assert (msg.rows.token_offset, msg.rows.num_tokens, msg.rows.data) == (offset, rows, data)
+    end = pb.EmbedGradRequest.FromString(wire.encode_embed_grad_end(12345))
+    assert end.WhichOneof("msg") == "end" and end.end.num_tokens == 12345
+
+
+def test_embed_rows_decode_from_protobuf_bytes():
+    raw = pb.EmbedResponse(rows=pb.EmbedRows(token_offset=99, num_tokens=2,
+                                             data=b"r" * 64)).SerializeToString()
+    number, payload = wire.split_oneof(raw)
+    assert number == wire.EMBED_RESPONSE_ROWS
+    assert wire.decode_embed_rows(payload) == (99, 2, memoryview(b"r" * 64))
+    header = pb.EmbedResponse(header=pb.EmbedHeader(num_tokens=2)).SerializeToString()
+    assert wire.split_oneof(header)[0] != wire.EMBED_RESPONSE_ROWS
+
+
 def test_grad_chunk_decodes_with_defaults_omitted():
     raw = pb.FetchGradResponse(chunk=pb.GradChunk(role=pb.TENSOR_WEIGHT, row_offset=0,
                                                   rows=3, data=b"x" * 12)).SerializeToString()

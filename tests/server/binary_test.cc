@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/cpp/health_check.h"
 #include "gmock/gmock.h"
@@ -322,6 +323,27 @@ TEST(BinaryTest, ACheckpointSurvivesSigkillAndTheRunContinuesBitForBit) {
   }
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
+}
+
+TEST(BinaryTest, LogFormatJsonWritesOneObjectPerLine) {
+  ServerProcess server({"--port=0", "--metrics-port=0", "--device=cpu", "--threads=2",
+                        "--log-format=json", "--log-level=info"},
+                       {});
+  ASSERT_TRUE(server.spawned());
+  ASSERT_GT(server.WaitForPort(), 0) << server.log();
+  kill(server.pid(), SIGTERM);
+  EXPECT_EQ(server.WaitExit(std::chrono::seconds(30)), 0) << server.log();
+  std::istringstream lines(server.log());
+  int objects = 0;
+  for (std::string line; std::getline(lines, line);) {
+    EXPECT_TRUE(absl::StartsWith(line, "{\"level\":") && absl::EndsWith(line, "}")) << line;
+    ++objects;
+  }
+  EXPECT_GE(objects, 3);
+  ServerProcess bad({"--port=0", "--log-format=xml"}, {});
+  ASSERT_TRUE(bad.spawned());
+  EXPECT_EQ(bad.WaitExit(std::chrono::seconds(30)), 2);
+  EXPECT_THAT(bad.log(), HasSubstr("--log-format=xml is not text or json"));
 }
 
 TEST(BinaryTest, BuiltServerFindsThePluginInTheBuildTree) {

@@ -235,6 +235,7 @@ TEST_F(EmbeddingTest, EmbedGradLandsOnlyWithItsEndMessageAndOnce) {
   ASSERT_TRUE(EmbedGrad(call, &summary).ok());  // the retry lands
   ASSERT_TRUE(EmbedGrad(call, &summary).ok());  // the repeat does not
   EXPECT_TRUE(summary.replayed());
+  EXPECT_EQ(summary.rows_applied(), 20);
   FetchedGrad grad = FetchGrad(stub(), "h", "s");
   EXPECT_EQ(grad.header.contributions(), 1);
   EXPECT_LE(flce::test::RelativeError(Doubles(grad.weight), Reference(call)), 1e-6);
@@ -249,6 +250,7 @@ TEST_F(EmbeddingTest, EmbedGradLandsOnlyWithItsEndMessageAndOnce) {
   bad.rows[3 * problem_.spec.hidden_size + 2] = std::nanf("");
   status = EmbedGrad(bad);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("gradient rows: "));
   FetchedGrad after = FetchGrad(stub(), "h", "s");
   EXPECT_EQ(after.header.contributions(), 1);
   EXPECT_EQ(after.weight, grad.weight);

@@ -3,6 +3,7 @@
 // UTF-8 costs the log a bounded number of lines, not one per message.
 #include "server/log.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "absl/time/time.h"
 #include "flce/v1/flce.pb.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "server/log_rate_limiter.h"
 #include "server/request_log.h"
 #include "tests/server/server_test_util.h"
@@ -211,6 +213,79 @@ TEST_F(ProtobufLogTest, WithoutTheLimitEveryMessageIsALine) {
   CapturedLog log;
   ParseNonUtf8(1000);
   EXPECT_EQ(log.Count("flce.v1.ComputeHeader.head_id"), 1000);
+}
+
+// --log-format=json and --log-level.
+class LogFormatTest : public test::ServerTest {
+ protected:
+  void TearDown() override {
+    SetLogFormat(LogFormat::kText);
+    SetLogLevel(LogLevel::kInfo);
+    SetLogQuiet(false);
+    test::ServerTest::TearDown();
+  }
+};
+
+TEST_F(LogFormatTest, JsonLinesAreOneObjectEach) {
+  SetLogFormat(LogFormat::kJson);
+  CapturedLog log;
+  LogUnthrottled(LogLevel::kWarning, "a \"quoted\" word\nand a second line \xff");
+  std::vector<std::string> lines = log.lines();
+  ASSERT_EQ(lines.size(), 1u);
+  ASSERT_TRUE(absl::EndsWith(lines[0], "}\n")) << lines[0];
+  EXPECT_EQ(std::count(lines[0].begin(), lines[0].end(), '\n'), 1) << "one line per record";
+  nlohmann::json record = nlohmann::json::parse(lines[0]);
+  EXPECT_EQ(record["level"], "warning");
+  EXPECT_TRUE(absl::StartsWith(record["message"].get<std::string>(), "a \"quoted\" word\nand"));
+  EXPECT_EQ(record["time"].get<std::string>().size(), 24u);  // 2026-12-01T13:15:44.123Z
+}
+
+TEST_F(LogFormatTest, AJsonRequestLineHasItsFields) {
+  StartServer(test::TestConfig());
+  SetLogQuiet(false);  // TestConfig's servers are quiet
+  SetLogFormat(LogFormat::kJson);
+  CapturedLog log;
+  v1::DescribeHeadRequest request;
+  request.set_head_id("no-such-head");
+  v1::HeadInfo info;
+  grpc::ClientContext ctx;
+  ASSERT_EQ(stub().DescribeHead(&ctx, request, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+  nlohmann::json record;
+  for (int i = 0; i < 500 && record.is_null(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (const std::string& line : log.lines()) {
+      nlohmann::json parsed = nlohmann::json::parse(line, nullptr, false);
+      ASSERT_FALSE(parsed.is_discarded()) << line;
+      if (parsed.value("rpc", "") == "DescribeHead") record = parsed;
+    }
+  }
+  ASSERT_FALSE(record.is_null());
+  EXPECT_EQ(record["level"], "info");
+  EXPECT_EQ(record["head"], "no-such-head");
+  EXPECT_EQ(record["code"], "NOT_FOUND");
+  EXPECT_TRUE(record["duration_ms"].is_number());
+  EXPECT_TRUE(absl::StrContains(record["message"].get<std::string>(), "is not loaded"));
+  EXPECT_TRUE(absl::StartsWith(record["request_id"].get<std::string>(), "#"));
+}
+
+TEST_F(LogFormatTest, LinesBelowTheLevelAreNotWritten) {
+  CapturedLog log;
+  SetLogLevel(LogLevel::kError);
+  LogInfo("an info line");
+  LogWarning("a warning line");
+  LogUnthrottled(LogLevel::kWarning, "an unthrottled warning");
+  LogError("an error line");
+  std::vector<std::string> lines = log.lines();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(lines[0], "E flce-server: an error line")) << lines[0];
+}
+
+TEST(LogFlagsTest, NamesAreParsedAndOthersRefused) {
+  EXPECT_EQ(*ParseLogLevel("warning"), LogLevel::kWarning);
+  EXPECT_EQ(*ParseLogFormat("json"), LogFormat::kJson);
+  absl::StatusOr<LogLevel> bad = ParseLogLevel("debug");
+  EXPECT_EQ(bad.status().message(), "--log-level=debug is not one of info, warning, error");
+  EXPECT_FALSE(ParseLogFormat("xml").ok());
 }
 
 }  // namespace

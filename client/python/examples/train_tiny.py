@@ -15,6 +15,11 @@ server instead (remote_head.optimizer("adamw", ...), step, zero_grad): no weight
 gradient crosses the wire per step, only hidden states and grad_input.
     /usr/bin/python3 client/python/examples/train_tiny.py --server-optimizer \
         --metrics-url http://localhost:9464/metrics   # shows the bytes that did not move
+With --tied the model's input embedding is its LM head's weight (tok.weight is
+lm_head.weight, as GPT-2's): the remote run keeps that one weight on the server, where
+flce.RemoteEmbedding looks the ids up (Embed) and sends the embedding's gradient into the
+head's session (EmbedGrad), and the server's AdamW applies both gradients in one step
+(--tied implies --server-optimizer).
 """
 from __future__ import annotations
 
@@ -36,10 +41,11 @@ CORPUS = Path(__file__).with_name("tiny_corpus.txt")
 
 
 class TinyLM(nn.Module):
-    """Embedding, a causal Transformer encoder and a separate lm_head (the part flce serves)."""
+    """Embedding, a causal Transformer encoder and a separate lm_head (the part flce serves).
+    tied: lm_head.weight is tok.weight (initialised as GPT-2's, N(0, 0.02))."""
 
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, context: int,
-                 bias: bool):
+                 bias: bool, tied: bool = False):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.randn(context, dim) * 0.02)
@@ -48,6 +54,9 @@ class TinyLM(nn.Module):
         self.blocks = nn.TransformerEncoder(layer, layers)
         self.norm = nn.LayerNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=bias)
+        if tied:
+            nn.init.normal_(self.tok.weight, std=0.02)
+            self.lm_head.weight = self.tok.weight
         self.register_buffer("mask", torch.triu(torch.full((context, context), float("-inf")),
                                                 diagonal=1))
 
@@ -70,14 +79,18 @@ def batches(data: torch.Tensor, steps: int, batch: int, context: int, seed: int)
 WIRE_COUNTERS = ('flce_received_bytes_total{rpc="UploadHead"}',
                  'flce_sent_bytes_total{rpc="FetchGrad"}',
                  'flce_received_bytes_total{rpc="Compute"}')
+# and with a tied embedding: no weight comes down, embedding rows and their gradient move
+TIED_COUNTERS = ('flce_sent_bytes_total{rpc="DownloadHead"}',
+                 'flce_sent_bytes_total{rpc="Embed"}',
+                 'flce_received_bytes_total{rpc="EmbedGrad"}')
 
 
-def scrape(url: str) -> dict:
-    """WIRE_COUNTERS from a Prometheus text page (a series not yet created counts 0)."""
+def scrape(url: str, names=WIRE_COUNTERS) -> dict:
+    """These counters from a Prometheus text page (a series not yet created counts 0)."""
     with urllib.request.urlopen(url, timeout=10) as page:
         text = page.read().decode()
     values = {}
-    for name in WIRE_COUNTERS:
+    for name in names:
         m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
         values[name] = float(m.group(1)) if m else 0.0
     return values
@@ -85,13 +98,9 @@ def scrape(url: str) -> dict:
 
 def train(args, data: torch.Tensor, vocab: int, remote: bool):
     torch.manual_seed(args.seed)
-    model = TinyLM(vocab, args.dim, args.layers, args.heads, args.context, args.bias)
+    model = TinyLM(vocab, args.dim, args.layers, args.heads, args.context, args.bias,
+                   tied=args.tied)
     on_server = remote and args.server_optimizer
-    if on_server:  # the body here, the head there: the same AdamW, split in two
-        body = [p for n, p in model.named_parameters() if not n.startswith("lm_head.")]
-        opt = torch.optim.AdamW(body, lr=args.lr, weight_decay=0.0)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     head = head_opt = None
     if remote:
         client = flce.Client(args.target, timeout=120).wait_ready(30)
@@ -101,6 +110,17 @@ def train(args, data: torch.Tensor, vocab: int, remote: bool):
         head.zero_grad()
         if on_server:
             head_opt = head.optimizer("adamw", lr=args.lr, weight_decay=0.0)
+        if args.tied:
+            # the tied weight is the head's: the embedding looks it up on the server and
+            # sends its gradient into the head's session (the local copy goes unused)
+            model.tok = flce.RemoteEmbedding(head)
+    if on_server:  # the body here, the head (and a tied embedding) there: AdamW split in two
+        remote_names = ("lm_head.", "tok.") if args.tied else ("lm_head.",)
+        body = [p for n, p in model.named_parameters() if not n.startswith(remote_names)]
+        opt = torch.optim.AdamW(body, lr=args.lr, weight_decay=0.0)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    counters = WIRE_COUNTERS + (TIED_COUNTERS if args.tied else ())
     losses, wire = [], []
     t0 = time.perf_counter()
     for step, (x, y) in enumerate(batches(data, args.steps, args.batch, args.context,
@@ -123,10 +143,10 @@ def train(args, data: torch.Tensor, vocab: int, remote: bool):
             head.load_from_module(model.lm_head, dtype=torch.float32)  # serve the new weight
         losses.append(float(loss.detach()))
         if remote and args.metrics_url and step in (0, args.steps - 1):
-            wire.append(scrape(args.metrics_url))
+            wire.append(scrape(args.metrics_url, counters))
     seconds = time.perf_counter() - t0
     if len(wire) == 2:
-        for name in WIRE_COUNTERS:
+        for name in counters:
             print(f"metrics from step 0 to step {args.steps - 1}: {name} "
                   f"+{wire[1][name] - wire[0][name]:.0f}")
     if remote:
@@ -152,6 +172,11 @@ def main(argv=None) -> int:
     p.add_argument("--server-optimizer", action="store_true",
                    help="train the remote head on the server (AdamW there, step and "
                         "zero_grad), instead of fetching grad_W and uploading the weight")
+    p.add_argument("--tied", action="store_true",
+                   help="tie the input embedding to the LM head (tok.weight is "
+                        "lm_head.weight); the remote run keeps it on the server "
+                        "(flce.RemoteEmbedding) and trains it there (implies "
+                        "--server-optimizer)")
     p.add_argument("--metrics-url", default="",
                    help="the server's /metrics: print how much its UploadHead, FetchGrad and "
                         "Compute byte counters grew between the first and the last step")
@@ -166,12 +191,17 @@ def main(argv=None) -> int:
                         "fp32 rounding differences have been amplified by training")
     p.add_argument("--log-every", type=int, default=25)
     args = p.parse_args(argv)
+    if args.tied:
+        args.server_optimizer = True
 
     text = CORPUS.read_text(encoding="utf-8")
     chars = sorted(set(text))
     lookup = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([lookup[c] for c in text], dtype=torch.long)  # once, at load time
     print(f"corpus: {len(text)} characters, vocabulary {len(chars)}")
+    if args.tied:
+        print("tied embedding: tok.weight is lm_head.weight; the remote run keeps it on the "
+              "server (Embed, EmbedGrad) with the head")
     if args.server_optimizer:
         print("remote head: trained on the server (AdamW there; no weight or gradient "
               "crosses the wire per step)")

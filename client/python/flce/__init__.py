@@ -5,25 +5,28 @@
     head = flce.RemoteLMHead(client, "lm")
     head.load_from_module(model.lm_head)
     loss = head(hidden, targets)      # instead of F.cross_entropy(model.lm_head(hidden), targets)
+    embed = flce.RemoteEmbedding(head)  # a tied input embedding (= lm_head.weight), on the server
 """
 # the package's one version: pyproject.toml reads it from here (without importing flce)
 __version__ = "0.2.0"
 
 from flce.client import Client, ComputeResult, GradResult, HeadDownload  # noqa: E402
 from flce.errors import FlceError  # noqa: E402
-from flce.module import LMHeadOutput, RemoteLMHead, ignore_in_ddp  # noqa: E402
+from flce.module import LMHeadOutput, RemoteEmbedding, RemoteLMHead, ignore_in_ddp  # noqa: E402
 from flce.optim import ServerOptimizer, clip_grad_norm_  # noqa: E402
 from flce.results import (CheckpointInfo, CommitResult, ComputeSummary,  # noqa: E402
-                          ContributionState, DType, DownloadHeader, GradHeader, GradNorm,
+                          ContributionState, DType, DownloadHeader, EmbedGradSummary,
+                          EmbedHeader, GradHeader, GradNorm,
                           GradVersions, HeadInfo, OptimizerGroup, OptimizerInfo,
                           OptimizerKind, ServerInfo, SessionInfo, StepOutcome, StepResult,
                           Timings, UnloadResult)
 from flce import safetensors  # noqa: E402
 
 __all__ = ["Client", "ComputeResult", "GradResult", "HeadDownload", "FlceError",
-           "LMHeadOutput", "RemoteLMHead", "ignore_in_ddp", "ServerOptimizer",
+           "LMHeadOutput", "RemoteEmbedding", "RemoteLMHead", "ignore_in_ddp", "ServerOptimizer",
            "clip_grad_norm_", "safetensors", "CheckpointInfo", "CommitResult",
-           "ComputeSummary", "ContributionState", "DType", "DownloadHeader", "GradHeader",
+           "ComputeSummary", "ContributionState", "DType", "DownloadHeader",
+           "EmbedGradSummary", "EmbedHeader", "GradHeader",
            "GradNorm", "GradVersions", "HeadInfo", "OptimizerGroup", "OptimizerInfo",
            "OptimizerKind", "ServerInfo", "SessionInfo", "StepOutcome", "StepResult",
            "Timings", "UnloadResult"]

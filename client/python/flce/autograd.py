@@ -1,4 +1,4 @@
-"""The autograd functions under flce.RemoteLMHead.
+"""The autograd functions under flce.RemoteLMHead and flce.RemoteEmbedding.
 
 Two plans, chosen by what the caller differentiates:
 - FusedLoss (mean or sum, no per-token outputs): ONE Compute call returns the loss and
@@ -8,6 +8,9 @@ Two plans, chosen by what the caller differentiates:
   forward-only call (no grad_W, nothing staged); backward re-sends hidden with the
   per-token upstream gradients as weights a_t and e_t (MATH.md), which costs a second
   pass of the forward GEMM on the server.
+- EmbeddingLookup (flce.RemoteEmbedding, a tied input embedding): the forward is an Embed
+  call (the head's rows of the ids); backward sends the output's gradient to EmbedGrad,
+  which adds it into the session's grad_W, where the head's own gradient accumulates.
 """
 from __future__ import annotations
 
@@ -227,3 +230,24 @@ class PerTokenLoss(torch.autograd.Function):
         grad_input = (_to_device(result.grad_input, hidden.device)
                       if ctx.needs_input_grad[0] else None)
         return grad_input, None, None, None, None, None, None, None
+
+
+class EmbeddingLookup(torch.autograd.Function):
+    """rows = W[token_ids] from an Embed call; backward hands the rows' gradient to
+    `owner` (the flce.RemoteEmbedding), which sends it to EmbedGrad. `anchor` stands in
+    for the remote weight, so that backward runs although the ids need no gradient."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, token_ids: torch.Tensor, owner):
+        rows = owner._lookup(token_ids)
+        ctx.owner = owner
+        ctx.save_for_backward(token_ids)
+        ctx.set_materialize_grads(False)  # an unused output: no gradient, nothing sent
+        return rows
+
+    @staticmethod
+    def backward(ctx, grad_rows: Optional[torch.Tensor]):
+        if grad_rows is not None:
+            token_ids, = ctx.saved_tensors
+            ctx.owner._send_grad(token_ids, grad_rows)
+        return None, None, None

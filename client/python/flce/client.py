@@ -18,8 +18,9 @@ from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.errors import FlceError, translate
 from flce.results import (CheckpointInfo, CommitResult, ComputeSummary, DownloadHeader,
-                          GradHeader, GradNorm, HeadInfo, OptimizerGroup, OptimizerInfo,
-                          OptimizerKind, ServerInfo, SessionInfo, StepResult, UnloadResult)
+                          EmbedGradSummary, EmbedHeader, GradHeader, GradNorm, HeadInfo,
+                          OptimizerGroup, OptimizerInfo, OptimizerKind, ServerInfo,
+                          SessionInfo, StepResult, UnloadResult)
 
 REDUCTIONS = {"mean": pb.REDUCTION_MEAN, "sum": pb.REDUCTION_SUM, "none": pb.REDUCTION_NONE}
 STRATEGIES = {"auto": pb.STRATEGY_AUTO, "chunked": pb.STRATEGY_CHUNKED,
@@ -58,6 +59,35 @@ def _decode_download_response(raw: bytes):
     if number == wire.DOWNLOAD_RESPONSE_CHUNK:
         return wire.decode_grad_chunk(payload)
     return pb.DownloadHeadResponse.FromString(raw)
+
+
+def _decode_embed_response(raw: bytes):
+    number, payload = wire.split_oneof(raw)
+    if number == wire.EMBED_RESPONSE_ROWS:
+        return wire.decode_embed_rows(payload)
+    return pb.EmbedResponse.FromString(raw)
+
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _token_ids_bytes(method: str, token_ids: torch.Tensor) -> bytes:
+    """int32 bytes of integer token ids, any shape, row-major. An id that int32 cannot hold
+    is refused here, as the server refuses one outside [0, V): it must not wrap around
+    into the vocabulary."""
+    if token_ids.dtype.is_floating_point or token_ids.dtype.is_complex \
+            or token_ids.dtype == torch.bool:
+        raise TypeError(f"token ids must be an integer tensor, got {token_ids.dtype}")
+    ids = token_ids.detach().reshape(-1)
+    if ids.dtype == torch.int64 and ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < _INT32[0] or hi > _INT32[1]:
+            bad = lo if lo < _INT32[0] else hi
+            index = int((ids == bad).nonzero()[0])
+            raise FlceError(method, grpc.StatusCode.INVALID_ARGUMENT,
+                            f"token_ids: token id {bad} at index {index} is outside the "
+                            "vocabulary (and int32)")
+    return tensors.to_bytes_int32(ids)
 
 
 def _put(method: str, asm: tensors.RowAssembler, first_row: int, data) -> None:
@@ -176,6 +206,12 @@ class Client:
         self._download = self._channel.unary_stream(
             "/flce.v1.Flce/DownloadHead", request_serializer=_serialize,
             response_deserializer=_decode_download_response)
+        self._embed = self._channel.unary_stream(
+            "/flce.v1.Flce/Embed", request_serializer=_serialize,
+            response_deserializer=_decode_embed_response)
+        self._embed_grad = self._channel.stream_unary(
+            "/flce.v1.Flce/EmbedGrad", request_serializer=_serialize,
+            response_deserializer=pb.EmbedGradSummary.FromString)
 
     # ------------------------------------------------------------ lifecycle --
     def wait_ready(self, timeout: float = 10.0) -> "Client":
@@ -560,6 +596,128 @@ class Client:
             if asm is not None and not asm.complete:
                 raise bad(f"{name}: {asm.rows_filled} of {asm.tensor.shape[0]} rows received")
         return HeadDownload(weight.tensor, bias.tensor.reshape(-1) if bias else None, header)
+
+    # ------------------------------------------------------- tied embeddings --
+    def embed(self, head_id: str, token_ids: torch.Tensor, *,
+              dtype: Optional[torch.dtype] = None,
+              expected_head_version: Optional[int] = None, chunk_rows: int = 0,
+              retries: int = 3) -> torch.Tensor:
+        """The head's weight rows of token_ids (an integer tensor of any shape, each id in
+        [0, V)): a tensor [*token_ids.shape, H] on the CPU (pinned when token_ids is on a
+        GPU, ready for a fast copy), in the head's dtype (dtype=None) or torch.float32. Every
+        row is of one head version: a Step during the call aborts it (ABORTED) and it is
+        tried again, `retries` times; with expected_head_version a head at another version
+        is FAILED_PRECONDITION. At most the server's --max-request-tokens ids per call."""
+        return self._embed_call(head_id, token_ids, dtype=dtype,
+                                expected_head_version=expected_head_version,
+                                chunk_rows=chunk_rows, retries=retries)[0]
+
+    def _embed_call(self, head_id: str, token_ids: torch.Tensor, *,
+                    dtype: Optional[torch.dtype] = None,
+                    expected_head_version: Optional[int] = None, chunk_rows: int = 0,
+                    retries: int = 3) -> Tuple[torch.Tensor, EmbedHeader]:
+        """embed(), with the stream's header (the head version of the rows)."""
+        req = pb.EmbedRequest(head_id=head_id, token_ids=_token_ids_bytes("Embed", token_ids),
+                              dtype=tensors.wire_dtype(dtype) if dtype is not None
+                              else pb.DTYPE_UNSPECIFIED, chunk_rows=chunk_rows)
+        if expected_head_version is not None:
+            req.expected_head_version = expected_head_version
+        pool = tensors.PinnedPool if token_ids.is_cuda else None
+        for attempt in range(retries + 1):
+            try:
+                rows, header = self._run_embed(req, token_ids.numel(), pool)
+                break
+            except FlceError as err:
+                if err.code != grpc.StatusCode.ABORTED or attempt == retries:
+                    raise
+        return rows.reshape(*token_ids.shape, header.hidden_size), header
+
+    @translate("Embed")
+    def _run_embed(self, req, n: int, pool) -> Tuple[torch.Tensor, EmbedHeader]:
+        def bad(what: str) -> FlceError:
+            return FlceError("Embed", grpc.StatusCode.INTERNAL, what)
+
+        header = rows = None
+        for msg in self._embed(req, timeout=self.timeout):
+            if isinstance(msg, wire.EmbedRowsView):
+                if header is None:
+                    raise bad("rows before the header")
+                if msg.num_tokens * header.hidden_size * rows.tensor.element_size() \
+                        != len(msg.data):
+                    raise bad(f"rows at token {msg.token_offset} say {msg.num_tokens} tokens "
+                              f"but carry {len(msg.data)} bytes")
+                _put("Embed", rows, msg.token_offset, msg.data)
+            elif msg.WhichOneof("msg") == "header":
+                if header is not None:
+                    raise bad("second header")
+                header = EmbedHeader.from_pb(msg.header)
+                if header.num_tokens != n:
+                    raise bad(f"header says {header.num_tokens} tokens, {n} were sent")
+                if req.dtype not in (pb.DTYPE_UNSPECIFIED, header.dtype):
+                    raise bad(f"rows of {header.dtype.name} where DType {req.dtype} was asked")
+                rows = tensors.RowAssembler(n, header.hidden_size,
+                                            tensors.torch_dtype(header.dtype), pool)
+        if header is None:
+            raise bad("stream ended without a header")
+        if not rows.complete:
+            raise bad(f"{rows.rows_filled} of {n} rows received")
+        return rows.tensor, header
+
+    def embed_grad(self, head_id: str, token_ids: torch.Tensor, grad_rows: torch.Tensor, *,
+                   session_id: Optional[str] = None, padding_idx: Optional[int] = None,
+                   deterministic: bool = False, request_id: Optional[str] = None,
+                   expected_head_version: Optional[int] = None) -> EmbedGradSummary:
+        """Adds the embedding's gradient into the session's grad_W, where the head's own
+        gradient (compute) accumulates, so that one step applies both: grad_rows[i] (fp32,
+        fp16 or bf16; [*token_ids.shape, H] or [N, H]) is added to row token_ids[i], except
+        for ids equal to padding_idx (negative counts from V, as torch's). deterministic
+        sums repeated ids in token order, bit for bit the same every time. Rows go out in
+        chunk_bytes pieces, then the end message: a call cut short lands nothing.
+
+        Retry-safe: the request id (generated when not given) comes back in
+        FlceError.request_id when the call fails; repeated with it and the same rows, the
+        call is answered `replayed` and applies nothing again (other rows under that id are
+        INVALID_ARGUMENT). Rows that are not finite are INVALID_ARGUMENT, nothing landed;
+        so is an empty call (no tokens)."""
+        n = token_ids.numel()
+        if grad_rows.dim() < 1:
+            raise ValueError("grad_rows must be [*token_ids.shape, H] or [N, H]")
+        h = grad_rows.shape[-1]
+        if tuple(grad_rows.shape[:-1]) != tuple(token_ids.shape) and \
+                tuple(grad_rows.shape) != (n, h):
+            raise ValueError(f"grad_rows {tuple(grad_rows.shape)} does not match token_ids "
+                             f"{tuple(token_ids.shape)}: need [*token_ids.shape, H] or [N, H]")
+        if h < 1:
+            raise ValueError(f"grad_rows has no columns: {tuple(grad_rows.shape)}")
+        request_id = request_id or new_request_id()
+        try:
+            header = pb.EmbedGradHeader(
+                request_id=request_id, head_id=head_id,
+                session_id=session_id if session_id is not None else self.session_id,
+                num_tokens=n, token_ids=_token_ids_bytes("EmbedGrad", token_ids),
+                dtype=tensors.wire_dtype(grad_rows.dtype), deterministic=deterministic)
+            if padding_idx is not None:
+                header.padding_idx = padding_idx
+            if expected_head_version is not None:
+                header.expected_head_version = expected_head_version
+            rows = tensors.host_contiguous(grad_rows.reshape(n, h))
+
+            def requests():
+                yield pb.EmbedGradRequest(header=header)
+                for row, piece in tensors.row_chunks(rows, self.chunk_bytes):
+                    yield wire.encode_embed_grad_rows(row, len(piece) // (h * rows.element_size()),
+                                                      piece)
+                # Only this says "done": the server lands nothing from a stream that stops.
+                yield wire.encode_embed_grad_end(n)
+
+            return self._run_embed_grad(requests())
+        except FlceError as err:
+            err.request_id = request_id  # a retry with it is never applied twice
+            raise
+
+    @translate("EmbedGrad")
+    def _run_embed_grad(self, requests: Iterable) -> EmbedGradSummary:
+        return EmbedGradSummary.from_pb(self._embed_grad(requests, timeout=self.timeout))
 
     # ----------------------------------------------------------- checkpoints --
     def save_checkpoint(self, head_id: str, name: str, *, overwrite: bool = False,

@@ -11,6 +11,13 @@ or trained on the server, where no weight or gradient crosses the wire per step:
     opt = head.optimizer("adamw", lr=3e-4)          # flce.ServerOptimizer (see flce.optim)
     loss.backward(); opt.step(); opt.zero_grad()
     opt.save_checkpoint("step-1000")                # head + moments, on the server
+
+A tied input embedding (GPT-2, Gemma, Llama-3.2-1B: embedding = lm_head.weight) lives on
+the server with the head, its gradient added into the head's session:
+
+    embed = flce.RemoteEmbedding(head)              # no parameters; Embed / EmbedGrad
+    loss = head(model.body(embed(input_ids)), targets)
+    loss.backward(); opt.step(); opt.zero_grad()    # one Step applies both gradients
 """
 from __future__ import annotations
 
@@ -21,10 +28,11 @@ import torch
 from torch import nn
 
 from flce import safetensors
-from flce.autograd import CallConfig, FusedLoss, PerTokenLoss
+from flce.autograd import CallConfig, EmbeddingLookup, FusedLoss, PerTokenLoss
 from flce.client import Client, GradResult, HeadDownload
 from flce.errors import FlceError
-from flce.results import CheckpointInfo, ComputeSummary, HeadInfo
+from flce.results import (CheckpointInfo, ComputeSummary, EmbedGradSummary, EmbedHeader,
+                          HeadInfo)
 
 REDUCTIONS = ("mean", "sum", "none")
 _LOSS_OPTIONS = ("ignore_index", "label_smoothing", "z_loss", "softcap", "temperature",
@@ -74,6 +82,10 @@ class RemoteLMHead(nn.Module):
         self._optimizer = None
         # flce.clip_grad_norm_'s coefficient, waiting for the next step
         self._clip_coef: Optional[float] = None
+        # a tied RemoteEmbedding's gradient was not finite (nothing of it landed): the
+        # next ServerOptimizer step is skipped as found_inf, as torch's would be by a
+        # GradScaler (or would write Inf into a local tied weight)
+        self._embed_found_inf = False
 
     # ------------------------------------------------------------- the head --
     def load_from_module(self, lm_head: nn.Linear, dtype: Optional[torch.dtype] = None,
@@ -146,6 +158,7 @@ class RemoteLMHead(nn.Module):
         except FlceError as err:
             if err.code != grpc.StatusCode.NOT_FOUND:
                 raise
+        self._embed_found_inf = False
 
     # ------------------------------------------------------------- training --
     def optimizer(self, kind: str, lr: float = 1e-3,
@@ -246,6 +259,137 @@ class RemoteLMHead(nn.Module):
     def extra_repr(self) -> str:
         return (f"head_id={self.head_id!r}, session_id={self.session_id!r}, "
                 f"reduction={self.reduction!r}")
+
+
+class RemoteEmbedding(nn.Module):
+    """A tied input embedding: the rows of a flce head's weight, looked up and trained on
+    the server (an nn.Embedding whose weight is lm_head.weight).
+
+        head = flce.RemoteLMHead(client, "lm", session_id="run-1")
+        embed = flce.RemoteEmbedding(head)          # or (client, "lm"), session_id=...
+        loss = head(body(embed(input_ids)), targets)
+        loss.backward()                             # both gradients land in the session
+        opt.step()                                  # head.optimizer(...): one Step for both
+
+    forward(input_ids) (an integer tensor of any shape, ids in [0, V)) returns
+    [*input_ids.shape, H] on input_ids' device, in `dtype` (torch.float32 by default; None:
+    the head's dtype), from one Embed call: every row is of one head version. With grad
+    enabled, backward sends the output's gradient to EmbedGrad, which adds it into the
+    session's grad_W — the session of `head` (a RemoteLMHead: its session_id, read at each
+    call) or `session_id` (default the client's) — where the head's own gradient
+    accumulates, so that a ServerOptimizer step, flce.clip_grad_norm_ and fetch_grad see
+    their sum, as a local tied weight's .grad holds both. The EmbedGrad call is
+    synchronous: when backward returns, it has landed (a step cannot miss it).
+
+    The rows sent are the true gradient dL/d(embeddings) of whatever was backpropagated,
+    under the convention RemoteLMHead uses for grad_W (committed with scale = the loss's
+    grad_output, never LossOptions.grad_scale): `loss * 0.5`, a GradScaler's scale or
+    `/ accumulation_steps` reach both alike, and the optimizer's grad_multiplier and clip
+    coefficient apply to their sum at Step.
+
+    padding_idx: ids whose rows get no gradient (torch's nn.Embedding(padding_idx=...);
+    negative counts from V; checked by the server at the first backward); their rows are
+    returned as the head holds them. deterministic: repeated ids sum in token order, bit for
+    bit the same every time (slower on the GPU).
+
+    No parameters and no buffers (DistributedDataParallel needs nothing: `anchor`, which
+    lets backward run although the ids need no gradient, is a plain attribute, as
+    RemoteLMHead's). A gradient that is not finite (an fp16 overflow) is not sent: nothing
+    lands, `found_inf` turns True and, for a RemoteLMHead's embedding, its ServerOptimizer's
+    next step is skipped as found_inf (on every rank under torch.distributed) and the
+    session's gradient dropped, as the server skips a step on a gradient that is not
+    finite."""
+
+    def __init__(self, head: Union[RemoteLMHead, Tuple[Union[Client, str], str]],
+                 padding_idx: Optional[int] = None, deterministic: bool = False, *,
+                 session_id: Optional[str] = None,
+                 dtype: Optional[torch.dtype] = torch.float32):
+        super().__init__()
+        if isinstance(head, RemoteLMHead):
+            if session_id is not None and session_id != head.session_id:
+                raise ValueError(f"session_id {session_id!r} is not the head's "
+                                 f"({head.session_id!r}): a tied embedding's gradient goes "
+                                 "into its head's session")
+            client, head_id = head.client, head.head_id
+        else:
+            try:
+                client, head_id = head
+            except (TypeError, ValueError):
+                raise TypeError("RemoteEmbedding needs a flce.RemoteLMHead or a (client, "
+                                f"head_id) pair, got {type(head).__name__}") from None
+            if isinstance(client, str):
+                client = Client(client, session_id=session_id)
+            head = None
+        if dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"dtype must be None (the head's), torch.float32 or the head's "
+                            f"16-bit dtype, got {dtype}")
+        self.client = client
+        self.head_id = head_id
+        # not a submodule: the model holds the RemoteLMHead itself
+        self.__dict__["lm_head"] = head
+        self._session_id = session_id or client.session_id
+        self.padding_idx = padding_idx
+        self.deterministic = deterministic
+        self.dtype = dtype
+        self._anchor = torch.empty(0, requires_grad=True)
+        self._found_inf = False
+        # the last Embed's header (its head_version) and the last EmbedGrad's summary
+        self.last_header: Optional[EmbedHeader] = None
+        self.last_grad_summary: Optional[EmbedGradSummary] = None
+
+    @property
+    def session_id(self) -> str:
+        """The session the gradient goes into: the RemoteLMHead's, when tied to one."""
+        return self.lm_head.session_id if self.lm_head is not None else self._session_id
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex \
+                or input_ids.dtype == torch.bool:
+            raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+        if not torch.is_grad_enabled():
+            return self._lookup(input_ids)
+        return EmbeddingLookup.apply(self._anchor, input_ids, self)
+
+    def _lookup(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows, self.last_header = self.client._embed_call(self.head_id, input_ids,
+                                                         dtype=self.dtype)
+        return rows.to(input_ids.device, non_blocking=rows.is_pinned())
+
+    def _send_grad(self, input_ids: torch.Tensor, grad: torch.Tensor) -> None:
+        if input_ids.numel() == 0:
+            return
+        if not bool(torch.isfinite(grad).all()):
+            self._overflowed()
+            return
+        try:
+            self.last_grad_summary = self.client.embed_grad(
+                self.head_id, input_ids, grad.detach(), session_id=self.session_id,
+                padding_idx=self.padding_idx, deterministic=self.deterministic)
+        except FlceError as err:
+            if not err.non_finite:  # its sum with the session's gradient overflowed
+                raise
+            self._overflowed()
+
+    @property
+    def found_inf(self) -> bool:
+        """A backward's gradient was not finite and was not sent. Tied to a RemoteLMHead:
+        its flag, which the head's ServerOptimizer step (skipped) and zero_grad() clear;
+        otherwise this module's own, which stays set until you set it to False."""
+        return self.lm_head._embed_found_inf if self.lm_head is not None else self._found_inf
+
+    @found_inf.setter
+    def found_inf(self, value: bool) -> None:
+        if self.lm_head is not None:
+            self.lm_head._embed_found_inf = bool(value)
+        else:
+            self._found_inf = bool(value)
+
+    def _overflowed(self) -> None:
+        self.found_inf = True
+
+    def extra_repr(self) -> str:
+        return (f"head_id={self.head_id!r}, session_id={self.session_id!r}, "
+                f"padding_idx={self.padding_idx}, dtype={self.dtype}")
 
 
 def ignore_in_ddp(model: nn.Module, *parts: Union[nn.Module, torch.Tensor]) -> list:

@@ -473,7 +473,9 @@ class ServerOptimizer(torch.optim.Optimizer):
              found_inf: bool = False, expected_head_version: Optional[int] = None):
         """Applies the session's gradient on the server (every rank calls it under
         torch.distributed; rank 0 sends the Step). found_inf (a GradScaler's overflow)
-        skips the step and drops the gradient; a session that holds no gradient is skipped
+        skips the step and drops the gradient, as does a tied flce.RemoteEmbedding's
+        gradient that was not finite (RemoteEmbedding.found_inf, any rank's under
+        torch.distributed); a session that holds no gradient is skipped
         (StepOutcome.SKIPPED_NO_GRADIENT: no weight decay, no moment update, as torch.optim
         skips a parameter whose grad is None). Returns the closure's loss, as torch's
         optimizers do; the outcome is `last_step`."""
@@ -487,6 +489,9 @@ class ServerOptimizer(torch.optim.Optimizer):
             # the global norm overflowed: where torch would write NaN into the weights,
             # the step is skipped and the gradient dropped
             coef, found_inf = None, True
+        # a tied flce.RemoteEmbedding's gradient was not finite (it was not sent): the
+        # session lacks it, so the step is skipped as the server skips a non-finite one
+        embed_found_inf = bool(self.head._embed_found_inf)
         groups = self.param_groups
         bias_lr = groups[1]["lr"] if len(groups) > 1 else None
         request_id = self.request_id
@@ -500,11 +505,15 @@ class ServerOptimizer(torch.optim.Optimizer):
                 expected_head_version=expected_head_version)
 
         if self._ranks is not None:
-            self._ranks.barrier()  # every rank's contributions have landed
+            # every rank's contributions have landed; any rank's embedding overflow counts
+            if any(self._ranks.all_gather(embed_found_inf)):
+                found_inf = True
             result = self._ranks.on_leader("Step", send)
         else:
+            found_inf = found_inf or embed_found_inf
             result = send()
         self.head._clip_coef = None
+        self.head._embed_found_inf = False
         self._step_calls += 1
         self.last_step = result
         self.head_version = result.head_version
@@ -520,6 +529,7 @@ class ServerOptimizer(torch.optim.Optimizer):
         else:
             self.head.zero_grad()
         self.head._clip_coef = None
+        self.head._embed_found_inf = False
 
 
 def _head_and_optimizer(head_or_optimizer) -> Tuple["RemoteLMHead", Optional[ServerOptimizer]]:

@@ -118,7 +118,8 @@ class ServerInfo:
     max_request_tokens: int
     max_message_bytes: int
     # e.g. "optimizer" (CreateOptimizer, Step, GradNorm, DownloadHead), "checkpoint"
-    # (SaveCheckpoint, LoadCheckpoint: the server has a --checkpoint-dir)
+    # (SaveCheckpoint, LoadCheckpoint: the server has a --checkpoint-dir), "embed"
+    # (Embed, EmbedGrad: tied embeddings)
     capabilities: Tuple[str, ...]
 
     @classmethod
@@ -308,6 +309,36 @@ class CheckpointInfo:
         return cls(m.name, m.bytes, m.head_version, m.steps, m.has_optimizer, m.replayed)
 
 
+@dataclass(frozen=True)
+class EmbedHeader:
+    """What an Embed stream describes: the rows' count, width and dtype, and the head
+    version every row is of (a step during the call aborts it instead)."""
+    num_tokens: int
+    hidden_size: int
+    dtype: DType
+    head_version: int
+
+    @classmethod
+    def from_pb(cls, m) -> "EmbedHeader":
+        return cls(m.num_tokens, m.hidden_size, DType(m.dtype), m.head_version)
+
+
+@dataclass(frozen=True)
+class EmbedGradSummary:
+    """What an EmbedGrad call did: its rows landed in the session's grad_W (committed), or
+    the request id was seen before (replayed: nothing applied now)."""
+    head_version: int   # of the head when the call started
+    replayed: bool
+    committed: bool
+    rows_applied: int   # tokens whose id was not padding_idx
+    timings: Timings
+
+    @classmethod
+    def from_pb(cls, m) -> "EmbedGradSummary":
+        return cls(m.head_version, m.replayed, m.committed, m.rows_applied,
+                   Timings.from_pb(m.timings))
+
+
 # result class -> the protobuf message it mirrors (for the test that they stay in step)
 MIRRORS = {ServerInfo: "ServerInfo", HeadInfo: "HeadInfo", UnloadResult: "UnloadHeadResponse",
            Timings: "Timings", ComputeSummary: "ComputeSummary",
@@ -315,9 +346,11 @@ MIRRORS = {ServerInfo: "ServerInfo", HeadInfo: "HeadInfo", UnloadResult: "Unload
            GradVersions: "GradVersions", OptimizerGroup: "OptimizerGroup",
            OptimizerInfo: "OptimizerInfo", StepResult: "StepResponse",
            GradNorm: "GradNormResponse", DownloadHeader: "DownloadHeader",
-           CheckpointInfo: "CheckpointInfo"}
+           CheckpointInfo: "CheckpointInfo", EmbedHeader: "EmbedHeader",
+           EmbedGradSummary: "EmbedGradSummary"}
 
 __all__ = ["DType", "ContributionState", "OptimizerKind", "StepOutcome", "ServerInfo",
            "HeadInfo", "UnloadResult", "Timings", "ComputeSummary", "CommitResult",
            "GradHeader", "SessionInfo", "GradVersions", "OptimizerGroup", "OptimizerInfo",
-           "StepResult", "GradNorm", "DownloadHeader", "CheckpointInfo"]
+           "StepResult", "GradNorm", "DownloadHeader", "CheckpointInfo", "EmbedHeader",
+           "EmbedGradSummary"]

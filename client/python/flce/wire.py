@@ -1,4 +1,5 @@
-"""Hand-encoded protobuf for the bulky messages (hidden in, grad_input and grad_W out).
+"""Hand-encoded protobuf for the bulky messages (hidden and embedding gradient rows in,
+grad_input, grad_W and embedding rows out).
 
 Why not the generated classes: Python protobuf only accepts `bytes` for a bytes field, so
 a 4 MiB chunk is copied into the message and again by SerializeToString, and reading
@@ -28,6 +29,9 @@ UPLOAD_REQUEST_CHUNK = 2            # UploadHeadRequest.chunk (TensorChunk)
 COMPUTE_RESPONSE_GRAD_INPUT = 1     # ComputeResponse.grad_input (GradInputChunk)
 FETCH_RESPONSE_CHUNK = 2            # FetchGradResponse.chunk (GradChunk)
 DOWNLOAD_RESPONSE_CHUNK = 2         # DownloadHeadResponse.chunk (GradChunk)
+EMBED_RESPONSE_ROWS = 2             # EmbedResponse.rows (EmbedRows)
+EMBED_GRAD_REQUEST_ROWS = 2         # EmbedGradRequest.rows (EmbedRows)
+EMBED_GRAD_REQUEST_END = 3          # EmbedGradRequest.end (EndOfInput)
 
 
 def varint(n: int) -> bytes:
@@ -66,6 +70,20 @@ def encode_end_of_input(num_tokens: int) -> bytes:
     """ComputeRequest{end: EndOfInput{num_tokens}}: the last message of every Compute call.
     A stream that ends without it (a cancel, a crash, a broken connection) lands nothing."""
     return _wrap(COMPUTE_REQUEST_END, _int_field(1, num_tokens), b"")
+
+
+def encode_embed_grad_rows(token_offset: int, num_tokens: int, data) -> bytes:
+    """EmbedGradRequest{rows: EmbedRows{token_offset, num_tokens, data}}: gradient rows
+    [token_offset, token_offset + num_tokens); data: a bytes-like view."""
+    head = (_int_field(1, token_offset) + _int_field(2, num_tokens) + _key(3, _LEN)
+            + varint(len(data)))
+    return _wrap(EMBED_GRAD_REQUEST_ROWS, head, data)
+
+
+def encode_embed_grad_end(num_tokens: int) -> bytes:
+    """EmbedGradRequest{end: EndOfInput{num_tokens}}: the last message of every EmbedGrad
+    call; without it nothing lands."""
+    return _wrap(EMBED_GRAD_REQUEST_END, _int_field(1, num_tokens), b"")
 
 
 def encode_compute_header(header: bytes, hidden_size: int) -> bytes:
@@ -152,6 +170,13 @@ class GradInputView(NamedTuple):
     data: memoryview
 
 
+class EmbedRowsView(NamedTuple):
+    """An EmbedRows whose data still lives in the received buffer."""
+    token_offset: int
+    num_tokens: int
+    data: memoryview
+
+
 class GradChunkView(NamedTuple):
     """A GradChunk whose data still lives in the received buffer."""
     role: int
@@ -166,6 +191,11 @@ _EMPTY = memoryview(b"")
 def decode_grad_input(buf: memoryview) -> GradInputView:
     f = parse_fields(buf)
     return GradInputView(_signed(f.get(1, 0)), _signed(f.get(2, 0)), f.get(3, _EMPTY))
+
+
+def decode_embed_rows(buf: memoryview) -> EmbedRowsView:
+    f = parse_fields(buf)
+    return EmbedRowsView(_signed(f.get(1, 0)), _signed(f.get(2, 0)), f.get(3, _EMPTY))
 
 
 def decode_grad_chunk(buf: memoryview) -> GradChunkView:
