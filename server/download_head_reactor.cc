@@ -16,53 +16,14 @@ namespace flce::server {
 DownloadHeadReactor::DownloadHeadReactor(const ServiceContext& ctx,
                                          const v1::DownloadHeadRequest* request, Principal who,
                                          std::unique_ptr<RpcScope> scope)
-    : ctx_(ctx), request_(*request), who_(std::move(who)), scope_(std::move(scope)) {
-  scope_->set_head(request_.head_id());
-  ctx_.pool->Schedule([this] { Step(/*first=*/true); });
+    : PooledWriteReactor(ctx, std::move(scope), "DownloadHead"),
+      request_(*request),
+      who_(std::move(who)) {
+  this->scope().set_head(request_.head_id());
+  Start();
 }
 
-void DownloadHeadReactor::OnWriteDone(bool ok) {
-  if (!ok) {
-    End(absl::CancelledError("the client went away during DownloadHead"));
-    return;
-  }
-  ctx_.pool->Schedule([this] { Step(/*first=*/false); });
-}
-
-void DownloadHeadReactor::OnCancel() { cancelled_.store(true); }
-
-void DownloadHeadReactor::OnDone() { delete this; }
-
-void DownloadHeadReactor::End(const absl::Status& status) {
-  head_ = HeadEntry{};
-  grpc::Status grpc_status = ToGrpcStatus(EngineStatus(*ctx_.engine, status));
-  scope_->Done(grpc_status);
-  Finish(grpc_status);
-}
-
-void DownloadHeadReactor::Step(bool first) {
-  if (cancelled_.load()) {
-    End(absl::CancelledError("the client cancelled DownloadHead"));
-    return;
-  }
-  if (first) {
-    absl::Status prepared = Prepare();
-    if (!prepared.ok()) {
-      End(prepared);
-      return;
-    }
-    StartWrite(&response_);
-    return;
-  }
-  absl::StatusOr<bool> more = NextChunk();
-  if (!more.ok()) {
-    End(more.status());
-  } else if (!*more) {
-    End(absl::OkStatus());
-  } else {
-    StartWrite(&response_);
-  }
-}
+void DownloadHeadReactor::Release() { head_ = HeadEntry{}; }
 
 absl::Status DownloadHeadReactor::Prepare() {
   FLCE_RETURN_IF_ERROR(ValidateId(request_.head_id(), "head_id"));
@@ -77,7 +38,7 @@ absl::Status DownloadHeadReactor::Prepare() {
   const int64_t fit = ItemsPerMessage(ctx_.config.max_response_bytes, row_bytes);
   chunk_rows_ = request_.chunk_rows() > 0 ? std::min(request_.chunk_rows(), fit) : fit;
   bias_chunk_ = ItemsPerMessage(ctx_.config.max_response_bytes, DTypeSize(dtype_));
-  v1::DownloadHeader* header = response_.mutable_header();
+  v1::DownloadHeader* header = response().mutable_header();
   FillHeadInfo(head_, ctx_.sessions->Count(who_.tenant, head_.head_id), header->mutable_head());
   header->set_dtype(DTypeToProto(dtype_));
   return absl::OkStatus();
@@ -107,10 +68,10 @@ absl::Status DownloadHeadReactor::CopyElements(HeadTensor tensor, int64_t begin,
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> DownloadHeadReactor::NextChunk() {
+absl::StatusOr<bool> DownloadHeadReactor::Next() {
   const HeadSpec& spec = head_.head->spec();
-  response_.Clear();
-  v1::GradChunk* chunk = response_.mutable_chunk();
+  response().Clear();
+  v1::GradChunk* chunk = response().mutable_chunk();
   const int64_t size = DTypeSize(dtype_);
   if (next_row_ < spec.vocab_size) {
     const int64_t rows = std::min(chunk_rows_, spec.vocab_size - next_row_);

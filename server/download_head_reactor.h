@@ -14,35 +14,27 @@
 #include "flce/v1/flce.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "server/head_registry.h"
+#include "server/pooled_write_reactor.h"
 #include "server/service_context.h"
 
 namespace flce::server {
 
-class DownloadHeadReactor : public grpc::ServerWriteReactor<v1::DownloadHeadResponse> {
+class DownloadHeadReactor : public PooledWriteReactor<v1::DownloadHeadResponse> {
  public:
   DownloadHeadReactor(const ServiceContext& ctx, const v1::DownloadHeadRequest* request,
                       Principal who, std::unique_ptr<RpcScope> scope);
 
-  void OnWriteDone(bool ok) override;
-  void OnCancel() override;
-  void OnDone() override;
-
  private:
-  absl::Status Prepare();
-  // Fills response_ with the next chunk; false when everything was sent.
-  absl::StatusOr<bool> NextChunk();
+  absl::Status Prepare() override;
+  // Fills response() with the next chunk; false when everything was sent.
+  absl::StatusOr<bool> Next() override;
   // Elements [begin, begin + count) of the weight or bias into out.
   absl::Status CopyElements(HeadTensor tensor, int64_t begin, int64_t count, char* out);
-  void Step(bool first);
-  void End(const absl::Status& status);
+  void Release() override;
 
-  const ServiceContext& ctx_;
   v1::DownloadHeadRequest request_;
   const Principal who_;
-  std::unique_ptr<RpcScope> scope_;
-  std::atomic<bool> cancelled_{false};
   // Touched by one pool task at a time (the next starts after OnWriteDone).
-  v1::DownloadHeadResponse response_;
   HeadEntry head_;
   DType dtype_ = DType::kF32;
   int64_t chunk_rows_ = 0;

@@ -13,53 +13,12 @@ namespace flce::server {
 
 EmbedReactor::EmbedReactor(const ServiceContext& ctx, const v1::EmbedRequest* request,
                            Principal who, std::unique_ptr<RpcScope> scope)
-    : ctx_(ctx), request_(*request), who_(std::move(who)), scope_(std::move(scope)) {
-  scope_->set_head(request_.head_id());
-  ctx_.pool->Schedule([this] { Step(/*first=*/true); });
+    : PooledWriteReactor(ctx, std::move(scope), "Embed"), request_(*request), who_(std::move(who)) {
+  this->scope().set_head(request_.head_id());
+  Start();
 }
 
-void EmbedReactor::OnWriteDone(bool ok) {
-  if (!ok) {
-    End(absl::CancelledError("the client went away during Embed"));
-    return;
-  }
-  ctx_.pool->Schedule([this] { Step(/*first=*/false); });
-}
-
-void EmbedReactor::OnCancel() { cancelled_.store(true); }
-
-void EmbedReactor::OnDone() { delete this; }
-
-void EmbedReactor::End(const absl::Status& status) {
-  head_ = HeadEntry{};
-  grpc::Status grpc_status = ToGrpcStatus(EngineStatus(*ctx_.engine, status));
-  scope_->Done(grpc_status);
-  Finish(grpc_status);
-}
-
-void EmbedReactor::Step(bool first) {
-  if (cancelled_.load()) {
-    End(absl::CancelledError("the client cancelled Embed"));
-    return;
-  }
-  if (first) {
-    absl::Status prepared = Prepare();
-    if (!prepared.ok()) {
-      End(prepared);
-      return;
-    }
-    StartWrite(&response_);
-    return;
-  }
-  absl::StatusOr<bool> more = NextRows();
-  if (!more.ok()) {
-    End(more.status());
-  } else if (!*more) {
-    End(absl::OkStatus());
-  } else {
-    StartWrite(&response_);
-  }
-}
+void EmbedReactor::Release() { head_ = HeadEntry{}; }
 
 absl::Status EmbedReactor::Prepare() {
   FLCE_RETURN_IF_ERROR(ValidateId(request_.head_id(), "head_id"));
@@ -87,11 +46,11 @@ absl::Status EmbedReactor::Prepare() {
   FLCE_ASSIGN_OR_RETURN(
       ids_, ParseTokenIds(request_.token_ids(), -1, ctx_.config.max_request_tokens, spec.vocab_size,
                           "token_ids"));
-  scope_->set_tokens(static_cast<int64_t>(ids_.size()));
+  this->scope().set_tokens(static_cast<int64_t>(ids_.size()));
   const int64_t fit =
       ItemsPerMessage(ctx_.config.max_response_bytes, spec.hidden_size * DTypeSize(dtype_));
   chunk_rows_ = request_.chunk_rows() > 0 ? std::min(request_.chunk_rows(), fit) : fit;
-  v1::EmbedHeader* header = response_.mutable_header();
+  v1::EmbedHeader* header = response().mutable_header();
   header->set_num_tokens(static_cast<int64_t>(ids_.size()));
   header->set_hidden_size(spec.hidden_size);
   header->set_dtype(DTypeToProto(dtype_));
@@ -99,22 +58,22 @@ absl::Status EmbedReactor::Prepare() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> EmbedReactor::NextRows() {
+absl::StatusOr<bool> EmbedReactor::Next() {
   const int64_t n = static_cast<int64_t>(ids_.size());
   if (next_ >= n) return false;
   const int64_t rows = std::min(chunk_rows_, n - next_);
   const HeadSpec& spec = head_.head->spec();
-  response_.Clear();
-  v1::EmbedRows* out = response_.mutable_rows();
+  response().Clear();
+  v1::EmbedRows* out = response().mutable_rows();
   std::string* data = out->mutable_data();
   data->resize(rows * spec.hidden_size * DTypeSize(dtype_));
   {
     // Read while no step rewrites the weight, and only the header's version.
-    FLCE_ASSIGN_OR_RETURN(
-        HeadGate::Use use, head_.training->gate().Enter(absl::InfiniteFuture(), [this]() {
-          return cancelled_.load() ? absl::CancelledError("the client cancelled Embed")
-                                   : absl::OkStatus();
-        }));
+    FLCE_ASSIGN_OR_RETURN(HeadGate::Use use,
+                          head_.training->gate().Enter(absl::InfiniteFuture(), [this]() {
+                            return cancelled() ? absl::CancelledError("the client cancelled Embed")
+                                               : absl::OkStatus();
+                          }));
     FLCE_ASSIGN_OR_RETURN(HeadEntry now, ctx_.heads->Get(who_.tenant, head_.head_id));
     if (now.training != head_.training || now.version != head_.version) {
       return absl::AbortedError(absl::StrCat("head \"", head_.head_id,

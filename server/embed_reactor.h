@@ -15,33 +15,25 @@
 #include "flce/v1/flce.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "server/head_registry.h"
+#include "server/pooled_write_reactor.h"
 #include "server/service_context.h"
 
 namespace flce::server {
 
-class EmbedReactor : public grpc::ServerWriteReactor<v1::EmbedResponse> {
+class EmbedReactor : public PooledWriteReactor<v1::EmbedResponse> {
  public:
   EmbedReactor(const ServiceContext& ctx, const v1::EmbedRequest* request, Principal who,
                std::unique_ptr<RpcScope> scope);
 
-  void OnWriteDone(bool ok) override;
-  void OnCancel() override;
-  void OnDone() override;
-
  private:
-  absl::Status Prepare();
-  // Fills response_ with the next rows; false when every row was sent.
-  absl::StatusOr<bool> NextRows();
-  void Step(bool first);
-  void End(const absl::Status& status);
+  absl::Status Prepare() override;
+  // Fills response() with the next rows; false when every row was sent.
+  absl::StatusOr<bool> Next() override;
+  void Release() override;
 
-  const ServiceContext& ctx_;
   v1::EmbedRequest request_;
   const Principal who_;
-  std::unique_ptr<RpcScope> scope_;
-  std::atomic<bool> cancelled_{false};
   // Touched by one pool task at a time (the next starts after OnWriteDone).
-  v1::EmbedResponse response_;
   HeadEntry head_;
   std::vector<int32_t> ids_;
   DType dtype_ = DType::kF32;

@@ -14,56 +14,17 @@ namespace flce::server {
 
 FetchGradReactor::FetchGradReactor(const ServiceContext& ctx, const v1::FetchGradRequest* request,
                                    Principal who, std::unique_ptr<RpcScope> scope)
-    : ctx_(ctx), request_(*request), who_(std::move(who)), scope_(std::move(scope)) {
+    : PooledWriteReactor(ctx, std::move(scope), "FetchGrad"),
+      request_(*request),
+      who_(std::move(who)) {
   request_.set_session_id(SessionIdOrDefault(request_.session_id()));
-  scope_->set_request_id(request_.request_id());
-  scope_->set_head(request_.head_id());
-  scope_->set_session(request_.session_id());
-  ctx_.pool->Schedule([this] { Step(/*first=*/true); });
+  this->scope().set_request_id(request_.request_id());
+  this->scope().set_head(request_.head_id());
+  this->scope().set_session(request_.session_id());
+  Start();
 }
 
-void FetchGradReactor::OnWriteDone(bool ok) {
-  if (!ok) {
-    End(absl::CancelledError("the client went away during FetchGrad"));
-    return;
-  }
-  ctx_.pool->Schedule([this] { Step(/*first=*/false); });
-}
-
-void FetchGradReactor::OnCancel() { cancelled_.store(true); }
-
-void FetchGradReactor::OnDone() { delete this; }
-
-void FetchGradReactor::End(const absl::Status& status) {
-  snapshot_.grad.reset();
-  grpc::Status grpc_status = ToGrpcStatus(EngineStatus(*ctx_.engine, status));
-  scope_->Done(grpc_status);
-  Finish(grpc_status);
-}
-
-void FetchGradReactor::Step(bool first) {
-  if (cancelled_.load()) {
-    End(absl::CancelledError("the client cancelled FetchGrad"));
-    return;
-  }
-  if (first) {
-    absl::Status prepared = Prepare();
-    if (!prepared.ok()) {
-      End(prepared);
-      return;
-    }
-    StartWrite(&response_);
-    return;
-  }
-  absl::StatusOr<bool> more = NextChunk();
-  if (!more.ok()) {
-    End(more.status());
-  } else if (!*more) {
-    End(absl::OkStatus());
-  } else {
-    StartWrite(&response_);
-  }
-}
+void FetchGradReactor::Release() { snapshot_.grad.reset(); }
 
 absl::Status FetchGradReactor::Prepare() {
   FLCE_RETURN_IF_ERROR(ValidateId(request_.head_id(), "head_id"));
@@ -102,7 +63,7 @@ absl::Status FetchGradReactor::Prepare() {
   int64_t fit = ItemsPerMessage(ctx_.config.max_response_bytes, row_bytes);
   chunk_rows_ = request_.chunk_rows() > 0 ? std::min(request_.chunk_rows(), fit) : fit;
   bias_chunk_ = ItemsPerMessage(ctx_.config.max_response_bytes, DTypeSize(dtype_));
-  v1::GradHeader* header = response_.mutable_header();
+  v1::GradHeader* header = response().mutable_header();
   header->set_vocab_size(grad.vocab_size());
   header->set_hidden_size(grad.hidden_size());
   header->set_dtype(DTypeToProto(dtype_));
@@ -115,10 +76,10 @@ absl::Status FetchGradReactor::Prepare() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> FetchGradReactor::NextChunk() {
+absl::StatusOr<bool> FetchGradReactor::Next() {
   const GradBuffer& grad = *snapshot_.grad;
-  response_.Clear();
-  v1::GradChunk* chunk = response_.mutable_chunk();
+  response().Clear();
+  v1::GradChunk* chunk = response().mutable_chunk();
   if (next_row_ < grad.vocab_size()) {
     int64_t rows = std::min(chunk_rows_, grad.vocab_size() - next_row_);
     std::string* data = chunk->mutable_data();

@@ -13,34 +13,26 @@
 #include "absl/status/status.h"
 #include "flce/v1/flce.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "server/pooled_write_reactor.h"
 #include "server/service_context.h"
 #include "server/session_store.h"
 
 namespace flce::server {
 
-class FetchGradReactor : public grpc::ServerWriteReactor<v1::FetchGradResponse> {
+class FetchGradReactor : public PooledWriteReactor<v1::FetchGradResponse> {
  public:
   FetchGradReactor(const ServiceContext& ctx, const v1::FetchGradRequest* request, Principal who,
                    std::unique_ptr<RpcScope> scope);
 
-  void OnWriteDone(bool ok) override;
-  void OnCancel() override;
-  void OnDone() override;
-
  private:
-  absl::Status Prepare();
-  // Fills response_ with the next chunk; false when everything was sent.
-  absl::StatusOr<bool> NextChunk();
-  void Step(bool first);
-  void End(const absl::Status& status);
+  absl::Status Prepare() override;
+  // Fills response() with the next chunk; false when everything was sent.
+  absl::StatusOr<bool> Next() override;
+  void Release() override;
 
-  const ServiceContext& ctx_;
   v1::FetchGradRequest request_;
   const Principal who_;
-  std::unique_ptr<RpcScope> scope_;
-  std::atomic<bool> cancelled_{false};
   // Touched by one pool task at a time (the next starts after OnWriteDone).
-  v1::FetchGradResponse response_;
   GradSnapshot snapshot_;
   DType dtype_ = DType::kF32;
   int64_t chunk_rows_ = 0;

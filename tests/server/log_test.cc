@@ -58,6 +58,8 @@ std::string NonUtf8Request() {
 
 class LogLimitTest : public ::testing::Test {
  protected:
+  // Servers started by earlier tests in this process may have left info lines off.
+  void SetUp() override { SetLogQuiet(false); }
   void TearDown() override { SetLogRateLimit(LogRateLimit{}); }
 };
 
