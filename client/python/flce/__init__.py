@@ -8,7 +8,7 @@
     embed = flce.RemoteEmbedding(head)  # a tied input embedding (= lm_head.weight), on the server
 """
 # the package's one version: pyproject.toml reads it from here (without importing flce)
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from flce.client import Client, ComputeResult, GradResult, HeadDownload  # noqa: E402
 from flce.errors import FlceError  # noqa: E402
