@@ -15,8 +15,9 @@
 #            engine plugin libflce_cuda.so beside flce-server, where the server looks
 #            for it. Runs as the unprivileged user "flce".
 #
-# Build arguments: CUDA_VERSION (13.0.1), UBUNTU (ubuntu24.04), CUDA_ARCHITECTURES (90:
-# Hopper, H100/H200; e.g. "80;90" adds Ampere), FLCE_JOBS (parallel compile jobs).
+# Build arguments: CUDA_VERSION (13.0.1), UBUNTU (ubuntu24.04), CUDA_ARCHITECTURES (the
+# build's default: sm_80, sm_89 and sm_90 machine code and compute_80 PTX; "90-real" alone
+# builds for Hopper only, faster), FLCE_JOBS (parallel compile jobs).
 # See docs/OPERATIONS.md.
 
 ARG CUDA_VERSION=13.0.1
@@ -25,7 +26,7 @@ ARG UBUNTU=ubuntu24.04
 # ---------------------------------------------------------------------------- build --
 FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS build
 
-ARG CUDA_ARCHITECTURES=90
+ARG CUDA_ARCHITECTURES="80-real;89-real;90-real;80-virtual"
 ARG FLCE_JOBS=
 ENV DEBIAN_FRONTEND=noninteractive
 

@@ -1,8 +1,7 @@
-#include "kernels/cuda/cluster_row_kernel.cuh"
-
 #include <cooperative_groups.h>
 #include <cuda_pipeline.h>
 
+#include "kernels/cuda/cluster_row_kernel.cuh"
 #include "kernels/cuda/policy.h"
 #include "kernels/cuda/row_math.cuh"
 
@@ -20,6 +19,7 @@ int64_t SegmentFor(int64_t padded_vocab, int cluster) {
 template <typename T>
 __global__ void __launch_bounds__(Policy::kThreads)
     ClusterRowKernel(FusedRowArgs args, int64_t seg) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   extern __shared__ float4 smem4[];
   float* z = reinterpret_cast<float*>(smem4);
   __shared__ RowState scratch[Policy::kThreads / 32];
@@ -102,16 +102,18 @@ __global__ void __launch_bounds__(Policy::kThreads)
   if (threadIdx.x == 0) {
     // Fixed rank order: the same merge tree on every run.
     RowState total = *cluster.map_shared_rank(&block_state, 0);
-    for (int r = 1; r < nblocks; ++r) total = MergeStates(total, *cluster.map_shared_rank(&block_state, r));
+    for (int r = 1; r < nblocks; ++r)
+      total = MergeStates(total, *cluster.map_shared_rank(&block_state, r));
     RowOutputs out = args.out;
     if (rank != 0) out = RowOutputs{};  // one writer per row
-    row_grad = FinishRow(total, y, args.in.token_weight[row], args.in.entropy_weight[row], p, out,
-                         row);
+    row_grad =
+        FinishRow(total, y, args.in.token_weight[row], args.in.entropy_weight[row], p, out, row);
   }
   cluster.sync();  // no block leaves while another still reads its state
   if (args.dlogits == nullptr) return;
   const RowGrad g = row_grad;
-  T* drow = reinterpret_cast<T*>(static_cast<char*>(args.dlogits) + row * args.dlogits_row_bytes) + c0;
+  T* drow =
+      reinterpret_cast<T*>(static_cast<char*>(args.dlogits) + row * args.dlogits_row_bytes) + c0;
   for (int64_t i = threadIdx.x * 4; i < n; i += Policy::kThreads * 4) {
     const float4 v4 = *reinterpret_cast<const float4*>(z + i);
     const float v[4] = {v4.x, v4.y, v4.z, v4.w};
@@ -128,22 +130,40 @@ __global__ void __launch_bounds__(Policy::kThreads)
       *reinterpret_cast<uint2*>(drow + i) = *reinterpret_cast<const uint2*>(v);
     }
   }
+#else
+  __trap();  // clusters are Hopper's: Launch() never launches this before sm_90
+#endif
+}
+
+bool DeviceHasClusters() {
+  if (GenericPlanForced()) return false;
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
 }
 
 template <typename T>
 absl::Status Launch(const FusedRowArgs& args, cudaStream_t stream, DeviceHealth* health) {
+  if (!DeviceHasClusters()) {
+    return absl::FailedPreconditionError("thread-block clusters need sm_90 or later");
+  }
   const int cluster = ClusterSizeFor(args.padded_vocab);
   if (cluster == 0) return absl::FailedPreconditionError("row too long for one cluster");
   const int64_t seg = SegmentFor(args.padded_vocab, cluster);
   const size_t smem = static_cast<size_t>(seg) * sizeof(float);
   static_assert(Policy::kMaxSegmentBytes <= 227 * 1024, "within Hopper's shared memory");
-  FLCE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(ClusterRowKernel<T>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem)),
-                            health);
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(ClusterRowKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)),
+      health);
   if (cluster > 8) {
     FLCE_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(ClusterRowKernel<T>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+        cudaFuncSetAttribute(ClusterRowKernel<T>, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                             1),
         health);
   }
   cudaLaunchConfig_t config = {};
@@ -185,9 +205,12 @@ absl::Status LaunchClusterRows(DType dtype, const FusedRowArgs& args, cudaStream
     return absl::InternalError("cluster row kernel: unsupported layout");
   }
   switch (dtype) {
-    case DType::kF32: return Launch<float>(args, stream, health);
-    case DType::kF16: return Launch<__half>(args, stream, health);
-    case DType::kBF16: return Launch<__nv_bfloat16>(args, stream, health);
+    case DType::kF32:
+      return Launch<float>(args, stream, health);
+    case DType::kF16:
+      return Launch<__half>(args, stream, health);
+    case DType::kBF16:
+      return Launch<__nv_bfloat16>(args, stream, health);
   }
   return absl::InvalidArgumentError("unknown dtype");
 }

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
+#include "kernels/cuda/policy.h"
 #include "kernels/status_macros.h"
 
 namespace flce::cuda {
@@ -609,6 +610,7 @@ absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CU
 bool LogitsStatsSupported(DType dtype, int64_t hidden) {
   const char* env = std::getenv("FLCE_CUDA_LOGITS");
   if (env != nullptr && std::string(env) == "cublas") return false;
+  if (GenericPlanForced()) return false;
   if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
   if (hidden <= 0 || hidden % 8 != 0) return false;
   return DeviceIsSm90();

@@ -19,6 +19,15 @@ if [[ $mode == tests || $mode == all ]]; then
   FLCE_TEST_PRINT_ERRORS=1 "$dist/flce_engine_tests" --gtest_filter='*cuda*' 2>&1 | tee "$out/engine_tests.log" |
     grep -E '^\[  FAILED|^\[  PASSED|^\[==|Failure|Expected|Which|actual|error' | tail -60
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  # The plans of GPUs before Hopper (A100, L40S), on this one.
+  FLCE_CUDA_GENERIC=1 "$dist/flce_engine_tests" --gtest_filter='*cuda*' 2>&1 | tee "$out/engine_tests_generic.log" |
+    grep -E '^\[  FAILED|^\[  PASSED|^\[==|Failure|Expected|Which|actual|error' | tail -20
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  # Which machine code the plugin carries.
+  if command -v cuobjdump >/dev/null; then
+    cuobjdump --list-elf "$dist/libflce_cuda.so" | tee "$out/cubins.txt" | grep -o 'sm_[0-9a]*' | sort | uniq -c
+    cuobjdump --list-ptx "$dist/libflce_cuda.so" | grep -o 'sm_[0-9a]*' | sort | uniq -c | sed 's/^/ptx /'
+  fi
 fi
 if [[ $mode == optimizer ]]; then
   "$dist/flce_optimizer_bench" --out="$out/optimizer-bench.json" --commit="$(cat "$dist/COMMIT")" "$@" 2>&1 |

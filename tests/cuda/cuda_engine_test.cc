@@ -383,6 +383,11 @@ TEST(CudaEngineTest, PlannerTakesLogitsStatsOnlyWhereSupported) {
   setenv("FLCE_CUDA_LOGITS", "cublas", 1);
   EXPECT_FALSE(plan(DType::kBF16, 1024, false, true).tile_stats);
   unsetenv("FLCE_CUDA_LOGITS");
+  // The plans of GPUs before Hopper, forced on this one.
+  setenv("FLCE_CUDA_GENERIC", "1", 1);
+  EXPECT_FALSE(plan(DType::kBF16, 1024, false, true).tile_stats);
+  unsetenv("FLCE_CUDA_GENERIC");
+  EXPECT_EQ(plan(DType::kBF16, 1024, false, true).tile_stats, hopper);
   // 2 bytes per logit instead of 4: about twice the tokens per chunk.
   if (hopper) EXPECT_GT(fast.chunk_tokens, cublas.chunk_tokens * 3 / 2);
 }
