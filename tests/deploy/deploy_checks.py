@@ -14,8 +14,10 @@
   alerts      promtool test rules tests/deploy/alert_rules_test.yml: the alerts fire
               for the series they are meant for (one dead server among two, errors
               without client cancellations) and no others
-  dockerfile  the Dockerfile's stages, user, ports, health check and entrypoint, its build
-              packages against scripts/setup.sh, and .dockerignore
+  dockerfile  the two images' Dockerfiles (Dockerfile: CUDA on Ubuntu 24.04;
+              deploy/docker/Dockerfile.cpu: Debian 12 slim, no CUDA): stages, user, ports,
+              health check and entrypoint, build packages against scripts/setup.sh (and the
+              same in both), and .dockerignore
 
 Usage: deploy_checks.py --root SOURCE_DIR GROUP
 Exit: 0 passed, 1 failed, 77 skipped (a tool this group needs is missing).
@@ -36,6 +38,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flce_contract as fc  # noqa: E402
 
 COMPOSE_FILES = ["docker-compose.yml", "docker-compose.cpu.yml", "docker-compose.same-host.yml"]
+# The images: the GPU one (CUDA, Ubuntu 24.04) and the CPU one (Debian 12 slim, no CUDA).
+GPU_DOCKERFILE = "Dockerfile"
+CPU_DOCKERFILE = "deploy/docker/Dockerfile.cpu"
 
 
 def run(cmd, cwd=None, env=None):
@@ -92,6 +97,23 @@ def check_compose(root, c):
                 f"{name}: services are {sorted(blocks)}, want flce-server, prometheus, grafana")
         server = blocks.get("flce-server", "")
         src = open(path, encoding="utf-8").read()
+        # Each variant builds its own image: the GPU files the CUDA Dockerfile, the CPU file
+        # the slim Debian one (tagged differently, so that one does not replace the other).
+        want_df = "Dockerfile" if name != "docker-compose.cpu.yml" else CPU_DOCKERFILE
+        m = re.search(r"^\s*context: (\S+)\s*$", server, re.M)
+        d = re.search(r"^\s*dockerfile: (\S+)\s*$", server, re.M)
+        c.check(m is not None and os.path.realpath(m.group(1)) == os.path.realpath(root),
+                f"{name}: flce-server should build with the repository root as context")
+        c.check(d is not None and d.group(1) == want_df,
+                f"{name}: flce-server should build {want_df}, builds "
+                f"{d.group(1) if d else 'nothing'}")
+        if d:
+            c.check(os.path.isfile(os.path.join(root, d.group(1))),
+                    f"{name}: builds {d.group(1)}, which does not exist")
+        img = re.search(r"^\s*image: (\S+)\s*$", server, re.M)
+        want_img = "flce:latest" if name != "docker-compose.cpu.yml" else "flce:cpu"
+        c.check(img is not None and img.group(1) == want_img,
+                f"{name}: flce-server's default image should be {want_img}")
 
         gpu = name != "docker-compose.cpu.yml"
         has_gpu = ("driver: nvidia" in server and re.search(r"capabilities:\s*\n\s*- gpu", server)
@@ -371,17 +393,9 @@ def ignored(patterns, rel):
     return result
 
 
-def check_dockerfile(root, c):
-    path = os.path.join(root, "Dockerfile")
-    if not c.check(os.path.isfile(path), "Dockerfile is missing"):
-        return c.finish()
-    ins = dockerfile_instructions(open(path, encoding="utf-8").read())
-    known = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT",
-             "VOLUME", "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
-    for i, a in ins:
-        c.check(i in known, f"unknown instruction {i} {a[:40]}")
-    c.check(ins and ins[0][0] in ("FROM", "ARG"), "the Dockerfile must start with ARG or FROM")
-
+def dockerfile_stages(text):
+    """[{image, name, ins}] of a Dockerfile, global ARG defaults substituted in FROM."""
+    ins = dockerfile_instructions(text)
     global_args = {}
     for i, a in ins:
         if i == "FROM":
@@ -403,89 +417,32 @@ def check_dockerfile(root, c):
             stages.append({"image": expand(words[0]), "name": name, "ins": []})
         elif stages:
             stages[-1]["ins"].append((i, a))
-    c.check(len(stages) >= 2, f"want a multi-stage build, found {len(stages)} stage(s)")
-    if len(stages) < 2:
-        return c.finish()
-    build, final = stages[0], stages[-1]
-    c.check(re.match(r"^nvidia/cuda:[\w.]+-devel-ubuntu24\.04$", build["image"]) is not None,
-            f"the build stage should be an nvidia/cuda devel image on Ubuntu 24.04, is "
-            f"{build['image']}")
-    c.check(re.match(r"^nvidia/cuda:[\w.]+-runtime-ubuntu24\.04$", final["image"]) is not None,
-            f"the runtime stage should be an nvidia/cuda runtime image on Ubuntu 24.04, is "
-            f"{final['image']}")
-    c.check(build["image"].replace("-devel-", "-X-") == final["image"].replace("-runtime-", "-X-"),
-            f"build ({build['image']}) and runtime ({final['image']}) images differ in CUDA or "
-            "Ubuntu version")
-    c.check(bool(build["name"]), "the build stage needs a name (FROM ... AS build)")
+    return stages
 
-    build_runs = " ".join(a for i, a in build["ins"] if i == "RUN")
-    c.check("scripts/build.sh" in build_runs, "the build stage should build with scripts/build.sh")
-    c.check("-DFLCE_BUILD_TESTS=OFF" in build_runs, "the image build should skip the tests")
-    installed = set(re.findall(r"(?<![\w/=-])([a-z0-9][a-z0-9.+-]+)", build_runs))
-    for p in setup_packages(root):
-        needed = (p.endswith("-dev") or p in ("cmake", "ninja-build", "pkg-config",
-                                             "protobuf-compiler", "protobuf-compiler-grpc",
-                                             "build-essential"))
-        if p in ("libgtest-dev", "libgmock-dev", "libbenchmark-dev", "libclang-rt-14-dev"):
-            needed = False  # tests, benchmarks and the fuzzer are not built in the image
-        if needed:
-            c.check(p in installed, f"the build stage does not install {p} (scripts/setup.sh does)")
-    c.check("libflce_cuda.so" in build_runs, "the build stage should pick up libflce_cuda.so")
-    for ref in ("scripts/build.sh", "deploy/docker/runtime-packages.sh"):
-        if ref in build_runs:
-            c.check(os.path.isfile(os.path.join(root, ref)), f"the Dockerfile runs {ref}, missing")
 
-    final_ins = final["ins"]
-    final_runs = " ".join(a for i, a in final_ins if i == "RUN")
-    for bad in ("build-essential", "cmake", "ninja-build", "-dev ", "nvcc"):
-        c.check(bad not in final_runs + " ", f"the runtime stage installs build tools ({bad})")
-    copies = [a for i, a in final_ins if i == "COPY" and f"--from={build['name']}" in a]
-    c.check(bool(copies), "the runtime stage copies nothing from the build stage")
-    # flce-server and the plugin land in one folder of the runtime image.
-    m = re.search(r"install -m 0755 \S*flce-server \S*flce-client (\S+?)/?\s", build_runs)
-    p = re.search(r"install -m 0644 \S+ (\S+)/libflce_cuda\.so", build_runs)
-    c.check(m is not None and p is not None and m.group(1) == p.group(1),
-            "flce-server, flce-client and libflce_cuda.so should be installed side by side")
-    if m:
-        c.check(any(m.group(1) in a for a in copies),
-                f"the runtime stage does not copy {m.group(1)} from the build stage")
+def apt_install_packages(run_args):
+    """The package names of every `apt-get install` in a RUN instruction's text (options
+    and shell words after the command left out)."""
+    pkgs = []
+    for m in re.finditer(r"apt-get\s+install\b(.*?)(?=&&|\|\||;|$)", run_args, re.S):
+        for w in m.group(1).split():
+            if not w.startswith("-"):
+                pkgs.append(w)
+    return pkgs
 
-    users = [a.strip() for i, a in final_ins if i == "USER"]
-    c.check(bool(users), "the runtime stage has no USER: it would run as root")
-    if users:
-        u = users[-1].split(":")[0]
-        c.check(u not in ("root", "0"), f"the runtime stage runs as {users[-1]}")
-        order = [i for i, _ in final_ins]
-        c.check(order.index("USER") < order.index("ENTRYPOINT") if "ENTRYPOINT" in order else False,
-                "USER must come before ENTRYPOINT")
-    exposed = set(" ".join(a for i, a in final_ins if i == "EXPOSE").split())
-    c.check({"50051", "9464"} <= exposed, f"EXPOSE {sorted(exposed)}, want 50051 and 9464")
 
-    hc = [a for i, a in final_ins if i == "HEALTHCHECK"]
-    c.check(len(hc) == 1, f"want one HEALTHCHECK in the runtime stage, found {len(hc)}")
-    if hc:
-        cmd = hc[0].split("CMD", 1)
-        c.check(len(cmd) == 2, "HEALTHCHECK needs CMD")
-        if len(cmd) == 2:
-            argv = exec_form(cmd[1].strip()) or shlex.split(cmd[1])
-            c.check(argv and argv[0].endswith("flce-client"),
-                    f"HEALTHCHECK should run flce-client, runs {argv[:1]}")
-            c.check(argv and argv[-1] == "health", "HEALTHCHECK should run `flce-client ... health`")
-            c.check("--target" in argv and any(a.endswith(":50051") for a in argv),
-                    "HEALTHCHECK should target the container's port 50051")
-    ep = [a for i, a in final_ins if i == "ENTRYPOINT"]
-    c.check(len(ep) == 1 and exec_form(ep[0]) is not None,
-            "want one exec-form ENTRYPOINT in the runtime stage")
-    if ep and exec_form(ep[0]):
-        c.check(exec_form(ep[0])[0].endswith("flce-server"), "ENTRYPOINT should be flce-server")
-    cmd = [a for i, a in final_ins if i == "CMD"]
-    argv = (exec_form(cmd[-1]) or []) if cmd else []
-    argv += exec_form(ep[0]) or [] if ep else []
-    joined = " ".join(argv)
-    c.check(re.search(r"--device[= ]auto", joined) is not None,
-            "the default arguments should include --device auto")
-    c.check(re.search(r"--metrics-port[= ]9464", joined) is not None,
-            "the default arguments should include --metrics-port 9464")
+def check_dockerfile(root, c):
+    gpu = check_one_dockerfile(root, c, GPU_DOCKERFILE, gpu=True)
+    cpu = check_one_dockerfile(root, c, CPU_DOCKERFILE, gpu=False)
+    if gpu and cpu:
+        # The two build stages install the same build packages (Ubuntu 24.04 and Debian 12
+        # share the names), so that a package added to one is not forgotten in the other.
+        lists = [sorted(set(apt_install_packages(" ".join(a for i, a in st["ins"] if i == "RUN"))))
+                 for st in (gpu, cpu)]
+        c.check(lists[0] == lists[1],
+                f"the build stages of {GPU_DOCKERFILE} and {CPU_DOCKERFILE} install different "
+                f"packages: only GPU {sorted(set(lists[0]) - set(lists[1]))}, only CPU "
+                f"{sorted(set(lists[1]) - set(lists[0]))}")
 
     # .dockerignore keeps build trees out and sources in.
     pats = dockerignore_patterns(root)
@@ -498,6 +455,137 @@ def check_dockerfile(root, c):
                 "tests/CMakeLists.txt"):
         c.check(not ignored(pats, rel), f".dockerignore keeps {rel} out of the build context")
     return c.finish()
+
+
+def check_one_dockerfile(root, c, rel, gpu):
+    """Checks one image's Dockerfile; returns its build stage (None when it cannot)."""
+    path = os.path.join(root, rel)
+    if not c.check(os.path.isfile(path), f"{rel} is missing"):
+        return None
+    ins = dockerfile_instructions(open(path, encoding="utf-8").read())
+    known = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT",
+             "VOLUME", "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
+    for i, a in ins:
+        c.check(i in known, f"{rel}: unknown instruction {i} {a[:40]}")
+    c.check(ins and ins[0][0] in ("FROM", "ARG"), f"{rel} must start with ARG or FROM")
+
+    stages = dockerfile_stages(open(path, encoding="utf-8").read())
+    c.check(len(stages) >= 2, f"{rel}: want a multi-stage build, found {len(stages)} stage(s)")
+    if len(stages) < 2:
+        return None
+    build, final = stages[0], stages[-1]
+    if gpu:
+        c.check(re.match(r"^nvidia/cuda:[\w.]+-devel-ubuntu24\.04$", build["image"]) is not None,
+                f"{rel}: the build stage should be an nvidia/cuda devel image on Ubuntu 24.04, "
+                f"is {build['image']}")
+        c.check(re.match(r"^nvidia/cuda:[\w.]+-runtime-ubuntu24\.04$", final["image"])
+                is not None,
+                f"{rel}: the runtime stage should be an nvidia/cuda runtime image on Ubuntu "
+                f"24.04, is {final['image']}")
+        c.check(build["image"].replace("-devel-", "-X-") ==
+                final["image"].replace("-runtime-", "-X-"),
+                f"{rel}: build ({build['image']}) and runtime ({final['image']}) images differ "
+                "in CUDA or Ubuntu version")
+    else:
+        c.check(build["image"] in ("debian:12", "debian:bookworm"),
+                f"{rel}: the build stage should be debian:12, is {build['image']}")
+        c.check(final["image"] == build["image"] + "-slim",
+                f"{rel}: the runtime stage should be {build['image']}-slim, is {final['image']}")
+    c.check(bool(build["name"]), f"{rel}: the build stage needs a name (FROM ... AS build)")
+
+    build_runs = " ".join(a for i, a in build["ins"] if i == "RUN")
+    c.check("scripts/build.sh" in build_runs,
+            f"{rel}: the build stage should build with scripts/build.sh")
+    c.check("-DFLCE_BUILD_TESTS=OFF" in build_runs, f"{rel}: the image build should skip the tests")
+    installed = set(apt_install_packages(build_runs))
+    for p in setup_packages(root):
+        needed = (p.endswith("-dev") or p in ("cmake", "ninja-build", "pkg-config",
+                                             "protobuf-compiler", "protobuf-compiler-grpc",
+                                             "build-essential"))
+        if p in ("libgtest-dev", "libgmock-dev", "libbenchmark-dev", "libclang-rt-14-dev"):
+            needed = False  # tests, benchmarks and the fuzzer are not built in the image
+        if needed:
+            c.check(p in installed,
+                    f"{rel}: the build stage does not install {p} (scripts/setup.sh does)")
+    if gpu:
+        c.check("-DFLCE_BUILD_CUDA=ON" in build_runs,
+                f"{rel}: the GPU image should build the CUDA plugin (-DFLCE_BUILD_CUDA=ON)")
+        c.check("libflce_cuda.so" in build_runs,
+                f"{rel}: the build stage should pick up libflce_cuda.so")
+    else:
+        # CMakeLists.txt looks for nvcc only when FLCE_BUILD_CUDA is on.
+        c.check("-DFLCE_BUILD_CUDA=OFF" in build_runs,
+                f"{rel}: the CPU image must configure with -DFLCE_BUILD_CUDA=OFF")
+        c.check(not any(re.search(r"cuda|nvidia", p) for p in installed),
+                f"{rel}: the CPU image installs CUDA packages: {sorted(installed)}")
+    for ref in ("scripts/build.sh", "deploy/docker/runtime-packages.sh"):
+        if ref in build_runs:
+            c.check(os.path.isfile(os.path.join(root, ref)), f"{rel} runs {ref}, missing")
+    c.check("deploy/docker/runtime-packages.sh" in build_runs,
+            f"{rel}: the build stage should list the runtime packages with "
+            "deploy/docker/runtime-packages.sh")
+
+    final_ins = final["ins"]
+    final_runs = " ".join(a for i, a in final_ins if i == "RUN")
+    for bad in ("build-essential", "cmake", "ninja-build", "-dev ", "nvcc"):
+        c.check(bad not in final_runs + " ", f"{rel}: the runtime stage installs build tools ({bad})")
+    c.check("runtime-packages.txt" in final_runs,
+            f"{rel}: the runtime stage should install the listed runtime packages")
+    copies = [a for i, a in final_ins if i == "COPY" and f"--from={build['name']}" in a]
+    c.check(bool(copies), f"{rel}: the runtime stage copies nothing from the build stage")
+    m = re.search(r"install -m 0755 \S*flce-server \S*flce-client (\S+?)/?\s", build_runs)
+    c.check(m is not None, f"{rel}: the build stage should install flce-server and flce-client")
+    if gpu:
+        # flce-server and the plugin land in one folder of the runtime image.
+        p = re.search(r"install -m 0644 \S+ (\S+)/libflce_cuda\.so", build_runs)
+        c.check(m is not None and p is not None and m.group(1) == p.group(1),
+                f"{rel}: flce-server, flce-client and libflce_cuda.so should be installed side "
+                "by side")
+    if m:
+        c.check(any(m.group(1) in a for a in copies),
+                f"{rel}: the runtime stage does not copy {m.group(1)} from the build stage")
+
+    users = [a.strip() for i, a in final_ins if i == "USER"]
+    c.check(bool(users), f"{rel}: the runtime stage has no USER: it would run as root")
+    if users:
+        u = users[-1].split(":")[0]
+        c.check(u not in ("root", "0"), f"{rel}: the runtime stage runs as {users[-1]}")
+        order = [i for i, _ in final_ins]
+        c.check(order.index("USER") < order.index("ENTRYPOINT") if "ENTRYPOINT" in order else False,
+                f"{rel}: USER must come before ENTRYPOINT")
+    exposed = set(" ".join(a for i, a in final_ins if i == "EXPOSE").split())
+    c.check({"50051", "9464"} <= exposed, f"{rel}: EXPOSE {sorted(exposed)}, want 50051 and 9464")
+
+    hc = [a for i, a in final_ins if i == "HEALTHCHECK"]
+    c.check(len(hc) == 1, f"{rel}: want one HEALTHCHECK in the runtime stage, found {len(hc)}")
+    if hc:
+        cmd = hc[0].split("CMD", 1)
+        c.check(len(cmd) == 2, f"{rel}: HEALTHCHECK needs CMD")
+        if len(cmd) == 2:
+            argv = exec_form(cmd[1].strip()) or shlex.split(cmd[1])
+            c.check(argv and argv[0].endswith("flce-client"),
+                    f"{rel}: HEALTHCHECK should run flce-client, runs {argv[:1]}")
+            c.check(argv and argv[-1] == "health",
+                    f"{rel}: HEALTHCHECK should run `flce-client ... health`")
+            c.check("--target" in argv and any(a.endswith(":50051") for a in argv),
+                    f"{rel}: HEALTHCHECK should target the container's port 50051")
+    ep = [a for i, a in final_ins if i == "ENTRYPOINT"]
+    c.check(len(ep) == 1 and exec_form(ep[0]) is not None,
+            f"{rel}: want one exec-form ENTRYPOINT in the runtime stage")
+    if ep and exec_form(ep[0]):
+        c.check(exec_form(ep[0])[0].endswith("flce-server"),
+                f"{rel}: ENTRYPOINT should be flce-server")
+    cmd = [a for i, a in final_ins if i == "CMD"]
+    argv = (exec_form(cmd[-1]) or []) if cmd else []
+    argv += exec_form(ep[0]) or [] if ep else []
+    joined = " ".join(argv)
+    device = "auto" if gpu else "cpu"
+    c.check(re.search(rf"--device[= ]{device}\b", joined) is not None,
+            f"{rel}: the default arguments should include --device {device}")
+    c.check(re.search(r"--metrics-port[= ]9464", joined) is not None,
+            f"{rel}: the default arguments should include --metrics-port 9464")
+    print(f"ok: {rel} parsed ({len(stages)} stages: {', '.join(st['image'] for st in stages)})")
+    return build
 
 
 def main():
