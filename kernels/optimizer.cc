@@ -114,6 +114,12 @@ absl::Status CheckElementRange(const char* what, int64_t begin, int64_t count, i
   return absl::OkStatus();
 }
 
+absl::Status MissingStateTensor(OptimizerKind kind, HeadTensor group, OptimizerTensor tensor) {
+  return absl::NotFoundError(absl::StrCat("the ", OptimizerName(kind), " state of the ",
+                                          HeadTensorName(group), " has no ",
+                                          OptimizerTensorName(kind, tensor)));
+}
+
 ElementStep MakeElementStep(OptimizerKind kind, const OptimizerGroup& group, double lr,
                             float grad_multiplier, int64_t steps_before, DType weight_dtype) {
   ElementStep s;

@@ -128,6 +128,17 @@ inline StateArrays StateArraysFor(OptimizerKind kind, const OptimizerGroup& grou
   return StateArrays{true, true, group.amsgrad};
 }
 
+// fp32 arrays a group's state holds, each the group's size: the moments, and
+// the master where the head's weight is 16-bit (keeps_master).
+inline int64_t StateArrayCount(OptimizerKind kind, const OptimizerGroup& group, bool keeps_master) {
+  const StateArrays a = StateArraysFor(kind, group);
+  return (keeps_master ? 1 : 0) + (a.m ? 1 : 0) + (a.v ? 1 : 0) + (a.vmax ? 1 : 0);
+}
+
+// NOT_FOUND naming the state tensor a kind and group do not keep (ReadState,
+// WriteState of every engine).
+absl::Status MissingStateTensor(OptimizerKind kind, HeadTensor group, OptimizerTensor tensor);
+
 }  // namespace flce
 
 #endif  // FLCE_KERNELS_OPTIMIZER_MATH_H_

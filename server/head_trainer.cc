@@ -55,12 +55,10 @@ absl::Status CheckMayTrain(const Principal& who, const HeadEntry& head) {
 }
 
 int64_t OptimizerStateBytes(const HeadSpec& spec, const OptimizerConfig& config) {
-  auto group_arrays = [&](const OptimizerGroup& group) {
-    StateArrays a = StateArraysFor(config.kind, group);
-    return (spec.dtype != DType::kF32 ? 1 : 0) + (a.m ? 1 : 0) + (a.v ? 1 : 0) + (a.vmax ? 1 : 0);
-  };
-  int64_t floats = spec.vocab_size * spec.hidden_size * group_arrays(config.weight);
-  if (spec.has_bias) floats += spec.vocab_size * group_arrays(config.bias);
+  const bool master = spec.dtype != DType::kF32;
+  int64_t floats =
+      spec.vocab_size * spec.hidden_size * StateArrayCount(config.kind, config.weight, master);
+  if (spec.has_bias) floats += spec.vocab_size * StateArrayCount(config.kind, config.bias, master);
   return floats * 4;
 }
 

@@ -74,10 +74,8 @@ absl::StatusOr<std::unique_ptr<HeadOptimizer>> CpuEngine::CreateOptimizer(
   if (cpu_head == nullptr) return absl::InvalidArgumentError("not a head of the CPU engine");
   const HeadSpec& spec = cpu_head->spec();
   const bool master = spec.dtype != DType::kF32;
-  StateArrays w = StateArraysFor(config.kind, config.weight);
-  StateArrays b = StateArraysFor(config.kind, config.bias);
-  const int64_t weight_arrays = (master ? 1 : 0) + w.m + w.v + w.vmax;
-  const int64_t bias_arrays = spec.has_bias ? (master ? 1 : 0) + b.m + b.v + b.vmax : 0;
+  const int64_t weight_arrays = StateArrayCount(config.kind, config.weight, master);
+  const int64_t bias_arrays = spec.has_bias ? StateArrayCount(config.kind, config.bias, master) : 0;
   FLCE_ASSIGN_OR_RETURN(
       int64_t bytes,
       HostBytes("optimizer state", {spec.vocab_size, spec.hidden_size * weight_arrays + bias_arrays,

@@ -141,9 +141,7 @@ absl::StatusOr<float*> CudaHeadOptimizer::StateArray(HeadTensor group_id,
       break;
   }
   if (values == nullptr) {
-    return absl::NotFoundError(absl::StrCat("the ", OptimizerName(config_.kind), " state of the ",
-                                            HeadTensorName(group_id), " has no ",
-                                            OptimizerTensorName(config_.kind, tensor)));
+    return MissingStateTensor(config_.kind, group_id, tensor);
   }
   return values;
 }
