@@ -88,7 +88,10 @@ TEST_F(IntegrityTest, CancelAfterEveryRowNeverLands) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     auto stream = stub().Compute(&context);
-    ASSERT_TRUE(stream->Write(HeaderMessage(MakeHeader(problem_, "h", "s", "cancel"))));
+    // One id per attempt: the server may still be unwinding the previous
+    // cancelled call, and a reused id in flight is refused (ABORTED) up front.
+    const std::string request_id = "cancel-" + std::to_string(i);
+    ASSERT_TRUE(stream->Write(HeaderMessage(MakeHeader(problem_, "h", "s", request_id))));
     ASSERT_TRUE(stream->Write(HiddenMessage(0, problem_.hidden_bytes)));
     std::this_thread::sleep_for(std::chrono::milliseconds(i));  // the server has the rows
     context.TryCancel();
