@@ -6,7 +6,9 @@ preallocated tensor.
 """
 from __future__ import annotations
 
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -162,8 +164,10 @@ class Client:
                  channel: Optional[grpc.Channel] = None, tls: bool = False,
                  tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
                  tls_key: Optional[str] = None, tls_server_name: Optional[str] = None,
-                 auth_token: Optional[str] = None, auth_token_file: Optional[str] = None):
-        """tls / tls_ca / tls_cert / tls_key / tls_server_name: TLS (PEM file paths; any of
+                 auth_token: Optional[str] = None, auth_token_file: Optional[str] = None,
+                 max_in_flight: int = 1):
+        """max_in_flight: how many submitted calls (RemoteLMHead.submit) run at once; 1 lands
+        their contributions in submission order. tls / tls_ca / tls_cert / tls_key / tls_server_name: TLS (PEM file paths; any of
         them turns TLS on; tls_server_name overrides the name checked in the server's
         certificate). auth_token / auth_token_file / $FLCE_AUTH_TOKEN: the bearer token sent
         with every call."""
@@ -172,6 +176,11 @@ class Client:
         self.chunk_bytes = chunk_bytes
         self.timeout = timeout
         self.pool = BufferPool()  # grad_input and grad_W memory, recycled once released
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self.max_in_flight = max_in_flight
+        self._executor: Optional[ThreadPoolExecutor] = None  # made by the first submit
+        self._executor_lock = threading.Lock()
         # the server sizes its messages by --max-message-mb; ours are chunk_bytes at most,
         # so only the receive side needs to follow it (-1 = no client-side limit)
         opts = [("grpc.max_receive_message_length", max_message_bytes),
@@ -225,7 +234,17 @@ class Client:
         return self
 
     def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)  # submitted calls finish first
         self._raw_channel.close()
+
+    def executor(self) -> ThreadPoolExecutor:
+        """The pool submitted calls run on (gRPC releases the GIL while a call waits)."""
+        with self._executor_lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.max_in_flight,
+                                                    thread_name_prefix="flce-submit")
+            return self._executor
 
     def __enter__(self) -> "Client":
         return self
@@ -309,12 +328,12 @@ class Client:
                 per_token_loss: bool = False, logprob: bool = False, entropy: bool = False,
                 accuracy: bool = False, deferred_commit: bool = False,
                 strategy: str = "auto", deterministic: bool = False,
-                chunk_tokens: int = 0, expected_head_version: Optional[int] = None
-                ) -> ComputeResult:
+                chunk_tokens: int = 0, expected_head_version: Optional[int] = None,
+                pinned_result: Optional[bool] = None) -> ComputeResult:
         """One Compute call over hidden [N, H] (fp32/fp16/bf16) and targets [N].
 
         grad_input comes back in hidden's dtype on the CPU (pinned when hidden is on a GPU,
-        ready for a fast copy back); with deferred_commit the call's grad_W stays staged
+        or when pinned_result says so, ready for a fast copy to a GPU); with deferred_commit the call's grad_W stays staged
         until commit(request_id)."""
         if hidden.dim() != 2 or targets.dim() != 1 or targets.shape[0] != hidden.shape[0]:
             raise ValueError(f"need hidden [N, H] and targets [N], got {tuple(hidden.shape)} "
@@ -366,7 +385,7 @@ class Client:
                       "correct": accuracy}[k]]
         try:
             return self._run_compute(requests(), n, h, hidden.dtype, want_grad_input, wanted,
-                                     hidden.is_cuda)
+                                     hidden.is_cuda if pinned_result is None else pinned_result)
         except FlceError as err:
             err.request_id = header.request_id  # a retry with it is never applied twice
             raise

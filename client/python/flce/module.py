@@ -31,6 +31,7 @@ from flce import safetensors
 from flce.autograd import CallConfig, EmbeddingLookup, FusedLoss, PerTokenLoss
 from flce.client import Client, GradResult, HeadDownload
 from flce.errors import FlceError
+from flce.pipeline import InFlight, PendingLoss, submit_call
 from flce.results import (CheckpointInfo, ComputeSummary, EmbedGradSummary, EmbedHeader,
                           HeadInfo)
 
@@ -86,6 +87,8 @@ class RemoteLMHead(nn.Module):
         # next ServerOptimizer step is skipped as found_inf, as torch's would be by a
         # GradScaler (or would write Inf into a local tied weight)
         self._embed_found_inf = False
+        # submitted calls not drained yet (flce.pipeline)
+        self._in_flight = InFlight()
 
     # ------------------------------------------------------------- the head --
     def load_from_module(self, lm_head: nn.Linear, dtype: Optional[torch.dtype] = None,
@@ -128,7 +131,9 @@ class RemoteLMHead(nn.Module):
     # ------------------------------------------------------------ gradients --
     def fetch_grad(self, dtype: torch.dtype = torch.float32, reset: bool = False,
                    request_id: Optional[str] = None) -> GradResult:
-        """The session's grad_W and grad_b. A reset is retry-safe: see Client.fetch_grad."""
+        """The session's grad_W and grad_b (after the head's submitted calls have landed).
+        A reset is retry-safe: see Client.fetch_grad."""
+        self.drain()
         return self.client.fetch_grad(self.head_id, session_id=self.session_id, dtype=dtype,
                                       reset=reset, request_id=request_id)
 
@@ -153,6 +158,7 @@ class RemoteLMHead(nn.Module):
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module API)
         """Zeroes the server session's grad_W accumulator (a session the server does not
         have yet holds no gradient: nothing to do)."""
+        self.drain()
         try:
             self.client.zero_grad(self.head_id, session_id=self.session_id)
         except FlceError as err:
@@ -255,6 +261,34 @@ class RemoteLMHead(nn.Module):
             return loss
         return LMHeadOutput(loss, logprob.reshape(shape) if return_logprob else None,
                             entropy.reshape(shape) if return_entropy else None)
+
+    # ------------------------------------------------------ asynchronous calls --
+    def submit(self, hidden: torch.Tensor, targets: torch.Tensor, *, scale: float = 1.0,
+               reduction: Optional[str] = None, **options) -> PendingLoss:
+        """Starts this micro-batch's call and returns at once (see flce.pipeline): the
+        trainer runs its next micro-batch while the server computes this one. Its grad_W
+        lands in the session when the call completes, × scale (e.g. 1 / micro-batches),
+        which multiplies grad_input too; PendingLoss.backward() waits and backpropagates
+        grad_input through hidden's graph. reduction "mean" or "sum"; loss options given
+        here override the module's."""
+        reduction = reduction or self.reduction
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"submit computes a mean or sum loss, got reduction={reduction!r}")
+        if hidden.shape[:-1] != targets.shape:
+            raise ValueError(f"hidden {tuple(hidden.shape)} does not match targets "
+                             f"{tuple(targets.shape)}")
+        unknown = set(options) - set(_LOSS_OPTIONS)
+        if unknown:
+            raise TypeError(f"unknown loss options {sorted(unknown)}; known: {_LOSS_OPTIONS}")
+        cfg = self._config(options)
+        return submit_call(self.client.executor(), cfg.compute, hidden, targets,
+                           self._in_flight, reduction=reduction, grad_scale=scale,
+                           grad_input=hidden.requires_grad, pinned_result=hidden.is_cuda)
+
+    def drain(self, timeout: Optional[float] = None) -> None:
+        """Waits until every call submitted through this head has finished; raises the
+        first failure no PendingLoss.result() / backward() has seen."""
+        self._in_flight.drain(timeout)
 
     def extra_repr(self) -> str:
         return (f"head_id={self.head_id!r}, session_id={self.session_id!r}, "

@@ -483,6 +483,7 @@ class ServerOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.head.drain()  # the head's submitted calls land first (flce.pipeline)
         self._check_hyper()
         coef = self.head._clip_coef
         if coef is not None and not math.isfinite(coef):
@@ -522,6 +523,7 @@ class ServerOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (torch's API)
         """Zeroes the session's gradient on the server (a Step already leaves it zero)."""
+        self.head.drain()
         if self._ranks is not None:
             # no rank may be computing into the session while it is zeroed
             self._ranks.barrier()
@@ -568,6 +570,7 @@ def clip_grad_norm_(parameters: Union[torch.Tensor, Iterable[torch.Tensor]],
     def head_sq_norm() -> float:
         return head.client.grad_norm(head.head_id, head.session_id).sq_norm
 
+    head.drain()  # this rank's submitted calls have landed (flce.pipeline)
     if ranks is not None:
         ranks.barrier()  # every rank's contributions have landed
         head_sq = ranks.on_leader("GradNorm", head_sq_norm)
