@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "flce/v1/message_size.h"
 #include "kernels/status_macros.h"
+#include "server/guarded_copy.h"
 #include "server/request_fingerprint.h"
 #include "server/session_id.h"
 #include "server/staging.h"
@@ -53,6 +54,7 @@ absl::Status ComputeJob::Run() {
         std::to_string(first->hidden().token_offset()) + ")");
   }
   absl::Status status = Setup(first->header());
+  if (status.ok() && region_ != nullptr) status = AddRowsFromRegion();
   bool ended = false;
   while (status.ok() && !ended) {
     absl::StatusOr<std::optional<v1::ComputeRequest>> next = channel_->Next();
@@ -72,7 +74,11 @@ absl::Status ComputeJob::Run() {
     }
     switch ((*next)->msg_case()) {
       case v1::ComputeRequest::kHidden:
-        status = AddChunk((*next)->hidden());
+        status = region_ != nullptr
+                     ? absl::InvalidArgumentError(
+                           "a hidden chunk in a call whose hidden is in a shared-memory region "
+                           "(ComputeHeader.shared): send only the header and the end message")
+                     : AddChunk((*next)->hidden());
         break;
       case v1::ComputeRequest::kEnd:
         status = Complete((*next)->end());
@@ -116,6 +122,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
                                         header.entropy_weights().size()));
   }
   rows_.emplace(spec_.num_tokens);
+  if (header.has_shared()) FLCE_RETURN_IF_ERROR(OpenSharedRegion(header.shared()));
   forward_only_ = header.outputs().forward_only();
   deferred_ = header.commit() == v1::COMMIT_DEFERRED;
   request_id_ = header.request_id();
@@ -190,25 +197,80 @@ absl::Status ComputeJob::TakeStaging(const HeadSpec& head_spec) {
 }
 
 absl::Status ComputeJob::AddChunk(const v1::HiddenChunk& chunk) {
-  FLCE_ASSIGN_OR_RETURN(
-      int64_t rows,
-      rows_->Accept(chunk.token_offset(), static_cast<int64_t>(chunk.data().size()), row_bytes_));
-  FLCE_RETURN_IF_ERROR(CheckHiddenFinite(spec_.hidden_dtype, chunk.data().data(), rows,
-                                         head_.head->spec().hidden_size, chunk.token_offset()));
-  FLCE_RETURN_IF_ERROR(GradInputStatus());
-  if (session_ != nullptr) {
-    // Wrapping sums: the same rows give the same total in any order and chunking.
-    hidden_fingerprint_ +=
-        HiddenFingerprint(chunk.data().data(), rows, row_bytes_, chunk.token_offset());
-  }
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddReceivedBytes("Compute", static_cast<int64_t>(chunk.data().size()));
   }
+  return AddRows(chunk.token_offset(), chunk.data());
+}
+
+absl::Status ComputeJob::AddRows(int64_t token_offset, absl::string_view data) {
+  FLCE_ASSIGN_OR_RETURN(int64_t rows,
+                        rows_->Accept(token_offset, static_cast<int64_t>(data.size()), row_bytes_));
+  FLCE_RETURN_IF_ERROR(CheckHiddenFinite(spec_.hidden_dtype, data.data(), rows,
+                                         head_.head->spec().hidden_size, token_offset));
+  FLCE_RETURN_IF_ERROR(GradInputStatus());
+  if (session_ != nullptr) {
+    // Wrapping sums: the same rows give the same total in any order and chunking.
+    hidden_fingerprint_ += HiddenFingerprint(data.data(), rows, row_bytes_, token_offset);
+  }
   FLCE_RETURN_IF_ERROR(channel_->WaitForRoom());
-  return call_->AddHidden(chunk.token_offset(), rows, chunk.data().data());
+  return call_->AddHidden(token_offset, rows, data.data());
+}
+
+absl::Status ComputeJob::OpenSharedRegion(const v1::SharedHidden& shared) {
+  if (ctx_.regions == nullptr) {
+    return absl::FailedPreconditionError(
+        "ComputeHeader.shared: this server takes no shared-memory regions (start it with "
+        "--local-transports=shm); send hidden in messages");
+  }
+  FLCE_ASSIGN_OR_RETURN(region_, ctx_.regions->Find(who_.tenant, shared.region_id()));
+  const int64_t bytes = spec_.num_tokens * row_bytes_;
+  hidden_offset_ = shared.hidden_offset();
+  FLCE_RETURN_IF_ERROR(region_->CheckRange(hidden_offset_, bytes, "shared.hidden_offset"));
+  if (spec_.outputs.grad_input) {
+    grad_input_offset_ = shared.grad_input_offset();
+    FLCE_RETURN_IF_ERROR(
+        region_->CheckRange(grad_input_offset_, bytes, "shared.grad_input_offset"));
+    if (bytes > 0 && grad_input_offset_ < hidden_offset_ + bytes &&
+        hidden_offset_ < grad_input_offset_ + bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shared: grad_input at bytes [", grad_input_offset_, ", +", bytes,
+          ") overlaps hidden at [", hidden_offset_, ", +", bytes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ComputeJob::AddRowsFromRegion() {
+  // A private copy of each piece: the client may write (or shrink) the region
+  // at any time, and the checks, the fingerprint and the engine must all see
+  // the same bytes.
+  const int64_t rows_per_piece = std::max<int64_t>(1, (int64_t{8} << 20) / row_bytes_);
+  std::string piece;
+  for (int64_t t = 0; t < spec_.num_tokens; t += rows_per_piece) {
+    const int64_t rows = std::min(rows_per_piece, spec_.num_tokens - t);
+    piece.resize(static_cast<size_t>(rows * row_bytes_));
+    FLCE_RETURN_IF_ERROR(
+        GuardedCopy(piece.data(), region_->base() + hidden_offset_ + t * row_bytes_, piece.size()));
+    FLCE_RETURN_IF_ERROR(AddRows(t, piece));
+  }
+  if (ctx_.metrics != nullptr) {
+    ctx_.metrics->AddSharedMemoryBytes("in", spec_.num_tokens * row_bytes_);
+  }
+  return absl::OkStatus();
 }
 
 void ComputeJob::SendGradInput(int64_t token_offset, int64_t rows, std::string data) {
+  if (region_ != nullptr) {
+    absl::Status copied = GuardedCopy(
+        region_->base() + grad_input_offset_ + token_offset * row_bytes_, data.data(), data.size());
+    if (ctx_.metrics != nullptr) {
+      ctx_.metrics->AddSharedMemoryBytes("out", static_cast<int64_t>(data.size()));
+    }
+    absl::MutexLock lock(&region_write_mu_);
+    if (region_write_status_.ok()) region_write_status_ = copied;
+    return;
+  }
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddSentBytes("Compute", static_cast<int64_t>(data.size()));
   }
@@ -272,6 +334,10 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   call_.reset();
   head_use_.Release();  // the weight is no longer read: a step may go ahead
   if (grad_input_ != nullptr) FLCE_RETURN_IF_ERROR(grad_input_->Drain());
+  {
+    absl::MutexLock lock(&region_write_mu_);
+    FLCE_RETURN_IF_ERROR(region_write_status_);
+  }
   FLCE_RETURN_IF_ERROR(CheckOutputsFinite(result));
   if (begin_.replay && begin_.first.hidden_fingerprint != hidden_fingerprint_) {
     return absl::InvalidArgumentError(absl::StrCat(

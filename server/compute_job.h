@@ -23,6 +23,7 @@
 #include "server/head_registry.h"
 #include "server/service_context.h"
 #include "server/session_store.h"
+#include "server/shared_regions.h"
 #include "server/validation.h"
 
 namespace flce::server {
@@ -63,6 +64,11 @@ class ComputeJob {
   absl::Status EnterHead(const std::string& head_id);
   absl::Status TakeStaging(const HeadSpec& head_spec);
   absl::Status AddChunk(const v1::HiddenChunk& chunk);
+  // Rows [token_offset, ...) of hidden, checked and handed to the engine.
+  absl::Status AddRows(int64_t token_offset, absl::string_view data);
+  // ComputeHeader.shared: the region, its ranges checked; then every row.
+  absl::Status OpenSharedRegion(const v1::SharedHidden& shared);
+  absl::Status AddRowsFromRegion();
   absl::Status Complete(const v1::EndOfInput& end);
   // Sends grad_input rows checked finite by grad_input_, split to messages.
   void SendGradInput(int64_t token_offset, int64_t rows, std::string data);
@@ -95,6 +101,12 @@ class ComputeJob {
   int64_t row_bytes_ = 0;
   uint64_t hidden_fingerprint_ = 0;              // HiddenFingerprint summed over the rows received
   std::unique_ptr<GradInputSender> grad_input_;  // when grad_input is asked for
+  // The shm transport: hidden read from, grad_input written into, the region.
+  std::shared_ptr<const MappedRegion> region_;
+  int64_t hidden_offset_ = 0;
+  int64_t grad_input_offset_ = 0;
+  absl::Mutex region_write_mu_;
+  absl::Status region_write_status_ ABSL_GUARDED_BY(region_write_mu_);
 };
 
 }  // namespace flce::server

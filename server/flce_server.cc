@@ -1,5 +1,7 @@
 #include "server/flce_server.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -149,6 +151,10 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   ctx_.workers = &workers_;
   ctx_.uploads = &uploads_;
   ctx_.checkpoints = &checkpoints_;
+  if (config.shm_transport) {
+    regions_ = std::make_unique<SharedRegions>(config.region_lease);
+    ctx_.regions = regions_.get();
+  }
   ctx_.instance_id = RandomInstanceId();
   ctx_.version = FLCE_VERSION;
   FLCE_RETURN_IF_ERROR(PreloadHead());
@@ -158,6 +164,12 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.address, credentials, &port_);
+  int unix_bound = 0;
+  if (!config.unix_socket.empty()) {
+    // A stale socket file from a server that died would make the bind fail.
+    unlink(config.unix_socket.c_str());
+    builder.AddListeningPort("unix:" + config.unix_socket, credentials, &unix_bound);
+  }
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
   // Handlers split what they send to max_response_bytes; a single row wider
   // than that (H x 4 bytes) still goes out whole, up to max_message_bytes.
@@ -167,6 +179,9 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config.address));
+  }
+  if (!config.unix_socket.empty() && unix_bound == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", config.unix_socket));
   }
   server_->GetHealthCheckService()->SetServingStatus(true);
   LogSecurity(config, auth_->token_count());

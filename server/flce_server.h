@@ -82,6 +82,7 @@ class FlceServer {
   std::unique_ptr<Authenticator> auth_;
   UploadBudget uploads_;
   CheckpointLog checkpoints_;
+  std::unique_ptr<SharedRegions> regions_;
   WorkTracker workers_;
   std::unique_ptr<ThreadPool> pool_;
   ServiceContext ctx_;

@@ -12,6 +12,7 @@
 #include "server/compute_reactor.h"
 #include "server/download_head_reactor.h"
 #include "server/embed_grad_reactor.h"
+#include "server/regions_reactor.h"
 #include "server/embed_reactor.h"
 #include "server/fetch_grad_reactor.h"
 #include "server/head_checkpoint.h"
@@ -287,7 +288,7 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                                                      const v1::ServerInfoRequest* request,
                                                      v1::ServerInfo* response) {
   return RunUnary(ctx_, call, "GetServerInfo", false,
-                  [this, response](const Principal&, RpcScope&) {
+                  [this, call, response](const Principal&, RpcScope&) {
                     EngineInfo info = ctx_.engine->info();
                     response->set_instance_id(ctx_.instance_id);
                     response->set_version(ctx_.version);
@@ -299,6 +300,10 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                     response->add_capabilities("embed");
                     if (!ctx_.config.checkpoint_dir.empty()) {
                       response->add_capabilities("checkpoint");
+                    }
+                    response->set_boot_id(HostBootId());
+                    if (ctx_.regions != nullptr && IsLocalPeer(call->peer())) {
+                      response->add_local_transports("shm");
                     }
                     return absl::OkStatus();
                   });
@@ -351,6 +356,17 @@ grpc::ServerReadReactor<v1::EmbedGradRequest>* FlceService::EmbedGrad(
         std::move(scope), ToGrpcStatus(who.status()));
   }
   return new EmbedGradReactor(ctx_, call, response, *who, std::move(scope));
+}
+
+grpc::ServerBidiReactor<v1::RegionRequest, v1::RegionResponse>* FlceService::Regions(
+    grpc::CallbackServerContext* call) {
+  auto scope = std::make_unique<RpcScope>(ctx_, "Regions");
+  absl::StatusOr<Principal> who = Admit(ctx_, *call, *scope);
+  if (!who.ok()) {
+    return new RefusedReactor<grpc::ServerBidiReactor<v1::RegionRequest, v1::RegionResponse>>(
+        std::move(scope), ToGrpcStatus(who.status()));
+  }
+  return new RegionsReactor(ctx_, call, *who, std::move(scope));
 }
 
 grpc::ServerUnaryReactor* FlceService::SaveCheckpoint(grpc::CallbackServerContext* call,

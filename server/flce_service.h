@@ -69,6 +69,8 @@ class FlceService final : public v1::Flce::CallbackService {
   grpc::ServerUnaryReactor* GradNorm(grpc::CallbackServerContext* call,
                                      const v1::GradNormRequest* request,
                                      v1::GradNormResponse* response) override;
+  grpc::ServerBidiReactor<v1::RegionRequest, v1::RegionResponse>* Regions(
+      grpc::CallbackServerContext* call) override;
 
  private:
   const ServiceContext& ctx_;

@@ -22,6 +22,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "server/flce_server.h"
 #include "server/log.h"
@@ -57,6 +58,13 @@ ABSL_FLAG(std::string, head_root, "",
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "directory of SaveCheckpoint / LoadCheckpoint files, one subdirectory per tenant "
           "(empty = checkpoints refused)");
+ABSL_FLAG(std::string, unix_socket, "",
+          "also listen on this Unix-domain socket path (clients: unix:PATH)");
+ABSL_FLAG(std::string, local_transports, "",
+          "transports beyond messages for clients on this host (loopback or a Unix socket): "
+          "\"shm\" (shared-memory regions); empty = none");
+ABSL_FLAG(int, region_lease_s, 60,
+          "a shared-memory registration stream that sends nothing for this long is released");
 ABSL_FLAG(std::string, head_file, "", ".safetensors file to preload a head from");
 ABSL_FLAG(std::string, head_tensor, "lm_head.weight", "weight tensor in --head-file");
 ABSL_FLAG(std::string, head_bias_tensor, "", "bias tensor in --head-file (optional)");
@@ -160,6 +168,21 @@ int main(int argc, char** argv) {
   config.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   config.head_root = absl::GetFlag(FLAGS_head_root);
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  config.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  for (absl::string_view transport :
+       absl::StrSplit(absl::GetFlag(FLAGS_local_transports), ',', absl::SkipEmpty())) {
+    if (transport != "shm") {
+      std::fprintf(stderr, "flce-server: --local-transports: unknown transport \"%s\" (known: shm)\n",
+                   std::string(transport).c_str());
+      return 2;
+    }
+    config.shm_transport = true;
+  }
+  if (absl::GetFlag(FLAGS_region_lease_s) < 1) {
+    std::fprintf(stderr, "flce-server: --region-lease-s must be at least 1\n");
+    return 2;
+  }
+  config.region_lease = absl::Seconds(absl::GetFlag(FLAGS_region_lease_s));
   config.head_file = absl::GetFlag(FLAGS_head_file);
   config.head_tensor = absl::GetFlag(FLAGS_head_tensor);
   config.head_bias_tensor = absl::GetFlag(FLAGS_head_bias_tensor);

@@ -66,6 +66,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
                         .Name("flce_sent_bytes_total")
                         .Help("Payload bytes sent (tensor bytes in messages), by method")
                         .Register(registry);
+  metrics->shared_memory_ =
+      &prometheus::BuildCounter()
+           .Name("flce_shared_memory_bytes_total")
+           .Help("Compute bytes through shared-memory regions instead of messages (in: hidden, "
+                 "out: grad_input)")
+           .Register(registry);
+  metrics->shared_memory_->Add({{"direction", "in"}});
+  metrics->shared_memory_->Add({{"direction", "out"}});
   metrics->head_weight_ = &prometheus::BuildGauge()
                                .Name("flce_head_weight_bytes")
                                .Help("Resident bytes of each head")
@@ -168,6 +176,11 @@ void Metrics::AddReceivedBytes(absl::string_view rpc, int64_t bytes) {
 
 void Metrics::AddSentBytes(absl::string_view rpc, int64_t bytes) {
   sent_->Add({{"rpc", std::string(rpc)}}).Increment(static_cast<double>(bytes));
+}
+
+void Metrics::AddSharedMemoryBytes(absl::string_view direction, int64_t bytes) {
+  shared_memory_->Add({{"direction", std::string(direction)}})
+      .Increment(static_cast<double>(bytes));
 }
 
 void Metrics::RemoveHeadLocked(const std::string& label) {

@@ -45,6 +45,13 @@ struct ServerConfig {
   absl::Duration session_ttl = absl::Hours(1);
   std::string head_root;       // empty = LoadHeadFromFile refused
   std::string checkpoint_dir;  // empty = SaveCheckpoint / LoadCheckpoint refused
+  // Also listen on this Unix-domain socket (empty = none): same-host clients,
+  // containers included, reach the server as a local peer through it.
+  std::string unix_socket;
+  // --local-transports=shm: clients on this host (loopback, Unix socket) may
+  // hand hidden and grad_input over in shared-memory regions (Regions).
+  bool shm_transport = false;
+  absl::Duration region_lease = absl::Seconds(60);  // a Regions stream silent longer is released
   // Preloaded head; empty head_file = the embedded demo head (if enabled).
   std::string head_file;
   std::string head_tensor = "lm_head.weight";

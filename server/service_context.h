@@ -22,6 +22,7 @@
 #include "server/metrics.h"
 #include "server/server_config.h"
 #include "server/session_store.h"
+#include "server/shared_regions.h"
 #include "server/staging_budget.h"
 #include "server/thread_pool.h"
 #include "server/upload_budget.h"
@@ -42,6 +43,7 @@ struct ServiceContext {
   WorkTracker* workers = nullptr;        // compute workers that outlive their reactions
   UploadBudget* uploads = nullptr;       // --max-upload-bytes, held by head builds in progress
   CheckpointLog* checkpoints = nullptr;  // SaveCheckpoint outcomes by request id
+  SharedRegions* regions = nullptr;      // --local-transports=shm; null = not allowed
   std::string instance_id;
   std::string version;
   // flce.v1 calls in progress, for --max-concurrent-streams.

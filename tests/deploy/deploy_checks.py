@@ -133,6 +133,16 @@ def check_compose(root, c):
                 f"{name}: ipc: host belongs to the same-host variant only")
         c.check(("target: /dev/shm" in server or ":/dev/shm" in server) == same_host,
                 f"{name}: the host's /dev/shm is shared in the same-host variant only")
+        socket = re.search(r"--unix-socket=(/\S+)/[^/\s]+", server)
+        c.check(("--local-transports=shm" in server) == same_host
+                and (socket is not None) == same_host,
+                f"{name}: shared memory and the Unix socket belong to the same-host variant "
+                "only")
+        if socket is not None:
+            directory = re.escape(socket.group(1))
+            c.check(re.search(rf"(:|target: ){directory}(:rw)?\s*$", server, re.M) is not None,
+                    f"{name}: the Unix socket's directory {socket.group(1)} is not a volume "
+                    "that trainers on the host can reach")
         for port in ("50051", "9464"):
             c.check(re.search(rf"target: {port}\b", server) is not None,
                     f"{name}: flce-server does not publish container port {port}")

@@ -102,3 +102,18 @@ def client(server_target):
     with flce.Client(server_target, timeout=60) as c:
         c.wait_ready(10)
         yield c
+
+
+@pytest.fixture(scope="module")
+def real_target(real_server_bin):
+    """A real flce-server of the module's own, for what the fake server does not have."""
+    srv = RealServer(real_server_bin)
+    yield srv.target
+    srv.stop()
+
+
+@pytest.fixture
+def real_client(real_target):
+    with flce.Client(real_target, timeout=120) as c:
+        c.wait_ready(10)
+        yield c

@@ -46,19 +46,9 @@ def _configs():
     }
 
 
-@pytest.fixture(scope="module")
-def target(real_server_bin):
-    from conftest import RealServer
-    srv = RealServer(real_server_bin)
-    yield srv.target
-    srv.stop()
-
-
 @pytest.fixture
-def client(target):
-    with flce.Client(target, timeout=120) as c:
-        c.wait_ready(10)
-        yield c
+def client(real_client):  # the real server only
+    return real_client
 
 
 def _model(name: str, seed: int = 0):

@@ -26,19 +26,9 @@ STEPS = 20
 TOL = 1e-6 if SERVER_DEVICE == "cpu" else 1e-5
 
 
-@pytest.fixture(scope="module")
-def target(real_server_bin):
-    from conftest import RealServer
-    srv = RealServer(real_server_bin)
-    yield srv.target
-    srv.stop()
-
-
 @pytest.fixture
-def client(target):
-    with flce.Client(target, timeout=60) as c:
-        c.wait_ready(10)
-        yield c
+def client(real_client):  # the real server only
+    return real_client
 
 
 class _RpcError(grpc.RpcError):

@@ -28,18 +28,9 @@ LOSS_TOL = 1e-6 if DEVICE == "cpu" else 1e-5
 GRAD_TOL = 1e-5 if DEVICE == "cpu" else 1e-4
 
 
-@pytest.fixture(scope="module")
-def target(real_server_bin):
-    srv = conftest.RealServer(real_server_bin)
-    yield srv.target
-    srv.stop()
-
-
 @pytest.fixture
-def client(target):
-    with flce.Client(target, timeout=60) as c:
-        c.wait_ready(10)
-        yield c
+def client(real_client):  # the real server only
+    return real_client
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -294,10 +285,10 @@ def test_deterministic_embed_grad_is_bitwise_repeatable(client):
     client.unload_head(head.head_id)
 
 
-def test_embed_grad_is_retry_safe_and_chunked(target):
+def test_embed_grad_is_retry_safe_and_chunked(real_target):
     """Rows go out in chunk_bytes pieces; a repeated request id is replayed, not applied;
     the same id with other rows is refused."""
-    with flce.Client(target, timeout=60, chunk_bytes=5 * H * 4 + 7) as client:
+    with flce.Client(real_target, timeout=60, chunk_bytes=5 * H * 4 + 7) as client:
         local = LocalTied()
         head = flce.RemoteLMHead(client, _ids(), session_id=_ids())
         head.load_from_module(local.lm_head, dtype=torch.float32)

@@ -332,18 +332,35 @@ grpc::Status Commit(v1::Flce::Stub& stub, const std::string& head_id, const std:
   return stub.Commit(&context, request, response != nullptr ? response : &local);
 }
 
-bool WaitForPending(v1::Flce::Stub& stub, const std::string& session_id, int64_t pending) {
+namespace {
+
+// Polls ListSessions (every 10 ms, 5 s at most) until a session matches.
+bool WaitForSessionWhere(v1::Flce::Stub& stub,
+                         const std::function<bool(const v1::SessionInfo&)>& match) {
   for (int i = 0; i < 500; ++i) {
     grpc::ClientContext context;
     v1::ListSessionsResponse sessions;
     if (stub.ListSessions(&context, v1::ListSessionsRequest(), &sessions).ok()) {
       for (const auto& s : sessions.sessions()) {
-        if (s.session_id() == session_id && s.pending() == pending) return true;
+        if (match(s)) return true;
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
+}
+
+}  // namespace
+
+bool WaitForPending(v1::Flce::Stub& stub, const std::string& session_id, int64_t pending) {
+  return WaitForSessionWhere(stub, [&](const v1::SessionInfo& s) {
+    return s.session_id() == session_id && s.pending() == pending;
+  });
+}
+
+bool WaitForSession(v1::Flce::Stub& stub, const std::string& session_id) {
+  return WaitForSessionWhere(
+      stub, [&](const v1::SessionInfo& s) { return s.session_id() == session_id; });
 }
 
 std::vector<double> Doubles(const std::vector<float>& values) {

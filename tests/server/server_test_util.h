@@ -137,6 +137,8 @@ grpc::Status Commit(v1::Flce::Stub& stub, const std::string& head_id, const std:
 // Waits (up to 5 s) until the session shows `pending` staged contributions:
 // proof that the server holds a call, not just the client's buffers.
 bool WaitForPending(v1::Flce::Stub& stub, const std::string& session_id, int64_t pending);
+// Until the server lists the session (5 s at most).
+bool WaitForSession(v1::Flce::Stub& stub, const std::string& session_id);
 
 std::vector<double> Doubles(const std::vector<float>& values);
 std::vector<double> Scaled(const std::vector<double>& values, double scale);

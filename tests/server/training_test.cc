@@ -373,6 +373,10 @@ TEST_F(TrainingTest, ComputeCallsAndStepsDoNotOverlap) {
   ComputeOptions options;
   options.pause_after_chunks = 1;
   options.on_pause = [&] {
+    // The call holds the head once the server has made its session (that
+    // comes after the gate): only then may the step start, else it would be
+    // first by a race and the call would rightly wait for it.
+    EXPECT_TRUE(WaitForSession(stub(), "other")) << "the call never reached the server";
     stepper = std::thread([&] {
       EXPECT_TRUE(Step("s", "k", 0.3, &step).ok());
       stepped = true;

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
@@ -15,10 +16,11 @@ from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence
 import grpc
 import torch
 
-from flce import security, tensors, wire
+from flce import security, shm, tensors, wire
 from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.errors import FlceError, translate
+from flce.shm import SharedTransport
 from flce.results import (CheckpointInfo, CommitResult, ComputeSummary, DownloadHeader,
                           EmbedGradSummary, EmbedHeader, GradHeader, GradNorm, HeadInfo,
                           OptimizerGroup, OptimizerInfo, OptimizerKind, ServerInfo,
@@ -165,9 +167,12 @@ class Client:
                  tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
                  tls_key: Optional[str] = None, tls_server_name: Optional[str] = None,
                  auth_token: Optional[str] = None, auth_token_file: Optional[str] = None,
-                 max_in_flight: int = 1):
+                 max_in_flight: int = 1, transport: str = "auto"):
         """max_in_flight: how many submitted calls (RemoteLMHead.submit) run at once; 1 lands
-        their contributions in submission order. tls / tls_ca / tls_cert / tls_key / tls_server_name: TLS (PEM file paths; any of
+        their contributions in submission order. transport: how Compute sends hidden and
+        gets grad_input: "auto" (shared memory where the server offers it to this client —
+        flce.shm — else messages), "grpc" (messages) or "shm" (shared memory or an error).
+        tls / tls_ca / tls_cert / tls_key / tls_server_name: TLS (PEM file paths; any of
         them turns TLS on; tls_server_name overrides the name checked in the server's
         certificate). auth_token / auth_token_file / $FLCE_AUTH_TOKEN: the bearer token sent
         with every call."""
@@ -179,6 +184,11 @@ class Client:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         self.max_in_flight = max_in_flight
+        if transport not in ("auto", "grpc", "shm"):
+            raise ValueError(f"transport must be 'auto', 'grpc' or 'shm', got {transport!r}")
+        self.transport = transport
+        self._shared: Optional[SharedTransport] = None
+        self._shared_probed = False
         self._executor: Optional[ThreadPoolExecutor] = None  # made by the first submit
         self._executor_lock = threading.Lock()
         # the server sizes its messages by --max-message-mb; ours are chunk_bytes at most,
@@ -218,6 +228,9 @@ class Client:
         self._embed = self._channel.unary_stream(
             "/flce.v1.Flce/Embed", request_serializer=_serialize,
             response_deserializer=_decode_embed_response)
+        self._regions = self._channel.stream_stream(
+            "/flce.v1.Flce/Regions", request_serializer=_serialize,
+            response_deserializer=pb.RegionResponse.FromString)
         self._embed_grad = self._channel.stream_unary(
             "/flce.v1.Flce/EmbedGrad", request_serializer=_serialize,
             response_deserializer=pb.EmbedGradSummary.FromString)
@@ -236,7 +249,35 @@ class Client:
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)  # submitted calls finish first
+        if self._shared is not None:
+            self._shared.close()
         self._raw_channel.close()
+
+    def shared_transport(self) -> Optional[SharedTransport]:
+        """The shared-memory transport when this client uses it (asked once: see
+        `transport`), else None."""
+        if self.transport == "grpc":
+            return None
+        with self._executor_lock:
+            if not self._shared_probed:
+                try:
+                    info = self.server_info()
+                except FlceError:
+                    if self.transport == "shm":
+                        raise
+                    return None  # the call itself will say what is wrong; ask again next time
+                self._shared_probed = True
+                same_host = bool(info.boot_id) and info.boot_id == shm.local_boot_id()
+                if "shm" in info.local_transports and same_host:
+                    self._shared = SharedTransport(self._regions, self.timeout)
+                elif self.transport == "shm":
+                    why = ("it does not offer shared memory to this client (--local-transports="
+                           "shm, a loopback or Unix-socket address)"
+                           if "shm" not in info.local_transports
+                           else "it runs on another host (its boot id is not this one's)")
+                    raise FlceError("Compute", grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"transport='shm' but the server at {self.target}: {why}")
+        return self._shared
 
     def executor(self) -> ThreadPoolExecutor:
         """The pool submitted calls run on (gRPC releases the GIL while a call waits)."""
@@ -340,7 +381,6 @@ class Client:
                              f"and {tuple(targets.shape)}")
         n, h = hidden.shape
         hidden_dtype = tensors.wire_dtype(hidden.dtype)
-        hid = tensors.host_contiguous(hidden)
         want_grad_input = grad_input and not forward_only
         options = pb.LossOptions(label_smoothing=label_smoothing, z_loss_scale=z_loss,
                                  softcap=softcap)
@@ -369,9 +409,21 @@ class Client:
                     raise ValueError(f"{name} must have {n} elements, got {w.numel()}")
                 setattr(header, name, tensors.to_bytes_fp32(w.reshape(-1)))
 
+        pinned = hidden.is_cuda if pinned_result is None else pinned_result
+        wanted = [(k, dt) for k, dt in _TOKEN_FIELDS
+                  if {"loss": per_token_loss, "logprob": logprob, "entropy": entropy,
+                      "correct": accuracy}[k]]
+        shared = self.shared_transport() if n > 0 else None
+        if shared is not None:
+            result = self._compute_shared(shared, header, hidden, want_grad_input, wanted,
+                                          pinned)
+            if result is not None:
+                return result
+
         # hidden_size (field 18) is appended by hand: always sent, so that the server
         # checks it against the head's H whatever protobuf classes this install has
         header_bytes = wire.encode_compute_header(header.SerializeToString(), h)
+        hid = tensors.host_contiguous(hidden)
 
         def requests():
             yield header_bytes
@@ -380,15 +432,52 @@ class Client:
             # Only this says "done": the server lands nothing from a stream that just stops.
             yield wire.encode_end_of_input(n)
 
-        wanted = [(k, dt) for k, dt in _TOKEN_FIELDS
-                  if {"loss": per_token_loss, "logprob": logprob, "entropy": entropy,
-                      "correct": accuracy}[k]]
         try:
             return self._run_compute(requests(), n, h, hidden.dtype, want_grad_input, wanted,
-                                     hidden.is_cuda if pinned_result is None else pinned_result)
+                                     pinned)
         except FlceError as err:
             err.request_id = header.request_id  # a retry with it is never applied twice
             raise
+
+    def _compute_shared(self, shared: SharedTransport, header, hidden: torch.Tensor,
+                        want_grad_input: bool, wanted, pinned: bool) -> Optional[ComputeResult]:
+        """Compute with hidden written into a shared-memory region (from the GPU or the
+        CPU directly) and grad_input read from it: the messages are the header and end.
+        None when no region could be registered (transport "auto": messages from now on)."""
+        n, h = hidden.shape
+        nbytes = n * h * hidden.element_size()
+        try:
+            region = shared.acquire(2 * nbytes if want_grad_input else nbytes)
+        except FlceError as err:
+            if self.transport == "shm":
+                raise
+            # e.g. a server running as another user cannot open this user's 0600 objects
+            warnings.warn(f"flce: shared memory with {self.target} failed ({err.code.name}: "
+                          f"{err.details}); using messages", RuntimeWarning, stacklevel=3)
+            with self._executor_lock:
+                self._shared = None
+            shared.close()
+            return None
+        try:
+            region.tensor(0, (n, h), hidden.dtype).copy_(hidden.detach())
+            header.shared.CopyFrom(pb.SharedHidden(region_id=region.region_id, hidden_offset=0,
+                                                   grad_input_offset=nbytes))
+            messages = [wire.encode_compute_header(header.SerializeToString(), h),
+                        wire.encode_end_of_input(n)]
+            try:
+                result = self._run_compute(iter(messages), n, h, hidden.dtype, False, wanted,
+                                           pinned)
+            except FlceError as err:
+                err.request_id = header.request_id
+                raise
+            if want_grad_input:
+                pool = tensors.PinnedPool if pinned else self.pool
+                grad = pool.empty((n, h), hidden.dtype)
+                grad.copy_(region.tensor(nbytes, (n, h), hidden.dtype))
+                result.grad_input = grad
+            return result
+        finally:
+            shared.give_back(region)
 
     @translate("Compute")
     def _run_compute(self, requests: Iterable, n: int, h: int, dtype: torch.dtype,

@@ -121,11 +121,16 @@ class ServerInfo:
     # (SaveCheckpoint, LoadCheckpoint: the server has a --checkpoint-dir), "embed"
     # (Embed, EmbedGrad: tied embeddings)
     capabilities: Tuple[str, ...]
+    boot_id: str = ""  # the server host's /proc/sys/kernel/random/boot_id
+    # transports beyond messages this caller may use: ("shm",) on the server's host when
+    # the server runs with --local-transports=shm
+    local_transports: Tuple[str, ...] = ()
 
     @classmethod
     def from_pb(cls, m) -> "ServerInfo":
         return cls(m.instance_id, m.version, m.engine, m.workspace_budget_bytes,
-                   m.max_request_tokens, m.max_message_bytes, tuple(m.capabilities))
+                   m.max_request_tokens, m.max_message_bytes, tuple(m.capabilities),
+                   m.boot_id, tuple(m.local_transports))
 
 
 @dataclass(frozen=True)

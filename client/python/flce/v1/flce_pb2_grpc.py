@@ -114,6 +114,11 @@ class FlceStub(object):
                 request_serializer=flce_dot_v1_dot_flce__pb2.LoadCheckpointRequest.SerializeToString,
                 response_deserializer=flce_dot_v1_dot_flce__pb2.HeadInfo.FromString,
                 )
+        self.Regions = channel.stream_stream(
+                '/flce.v1.Flce/Regions',
+                request_serializer=flce_dot_v1_dot_flce__pb2.RegionRequest.SerializeToString,
+                response_deserializer=flce_dot_v1_dot_flce__pb2.RegionResponse.FromString,
+                )
 
 
 class FlceServicer(object):
@@ -239,6 +244,12 @@ class FlceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Regions(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FlceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -341,6 +352,11 @@ def add_FlceServicer_to_server(servicer, server):
                     servicer.LoadCheckpoint,
                     request_deserializer=flce_dot_v1_dot_flce__pb2.LoadCheckpointRequest.FromString,
                     response_serializer=flce_dot_v1_dot_flce__pb2.HeadInfo.SerializeToString,
+            ),
+            'Regions': grpc.stream_stream_rpc_method_handler(
+                    servicer.Regions,
+                    request_deserializer=flce_dot_v1_dot_flce__pb2.RegionRequest.FromString,
+                    response_serializer=flce_dot_v1_dot_flce__pb2.RegionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -689,5 +705,22 @@ class Flce(object):
         return grpc.experimental.unary_unary(request, target, '/flce.v1.Flce/LoadCheckpoint',
             flce_dot_v1_dot_flce__pb2.LoadCheckpointRequest.SerializeToString,
             flce_dot_v1_dot_flce__pb2.HeadInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Regions(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/flce.v1.Flce/Regions',
+            flce_dot_v1_dot_flce__pb2.RegionRequest.SerializeToString,
+            flce_dot_v1_dot_flce__pb2.RegionResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

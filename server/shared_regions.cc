@@ -1,0 +1,183 @@
+#include "server/shared_regions.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace flce::server {
+namespace {
+
+constexpr absl::string_view kNamePrefix = "flce-";
+constexpr size_t kNameHexDigits = 32;  // 128 random bits: not guessable by another tenant
+
+absl::Status CheckName(const std::string& name) {
+  absl::string_view bare = name;
+  absl::ConsumePrefix(&bare, "/");
+  bool ok = absl::ConsumePrefix(&bare, kNamePrefix) && bare.size() == kNameHexDigits;
+  for (char c : bare) ok = ok && (absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f'));
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region name \"", absl::CEscape(name.substr(0, 80)),
+        "\" is not \"flce-\" followed by 32 lowercase hex digits (128 random bits)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string RandomRegionId() {
+  std::random_device random;
+  std::string id = "r-";
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(random(), absl::kZeroPad8));
+  return id;
+}
+
+}  // namespace
+
+MappedRegion::~MappedRegion() { munmap(base_, static_cast<size_t>(bytes_)); }
+
+absl::Status MappedRegion::CheckRange(int64_t offset, int64_t length, const char* what) const {
+  if (offset < 0 || length < 0 || offset > bytes_ || length > bytes_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": bytes [", offset, ", ", offset,
+                                                   " + ", length, ") are outside the region's ",
+                                                   bytes_, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+bool IsLocalPeer(const std::string& peer) {
+  return absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "ipv4:127.") ||
+         absl::StartsWith(peer, "ipv6:[::1]:") || absl::StartsWith(peer, "ipv6:%5B::1%5D:");
+}
+
+std::string HostBootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return std::string(absl::StripAsciiWhitespace(id));
+}
+
+uint64_t SharedRegions::OpenStream(const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  uint64_t id = next_stream_++;
+  streams_[id] = Stream{tenant, absl::Now() + lease_, {}};
+  return id;
+}
+
+absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::string& name,
+                                                    int64_t bytes) {
+  if (absl::Status s = CheckName(name); !s.ok()) return s;
+  if (bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("region bytes = ", bytes, ": must be > 0"));
+  }
+  const std::string path = absl::StartsWith(name, "/") ? name : "/" + name;
+  const int fd = shm_open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (fd < 0) {
+    const int err = errno;
+    return err == EACCES ? absl::PermissionDeniedError(absl::StrCat(
+                               "region \"", name, "\": the server may not open it (",
+                               strerror(err), "): it runs as another user"))
+                         : absl::NotFoundError(absl::StrCat("region \"", name, "\": ",
+                                                            strerror(err)));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < bytes) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region \"", name, "\" holds ", static_cast<int64_t>(st.st_size),
+        " bytes, fewer than the ", bytes, " registered"));
+  }
+  void* base = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("region \"", name, "\": mmap of ", bytes, " bytes failed: ", strerror(errno)));
+  }
+  auto mapping = std::make_shared<const MappedRegion>(base, bytes);
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(absl::Now());
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) {
+    return absl::FailedPreconditionError("the registration stream's lease ran out");
+  }
+  if (it->second.regions.size() >= kMaxRegionsPerStream) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a registration stream holds at most ", kMaxRegionsPerStream, " regions"));
+  }
+  std::string id = RandomRegionId();
+  it->second.regions[id] = Region{name, std::move(mapping)};
+  it->second.lease_until = absl::Now() + lease_;
+  return id;
+}
+
+absl::Status SharedRegions::Release(uint64_t stream, const std::string& region_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(stream);
+  if (it == streams_.end() || it->second.regions.erase(region_id) == 0) {
+    return absl::NotFoundError(absl::StrCat("no region \"", absl::CEscape(region_id.substr(0, 80)),
+                                            "\" on this stream"));
+  }
+  it->second.lease_until = absl::Now() + lease_;
+  return absl::OkStatus();
+}
+
+void SharedRegions::Renew(uint64_t stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(stream);
+  if (it != streams_.end()) it->second.lease_until = absl::Now() + lease_;
+}
+
+void SharedRegions::CloseStream(uint64_t stream) {
+  absl::MutexLock lock(&mu_);
+  streams_.erase(stream);
+}
+
+absl::StatusOr<std::shared_ptr<const MappedRegion>> SharedRegions::Find(
+    const std::string& tenant, const std::string& region_id) {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(absl::Now());
+  for (const auto& [id, stream] : streams_) {
+    if (stream.tenant != tenant) continue;
+    auto region = stream.regions.find(region_id);
+    if (region != stream.regions.end()) return region->second.mapping;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no shared-memory region \"", absl::CEscape(region_id.substr(0, 80)),
+      "\" (released, its Regions stream ended or its lease ran out, or another tenant's)"));
+}
+
+void SharedRegions::ExpireLocked(absl::Time now) {
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    it = it->second.lease_until < now ? streams_.erase(it) : std::next(it);
+  }
+}
+
+int64_t SharedRegions::mapped_bytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t total = 0;
+  for (const auto& [id, stream] : streams_) {
+    for (const auto& [rid, region] : stream.regions) total += region.mapping->bytes();
+  }
+  return total;
+}
+
+int64_t SharedRegions::regions() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, stream] : streams_) n += static_cast<int64_t>(stream.regions.size());
+  return n;
+}
+
+}  // namespace flce::server

@@ -1,0 +1,93 @@
+// Shared-memory regions registered by clients on the server's host (the
+// "shm" local transport): POSIX shared-memory objects named "flce-" + 32 hex
+// digits, mapped here while their registration stream lives and its lease is
+// renewed. A Compute call holds its region's mapping (a shared_ptr) until it
+// is done, so a release or a broken stream never unmaps memory in use.
+#ifndef FLCE_SERVER_SHARED_REGIONS_H_
+#define FLCE_SERVER_SHARED_REGIONS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace flce::server {
+
+// One mmap of a shared-memory object; unmapped when the last holder goes.
+class MappedRegion {
+ public:
+  MappedRegion(void* base, int64_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes) {}
+  ~MappedRegion();
+  MappedRegion(const MappedRegion&) = delete;
+  MappedRegion& operator=(const MappedRegion&) = delete;
+
+  char* base() const { return base_; }
+  int64_t bytes() const { return bytes_; }
+  // INVALID_ARGUMENT unless [offset, offset + length) lies inside the region.
+  absl::Status CheckRange(int64_t offset, int64_t length, const char* what) const;
+
+ private:
+  char* base_;
+  int64_t bytes_;
+};
+
+// Whether a gRPC peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000",
+// "unix:/run/flce.sock") is on this host: loopback or a Unix socket.
+bool IsLocalPeer(const std::string& peer);
+
+// The host's boot id (/proc/sys/kernel/random/boot_id), "" when unreadable.
+std::string HostBootId();
+
+class SharedRegions {
+ public:
+  static constexpr int kMaxRegionsPerStream = 64;
+
+  explicit SharedRegions(absl::Duration lease) : lease_(lease) {}
+
+  absl::Duration lease() const { return lease_; }
+
+  // A new registration stream's id.
+  uint64_t OpenStream(const std::string& tenant);
+  // Maps `bytes` of the object `name` for the stream; returns the region id.
+  absl::StatusOr<std::string> Register(uint64_t stream, const std::string& name, int64_t bytes);
+  absl::Status Release(uint64_t stream, const std::string& region_id);
+  void Renew(uint64_t stream);
+  // Releases every region of the stream (its holders keep their mappings).
+  void CloseStream(uint64_t stream);
+
+  // The region for a Compute call of `tenant`: NOT_FOUND when there is no
+  // such region for this tenant (another tenant's looks the same), or when
+  // its stream's lease ran out (the stream's regions are released then).
+  absl::StatusOr<std::shared_ptr<const MappedRegion>> Find(const std::string& tenant,
+                                                           const std::string& region_id);
+
+  int64_t mapped_bytes() const;
+  int64_t regions() const;
+
+ private:
+  struct Region {
+    std::string name;
+    std::shared_ptr<const MappedRegion> mapping;
+  };
+  struct Stream {
+    std::string tenant;
+    absl::Time lease_until;
+    std::map<std::string, Region> regions;  // by region id
+  };
+
+  void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const absl::Duration lease_;
+  mutable absl::Mutex mu_;
+  uint64_t next_stream_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Stream> streams_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace flce::server
+
+#endif  // FLCE_SERVER_SHARED_REGIONS_H_

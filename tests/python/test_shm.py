@@ -1,0 +1,182 @@
+"""The shared-memory transport from Python (flce.shm): chosen by itself where the server
+offers it, results bit for bit those of messages, refusals where it is not offered, and a
+client killed in the middle of a call leaves no gradient and no region behind."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import grpc
+import pytest
+import torch
+
+import flce
+from conftest import REPO, RealServer
+from flce import wire
+from flce._pb import pb
+
+V, H, N = 83, 40, 37
+
+
+@pytest.fixture(scope="module")
+def shm_target(real_server_bin):
+    srv = RealServer(real_server_bin, "--local-transports=shm")
+    yield srv.target
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def plain_target(real_server_bin):
+    srv = RealServer(real_server_bin)
+    yield srv.target
+    srv.stop()
+
+
+def _head(client, dtype=torch.float32) -> str:
+    g = torch.Generator().manual_seed(5)
+    head_id = f"shm-{uuid.uuid4().hex[:8]}"
+    client.upload_head(head_id, (torch.randn(V, H, generator=g) * 0.3).to(dtype))
+    return head_id
+
+
+def _batch(dtype=torch.float32, seed=6):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(N, H, generator=g).to(dtype), torch.randint(0, V, (N,), generator=g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_auto_uses_shared_memory_and_matches_messages_bit_for_bit(shm_target, dtype):
+    with flce.Client(shm_target, timeout=60) as shm, \
+            flce.Client(shm_target, timeout=60, transport="grpc") as plain:
+        head = _head(plain, dtype)
+        x, y = _batch(dtype)
+        a = plain.compute(head, x, y, session_id="plain", deterministic=True)
+        b = shm.compute(head, x, y, session_id="shm", deterministic=True)
+        assert shm.shared_transport() is not None and plain.shared_transport() is None
+        assert b.loss == a.loss
+        assert torch.equal(b.grad_input.view(torch.int16 if dtype != torch.float32
+                                             else torch.int32),
+                           a.grad_input.view(torch.int16 if dtype != torch.float32
+                                             else torch.int32))
+        ga = plain.fetch_grad(head, session_id="plain").weight
+        gb = plain.fetch_grad(head, session_id="shm").weight
+        assert torch.equal(ga, gb)
+        # a bigger call than the first region holds: the region grows
+        x2, y2 = torch.cat([x] * 40), torch.cat([y] * 40)
+        big = shm.compute(head, x2, y2, session_id="shm", deterministic=True)
+        ref = plain.compute(head, x2, y2, session_id="plain", deterministic=True)
+        assert big.loss == ref.loss and torch.equal(big.grad_input, ref.grad_input)
+
+
+def test_through_remote_lm_head_and_submit(shm_target):
+    with flce.Client(shm_target, timeout=60) as client:
+        head = flce.RemoteLMHead(client, _head(client))
+        x, y = _batch()
+        x1 = x.clone().requires_grad_(True)
+        head(x1, y).backward()
+        x2 = x.clone().requires_grad_(True)
+        head.submit(x2, y).backward()
+        assert torch.equal(x1.grad, x2.grad)
+        assert client.shared_transport() is not None
+
+
+def test_shm_is_refused_where_the_server_does_not_offer_it(plain_target):
+    with flce.Client(plain_target, timeout=60, transport="shm") as client:
+        head = _head(client)
+        x, y = _batch()
+        with pytest.raises(flce.FlceError) as err:
+            client.compute(head, x, y)
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "--local-transports=shm" in err.value.details
+    with flce.Client(plain_target, timeout=60) as auto:  # auto: messages, quietly
+        result = auto.compute(_head(auto), x, y)
+        assert auto.shared_transport() is None and result.grad_input.shape == (N, H)
+    with pytest.raises(ValueError, match="transport"):
+        flce.Client(plain_target, transport="ipc")
+
+
+_KILLED_CLIENT = textwrap.dedent("""
+    import os, sys, time, torch
+    sys.path.insert(0, {pkg!r})
+    import flce
+    from flce import wire
+    from flce._pb import pb
+    client = flce.Client({target!r}, timeout=60)
+    transport = client.shared_transport()
+    region = transport.acquire({nbytes})
+    region.tensor(0, ({n}, {h}), torch.float32).normal_()
+    print(region.region_id, flush=True)
+    header = pb.ComputeHeader(request_id="killed", head_id={head!r}, session_id="victim",
+                              num_tokens={n}, targets=bytes(4 * {n}),
+                              hidden_dtype=pb.DTYPE_FP32,
+                              shared=pb.SharedHidden(region_id=region.region_id,
+                                                     grad_input_offset={half}))
+    def requests():
+        yield wire.encode_compute_header(header.SerializeToString(), {h})
+        print("sent", flush=True)
+        time.sleep(3600)  # killed here: the end message never comes
+    for _ in client._compute(requests()):
+        pass
+""")
+
+
+def test_a_client_killed_mid_call_leaves_no_gradient_and_no_region(shm_target):
+    with flce.Client(shm_target, timeout=60, transport="grpc") as observer:
+        head = _head(observer)
+        script = _KILLED_CLIENT.format(pkg=str(REPO / "client" / "python"), target=shm_target,
+                                       nbytes=2 * N * H * 4, n=N, h=H, half=N * H * 4,
+                                       head=head)
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            region_id = child.stdout.readline().strip()
+            assert region_id.startswith("r-")
+            assert child.stdout.readline().strip() == "sent"
+        finally:
+            child.kill()
+            child.wait()
+        # the region went with the client's Regions stream: naming it finds nothing (a
+        # forward-only probe: while the server has not yet seen the stream break, the
+        # probe computes and lands nothing)
+        header = pb.ComputeHeader(request_id="probe", head_id=head, session_id="probe",
+                                  num_tokens=N, targets=bytes(4 * N),
+                                  hidden_dtype=pb.DTYPE_FP32,
+                                  outputs=pb.OutputSelection(forward_only=True),
+                                  shared=pb.SharedHidden(region_id=region_id))
+        code = None
+        for _ in range(200):
+            try:
+                list(observer._compute(iter([
+                    wire.encode_compute_header(header.SerializeToString(), H),
+                    wire.encode_end_of_input(N)])))
+            except grpc.RpcError as err:
+                code, details = err.code(), err.details()
+                if code == grpc.StatusCode.NOT_FOUND:
+                    break
+            time.sleep(0.05)
+        assert code == grpc.StatusCode.NOT_FOUND
+        assert "no shared-memory region" in details
+        try:
+            grad = observer.fetch_grad(head, session_id="victim")
+            assert grad.header.contributions == 0
+        except flce.FlceError as fetch_err:
+            assert fetch_err.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_unix_socket_client_is_on_the_servers_host(real_server_bin, tmp_path):
+    socket_path = tmp_path / "flce.sock"
+    srv = RealServer(real_server_bin, "--local-transports=shm", "--unix-socket",
+                     str(socket_path))
+    try:
+        with flce.Client(f"unix:{socket_path}", timeout=60) as client:
+            info = client.server_info()
+            assert info.local_transports == ("shm",)
+            head = _head(client)
+            x, y = _batch()
+            assert client.compute(head, x, y).grad_input.shape == (N, H)
+            assert client.shared_transport() is not None
+    finally:
+        srv.stop()

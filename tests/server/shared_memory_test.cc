@@ -1,0 +1,321 @@
+// The shm local transport (--local-transports=shm): Regions registration,
+// Compute with ComputeHeader.shared bit for bit as with messages, and every
+// refusal touching nothing: bad names, sizes and offsets, a region that is
+// released, expired or truncated under the call, a server that does not
+// allow it.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/shared_regions.h"
+#include "tests/server/server_test_util.h"
+
+namespace flce::server::test {
+namespace {
+
+using ::flce::test::MakeProblem;
+using ::testing::HasSubstr;
+
+// A client's shared-memory object, as flce.shm makes one.
+class ShmObject {
+ public:
+  explicit ShmObject(int64_t bytes) : bytes_(bytes) {
+    std::random_device random;
+    name_ = "flce-";
+    for (int i = 0; i < 4; ++i) name_ += absl::StrFormat("%08x", random());
+    fd_ = shm_open(("/" + name_).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    EXPECT_GE(fd_, 0) << strerror(errno);
+    EXPECT_EQ(ftruncate(fd_, bytes), 0);
+    base_ = static_cast<char*>(
+        mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
+    EXPECT_NE(base_, MAP_FAILED);
+  }
+  ~ShmObject() {
+    munmap(base_, static_cast<size_t>(bytes_));
+    close(fd_);
+    shm_unlink(("/" + name_).c_str());
+  }
+  const std::string& name() const { return name_; }
+  char* data() { return base_; }
+  void Truncate(int64_t bytes) { ASSERT_EQ(ftruncate(fd_, bytes), 0); }
+
+ private:
+  int64_t bytes_;
+  std::string name_;
+  int fd_ = -1;
+  char* base_ = nullptr;
+};
+
+// One Regions stream.
+class RegionStream {
+ public:
+  explicit RegionStream(v1::Flce::Stub& stub) : stream_(stub.Regions(&context_)) {}
+
+  // The region id, or "" with *status set when the server ended the stream.
+  std::string Register(const std::string& name, int64_t bytes, grpc::Status* status = nullptr) {
+    v1::RegionRequest request;
+    request.mutable_register_()->set_name(name);
+    request.mutable_register_()->set_bytes(bytes);
+    v1::RegionResponse response;
+    if (stream_->Write(request) && stream_->Read(&response)) return response.region_id();
+    grpc::Status end = Close();
+    if (status != nullptr) *status = end;
+    return "";
+  }
+
+  grpc::Status Close() {
+    if (!closed_) {
+      stream_->WritesDone();
+      v1::RegionResponse ignored;
+      while (stream_->Read(&ignored)) {
+      }
+      status_ = stream_->Finish();
+      closed_ = true;
+    }
+    return status_;
+  }
+
+  ~RegionStream() { Close(); }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::RegionRequest, v1::RegionResponse>> stream_;
+  bool closed_ = false;
+  grpc::Status status_;
+};
+
+class SharedMemoryTest : public ServerTest {
+ protected:
+  void SetUp() override { Start(true, absl::Seconds(60)); }
+
+  void Start(bool shm, absl::Duration lease) {
+    ServerConfig config = TestConfig();
+    config.shm_transport = shm;
+    config.region_lease = lease;
+    StartServer(config);
+    problem_ = MakeProblem(TinyF32Spec());
+    ASSERT_TRUE(UploadHead(stub(), "h", problem_).ok());
+    hidden_bytes_ = static_cast<int64_t>(problem_.hidden_bytes.size());
+  }
+
+  // Header and end only; hidden at offset 0 of the region, grad_input after it.
+  ComputeOutcome SharedCompute(const std::string& region_id, const std::string& session,
+                               const std::string& request_id, int64_t hidden_offset = 0,
+                               int64_t grad_offset = -1) {
+    v1::ComputeHeader header = MakeHeader(problem_, "h", session, request_id);
+    header.set_deterministic(true);
+    header.mutable_shared()->set_region_id(region_id);
+    header.mutable_shared()->set_hidden_offset(hidden_offset);
+    header.mutable_shared()->set_grad_input_offset(grad_offset < 0 ? hidden_bytes_ : grad_offset);
+    return ComputeMessages(stub(), {HeaderMessage(header), EndMessage(problem_.spec.num_tokens)});
+  }
+
+  void ExpectNothingIn(const std::string& session) {
+    FetchedGrad grad = FetchGrad(stub(), "h", session);
+    if (grad.status.error_code() == grpc::StatusCode::NOT_FOUND) return;
+    ASSERT_TRUE(grad.status.ok()) << grad.status.error_message();
+    EXPECT_EQ(grad.header.contributions(), 0);
+  }
+
+  Problem problem_;
+  int64_t hidden_bytes_ = 0;
+};
+
+TEST_F(SharedMemoryTest, ServerInfoOffersShmToLoopbackCallers) {
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub().GetServerInfo(&context, v1::ServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.boot_id(), HostBootId());
+  EXPECT_FALSE(info.boot_id().empty());
+  EXPECT_THAT(info.local_transports(), ::testing::ElementsAre("shm"));
+}
+
+TEST(LocalPeerTest, OnlyLoopbackAndUnixSocketsAreLocal) {
+  EXPECT_TRUE(IsLocalPeer("ipv4:127.0.0.1:50051"));
+  EXPECT_TRUE(IsLocalPeer("ipv4:127.1.2.3:1"));
+  EXPECT_TRUE(IsLocalPeer("ipv6:[::1]:50051"));
+  EXPECT_TRUE(IsLocalPeer("unix:/run/flce.sock"));
+  EXPECT_FALSE(IsLocalPeer("ipv4:10.0.0.5:50051"));
+  EXPECT_FALSE(IsLocalPeer("ipv4:128.0.0.1:50051"));
+  EXPECT_FALSE(IsLocalPeer("ipv6:[::ffff:10.0.0.1]:50051"));
+  EXPECT_FALSE(IsLocalPeer("ipv4:1127.0.0.1:5"));
+}
+
+TEST_F(SharedMemoryTest, SharedCallEqualsTheMessagesCallBitForBit) {
+  ShmObject object(2 * hidden_bytes_);
+  std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
+  std::memset(object.data() + hidden_bytes_, 0xff, hidden_bytes_);  // NaN: unwritten shows
+  RegionStream regions(stub());
+  const std::string id = regions.Register(object.name(), 2 * hidden_bytes_);
+  ASSERT_FALSE(id.empty());
+
+  v1::ComputeHeader header = MakeHeader(problem_, "h", "messages", "m1");
+  header.set_deterministic(true);
+  ComputeOptions in_one_piece;  // as the server reads the region (8 MiB pieces)
+  in_one_piece.rows_per_chunk = problem_.spec.num_tokens;
+  in_one_piece.shuffle = false;
+  ComputeOutcome by_messages = Compute(stub(), header, problem_, in_one_piece);
+  ASSERT_TRUE(by_messages.status.ok()) << by_messages.status.error_message();
+  ComputeOutcome shared = SharedCompute(id, "shared", "s1");
+  ASSERT_TRUE(shared.status.ok()) << shared.status.error_message();
+
+  EXPECT_EQ(shared.summary.loss(), by_messages.summary.loss());
+  EXPECT_TRUE(shared.summary.committed());
+  EXPECT_EQ(shared.grad_messages, 0);  // grad_input went into the region
+  EXPECT_EQ(std::memcmp(object.data() + hidden_bytes_, by_messages.grad_input.data(),
+                        hidden_bytes_),
+            0);
+  FetchedGrad a = FetchGrad(stub(), "h", "messages");
+  FetchedGrad b = FetchGrad(stub(), "h", "shared");
+  ASSERT_TRUE(a.status.ok() && b.status.ok());
+  EXPECT_EQ(a.weight, b.weight);
+
+  // The landing rules hold: a replay with the same id is not applied again.
+  ComputeOutcome again = SharedCompute(id, "shared", "s1");
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_TRUE(again.summary.replayed());
+  EXPECT_EQ(FetchGrad(stub(), "h", "shared").header.contributions(), 1);
+}
+
+TEST_F(SharedMemoryTest, BadRequestsAreRefusedAndLandNothing) {
+  ShmObject object(2 * hidden_bytes_);
+  std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
+  RegionStream regions(stub());
+  const std::string id = regions.Register(object.name(), 2 * hidden_bytes_);
+  ASSERT_FALSE(id.empty());
+
+  ComputeOutcome unknown = SharedCompute("r-0000", "s", "a");
+  EXPECT_EQ(unknown.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  ComputeOutcome outside = SharedCompute(id, "s", "b", /*hidden_offset=*/hidden_bytes_ + 1, 0);
+  EXPECT_EQ(outside.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(outside.status.error_message(), HasSubstr("outside the region"));
+  ComputeOutcome negative = SharedCompute(id, "s", "c", -8);
+  EXPECT_EQ(negative.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ComputeOutcome overlap = SharedCompute(id, "s", "d", 0, hidden_bytes_ / 2);
+  EXPECT_EQ(overlap.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(overlap.status.error_message(), HasSubstr("overlaps"));
+
+  v1::ComputeHeader header = MakeHeader(problem_, "h", "s", "e");
+  header.mutable_shared()->set_region_id(id);
+  header.mutable_shared()->set_grad_input_offset(hidden_bytes_);
+  ComputeOutcome chunk = ComputeMessages(
+      stub(), {HeaderMessage(header), HiddenMessage(0, problem_.hidden_bytes.substr(0, 256)),
+               EndMessage(problem_.spec.num_tokens)});
+  EXPECT_EQ(chunk.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(chunk.status.error_message(), HasSubstr("shared-memory region"));
+  ComputeOutcome no_end = ComputeMessages(stub(), {HeaderMessage(header)});
+  EXPECT_EQ(no_end.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(no_end.status.error_message(), HasSubstr("without an end message"));
+  ExpectNothingIn("s");
+}
+
+TEST_F(SharedMemoryTest, RegistrationRefusalsEndTheStream) {
+  ShmObject object(4096);
+  grpc::Status status;
+  {
+    RegionStream regions(stub());
+    EXPECT_TRUE(regions.Register("not-flce", 4096, &status).empty());
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("32 lowercase hex digits"));
+  }
+  {
+    RegionStream regions(stub());
+    EXPECT_TRUE(regions.Register(object.name(), 8192, &status).empty());
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("fewer than the 8192 registered"));
+  }
+  {
+    RegionStream regions(stub());
+    EXPECT_TRUE(regions.Register("flce-0123456789abcdef0123456789abcdef", 16, &status).empty());
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    RegionStream regions(stub());
+    EXPECT_TRUE(regions.Register(object.name(), 0, &status).empty());
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+}
+
+TEST_F(SharedMemoryTest, AStreamsEndReleasesItsRegions) {
+  ShmObject object(2 * hidden_bytes_);
+  std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
+  std::string id;
+  {
+    RegionStream regions(stub());
+    id = regions.Register(object.name(), 2 * hidden_bytes_);
+    ASSERT_FALSE(id.empty());
+    ASSERT_TRUE(SharedCompute(id, "s", "before").status.ok());
+    EXPECT_TRUE(regions.Close().ok());
+  }
+  ComputeOutcome after = SharedCompute(id, "s", "after");
+  EXPECT_EQ(after.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(after.status.error_message(), HasSubstr("stream ended"));
+}
+
+TEST_F(SharedMemoryTest, ATruncatedRegionFailsTheCallNotTheServer) {
+  ShmObject object(2 * hidden_bytes_);
+  std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
+  RegionStream regions(stub());
+  const std::string id = regions.Register(object.name(), 2 * hidden_bytes_);
+  ASSERT_FALSE(id.empty());
+  object.Truncate(0);  // the mapping stays, its pages are gone: reading them is SIGBUS
+  ComputeOutcome truncated = SharedCompute(id, "s", "t");
+  EXPECT_EQ(truncated.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(truncated.status.error_message(), HasSubstr("shorter than it was registered"));
+  ExpectNothingIn("s");
+  // The server is fine.
+  ComputeOutcome normal = Compute(stub(), MakeHeader(problem_, "h", "s", "n"), problem_);
+  EXPECT_TRUE(normal.status.ok()) << normal.status.error_message();
+}
+
+class SharedMemoryLeaseTest : public SharedMemoryTest {
+ protected:
+  void SetUp() override { Start(true, absl::Milliseconds(300)); }
+};
+
+TEST_F(SharedMemoryLeaseTest, ASilentStreamLosesItsRegions) {
+  ShmObject object(2 * hidden_bytes_);
+  std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
+  RegionStream regions(stub());
+  const std::string id = regions.Register(object.name(), 2 * hidden_bytes_);
+  ASSERT_FALSE(id.empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ComputeOutcome late = SharedCompute(id, "s", "late");
+  EXPECT_EQ(late.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(late.status.error_message(), HasSubstr("lease ran out"));
+}
+
+class NoSharedMemoryTest : public SharedMemoryTest {
+ protected:
+  void SetUp() override { Start(false, absl::Seconds(60)); }
+};
+
+TEST_F(NoSharedMemoryTest, IsNeitherOfferedNorTaken) {
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub().GetServerInfo(&context, v1::ServerInfoRequest(), &info).ok());
+  EXPECT_TRUE(info.local_transports().empty());
+  ShmObject object(4096);
+  RegionStream regions(stub());
+  grpc::Status status;
+  EXPECT_TRUE(regions.Register(object.name(), 4096, &status).empty());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("--local-transports=shm"));
+  ComputeOutcome shared = SharedCompute("r-1", "s", "x");
+  EXPECT_EQ(shared.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ExpectNothingIn("s");
+}
+
+}  // namespace
+}  // namespace flce::server::test
