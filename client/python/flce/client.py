@@ -374,7 +374,8 @@ class Client:
         """One Compute call over hidden [N, H] (fp32/fp16/bf16) and targets [N].
 
         grad_input comes back in hidden's dtype on the CPU (pinned when hidden is on a GPU,
-        or when pinned_result says so, ready for a fast copy to a GPU); with deferred_commit the call's grad_W stays staged
+        or when pinned_result says so, ready for a fast copy to a GPU) — through shared
+        memory (flce.shm), on hidden's GPU when hidden is on one; with deferred_commit the call's grad_W stays staged
         until commit(request_id)."""
         if hidden.dim() != 2 or targets.dim() != 1 or targets.shape[0] != hidden.shape[0]:
             raise ValueError(f"need hidden [N, H] and targets [N], got {tuple(hidden.shape)} "
@@ -459,6 +460,8 @@ class Client:
             shared.close()
             return None
         try:
+            if hidden.is_cuda or pinned:
+                region.pin()
             region.tensor(0, (n, h), hidden.dtype).copy_(hidden.detach())
             header.shared.CopyFrom(pb.SharedHidden(region_id=region.region_id, hidden_offset=0,
                                                    grad_input_offset=nbytes))
@@ -471,8 +474,11 @@ class Client:
                 err.request_id = header.request_id
                 raise
             if want_grad_input:
-                pool = tensors.PinnedPool if pinned else self.pool
-                grad = pool.empty((n, h), hidden.dtype)
+                if hidden.is_cuda:  # straight from the page-locked region to the GPU
+                    grad = torch.empty((n, h), dtype=hidden.dtype, device=hidden.device)
+                else:
+                    grad = (tensors.PinnedPool if pinned else self.pool).empty((n, h),
+                                                                               hidden.dtype)
                 grad.copy_(region.tensor(nbytes, (n, h), hidden.dtype))
                 result.grad_input = grad
             return result
