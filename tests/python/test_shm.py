@@ -180,3 +180,17 @@ def test_a_unix_socket_client_is_on_the_servers_host(real_server_bin, tmp_path):
             assert client.shared_transport() is not None
     finally:
         srv.stop()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU machine)")
+def test_a_gpu_hidden_goes_through_a_page_locked_region_and_comes_back_on_the_gpu(shm_target):
+    with flce.Client(shm_target, timeout=60) as shm, \
+            flce.Client(shm_target, timeout=60, transport="grpc") as plain:
+        head = _head(plain, torch.bfloat16)
+        x, y = _batch(torch.bfloat16)
+        a = plain.compute(head, x.cuda(), y.cuda(), session_id="plain", deterministic=True)
+        b = shm.compute(head, x.cuda(), y.cuda(), session_id="shm", deterministic=True)
+        assert shm.shared_transport() is not None
+        assert b.grad_input.is_cuda and not a.grad_input.is_cuda
+        assert b.loss == a.loss
+        assert torch.equal(b.grad_input.cpu().view(torch.int16), a.grad_input.view(torch.int16))
