@@ -63,6 +63,17 @@ absl::Status UsageError(absl::string_view command, absl::string_view message);
 bool IsUsageError(const absl::Status& status);
 
 // The subcommands, one file per group.
+void DeclareCreateOptimizer(FlagSet& flags);
+absl::StatusOr<CommandResult> RunCreateOptimizer(const FlagSet& flags, CliEnv& env);
+void DeclareStep(FlagSet& flags);
+absl::StatusOr<CommandResult> RunStep(const FlagSet& flags, CliEnv& env);
+void DeclareGradNorm(FlagSet& flags);
+absl::StatusOr<CommandResult> RunGradNorm(const FlagSet& flags, CliEnv& env);
+void DeclareSaveCheckpoint(FlagSet& flags);
+absl::StatusOr<CommandResult> RunSaveCheckpoint(const FlagSet& flags, CliEnv& env);
+void DeclareLoadCheckpoint(FlagSet& flags);
+absl::StatusOr<CommandResult> RunLoadCheckpoint(const FlagSet& flags, CliEnv& env);
+
 void DeclareHealth(FlagSet& flags);
 absl::StatusOr<CommandResult> RunHealth(const FlagSet& flags, CliEnv& env);
 void DeclareServerInfo(FlagSet& flags);

@@ -1,15 +1,43 @@
 #include "client/cli/json_views.h"
 
+#include "absl/strings/match.h"
 #include "client/cpp/wire_dtype.h"
 
 namespace flce::cli {
 
+std::string WithoutPrefix(const std::string& name, absl::string_view prefix) {
+  return absl::StartsWith(name, prefix) ? name.substr(prefix.size()) : name;
+}
+
+namespace {
+
+nlohmann::json GroupJson(const v1::OptimizerGroup& g) {
+  return {{"weight_decay", g.weight_decay()}, {"momentum", g.momentum()},
+          {"dampening", g.dampening()},       {"nesterov", g.nesterov()},
+          {"beta1", g.beta1()},               {"beta2", g.beta2()},
+          {"eps", g.eps()},                   {"amsgrad", g.amsgrad()}};
+}
+
+}  // namespace
+
+nlohmann::json OptimizerInfoJson(const v1::OptimizerInfo& info) {
+  return {{"kind", WithoutPrefix(v1::OptimizerKind_Name(info.kind()), "OPTIMIZER_")},
+          {"weight", GroupJson(info.weight())},
+          {"bias", GroupJson(info.bias())},
+          {"steps", info.steps()},
+          {"skipped_steps", info.skipped_steps()},
+          {"state_bytes", info.state_bytes()}};
+}
+
 nlohmann::json HeadInfoJson(const v1::HeadInfo& head) {
-  return {{"head_id", head.head_id()},           {"vocab_size", head.vocab_size()},
-          {"hidden_size", head.hidden_size()},   {"dtype", WireDTypeName(head.dtype())},
-          {"has_bias", head.has_bias()},         {"version", head.version()},
-          {"weight_bytes", head.weight_bytes()}, {"source", head.source()},
-          {"sessions", head.sessions()}};
+  nlohmann::json json = {
+      {"head_id", head.head_id()},           {"vocab_size", head.vocab_size()},
+      {"hidden_size", head.hidden_size()},   {"dtype", WireDTypeName(head.dtype())},
+      {"has_bias", head.has_bias()},         {"version", head.version()},
+      {"weight_bytes", head.weight_bytes()}, {"source", head.source()},
+      {"sessions", head.sessions()}};
+  if (head.has_optimizer()) json["optimizer"] = OptimizerInfoJson(head.optimizer());
+  return json;
 }
 
 nlohmann::json SessionInfoJson(const v1::SessionInfo& session) {
@@ -28,7 +56,12 @@ nlohmann::json ServerInfoJson(const v1::ServerInfo& info) {
           {"engine", info.engine()},
           {"workspace_budget_bytes", info.workspace_budget_bytes()},
           {"max_request_tokens", info.max_request_tokens()},
-          {"max_message_bytes", info.max_message_bytes()}};
+          {"max_message_bytes", info.max_message_bytes()},
+          {"capabilities", std::vector<std::string>(info.capabilities().begin(),
+                                                    info.capabilities().end())},
+          {"boot_id", info.boot_id()},
+          {"local_transports", std::vector<std::string>(info.local_transports().begin(),
+                                                        info.local_transports().end())}};
 }
 
 nlohmann::json SummaryJson(const v1::ComputeSummary& summary, bool with_accuracy) {

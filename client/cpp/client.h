@@ -129,6 +129,10 @@ class Client {
                                                 const std::string& session_id);
   // An empty request_id is filled with a new one (NewRequestId).
   absl::StatusOr<v1::StepResponse> Step(v1::StepRequest request);
+  // Checkpoints of the head and its optimizer state, on the server (--checkpoint-dir);
+  // an empty request_id is filled with a new one.
+  absl::StatusOr<v1::CheckpointInfo> SaveCheckpoint(v1::SaveCheckpointRequest request);
+  absl::StatusOr<v1::HeadInfo> LoadCheckpoint(v1::LoadCheckpointRequest request);
 
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
   // grpc.health.v1; service "" = the whole server.

@@ -1,4 +1,4 @@
-// Client: training the head on the server (CreateOptimizer, GradNorm, Step).
+// Client: training the head on the server (CreateOptimizer, GradNorm, Step, checkpoints).
 #include "client/cpp/client.h"
 #include "client/cpp/grpc_status.h"
 #include "client/cpp/request_id.h"
@@ -37,6 +37,26 @@ absl::StatusOr<v1::StepResponse> Client::Step(v1::StepRequest request) {
   absl::Status status = FromGrpcStatus(stub_->Step(&context, request, &response));
   if (!status.ok()) return status;
   return response;
+}
+
+absl::StatusOr<v1::CheckpointInfo> Client::SaveCheckpoint(v1::SaveCheckpointRequest request) {
+  if (request.request_id().empty()) request.set_request_id(NewRequestId());
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::CheckpointInfo info;
+  absl::Status status = FromGrpcStatus(stub_->SaveCheckpoint(&context, request, &info));
+  if (!status.ok()) return status;
+  return info;
+}
+
+absl::StatusOr<v1::HeadInfo> Client::LoadCheckpoint(v1::LoadCheckpointRequest request) {
+  if (request.request_id().empty()) request.set_request_id(NewRequestId());
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::HeadInfo info;
+  absl::Status status = FromGrpcStatus(stub_->LoadCheckpoint(&context, request, &info));
+  if (!status.ok()) return status;
+  return info;
 }
 
 }  // namespace flce

@@ -85,7 +85,8 @@ class CliEndToEndTest : public ::testing::Test {
     ASSERT_GT(port_, 0);
     server_ = new BackgroundProcess(
         {kServerBin, "--host", "127.0.0.1", "--port", std::to_string(port_), "--metrics-port", "0",
-         "--device", "cpu", "--threads", "2", "--head-root", *dir_ + "/heads"},
+         "--device", "cpu", "--threads", "2", "--head-root", *dir_ + "/heads",
+         "--checkpoint-dir", *dir_ + "/checkpoints"},
         *dir_ + "/server.log");
     ASSERT_TRUE(server_->started());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -427,6 +428,66 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
   const CliRun gone = Cli({"describe", "--head", "hf"});
   EXPECT_EQ(gone.exit_code, 1);
   EXPECT_EQ(gone.json["error"]["code"], "NOT_FOUND") << Describe(gone);
+}
+
+TEST_F(CliEndToEndTest, TrainingSubcommands) {
+  ProblemSpec ps;
+  ps.vocab_size = 97;
+  ps.hidden_size = 24;
+  ps.num_tokens = 16;
+  const Problem p = MakeProblem(ps);
+  SCOPED_TRACE("problem seed " + std::to_string(p.seed));
+  WriteProblem(p, "tr_");
+  Ok({"load-weight", "--head", "ht", "--weight", Path("tr_w.npy")});
+  ComputeSpec sum_spec;
+  sum_spec.reduction = Reduction::kSum;
+  const ReferenceOutput ref = ComputeReference(MakeReferenceInput(p, sum_spec));
+  Ok({"compute", "--head", "ht", "--session", "st", "--hidden", Path("tr_h.npy"), "--targets",
+      Path("tr_t64.npy"), "--reduction", "sum"});
+
+  const nlohmann::json norm = Ok({"grad-norm", "--head", "ht", "--session", "st"});
+  double want = 0;
+  for (double g : ref.grad_weight) want += g * g;
+  EXPECT_NEAR(norm["sq_norm"].get<double>(), want, 1e-5 * want);
+  EXPECT_EQ(norm["contributions"], 1);
+
+  const nlohmann::json created =
+      Ok({"create-optimizer", "--head", "ht", "--kind", "adamw", "--weight-decay", "0"});
+  EXPECT_EQ(created["kind"], "ADAMW");
+  EXPECT_EQ(created["weight"]["beta2"], 0.999);  // the server's default, filled in
+  EXPECT_GT(created["state_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(Ok({"describe", "--head", "ht"})["optimizer"]["kind"], "ADAMW");
+  CliRun twice = Cli({"create-optimizer", "--head", "ht", "--kind", "sgd"});
+  EXPECT_EQ(twice.exit_code, 1);
+  EXPECT_EQ(twice.json["error"]["code"], "ALREADY_EXISTS") << Describe(twice);
+
+  const int64_t version = Ok({"describe", "--head", "ht"})["version"];
+  const nlohmann::json step =
+      Ok({"step", "--head", "ht", "--session", "st", "--lr", "0.01", "--request-id", "k1"});
+  EXPECT_EQ(step["outcome"], "APPLIED");
+  EXPECT_EQ(step["contributions"], 1);
+  EXPECT_EQ(step["head_version"], version + 1);
+  EXPECT_EQ(step["steps"], 1);
+  const nlohmann::json replay =
+      Ok({"step", "--head", "ht", "--session", "st", "--lr", "0.01", "--request-id", "k1"});
+  EXPECT_EQ(replay["replayed"], true);
+  EXPECT_EQ(Ok({"step", "--head", "ht", "--session", "st", "--lr", "0.01"})["outcome"],
+            "SKIPPED_NO_GRADIENT");
+  CliRun no_lr = Cli({"step", "--head", "ht", "--session", "st"});
+  EXPECT_EQ(no_lr.exit_code, 2) << Describe(no_lr);
+
+  const nlohmann::json saved = Ok({"save-checkpoint", "--head", "ht", "--name", "c1"});
+  EXPECT_EQ(saved["has_optimizer"], true);
+  EXPECT_EQ(saved["head_version"], version + 1);
+  EXPECT_GT(saved["bytes"].get<int64_t>(), ps.vocab_size * ps.hidden_size * 4);
+  const nlohmann::json loaded =
+      Ok({"load-checkpoint", "--head", "ht2", "--name", "c1"});
+  EXPECT_EQ(loaded["vocab_size"], ps.vocab_size);
+  EXPECT_EQ(loaded["optimizer"]["steps"], 1);
+  const nlohmann::json info = Ok({"server-info"});
+  EXPECT_NE(std::find(info["capabilities"].begin(), info["capabilities"].end(), "checkpoint"),
+            info["capabilities"].end())
+      << info;
 }
 
 }  // namespace
