@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -60,7 +62,10 @@ class ShmObject {
 // One Regions stream.
 class RegionStream {
  public:
-  explicit RegionStream(v1::Flce::Stub& stub) : stream_(stub.Regions(&context_)) {}
+  explicit RegionStream(v1::Flce::Stub& stub, const std::string& token = "") {
+    if (!token.empty()) context_.AddMetadata("authorization", "Bearer " + token);
+    stream_ = stub.Regions(&context_);
+  }
 
   // The region id, or "" with *status set when the server ended the stream.
   std::string Register(const std::string& name, int64_t bytes, grpc::Status* status = nullptr) {
@@ -119,6 +124,23 @@ class SharedMemoryTest : public ServerTest {
     header.mutable_shared()->set_hidden_offset(hidden_offset);
     header.mutable_shared()->set_grad_input_offset(grad_offset < 0 ? hidden_bytes_ : grad_offset);
     return ComputeMessages(stub(), {HeaderMessage(header), EndMessage(problem_.spec.num_tokens)});
+  }
+
+  // The same call under a bearer token; only its status.
+  grpc::Status SharedComputeAs(const std::string& token, const std::string& region_id) {
+    v1::ComputeHeader header = MakeHeader(problem_, "h", "s", "as-" + token);
+    header.mutable_shared()->set_region_id(region_id);
+    header.mutable_shared()->set_grad_input_offset(hidden_bytes_);
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer " + token);
+    auto stream = stub().Compute(&context);
+    stream->Write(HeaderMessage(header));
+    stream->Write(EndMessage(problem_.spec.num_tokens));
+    stream->WritesDone();
+    v1::ComputeResponse response;
+    while (stream->Read(&response)) {
+    }
+    return stream->Finish();
   }
 
   void ExpectNothingIn(const std::string& session) {
@@ -294,6 +316,44 @@ TEST_F(SharedMemoryLeaseTest, ASilentStreamLosesItsRegions) {
   ComputeOutcome late = SharedCompute(id, "s", "late");
   EXPECT_EQ(late.status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(late.status.error_message(), HasSubstr("lease ran out"));
+}
+
+// Regions belong to their tenant: another tenant naming one finds nothing.
+class SharedMemoryTenantTest : public SharedMemoryTest {
+ protected:
+  void SetUp() override {
+    tokens_ = std::filesystem::temp_directory_path() /
+              absl::StrCat("flce_shm_tokens_", getpid(), "_", counter_++);
+    std::ofstream(tokens_) << "tok-alice alice\ntok-bob bob\n";
+    ServerConfig config = TestConfig();
+    config.shm_transport = true;
+    config.auth_token_file = tokens_.string();
+    StartServer(config);
+    problem_ = MakeProblem(TinyF32Spec());
+    hidden_bytes_ = static_cast<int64_t>(problem_.hidden_bytes.size());
+    for (const char* token : {"tok-alice", "tok-bob"}) {
+      ASSERT_TRUE(UploadHead(stub(), "h", problem_, 3, nullptr, token).ok());
+    }
+  }
+  void TearDown() override {
+    SharedMemoryTest::TearDown();
+    std::filesystem::remove(tokens_);
+  }
+
+  std::filesystem::path tokens_;
+  static inline int counter_ = 0;
+};
+
+TEST_F(SharedMemoryTenantTest, AnotherTenantsRegionIsNotFound) {
+  ShmObject object(2 * hidden_bytes_);
+  std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
+  RegionStream alices(stub(), "tok-alice");
+  const std::string id = alices.Register(object.name(), 2 * hidden_bytes_);
+  ASSERT_FALSE(id.empty());
+  grpc::Status bob = SharedComputeAs("tok-bob", id);
+  EXPECT_EQ(bob.error_code(), grpc::StatusCode::NOT_FOUND) << bob.error_message();
+  grpc::Status alice = SharedComputeAs("tok-alice", id);
+  EXPECT_TRUE(alice.ok()) << alice.error_message();
 }
 
 class NoSharedMemoryTest : public SharedMemoryTest {
