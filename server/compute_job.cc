@@ -206,8 +206,8 @@ absl::Status ComputeJob::AddChunk(const v1::HiddenChunk& chunk) {
 absl::Status ComputeJob::AddRows(int64_t token_offset, absl::string_view data) {
   FLCE_ASSIGN_OR_RETURN(int64_t rows,
                         rows_->Accept(token_offset, static_cast<int64_t>(data.size()), row_bytes_));
-  FLCE_RETURN_IF_ERROR(CheckHiddenFinite(spec_.hidden_dtype, data.data(), rows,
-                                         head_.head->spec().hidden_size, token_offset));
+  FLCE_RETURN_IF_ERROR(CheckRowsFinite(spec_.hidden_dtype, data.data(), rows,
+                                       head_.head->spec().hidden_size, token_offset));
   FLCE_RETURN_IF_ERROR(GradInputStatus());
   if (session_ != nullptr) {
     // Wrapping sums: the same rows give the same total in any order and chunking.

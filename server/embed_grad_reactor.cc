@@ -139,11 +139,9 @@ absl::Status EmbedGradReactor::AddRows(const v1::EmbedRows& rows) {
   FLCE_ASSIGN_OR_RETURN(
       int64_t n,
       tracker_->Accept(rows.token_offset(), static_cast<int64_t>(rows.data().size()), row_bytes_));
-  if (absl::Status finite = CheckHiddenFinite(dtype_, rows.data().data(), n,
-                                              head_.head->spec().hidden_size, rows.token_offset());
-      !finite.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient rows: ", finite.message()));
-  }
+  FLCE_RETURN_IF_ERROR(CheckRowsFinite(dtype_, rows.data().data(), n,
+                                       head_.head->spec().hidden_size, rows.token_offset(),
+                                       "a gradient row"));
   std::memcpy(rows_.data() + rows.token_offset() * row_bytes_, rows.data().data(),
               rows.data().size());
   rows_fingerprint_ += HiddenFingerprint(rows.data().data(), n, row_bytes_, rows.token_offset());

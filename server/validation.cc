@@ -330,11 +330,11 @@ absl::Status HiddenRowTracker::CheckComplete() const {
                                                  "; first missing row ", expect));
 }
 
-absl::Status CheckHiddenFinite(DType dtype, const void* data, int64_t rows, int64_t hidden_size,
-                               int64_t token_offset) {
+absl::Status CheckRowsFinite(DType dtype, const void* data, int64_t rows, int64_t hidden_size,
+                             int64_t token_offset, absl::string_view what) {
   int64_t bad = FirstNonFinite(dtype, data, rows * hidden_size);
   if (bad < 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("hidden holds NaN or Inf at token ",
+  return absl::InvalidArgumentError(absl::StrCat(what, " holds NaN or Inf at token ",
                                                  token_offset + bad / hidden_size, " (element ",
                                                  bad % hidden_size, ")"));
 }

@@ -97,10 +97,11 @@ absl::StatusOr<std::vector<int32_t>> ParseTokenIds(const std::string& bytes, int
                                                    int64_t max_tokens, int64_t vocab_size,
                                                    const char* field);
 
-// INVALID_ARGUMENT naming the first token (and element) holding NaN or Inf in
-// `rows` rows of `hidden_size` elements starting at token `token_offset`.
-absl::Status CheckHiddenFinite(DType dtype, const void* data, int64_t rows, int64_t hidden_size,
-                               int64_t token_offset);
+// INVALID_ARGUMENT naming `what` and the first token (and element) holding
+// NaN or Inf in `rows` rows of `hidden_size` elements starting at token
+// `token_offset`: "<what> holds NaN or Inf at token 7 (element 3)".
+absl::Status CheckRowsFinite(DType dtype, const void* data, int64_t rows, int64_t hidden_size,
+                             int64_t token_offset, absl::string_view what = "hidden");
 
 }  // namespace flce::server
 
