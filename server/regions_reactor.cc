@@ -58,7 +58,8 @@ absl::Status RegionsReactor::Handle(bool* respond) {
   switch (request_.msg_case()) {
     case v1::RegionRequest::kRegister: {
       const v1::RegisterRegion& reg = request_.register_();
-      absl::StatusOr<std::string> id = ctx_.regions->Register(stream_, reg.name(), reg.bytes());
+      absl::StatusOr<std::string> id =
+          ctx_.regions->Register(stream_, reg.name(), reg.bytes(), reg.key());
       if (!id.ok()) return id.status();
       response_.set_region_id(*id);
       response_.set_bytes(reg.bytes());

@@ -17,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/guarded_copy.h"
 
 namespace flce::server {
 namespace {
@@ -77,10 +78,16 @@ uint64_t SharedRegions::OpenStream(const std::string& tenant) {
 }
 
 absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::string& name,
-                                                    int64_t bytes) {
+                                                    int64_t bytes, const std::string& key) {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
-  if (bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("region bytes = ", bytes, ": must be > 0"));
+  if (bytes < static_cast<int64_t>(kKeyBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region bytes = ", bytes, ": must be at least ", kKeyBytes));
+  }
+  if (key.size() != kKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region key holds ", key.size(), " bytes, not ", kKeyBytes,
+        ": write 16 random bytes at the object's start and send them as the key"));
   }
   const std::string path = absl::StartsWith(name, "/") ? name : "/" + name;
   const int fd = shm_open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
@@ -106,6 +113,15 @@ absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::
         absl::StrCat("region \"", name, "\": mmap of ", bytes, " bytes failed: ", strerror(errno)));
   }
   auto mapping = std::make_shared<const MappedRegion>(base, bytes);
+  // The caller proves that it can write the object: a name alone (visible in
+  // /dev/shm to every local user) must not map another user's memory.
+  char start[kKeyBytes];
+  if (absl::Status read = GuardedCopy(start, mapping->base(), kKeyBytes); !read.ok()) return read;
+  if (std::memcmp(start, key.data(), kKeyBytes) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "region \"", name, "\": its first 16 bytes are not the key sent: only the client that "
+        "wrote them may register it"));
+  }
   absl::MutexLock lock(&mu_);
   ExpireLocked(absl::Now());
   auto it = streams_.find(stream);

@@ -53,8 +53,12 @@ class SharedRegions {
 
   // A new registration stream's id.
   uint64_t OpenStream(const std::string& tenant);
-  // Maps `bytes` of the object `name` for the stream; returns the region id.
-  absl::StatusOr<std::string> Register(uint64_t stream, const std::string& name, int64_t bytes);
+  static constexpr size_t kKeyBytes = 16;
+
+  // Maps `bytes` of the object `name` for the stream when its first 16 bytes
+  // are `key` (PERMISSION_DENIED otherwise); returns the region id.
+  absl::StatusOr<std::string> Register(uint64_t stream, const std::string& name, int64_t bytes,
+                                       const std::string& key);
   absl::Status Release(uint64_t stream, const std::string& region_id);
   void Renew(uint64_t stream);
   // Releases every region of the stream (its holders keep their mappings).

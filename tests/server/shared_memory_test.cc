@@ -51,6 +51,7 @@ class ShmObject {
   const std::string& name() const { return name_; }
   char* data() { return base_; }
   void Truncate(int64_t bytes) { ASSERT_EQ(ftruncate(fd_, bytes), 0); }
+  std::string Key() const { return std::string(base_, 16); }
 
  private:
   int64_t bytes_;
@@ -68,15 +69,22 @@ class RegionStream {
   }
 
   // The region id, or "" with *status set when the server ended the stream.
-  std::string Register(const std::string& name, int64_t bytes, grpc::Status* status = nullptr) {
+  std::string Register(const std::string& name, int64_t bytes, const std::string& key,
+                       grpc::Status* status = nullptr) {
     v1::RegionRequest request;
     request.mutable_register_()->set_name(name);
     request.mutable_register_()->set_bytes(bytes);
+    request.mutable_register_()->set_key(key);
     v1::RegionResponse response;
     if (stream_->Write(request) && stream_->Read(&response)) return response.region_id();
     grpc::Status end = Close();
     if (status != nullptr) *status = end;
     return "";
+  }
+
+  // The object's first 16 bytes are the proof that this client can write it.
+  std::string Register(ShmObject& object, int64_t bytes, grpc::Status* status = nullptr) {
+    return Register(object.name(), bytes, object.Key(), status);
   }
 
   grpc::Status Close() {
@@ -179,7 +187,7 @@ TEST_F(SharedMemoryTest, SharedCallEqualsTheMessagesCallBitForBit) {
   std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
   std::memset(object.data() + hidden_bytes_, 0xff, hidden_bytes_);  // NaN: unwritten shows
   RegionStream regions(stub());
-  const std::string id = regions.Register(object.name(), 2 * hidden_bytes_);
+  const std::string id = regions.Register(object, 2 * hidden_bytes_);
   ASSERT_FALSE(id.empty());
 
   v1::ComputeHeader header = MakeHeader(problem_, "h", "messages", "m1");
@@ -214,7 +222,7 @@ TEST_F(SharedMemoryTest, BadRequestsAreRefusedAndLandNothing) {
   ShmObject object(2 * hidden_bytes_);
   std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
   RegionStream regions(stub());
-  const std::string id = regions.Register(object.name(), 2 * hidden_bytes_);
+  const std::string id = regions.Register(object, 2 * hidden_bytes_);
   ASSERT_FALSE(id.empty());
 
   ComputeOutcome unknown = SharedCompute("r-0000", "s", "a");
@@ -247,25 +255,42 @@ TEST_F(SharedMemoryTest, RegistrationRefusalsEndTheStream) {
   grpc::Status status;
   {
     RegionStream regions(stub());
-    EXPECT_TRUE(regions.Register("not-flce", 4096, &status).empty());
+    EXPECT_TRUE(regions.Register("not-flce", 4096, object.Key(), &status).empty());
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(status.error_message(), HasSubstr("32 lowercase hex digits"));
   }
   {
     RegionStream regions(stub());
-    EXPECT_TRUE(regions.Register(object.name(), 8192, &status).empty());
+    EXPECT_TRUE(regions.Register(object, 8192, &status).empty());
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(status.error_message(), HasSubstr("fewer than the 8192 registered"));
   }
   {
     RegionStream regions(stub());
-    EXPECT_TRUE(regions.Register("flce-0123456789abcdef0123456789abcdef", 16, &status).empty());
+    EXPECT_TRUE(
+        regions.Register("flce-0123456789abcdef0123456789abcdef", 16, object.Key(), &status)
+            .empty());
     EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   }
   {
     RegionStream regions(stub());
-    EXPECT_TRUE(regions.Register(object.name(), 0, &status).empty());
+    EXPECT_TRUE(regions.Register(object, 0, &status).empty());
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // Someone who saw the name in /dev/shm but cannot read the object does not
+  // know its first 16 bytes.
+  std::memcpy(object.data(), "0123456789abcdef", 16);
+  {
+    RegionStream regions(stub());
+    EXPECT_TRUE(regions.Register(object.name(), 4096, std::string(16, 'x'), &status).empty());
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(status.error_message(), HasSubstr("not the key sent"));
+  }
+  {
+    RegionStream regions(stub());
+    EXPECT_TRUE(regions.Register(object.name(), 4096, "0123", &status).empty());
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("key holds 4 bytes"));
   }
 }
 
@@ -275,7 +300,7 @@ TEST_F(SharedMemoryTest, AStreamsEndReleasesItsRegions) {
   std::string id;
   {
     RegionStream regions(stub());
-    id = regions.Register(object.name(), 2 * hidden_bytes_);
+    id = regions.Register(object, 2 * hidden_bytes_);
     ASSERT_FALSE(id.empty());
     ASSERT_TRUE(SharedCompute(id, "s", "before").status.ok());
     EXPECT_TRUE(regions.Close().ok());
@@ -289,7 +314,7 @@ TEST_F(SharedMemoryTest, ATruncatedRegionFailsTheCallNotTheServer) {
   ShmObject object(2 * hidden_bytes_);
   std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
   RegionStream regions(stub());
-  const std::string id = regions.Register(object.name(), 2 * hidden_bytes_);
+  const std::string id = regions.Register(object, 2 * hidden_bytes_);
   ASSERT_FALSE(id.empty());
   object.Truncate(0);  // the mapping stays, its pages are gone: reading them is SIGBUS
   ComputeOutcome truncated = SharedCompute(id, "s", "t");
@@ -310,7 +335,7 @@ TEST_F(SharedMemoryLeaseTest, ASilentStreamLosesItsRegions) {
   ShmObject object(2 * hidden_bytes_);
   std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
   RegionStream regions(stub());
-  const std::string id = regions.Register(object.name(), 2 * hidden_bytes_);
+  const std::string id = regions.Register(object, 2 * hidden_bytes_);
   ASSERT_FALSE(id.empty());
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   ComputeOutcome late = SharedCompute(id, "s", "late");
@@ -348,7 +373,7 @@ TEST_F(SharedMemoryTenantTest, AnotherTenantsRegionIsNotFound) {
   ShmObject object(2 * hidden_bytes_);
   std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
   RegionStream alices(stub(), "tok-alice");
-  const std::string id = alices.Register(object.name(), 2 * hidden_bytes_);
+  const std::string id = alices.Register(object, 2 * hidden_bytes_);
   ASSERT_FALSE(id.empty());
   grpc::Status bob = SharedComputeAs("tok-bob", id);
   EXPECT_EQ(bob.error_code(), grpc::StatusCode::NOT_FOUND) << bob.error_message();
@@ -369,7 +394,7 @@ TEST_F(NoSharedMemoryTest, IsNeitherOfferedNorTaken) {
   ShmObject object(4096);
   RegionStream regions(stub());
   grpc::Status status;
-  EXPECT_TRUE(regions.Register(object.name(), 4096, &status).empty());
+  EXPECT_TRUE(regions.Register(object, 4096, &status).empty());
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(status.error_message(), HasSubstr("--local-transports=shm"));
   ComputeOutcome shared = SharedCompute("r-1", "s", "x");

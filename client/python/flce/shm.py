@@ -5,8 +5,9 @@ The server offers it (GetServerInfo.local_transports has "shm") when it runs wit
 --local-transports=shm and the caller is on loopback or a Unix socket; the client also
 checks that the server's boot id is its own (same host, not another VM). A region is a
 shared-memory object named "flce-" + 32 random hex digits, created with mode 0600,
-registered on a Regions stream and unlinked as soon as the server has mapped it, so no
-other process can open it by name afterwards. The stream renews the lease from its own
+registered on a Regions stream with the 16 random bytes written at its start (which only
+its owner can read: a name seen in /dev/shm does not let another tenant register it) and
+unlinked as soon as the server has mapped it. The stream renews the lease from its own
 thread; closing the client (or losing the stream) releases every region.
 
 Calls that run at the same time use different regions (a small free list); a region grows
@@ -115,9 +116,12 @@ class RegionStream:
         from flce._pb import pb
         memory = shared_memory.SharedMemory(name=f"flce-{secrets.token_hex(16)}", create=True,
                                             size=nbytes)
+        # the proof that this client can write the object (the name is visible in /dev/shm)
+        key = secrets.token_bytes(16)
+        memory.buf[:16] = key
         try:
             answer = self._ask(pb.RegionRequest(
-                register=pb.RegisterRegion(name=memory.name, bytes=nbytes)))
+                register=pb.RegisterRegion(name=memory.name, bytes=nbytes, key=key)))
         except BaseException:
             memory.unlink()
             memory.close()
