@@ -1,0 +1,44 @@
+// The fuse_mn plan: vocab_split's forward, then one kernel that recomputes each logits tile and
+// applies its gradient (fp32 atomics).
+#include <algorithm>
+
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/elementwise_kernels.cuh"
+#include "kernels/cuda/fuse_mn_kernel.cuh"
+#include "kernels/cuda/plan_parts.h"
+#include "kernels/status_macros.h"
+
+namespace flce::cuda::plan_parts {
+
+absl::Status RunFuseMNBlock(const Exec& exec, const HeadView& head, const Plan& plan,
+                            const DeviceRequest& r, char* scratch) {
+  const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, true);
+  const Scratch s = Carve(scratch, r.rows, plan.split_cols, tb, head, false, true);
+  FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s));
+  FLCE_RETURN_IF_ERROR(SplitForward(exec, head, plan, r, s, x));
+  if (!WantsBackward(r)) return absl::OkStatus();
+  if (r.grad_input != nullptr) {
+    FLCE_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(s.gi32, 0, r.rows * head.hidden * sizeof(float), exec.stream), exec.health);
+  }
+  FuseMNArgs a;
+  a.x = x;
+  a.w = head.weight;
+  a.bias = head.bias;
+  a.rows = r.rows;
+  a.hidden = head.hidden;
+  a.padded_vocab = head.padded_vocab;
+  a.grad = s.grad;
+  a.grad_input = r.grad_input != nullptr ? s.gi32 : nullptr;
+  a.grad_weight = r.grad_weight;
+  a.grad_bias = r.grad_bias;
+  a.params = r.params;
+  FLCE_RETURN_IF_ERROR(LaunchFuseMN(head.dtype, a, exec.stream, exec.health));
+  if (r.grad_input != nullptr) {
+    FLCE_RETURN_IF_ERROR(LaunchConvert(DType::kF32, s.gi32, r.hidden_dtype, r.grad_input,
+                                       r.rows * head.hidden, exec.stream, exec.health));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace flce::cuda::plan_parts
