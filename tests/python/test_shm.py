@@ -194,3 +194,18 @@ def test_a_gpu_hidden_goes_through_a_page_locked_region_and_comes_back_on_the_gp
         assert b.grad_input.is_cuda and not a.grad_input.is_cuda
         assert b.loss == a.loss
         assert torch.equal(b.grad_input.cpu().view(torch.int16), a.grad_input.view(torch.int16))
+
+
+def test_a_broken_regions_stream_is_replaced_not_reused(shm_target):
+    """The server releases a stream's regions when it ends (a restart, a dropped
+    connection): the client must not name them again."""
+    with flce.Client(shm_target, timeout=60) as client:
+        head = _head(client)
+        x, y = _batch()
+        first = client.compute(head, x, y, deterministic=True)
+        transport = client.shared_transport()
+        old = transport._stream
+        old.close()  # as if the connection had dropped
+        again = client.compute(head, x, y, deterministic=True)
+        assert transport._stream is not old and not transport._stream.broken()
+        assert again.loss == first.loss

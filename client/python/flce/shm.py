@@ -11,7 +11,9 @@ unlinked as soon as the server has mapped it. The stream renews the lease from i
 thread; closing the client (or losing the stream) releases every region.
 
 Calls that run at the same time use different regions (a small free list); a region grows
-when a call needs more than the largest one.
+when a call needs more than the largest one. When the stream ends (a server restart, a
+dropped connection) the server has released its regions: the next call starts a new stream
+(a call already under way when it ended fails with NOT_FOUND and lands nothing).
 """
 from __future__ import annotations
 
@@ -112,6 +114,11 @@ class RegionStream:
                 raise FlceError("Regions", grpc.StatusCode.UNAVAILABLE,
                                 "the server ended the shared-memory stream") from None
 
+    def broken(self) -> bool:
+        """The stream has ended (the server restarted, the connection dropped, a refusal):
+        the server has released every region it registered."""
+        return self._closed or self._responses.done()
+
     def register(self, nbytes: int) -> Region:
         from flce._pb import pb
         memory = shared_memory.SharedMemory(name=f"flce-{secrets.token_hex(16)}", create=True,
@@ -162,6 +169,12 @@ class SharedTransport:
 
     def acquire(self, nbytes: int) -> Region:
         with self._lock:
+            if self._stream is not None and self._stream.broken():
+                # its regions are gone on the server: start over with a new stream
+                for region in self._free:
+                    region.close()
+                self._free = []
+                self._stream = None
             if self._stream is None:
                 self._stream = RegionStream(self._method, self._timeout)
             fitting = [r for r in self._free if r.nbytes >= nbytes]
