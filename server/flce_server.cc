@@ -280,6 +280,9 @@ void FlceServer::StopServing(absl::Duration drain) {
   }
   server_->GetHealthCheckService()->SetServingStatus(false);
   LogInfo(absl::StrCat("draining calls in flight (up to ", absl::FormatDuration(drain), ")"));
+  // Registration streams never end by themselves; compute calls in flight
+  // keep the regions they use mapped.
+  if (regions_ != nullptr) regions_->CancelAllStreams();
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(drain));
   // Compute workers finish after their reactors; wait before anything they
   // use goes away.

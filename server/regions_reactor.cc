@@ -24,7 +24,7 @@ RegionsReactor::RegionsReactor(const ServiceContext& ctx, grpc::CallbackServerCo
         peer)));
     return;
   }
-  stream_ = ctx_.regions->OpenStream(who.tenant);
+  stream_ = ctx_.regions->OpenStream(who.tenant, call);
   StartRead(&request_);
 }
 

@@ -70,11 +70,20 @@ std::string HostBootId() {
   return std::string(absl::StripAsciiWhitespace(id));
 }
 
-uint64_t SharedRegions::OpenStream(const std::string& tenant) {
+uint64_t SharedRegions::OpenStream(const std::string& tenant, grpc::ServerContextBase* call) {
   absl::MutexLock lock(&mu_);
   uint64_t id = next_stream_++;
-  streams_[id] = Stream{tenant, absl::Now() + lease_, {}};
+  streams_[id] = Stream{tenant, call, absl::Now() + lease_, {}};
   return id;
+}
+
+void SharedRegions::CancelAllStreams() {
+  absl::MutexLock lock(&mu_);
+  // TryCancel only queues the cancellation: the reactors end on gRPC's
+  // threads and CloseStream then removes them.
+  for (auto& [id, stream] : streams_) {
+    if (stream.call != nullptr) stream.call->TryCancel();
+  }
 }
 
 absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::string& name,
@@ -176,7 +185,13 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> SharedRegions::Find(
 
 void SharedRegions::ExpireLocked(absl::Time now) {
   for (auto it = streams_.begin(); it != streams_.end();) {
-    it = it->second.lease_until < now ? streams_.erase(it) : std::next(it);
+    if (it->second.lease_until >= now) {
+      ++it;
+      continue;
+    }
+    // The client learns that its regions are gone: its stream ends.
+    if (it->second.call != nullptr) it->second.call->TryCancel();
+    it = streams_.erase(it);
   }
 }
 

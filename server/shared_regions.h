@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpcpp/server_context.h"
 
 namespace flce::server {
 
@@ -51,8 +52,10 @@ class SharedRegions {
 
   absl::Duration lease() const { return lease_; }
 
-  // A new registration stream's id.
-  uint64_t OpenStream(const std::string& tenant);
+  // A new registration stream's id. `call` (may be null in tests) is cancelled
+  // when the stream's lease runs out or the server shuts down: its reactor
+  // then ends as if the client had gone. Valid until CloseStream.
+  uint64_t OpenStream(const std::string& tenant, grpc::ServerContextBase* call = nullptr);
   static constexpr size_t kKeyBytes = 16;
 
   // Maps `bytes` of the object `name` for the stream when its first 16 bytes
@@ -63,6 +66,9 @@ class SharedRegions {
   void Renew(uint64_t stream);
   // Releases every region of the stream (its holders keep their mappings).
   void CloseStream(uint64_t stream);
+  // Shutdown: cancels every registration stream, which would otherwise keep the
+  // server waiting for the whole drain.
+  void CancelAllStreams();
 
   // The region for a Compute call of `tenant`: NOT_FOUND when there is no
   // such region for this tenant (another tenant's looks the same), or when
@@ -80,6 +86,7 @@ class SharedRegions {
   };
   struct Stream {
     std::string tenant;
+    grpc::ServerContextBase* call = nullptr;
     absl::Time lease_until;
     std::map<std::string, Region> regions;  // by region id
   };

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shared_regions.h"
@@ -341,6 +342,19 @@ TEST_F(SharedMemoryLeaseTest, ASilentStreamLosesItsRegions) {
   ComputeOutcome late = SharedCompute(id, "s", "late");
   EXPECT_EQ(late.status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(late.status.error_message(), HasSubstr("lease ran out"));
+  // And the client hears it: its stream was ended.
+  EXPECT_EQ(regions.Close().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+// An open registration stream does not hold a shutdown for the whole drain.
+TEST_F(SharedMemoryTest, ShutdownEndsRegistrationStreams) {
+  ShmObject object(2 * hidden_bytes_);
+  RegionStream regions(stub());
+  ASSERT_FALSE(regions.Register(object, 2 * hidden_bytes_).empty());
+  const absl::Time start = absl::Now();
+  server().Shutdown();  // TestConfig: a 5 s drain
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_FALSE(regions.Close().ok());
 }
 
 // Regions belong to their tenant: another tenant naming one finds nothing.
