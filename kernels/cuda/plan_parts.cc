@@ -188,6 +188,9 @@ SplitArgs SplitArgsFor(const HeadView& head, const DeviceRequest& r, const Scrat
   return a;
 }
 
+namespace {
+
+// The forward over vocabulary splits: per-row state, then RowGrad and outputs.
 absl::Status SplitForward(const Exec& exec, const HeadView& head, const Plan& plan,
                           const DeviceRequest& r, const Scratch& s, const void* x) {
   const Gemm gemm = MakeGemm(exec, head);
@@ -202,6 +205,19 @@ absl::Status SplitForward(const Exec& exec, const HeadView& head, const Plan& pl
         LaunchSplitStats(head.dtype, a, s.state, col0 == 0, exec.stream, exec.health));
   }
   return LaunchFinishRows(s.state, r.rows, r.in, r.out, r.params, s.grad, exec.stream, exec.health);
+}
+
+}  // namespace
+
+absl::StatusOr<SplitBlock> ForwardSplitBlock(const Exec& exec, const HeadView& head,
+                                             const Plan& plan, const DeviceRequest& r,
+                                             char* scratch) {
+  const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, true);
+  SplitBlock block;
+  block.s = Carve(scratch, r.rows, plan.split_cols, tb, head, false, true);
+  FLCE_ASSIGN_OR_RETURN(block.x, HeadDtypeHidden(exec, head, r, block.s));
+  FLCE_RETURN_IF_ERROR(SplitForward(exec, head, plan, r, block.s, block.x));
+  return block;
 }
 
 }  // namespace flce::cuda::plan_parts

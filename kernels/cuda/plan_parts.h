@@ -89,10 +89,16 @@ absl::Status Backward(const Exec& exec, const HeadView& head, const DeviceReques
 // The split kernels' view of one vocabulary split's logits in s.logits.
 SplitArgs SplitArgsFor(const HeadView& head, const DeviceRequest& r, const Scratch& s, int64_t col0,
                        int64_t cols);
-// vocab_split's and fuse_mn's forward over vocabulary splits: per-row state,
-// then RowGrad and outputs.
-absl::Status SplitForward(const Exec& exec, const HeadView& head, const Plan& plan,
-                          const DeviceRequest& r, const Scratch& s, const void* x);
+// A vocab_split or fuse_mn block up to its backward: scratch carved, hidden in
+// the head's dtype, the forward over vocabulary splits run (per-row state,
+// then RowGrad and outputs).
+struct SplitBlock {
+  Scratch s;
+  const void* x = nullptr;
+};
+absl::StatusOr<SplitBlock> ForwardSplitBlock(const Exec& exec, const HeadView& head,
+                                             const Plan& plan, const DeviceRequest& r,
+                                             char* scratch);
 
 // The plans (chunked and separate: RunChunk in plans.h).
 absl::Status RunNaive(const Exec& exec, const HeadView& head, const DeviceRequest& r,

@@ -11,11 +11,10 @@ namespace flce::cuda::plan_parts {
 
 absl::Status RunVocabSplitBlock(const Exec& exec, const HeadView& head, const Plan& plan,
                                 const DeviceRequest& r, char* scratch) {
-  const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, true);
-  const Scratch s = Carve(scratch, r.rows, plan.split_cols, tb, head, false, true);
-  FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s));
-  FLCE_RETURN_IF_ERROR(SplitForward(exec, head, plan, r, s, x));
+  FLCE_ASSIGN_OR_RETURN(const SplitBlock block, ForwardSplitBlock(exec, head, plan, r, scratch));
   if (!WantsBackward(r)) return absl::OkStatus();
+  const Scratch& s = block.s;
+  const void* x = block.x;
   const Gemm gemm = MakeGemm(exec, head);
   const int64_t esize = DTypeSize(head.dtype);
   if (r.grad_bias != nullptr) {
