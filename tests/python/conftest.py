@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import grpc
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,6 +34,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class RpcError(grpc.RpcError):
+    """What a grpc call raises (code() and details()): to make a call fail in a test."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
 
 
 class RealServer:

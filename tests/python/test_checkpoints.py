@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import flce
+from conftest import RpcError
 
 V, H, N = 97, 32, 24
 SAVE_AT, MORE = 3, 4  # steps before the save, steps after it (then repeated)
@@ -50,17 +51,6 @@ def client(server):
         c.wait_ready(10)
         yield c
 
-
-class _RpcError(grpc.RpcError):
-    def __init__(self, code, details):
-        super().__init__(details)
-        self._code, self._details = code, details
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
 
 
 def _name(what: str) -> str:
@@ -332,7 +322,7 @@ def test_a_repeated_save_is_replayed_and_needs_no_overwrite(client, server, monk
         sent.append(request)
         answer = real(request, timeout=timeout)
         if len(sent) == 1:
-            raise _RpcError(grpc.StatusCode.UNAVAILABLE, "connection reset")
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, "connection reset")
         return answer
 
     monkeypatch.setattr(client._stub, "SaveCheckpoint", lossy)

@@ -11,24 +11,12 @@ import torch
 from torch import nn
 
 import flce
+from conftest import RpcError
 from flce import wire
 from flce._pb import pb
 
 V, H, N = 37, 16, 20
 
-
-class _RpcError(grpc.RpcError):
-    """What a grpc call raises: an RpcError with code() and details()."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(details)
-        self._code, self._details = code, details
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
 
 
 def _head(client, bias=False):
@@ -76,7 +64,7 @@ def test_reset_fetch_whose_answer_is_lost_is_retried_with_the_errors_request_id(
     def lose_the_answer(request, timeout=None):
         sent.append(request)
         list(real_fetch(request, timeout=timeout))  # the server resets the accumulator...
-        raise _RpcError(grpc.StatusCode.UNAVAILABLE, "connection reset")  # ...we never see it
+        raise RpcError(grpc.StatusCode.UNAVAILABLE, "connection reset")  # ...we never see it
 
     monkeypatch.setattr(client, "_fetch", lose_the_answer)
     with pytest.raises(flce.FlceError) as info:
@@ -100,7 +88,7 @@ def _fail_after_summary(client, monkeypatch, code=grpc.StatusCode.DEADLINE_EXCEE
         for msg in real_compute(requests, timeout=timeout):
             if not isinstance(msg, wire.GradInputView) and msg.WhichOneof("msg") == "summary":
                 assert msg.summary.staged
-                raise _RpcError(code, "Deadline Exceeded")
+                raise RpcError(code, "Deadline Exceeded")
             yield msg
 
     monkeypatch.setattr(client, "_compute", late_failure)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import flce
-from conftest import SERVER_DEVICE
+from conftest import SERVER_DEVICE, RpcError
 from flce import wire
 from flce._pb import pb
 
@@ -30,17 +30,6 @@ TOL = 1e-6 if SERVER_DEVICE == "cpu" else 1e-5
 def client(real_client):  # the real server only
     return real_client
 
-
-class _RpcError(grpc.RpcError):
-    def __init__(self, code, details):
-        super().__init__(details)
-        self._code, self._details = code, details
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -376,7 +365,7 @@ def _lose_step_answers(client, monkeypatch, times=1):
         sent.append(request)
         answer = real(request, timeout=timeout)
         if len(sent) <= times:
-            raise _RpcError(grpc.StatusCode.UNAVAILABLE, "connection reset")
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, "connection reset")
         return answer
 
     monkeypatch.setattr(client._stub, "Step", lossy)

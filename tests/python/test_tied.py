@@ -391,17 +391,6 @@ def test_bad_input_is_refused(client):
     client.unload_head(hid)
 
 
-class _RpcError(grpc.RpcError):
-    def __init__(self, code, details):
-        super().__init__(details)
-        self._code, self._details = code, details
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
-
 
 def test_embed_is_tried_again_after_a_step_aborted_it(client, monkeypatch):
     local = LocalTied()
@@ -413,7 +402,7 @@ def test_embed_is_tried_again_after_a_step_aborted_it(client, monkeypatch):
     def flaky(req, timeout=None):
         calls.append(req.head_id)
         if len(calls) == 1:
-            raise _RpcError(grpc.StatusCode.ABORTED, "head changed during the call")
+            raise conftest.RpcError(grpc.StatusCode.ABORTED, "head changed during the call")
         return real(req, timeout=timeout)
 
     monkeypatch.setattr(client, "_embed", flaky)
@@ -422,7 +411,7 @@ def test_embed_is_tried_again_after_a_step_aborted_it(client, monkeypatch):
     assert len(calls) == 2
     calls.clear()
     monkeypatch.setattr(client, "_embed", lambda req, timeout=None: (_ for _ in ()).throw(
-        _RpcError(grpc.StatusCode.ABORTED, "again")))
+        conftest.RpcError(grpc.StatusCode.ABORTED, "again")))
     with pytest.raises(flce.FlceError) as err:
         client.embed(hid, ids, retries=1)
     assert err.value.code == grpc.StatusCode.ABORTED
