@@ -144,6 +144,31 @@ struct OutputSelection {
   bool accuracy = false;
 };
 
+// Device memory of another process on the engine's GPU (CUDA IPC), opened
+// with Engine::OpenPeerMemory: compute calls read hidden rows from it and
+// write grad_input into it without a trip through host memory.
+class PeerMemory {
+ public:
+  virtual ~PeerMemory() = default;
+  virtual int64_t bytes() const = 0;
+};
+
+// What the exporting process sends to have its memory opened.
+struct PeerMemoryHandle {
+  std::string memory_handle;  // cudaIpcMemHandle_t of the allocation's base
+  std::string event_handle;   // cudaIpcEventHandle_t the exporter records after writing hidden
+  std::string device_uuid;    // the GPU it lives on (EngineInfo::device_uuid's form or "GPU-" + it)
+  int64_t bytes = 0;          // how much of the allocation compute calls may use
+  std::string key;            // the bytes the exporter wrote at its start (proof of ownership)
+};
+
+// What AddHiddenFromPeer found in rows it copied: the same facts the host
+// path gets from the bytes themselves.
+struct PeerRows {
+  int64_t first_non_finite = -1;  // element index into the rows (row * H + column); -1 = none
+  uint64_t fingerprint = 0;       // DeviceHiddenFingerprint of the rows (see below)
+};
+
 struct ComputeSpec {
   int64_t num_tokens = 0;
   DType hidden_dtype = DType::kBF16;  // of AddHidden's bytes and of grad_input
@@ -160,6 +185,11 @@ struct ComputeSpec {
   // Where this call's grad_W (and grad_b) is ADDED, already multiplied by
   // grad_scale. nullptr = forward only (no gradient work at all).
   GradBuffer* grad_out = nullptr;
+  // grad_input written into this peer memory (token t at byte
+  // grad_input_peer_offset + t * H * hidden dtype size) instead of handed to
+  // the sink; its first non-finite element is reported in ComputeResult.
+  const PeerMemory* grad_input_peer = nullptr;
+  int64_t grad_input_peer_offset = 0;
 };
 
 // Receives grad_input rows [token_offset, token_offset + rows) in the spec's
@@ -181,6 +211,9 @@ struct ComputeResult {
   std::vector<float> logprob;
   std::vector<float> entropy;
   std::vector<uint8_t> correct;
+  // With ComputeSpec::grad_input_peer: the first non-finite grad_input
+  // element (token * H + column), -1 when all are finite.
+  int64_t grad_input_first_non_finite = -1;
 };
 
 // One request in flight. Destroying it before Finish cancels the call; the
@@ -191,6 +224,13 @@ class ComputeCall {
   // Hidden rows [token_offset, token_offset + rows), host memory, spec's
   // hidden_dtype. Rows may come in any order but must not overlap.
   virtual absl::Status AddHidden(int64_t token_offset, int64_t rows, const void* data) = 0;
+  // The same rows read from peer memory at byte_offset (waiting for the
+  // exporter's event first). The engine computes on a private copy, so what
+  // it reports and what it computes on are the same bytes. Engines without
+  // peer memory: FAILED_PRECONDITION.
+  virtual absl::StatusOr<PeerRows> AddHiddenFromPeer(int64_t token_offset, int64_t rows,
+                                                     const PeerMemory& memory,
+                                                     int64_t byte_offset);
   // Waits for all work; every token must have been given exactly once.
   virtual absl::StatusOr<ComputeResult> Finish() = 0;
 };
@@ -201,6 +241,7 @@ struct EngineInfo {
   int64_t workspace_peak_bytes = 0;  // high-water mark since start
   int64_t device_memory_used = 0;    // 0 where not applicable
   int64_t device_memory_total = 0;
+  std::string device_uuid;  // "GPU-" + the UUID nvidia-smi shows; "" for the CPU
 };
 
 class Engine {
@@ -219,9 +260,22 @@ class Engine {
   // config ValidateOptimizerGroup refuses.
   virtual absl::StatusOr<std::unique_ptr<HeadOptimizer>> CreateOptimizer(
       std::shared_ptr<const Head> head, const OptimizerConfig& config) = 0;
+  // Opens device memory another process exported (CUDA IPC). The engine's
+  // GPU only (FAILED_PRECONDITION for another GPU or an engine without
+  // device memory); PERMISSION_DENIED when its first bytes are not the key.
+  virtual absl::StatusOr<std::shared_ptr<const PeerMemory>> OpenPeerMemory(
+      const PeerMemoryHandle& handle);
   // False after an unrecoverable (sticky) device error: the process should exit.
   virtual bool healthy() const = 0;
 };
+
+// The fingerprint of hidden rows read on the device (PeerRows): the sum
+// (mod 2^64) over rows of Mix64(row sum + token index), where a row's sum is
+// that of Mix64(element bits | column << 32) over its elements (16 or 32 bits
+// each). A host implementation for tests and references; it is not the
+// server's HiddenFingerprint of rows that came in messages.
+uint64_t DeviceHiddenFingerprint(DType dtype, const void* rows, int64_t n, int64_t hidden_size,
+                                 int64_t first_token);
 
 struct EngineConfig {
   int64_t workspace_bytes = int64_t{2048} << 20;

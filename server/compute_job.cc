@@ -54,7 +54,9 @@ absl::Status ComputeJob::Run() {
         std::to_string(first->hidden().token_offset()) + ")");
   }
   absl::Status status = Setup(first->header());
-  if (status.ok() && region_ != nullptr) status = AddRowsFromRegion();
+  if (status.ok() && region_ != nullptr) {
+    status = region_->device() != nullptr ? AddRowsFromDevice() : AddRowsFromRegion();
+  }
   bool ended = false;
   while (status.ok() && !ended) {
     absl::StatusOr<std::optional<v1::ComputeRequest>> next = channel_->Next();
@@ -76,7 +78,7 @@ absl::Status ComputeJob::Run() {
       case v1::ComputeRequest::kHidden:
         status = region_ != nullptr
                      ? absl::InvalidArgumentError(
-                           "a hidden chunk in a call whose hidden is in a shared-memory region "
+                           "a hidden chunk in a call whose hidden is in a region "
                            "(ComputeHeader.shared): send only the header and the end message")
                      : AddChunk((*next)->hidden());
         break;
@@ -149,7 +151,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
       FLCE_RETURN_IF_ERROR(TakeStaging(head_spec));
     }
   }
-  if (spec_.outputs.grad_input) {
+  if (spec_.outputs.grad_input && spec_.grad_input_peer == nullptr) {
     grad_input_ =
         std::make_unique<GradInputSender>(spec_.hidden_dtype, head_spec.hidden_size,
                                           [this](int64_t offset, int64_t rows, std::string data) {
@@ -220,8 +222,8 @@ absl::Status ComputeJob::AddRows(int64_t token_offset, absl::string_view data) {
 absl::Status ComputeJob::OpenSharedRegion(const v1::SharedHidden& shared) {
   if (ctx_.regions == nullptr) {
     return absl::FailedPreconditionError(
-        "ComputeHeader.shared: this server takes no shared-memory regions (start it with "
-        "--local-transports=shm); send hidden in messages");
+        "ComputeHeader.shared: this server takes no regions (start it with "
+        "--local-transports=shm or cuda_ipc); send hidden in messages");
   }
   FLCE_ASSIGN_OR_RETURN(region_, ctx_.regions->Find(who_.tenant, shared.region_id()));
   const int64_t bytes = spec_.num_tokens * row_bytes_;
@@ -237,6 +239,33 @@ absl::Status ComputeJob::OpenSharedRegion(const v1::SharedHidden& shared) {
           "shared: grad_input at bytes [", grad_input_offset_, ", +", bytes,
           ") overlaps hidden at [", hidden_offset_, ", +", bytes, ")"));
     }
+    if (region_->device() != nullptr) {
+      spec_.grad_input_peer = region_->device();
+      spec_.grad_input_peer_offset = grad_input_offset_;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ComputeJob::AddRowsFromDevice() {
+  hidden_on_device_ = true;
+  // Pieces of 32 MiB: each is copied and checked on the GPU while the
+  // previous ones compute.
+  const int64_t rows_per_piece = std::max<int64_t>(1, (int64_t{32} << 20) / row_bytes_);
+  const int64_t hidden_size = head_.head->spec().hidden_size;
+  for (int64_t t = 0; t < spec_.num_tokens; t += rows_per_piece) {
+    const int64_t rows = std::min(rows_per_piece, spec_.num_tokens - t);
+    FLCE_RETURN_IF_ERROR(rows_->Accept(t, rows * row_bytes_, row_bytes_).status());
+    FLCE_ASSIGN_OR_RETURN(PeerRows got, call_->AddHiddenFromPeer(t, rows, *region_->device(),
+                                                                hidden_offset_ + t * row_bytes_));
+    if (got.first_non_finite >= 0) {
+      return NonFiniteRowError("hidden", t + got.first_non_finite / hidden_size,
+                               got.first_non_finite % hidden_size);
+    }
+    hidden_fingerprint_ += got.fingerprint;
+  }
+  if (ctx_.metrics != nullptr) {
+    ctx_.metrics->AddCudaIpcBytes("in", spec_.num_tokens * row_bytes_);
   }
   return absl::OkStatus();
 }
@@ -338,7 +367,22 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
     absl::MutexLock lock(&region_write_mu_);
     FLCE_RETURN_IF_ERROR(region_write_status_);
   }
+  if (result.grad_input_first_non_finite >= 0) {
+    const int64_t h = head_.head->spec().hidden_size;
+    return NonFiniteGradInputError(result.grad_input_first_non_finite / h,
+                                   result.grad_input_first_non_finite % h);
+  }
+  if (spec_.grad_input_peer != nullptr && ctx_.metrics != nullptr) {
+    ctx_.metrics->AddCudaIpcBytes("out", spec_.num_tokens * row_bytes_);
+  }
   FLCE_RETURN_IF_ERROR(CheckOutputsFinite(result));
+  if (begin_.replay && begin_.first.hidden_on_device != hidden_on_device_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request id \"", request_id_, "\" was first sent with hidden ",
+        begin_.first.hidden_on_device ? "in GPU memory (cuda_ipc)" : "in host memory",
+        "; its retry must send hidden the same way (the two are fingerprinted differently) or "
+        "use a new request id"));
+  }
   if (begin_.replay && begin_.first.hidden_fingerprint != hidden_fingerprint_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "request id \"", request_id_,
@@ -357,7 +401,8 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
     slot_held_ = false;
     FLCE_RETURN_IF_ERROR(
         ctx_.sessions->CompleteContribution(*session_, request_id_, std::move(staging_), deferred_,
-                                            spec_.num_tokens, hidden_fingerprint_));
+                                            spec_.num_tokens, hidden_fingerprint_,
+                                            hidden_on_device_));
   }
   scope_->set_strategy(result.strategy_used);
   if (ctx_.metrics != nullptr) {

@@ -69,6 +69,8 @@ class ComputeJob {
   // ComputeHeader.shared: the region, its ranges checked; then every row.
   absl::Status OpenSharedRegion(const v1::SharedHidden& shared);
   absl::Status AddRowsFromRegion();
+  // A device region (cuda_ipc): the engine copies and checks on the GPU.
+  absl::Status AddRowsFromDevice();
   absl::Status Complete(const v1::EndOfInput& end);
   // Sends grad_input rows checked finite by grad_input_, split to messages.
   void SendGradInput(int64_t token_offset, int64_t rows, std::string data);
@@ -99,9 +101,12 @@ class ComputeJob {
   std::unique_ptr<ComputeCall> call_;
   std::optional<HiddenRowTracker> rows_;
   int64_t row_bytes_ = 0;
-  uint64_t hidden_fingerprint_ = 0;              // HiddenFingerprint summed over the rows received
+  uint64_t hidden_fingerprint_ = 0;  // HiddenFingerprint summed over the rows received
+  // ...or the engine's DeviceHiddenFingerprint, when they were read on the GPU.
+  bool hidden_on_device_ = false;
   std::unique_ptr<GradInputSender> grad_input_;  // when grad_input is asked for
-  // The shm transport: hidden read from, grad_input written into, the region.
+  // The shm and cuda_ipc transports: hidden read from, grad_input written
+  // into, the region.
   std::shared_ptr<const MappedRegion> region_;
   int64_t hidden_offset_ = 0;
   int64_t grad_input_offset_ = 0;

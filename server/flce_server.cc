@@ -151,8 +151,17 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   ctx_.workers = &workers_;
   ctx_.uploads = &uploads_;
   ctx_.checkpoints = &checkpoints_;
-  if (config.shm_transport) {
-    regions_ = std::make_unique<SharedRegions>(config.region_lease);
+  // CUDA IPC needs an engine with a GPU (its info names the device).
+  Engine* cuda_ipc = config.cuda_ipc_transport && !engine_->info().device_uuid.empty()
+                         ? engine_.get()
+                         : nullptr;
+  if (config.cuda_ipc_transport && cuda_ipc == nullptr) {
+    LogWarning(absl::StrCat("--local-transports=cuda_ipc: the ", engine_->info().name,
+                            " engine has no GPU; CUDA IPC is not offered"));
+  }
+  if (config.shm_transport || cuda_ipc != nullptr) {
+    regions_ = std::make_unique<SharedRegions>(
+        config.region_lease, SharedRegions::Kinds{config.shm_transport, cuda_ipc});
     ctx_.regions = regions_.get();
   }
   ctx_.instance_id = RandomInstanceId();

@@ -302,8 +302,12 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                       response->add_capabilities("checkpoint");
                     }
                     response->set_boot_id(HostBootId());
+                    response->set_device_uuid(info.device_uuid);
                     if (ctx_.regions != nullptr && IsLocalPeer(call->peer())) {
-                      response->add_local_transports("shm");
+                      if (ctx_.regions->allows_shm()) response->add_local_transports("shm");
+                      if (ctx_.regions->allows_cuda_ipc()) {
+                        response->add_local_transports("cuda_ipc");
+                      }
                     }
                     return absl::OkStatus();
                   });

@@ -55,11 +55,8 @@ void GradInputSender::Run() {
     const int64_t bad = FirstNonFinite(dtype_, piece.data.data(), piece.rows * hidden_size_);
     absl::MutexLock lock(&mu_);
     if (bad >= 0 && status_.ok()) {
-      status_ = absl::InvalidArgumentError(absl::StrCat(
-          kNonFiniteResult, "grad_input holds NaN or Inf at token ",
-          piece.token_offset + bad / hidden_size_, " (element ", bad % hidden_size_,
-          "): nothing landed; the options (temperature, grad_scale, weights) overflow fp32 "
-          "for this data"));
+      status_ = NonFiniteGradInputError(piece.token_offset + bad / hidden_size_,
+                                        bad % hidden_size_);
     }
     if (status_.ok()) {
       // Sent under the lock: Drain() returns only once the transport has it.

@@ -171,12 +171,17 @@ int main(int argc, char** argv) {
   config.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   for (absl::string_view transport :
        absl::StrSplit(absl::GetFlag(FLAGS_local_transports), ',', absl::SkipEmpty())) {
-    if (transport != "shm") {
-      std::fprintf(stderr, "flce-server: --local-transports: unknown transport \"%s\" (known: shm)\n",
+    if (transport == "shm") {
+      config.shm_transport = true;
+    } else if (transport == "cuda_ipc") {
+      config.cuda_ipc_transport = true;
+    } else {
+      std::fprintf(stderr,
+                   "flce-server: --local-transports: unknown transport \"%s\" (known: shm, "
+                   "cuda_ipc)\n",
                    std::string(transport).c_str());
       return 2;
     }
-    config.shm_transport = true;
   }
   if (absl::GetFlag(FLAGS_region_lease_s) < 1) {
     std::fprintf(stderr, "flce-server: --region-lease-s must be at least 1\n");

@@ -74,6 +74,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
            .Register(registry);
   metrics->shared_memory_->Add({{"direction", "in"}});
   metrics->shared_memory_->Add({{"direction", "out"}});
+  metrics->cuda_ipc_ =
+      &prometheus::BuildCounter()
+           .Name("flce_cuda_ipc_bytes_total")
+           .Help("Compute bytes read from and written to clients' GPU memory (CUDA IPC) instead "
+                 "of messages (in: hidden, out: grad_input)")
+           .Register(registry);
+  metrics->cuda_ipc_->Add({{"direction", "in"}});
+  metrics->cuda_ipc_->Add({{"direction", "out"}});
   metrics->head_weight_ = &prometheus::BuildGauge()
                                .Name("flce_head_weight_bytes")
                                .Help("Resident bytes of each head")
@@ -181,6 +189,10 @@ void Metrics::AddSentBytes(absl::string_view rpc, int64_t bytes) {
 void Metrics::AddSharedMemoryBytes(absl::string_view direction, int64_t bytes) {
   shared_memory_->Add({{"direction", std::string(direction)}})
       .Increment(static_cast<double>(bytes));
+}
+
+void Metrics::AddCudaIpcBytes(absl::string_view direction, int64_t bytes) {
+  cuda_ipc_->Add({{"direction", std::string(direction)}}).Increment(static_cast<double>(bytes));
 }
 
 void Metrics::RemoveHeadLocked(const std::string& label) {

@@ -67,6 +67,7 @@ class Metrics {
   void AddSentBytes(absl::string_view rpc, int64_t bytes);
   // Compute data through a shared-memory region: direction "in" or "out".
   void AddSharedMemoryBytes(absl::string_view direction, int64_t bytes);
+  void AddCudaIpcBytes(absl::string_view direction, int64_t bytes);
   // flce_optimizer_steps_total{outcome}: STEP_APPLIED, STEP_SKIPPED_...
   void RecordStep(absl::string_view outcome);
   // flce_inflight_requests{rpc}.
@@ -113,6 +114,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* received_ = nullptr;
   prometheus::Family<prometheus::Counter>* sent_ = nullptr;
   prometheus::Family<prometheus::Counter>* shared_memory_ = nullptr;
+  prometheus::Family<prometheus::Counter>* cuda_ipc_ = nullptr;
   prometheus::Family<prometheus::Gauge>* head_weight_ = nullptr;
   // Guards the per-head series: a counter must not be removed between a
   // compute call finding it and incrementing it.

@@ -13,7 +13,7 @@ RegionsReactor::RegionsReactor(const ServiceContext& ctx, grpc::CallbackServerCo
     : ctx_(ctx), scope_(std::move(scope)) {
   if (ctx_.regions == nullptr) {
     End(absl::FailedPreconditionError(
-        "this server takes no shared-memory regions (start it with --local-transports=shm)"));
+        "this server takes no regions (start it with --local-transports=shm or cuda_ipc)"));
     return;
   }
   const std::string peer = call->peer();
@@ -58,8 +58,22 @@ absl::Status RegionsReactor::Handle(bool* respond) {
   switch (request_.msg_case()) {
     case v1::RegionRequest::kRegister: {
       const v1::RegisterRegion& reg = request_.register_();
-      absl::StatusOr<std::string> id =
-          ctx_.regions->Register(stream_, reg.name(), reg.bytes(), reg.key());
+      absl::StatusOr<std::string> id;
+      if (reg.has_cuda_ipc()) {
+        if (!reg.name().empty()) {
+          return absl::InvalidArgumentError(
+              "RegisterRegion names a shared-memory object and CUDA IPC memory: send one");
+        }
+        PeerMemoryHandle handle;
+        handle.memory_handle = reg.cuda_ipc().memory_handle();
+        handle.event_handle = reg.cuda_ipc().event_handle();
+        handle.device_uuid = reg.cuda_ipc().device_uuid();
+        handle.bytes = reg.bytes();
+        handle.key = reg.key();
+        id = ctx_.regions->RegisterDevice(stream_, handle);
+      } else {
+        id = ctx_.regions->Register(stream_, reg.name(), reg.bytes(), reg.key());
+      }
       if (!id.ok()) return id.status();
       response_.set_region_id(*id);
       response_.set_bytes(reg.bytes());

@@ -51,6 +51,9 @@ struct ServerConfig {
   // --local-transports=shm: clients on this host (loopback, Unix socket) may
   // hand hidden and grad_input over in shared-memory regions (Regions).
   bool shm_transport = false;
+  // --local-transports=cuda_ipc: such clients may register device memory on
+  // the engine's GPU instead (CUDA engine only).
+  bool cuda_ipc_transport = false;
   absl::Duration region_lease = absl::Seconds(60);  // a Regions stream silent longer is released
   // Preloaded head; empty head_file = the embedded demo head (if enabled).
   std::string head_file;

@@ -24,6 +24,7 @@ Outcome WithState(const OutcomeLog& log, const std::string& request_id, Contribu
   if (first != nullptr) {
     out.fingerprint = first->fingerprint;
     out.hidden_fingerprint = first->hidden_fingerprint;
+    out.hidden_on_device = first->hidden_on_device;
   }
   return out;
 }
@@ -195,7 +196,8 @@ absl::StatusOr<BeginResult> SessionStore::BeginContribution(Session& session,
 
 absl::Status SessionStore::CompleteContribution(Session& session, const std::string& request_id,
                                                 StagedGrad staged, bool deferred, int64_t tokens,
-                                                uint64_t hidden_fingerprint) {
+                                                uint64_t hidden_fingerprint,
+                                                bool hidden_on_device) {
   const std::string where = Describe(session.head_id_, session.session_id_);
   absl::Status refused;
   if (deferred) {
@@ -224,6 +226,7 @@ absl::Status SessionStore::CompleteContribution(Session& session, const std::str
     session.staged_[request_id] = std::move(staged);
     Outcome outcome = WithState(session.outcomes_, request_id, ContributionState::kStaged, 0.0f);
     outcome.hidden_fingerprint = hidden_fingerprint;
+    outcome.hidden_on_device = hidden_on_device;
     session.outcomes_.Set(request_id, outcome);
   } else {
     // staging = grad + staging, checked in the same pass; then the two swap,
@@ -240,6 +243,7 @@ absl::Status SessionStore::CompleteContribution(Session& session, const std::str
     session.computed_on_.Add(staged.head_version);
     Outcome outcome = WithState(session.outcomes_, request_id, ContributionState::kCommitted, 1.0f);
     outcome.hidden_fingerprint = hidden_fingerprint;
+    outcome.hidden_on_device = hidden_on_device;
     session.outcomes_.Set(request_id, outcome);
   }
   session.tokens_ += tokens;

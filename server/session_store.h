@@ -46,6 +46,7 @@ struct Outcome {
   // "replayed".
   uint64_t fingerprint = 0;
   uint64_t hidden_fingerprint = 0;  // known once the call completed
+  bool hidden_on_device = false;     // ...computed on the GPU (cuda_ipc): another function
 };
 
 // One call's private fp32 gradient and the staging memory it holds.
@@ -196,7 +197,7 @@ class SessionStore {
   // or staged, when the contribution holds NaN or Inf or the sum would.
   absl::Status CompleteContribution(Session& session, const std::string& request_id,
                                     StagedGrad staged, bool deferred, int64_t tokens,
-                                    uint64_t hidden_fingerprint);
+                                    uint64_t hidden_fingerprint, bool hidden_on_device = false);
   // The call failed or was cancelled: forget it.
   void AbortContribution(Session& session, const std::string& request_id, bool deferred);
 

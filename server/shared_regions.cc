@@ -47,7 +47,9 @@ std::string RandomRegionId() {
 
 }  // namespace
 
-MappedRegion::~MappedRegion() { munmap(base_, static_cast<size_t>(bytes_)); }
+MappedRegion::~MappedRegion() {
+  if (base_ != nullptr) munmap(base_, static_cast<size_t>(bytes_));
+}
 
 absl::Status MappedRegion::CheckRange(int64_t offset, int64_t length, const char* what) const {
   if (offset < 0 || length < 0 || offset > bytes_ || length > bytes_ - offset) {
@@ -88,6 +90,10 @@ void SharedRegions::CancelAllStreams() {
 
 absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::string& name,
                                                     int64_t bytes, const std::string& key) {
+  if (!kinds_.shm) {
+    return absl::FailedPreconditionError(
+        "this server takes no shared-memory regions (start it with --local-transports=shm)");
+  }
   if (absl::Status s = CheckName(name); !s.ok()) return s;
   if (bytes < static_cast<int64_t>(kKeyBytes)) {
     return absl::InvalidArgumentError(
@@ -131,6 +137,32 @@ absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::
         "region \"", name, "\": its first 16 bytes are not the key sent: only the client that "
         "wrote them may register it"));
   }
+  return Add(stream, name, std::move(mapping));
+}
+
+absl::StatusOr<std::string> SharedRegions::RegisterDevice(uint64_t stream,
+                                                          const PeerMemoryHandle& handle) {
+  if (kinds_.cuda_ipc == nullptr) {
+    return absl::FailedPreconditionError(
+        "this server takes no CUDA IPC regions (start it with --local-transports=cuda_ipc on a "
+        "GPU); send hidden by shared memory or messages");
+  }
+  {
+    // Fail before opening anything when the stream is gone or full.
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(stream);
+    if (it != streams_.end() && it->second.regions.size() >= kMaxRegionsPerStream) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a registration stream holds at most ", kMaxRegionsPerStream, " regions"));
+    }
+  }
+  absl::StatusOr<std::shared_ptr<const PeerMemory>> memory = kinds_.cuda_ipc->OpenPeerMemory(handle);
+  if (!memory.ok()) return memory.status();
+  return Add(stream, "cuda_ipc", std::make_shared<const MappedRegion>(std::move(*memory)));
+}
+
+absl::StatusOr<std::string> SharedRegions::Add(uint64_t stream, std::string name,
+                                               std::shared_ptr<const MappedRegion> mapping) {
   absl::MutexLock lock(&mu_);
   ExpireLocked(absl::Now());
   auto it = streams_.find(stream);
@@ -142,7 +174,7 @@ absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::
         "a registration stream holds at most ", kMaxRegionsPerStream, " regions"));
   }
   std::string id = RandomRegionId();
-  it->second.regions[id] = Region{name, std::move(mapping)};
+  it->second.regions[id] = Region{std::move(name), std::move(mapping)};
   it->second.lease_until = absl::Now() + lease_;
   return id;
 }
@@ -179,7 +211,7 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> SharedRegions::Find(
     if (region != stream.regions.end()) return region->second.mapping;
   }
   return absl::NotFoundError(absl::StrCat(
-      "no shared-memory region \"", absl::CEscape(region_id.substr(0, 80)),
+      "no region \"", absl::CEscape(region_id.substr(0, 80)),
       "\" (released, its Regions stream ended or its lease ran out, or another tenant's)"));
 }
 

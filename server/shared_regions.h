@@ -1,7 +1,7 @@
-// Shared-memory regions registered by clients on the server's host (the
-// "shm" local transport): POSIX shared-memory objects named "flce-" + 32 hex
-// digits, mapped here while their registration stream lives and its lease is
-// renewed. A Compute call holds its region's mapping (a shared_ptr) until it
+// Regions registered by clients on the server's host: POSIX shared-memory
+// objects named "flce-" + 32 hex digits (the "shm" local transport), or
+// device memory on the engine's GPU exported with CUDA IPC ("cuda_ipc"),
+// held here while their registration stream lives and its lease is renewed. A Compute call holds its region's mapping (a shared_ptr) until it
 // is done, so a release or a broken stream never unmaps memory in use.
 #ifndef FLCE_SERVER_SHARED_REGIONS_H_
 #define FLCE_SERVER_SHARED_REGIONS_H_
@@ -16,25 +16,33 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
+#include "kernels/engine.h"
 
 namespace flce::server {
 
-// One mmap of a shared-memory object; unmapped when the last holder goes.
+// One mmap of a shared-memory object (unmapped when the last holder goes),
+// or peer device memory the engine opened (closed likewise).
 class MappedRegion {
  public:
   MappedRegion(void* base, int64_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes) {}
+  explicit MappedRegion(std::shared_ptr<const PeerMemory> device)
+      : bytes_(device->bytes()), device_(std::move(device)) {}
   ~MappedRegion();
   MappedRegion(const MappedRegion&) = delete;
   MappedRegion& operator=(const MappedRegion&) = delete;
 
+  // Host memory; null for a device region.
   char* base() const { return base_; }
+  // The engine's view of a device region; null for host memory.
+  const PeerMemory* device() const { return device_.get(); }
   int64_t bytes() const { return bytes_; }
   // INVALID_ARGUMENT unless [offset, offset + length) lies inside the region.
   absl::Status CheckRange(int64_t offset, int64_t length, const char* what) const;
 
  private:
-  char* base_;
+  char* base_ = nullptr;
   int64_t bytes_;
+  std::shared_ptr<const PeerMemory> device_;
 };
 
 // Whether a gRPC peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000",
@@ -48,7 +56,15 @@ class SharedRegions {
  public:
   static constexpr int kMaxRegionsPerStream = 64;
 
-  explicit SharedRegions(absl::Duration lease) : lease_(lease) {}
+  // Which kinds may be registered: host shared memory (shm), and device
+  // memory opened by `engine` (cuda_ipc; engine must then be non-null).
+  struct Kinds {
+    bool shm = false;
+    Engine* cuda_ipc = nullptr;
+  };
+  SharedRegions(absl::Duration lease, Kinds kinds) : lease_(lease), kinds_(kinds) {}
+  bool allows_shm() const { return kinds_.shm; }
+  bool allows_cuda_ipc() const { return kinds_.cuda_ipc != nullptr; }
 
   absl::Duration lease() const { return lease_; }
 
@@ -62,6 +78,8 @@ class SharedRegions {
   // are `key` (PERMISSION_DENIED otherwise); returns the region id.
   absl::StatusOr<std::string> Register(uint64_t stream, const std::string& name, int64_t bytes,
                                        const std::string& key);
+  // Opens device memory with the engine (cuda_ipc); the same rules.
+  absl::StatusOr<std::string> RegisterDevice(uint64_t stream, const PeerMemoryHandle& handle);
   absl::Status Release(uint64_t stream, const std::string& region_id);
   void Renew(uint64_t stream);
   // Releases every region of the stream (its holders keep their mappings).
@@ -92,8 +110,11 @@ class SharedRegions {
   };
 
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::string> Add(uint64_t stream, std::string name,
+                                  std::shared_ptr<const MappedRegion> mapping);
 
   const absl::Duration lease_;
+  const Kinds kinds_;
   mutable absl::Mutex mu_;
   uint64_t next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Stream> streams_ ABSL_GUARDED_BY(mu_);

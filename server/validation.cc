@@ -334,9 +334,19 @@ absl::Status CheckRowsFinite(DType dtype, const void* data, int64_t rows, int64_
                              int64_t token_offset, absl::string_view what) {
   int64_t bad = FirstNonFinite(dtype, data, rows * hidden_size);
   if (bad < 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, " holds NaN or Inf at token ",
-                                                 token_offset + bad / hidden_size, " (element ",
-                                                 bad % hidden_size, ")"));
+  return NonFiniteRowError(what, token_offset + bad / hidden_size, bad % hidden_size);
+}
+
+absl::Status NonFiniteRowError(absl::string_view what, int64_t token, int64_t element) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " holds NaN or Inf at token ", token, " (element ", element, ")"));
+}
+
+absl::Status NonFiniteGradInputError(int64_t token, int64_t element) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      kNonFiniteResult, "grad_input holds NaN or Inf at token ", token, " (element ", element,
+      "): nothing landed; the options (temperature, grad_scale, weights) overflow fp32 for this "
+      "data"));
 }
 
 absl::StatusOr<std::vector<int32_t>> ParseTokenIds(const std::string& bytes, int64_t expected,

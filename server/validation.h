@@ -102,6 +102,10 @@ absl::StatusOr<std::vector<int32_t>> ParseTokenIds(const std::string& bytes, int
 // `token_offset`: "<what> holds NaN or Inf at token 7 (element 3)".
 absl::Status CheckRowsFinite(DType dtype, const void* data, int64_t rows, int64_t hidden_size,
                              int64_t token_offset, absl::string_view what = "hidden");
+// The messages of a non-finite input row (CheckRowsFinite's) and of a
+// non-finite grad_input row (found on the host or by the engine).
+absl::Status NonFiniteRowError(absl::string_view what, int64_t token, int64_t element);
+absl::Status NonFiniteGradInputError(int64_t token, int64_t element);
 
 }  // namespace flce::server
 

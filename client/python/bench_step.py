@@ -31,8 +31,9 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=176245)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--device", default="cpu", help="where hidden lives (cpu or cuda)")
-    p.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm"),
-                   help="flce.Client(transport=...): shm needs --local-transports=shm")
+    p.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm", "cuda_ipc"),
+                   help="flce.Client(transport=...): shm / cuda_ipc need the server's "
+                        "--local-transports")
     p.add_argument("--json", help="append the medians as one JSON line to this file")
     args = p.parse_args()
     n, h, v = args.tokens, args.hidden, args.vocab
@@ -73,14 +74,13 @@ def main() -> int:
           f"({med[3] / med[0]:.0%} of wall), client main thread CPU {med[1] * 1e3:.0f} ms "
           f"({med[1] / med[0]:.0%}), client process CPU {med[2] * 1e3:.0f} ms; "
           f"{moved / 2**20:.0f} MiB moved, {moved / med[0] / 1e9:.2f} GB/s end to end; "
-          f"engine {head.last_summary.engine}; transport "
-          f"{'shm' if client.shared_transport() is not None else 'grpc'}")
+          f"engine {head.last_summary.engine}; transport {client.last_transport}")
     if args.json:
         import json
         with open(args.json, "a") as out:
             out.write(json.dumps({
                 "tokens": n, "hidden": h, "vocab": v, "device": args.device,
-                "transport": "shm" if client.shared_transport() is not None else "grpc",
+                "transport": client.last_transport,
                 "steps": len(rows), "wall_ms": med[0] * 1e3, "engine_ms": med[3] * 1e3,
                 "server_total_ms": med[4] * 1e3, "main_thread_cpu_ms": med[1] * 1e3,
                 "process_cpu_ms": med[2] * 1e3}) + "\n")

@@ -146,9 +146,12 @@ absl::Status CudaComputeCall::InitStreaming() {
   DeviceHealth* health = engine_->context()->health();
   const int64_t pinned_slot = Carver::Round(c * hidden_row_bytes_) * 2 + Carver::Round(3 * c * 4) +
                               Carver::Round(kRowOutputs * c * 4);
-  FLCE_ASSIGN_OR_RETURN(slot_memory_,
-                        engine_->TakeSlotMemory(2 * plan_.stream_slot_bytes, 2 * pinned_slot));
+  const int64_t checks_bytes = Carver::Round(2 * sizeof(RowCheckWords));
+  FLCE_ASSIGN_OR_RETURN(slot_memory_, engine_->TakeSlotMemory(
+                                          2 * plan_.stream_slot_bytes + checks_bytes,
+                                          2 * pinned_slot));
   Carver dc(static_cast<char*>(slot_memory_->device.get()));
+  d_checks_ = dc.Take<RowCheckWords>(2);
   Carver hc(static_cast<char*>(slot_memory_->pinned.get()));
   for (Slot& s : slots_) {
     s.hidden = dc.TakeBytes(c * hidden_row_bytes_);
@@ -165,6 +168,7 @@ absl::Status CudaComputeCall::InitStreaming() {
       FLCE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), health);
     }
   }
+  FLCE_RETURN_IF_ERROR(SetGradInputPeer());
   worker_ = std::thread([this] { WorkerLoop(); });
   return absl::OkStatus();
 }
@@ -172,8 +176,9 @@ absl::Status CudaComputeCall::InitStreaming() {
 absl::Status CudaComputeCall::InitBuffered() {
   const int64_t n = std::max<int64_t>(spec_.num_tokens, 1);
   DeviceHealth* health = engine_->context()->health();
-  const int64_t bytes =
-      Carver::Round(n * hidden_row_bytes_) * 2 + Carver::Round(n * 4) * (3 + kRowOutputs) + 256;
+  const int64_t bytes = Carver::Round(n * hidden_row_bytes_) * 2 +
+                        Carver::Round(n * 4) * (3 + kRowOutputs) +
+                        Carver::Round(2 * sizeof(RowCheckWords)) + 256;
   absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(bytes, health);
   if (!buffer.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -190,6 +195,8 @@ absl::Status CudaComputeCall::InitBuffered() {
   d_token_weight_ = c.Take<float>(n);
   d_entropy_weight_ = c.Take<float>(n);
   d_outputs_ = c.Take<float>(kRowOutputs * n);
+  d_checks_ = c.Take<RowCheckWords>(2);
+  FLCE_RETURN_IF_ERROR(SetGradInputPeer());
   const int64_t m = spec_.num_tokens;
   cudaStream_t up = engine_->upload_stream();
   FLCE_CUDA_RETURN_IF_ERROR(
@@ -274,11 +281,135 @@ absl::Status CudaComputeCall::AddHidden(int64_t token_offset, int64_t rows, cons
   }
   FLCE_RETURN_IF_ERROR(CheckRows(token_offset, rows));
   if (rows == 0) return absl::OkStatus();
-  absl::Status st = plan_.strategy == Strategy::kChunked
-                        ? AddStreaming(token_offset, rows, static_cast<const char*>(data))
-                        : AddBuffered(token_offset, rows, static_cast<const char*>(data));
+  const char* bytes = static_cast<const char*>(data);
+  absl::Status st =
+      plan_.strategy == Strategy::kChunked
+          ? AddStreaming(token_offset, rows,
+                         [&](Slot& slot, int64_t at, int64_t first, int64_t n) -> absl::Status {
+                           const int64_t size = n * hidden_row_bytes_;
+                           std::memcpy(slot.h_hidden + at, bytes + first * hidden_row_bytes_, size);
+                           FLCE_CUDA_RETURN_IF_ERROR(
+                               cudaMemcpyAsync(slot.hidden + at, slot.h_hidden + at, size,
+                                               cudaMemcpyHostToDevice, engine_->upload_stream()),
+                               engine_->context()->health());
+                           return absl::OkStatus();
+                         })
+          : AddBuffered(token_offset, rows, bytes);
   if (!st.ok()) FailWith(st);
   return st;
+}
+
+absl::Status CudaComputeCall::SetGradInputPeer() {
+  if (spec_.grad_input_peer == nullptr || !spec_.outputs.grad_input) return absl::OkStatus();
+  const auto* peer = dynamic_cast<const CudaPeerMemory*>(spec_.grad_input_peer);
+  if (peer == nullptr || peer->context() != engine_->context()) {
+    return absl::InvalidArgumentError("grad_input_peer is not peer memory of this CUDA engine");
+  }
+  const int64_t bytes = spec_.num_tokens * hidden_row_bytes_;
+  const int64_t at = spec_.grad_input_peer_offset;
+  if (at < 0 || at > peer->bytes() - bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("grad_input at bytes [", at, ", +", bytes,
+                                                   ") lies outside the peer memory's ",
+                                                   peer->bytes(), " bytes"));
+  }
+  grad_peer_ = peer;
+  // The grad_input check word, before any work of this call reads it (the
+  // upload stream's work precedes every compute and download).
+  DeviceHealth* health = engine_->context()->health();
+  cudaStream_t up = engine_->upload_stream();
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(&d_checks_[1].first_non_finite, 0xff, 8, up), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(&d_checks_[1].fingerprint, 0, 8, up), health);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PeerRows> CudaComputeCall::AddHiddenFromPeer(int64_t token_offset, int64_t rows,
+                                                            const PeerMemory& memory,
+                                                            int64_t byte_offset) {
+  if (finished_) return absl::FailedPreconditionError("AddHiddenFromPeer after Finish");
+  FLCE_RETURN_IF_ERROR(engine_->context()->Enter());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FLCE_RETURN_IF_ERROR(status_);
+  }
+  const auto* peer = dynamic_cast<const CudaPeerMemory*>(&memory);
+  if (peer == nullptr || peer->context() != engine_->context()) {
+    return absl::InvalidArgumentError("the memory is not peer memory of this CUDA engine");
+  }
+  if (rows < 0 || byte_offset < 0 || byte_offset > peer->bytes() - rows * hidden_row_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden at bytes [", byte_offset, ", +",
+                                                   rows * hidden_row_bytes_,
+                                                   ") lies outside the peer memory's ",
+                                                   peer->bytes(), " bytes"));
+  }
+  FLCE_RETURN_IF_ERROR(CheckRows(token_offset, rows));
+  if (rows == 0) return PeerRows{};
+  absl::StatusOr<PeerRows> got = AddFromPeer(token_offset, rows, *peer, byte_offset);
+  if (!got.ok()) FailWith(got.status());
+  return got;
+}
+
+absl::StatusOr<PeerRows> CudaComputeCall::AddFromPeer(int64_t offset, int64_t rows,
+                                                      const CudaPeerMemory& peer,
+                                                      int64_t byte_offset) {
+  DeviceHealth* health = engine_->context()->health();
+  cudaStream_t up = engine_->upload_stream();
+  const int64_t hidden = head_->spec().hidden_size;
+  RowCheckWords* words = &d_checks_[0];
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(&words->first_non_finite, 0xff, 8, up), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(&words->fingerprint, 0, 8, up), health);
+  // The exporter recorded it after writing hidden.
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(up, peer.ready(), 0), health);
+  const char* src = peer.base() + byte_offset;
+  // A private copy first: the exporter may write its memory at any time, and
+  // the check, the fingerprint and the plan must all see the same bytes.
+  auto copy_and_check = [&](char* dst, int64_t first, int64_t n) -> absl::Status {
+    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src + first * hidden_row_bytes_,
+                                              n * hidden_row_bytes_, cudaMemcpyDeviceToDevice, up),
+                              health);
+    return LaunchCheckRows(spec_.hidden_dtype, dst, n, hidden, offset + first, first * hidden,
+                           /*fingerprint=*/true, words, up, health);
+  };
+  if (plan_.strategy == Strategy::kChunked) {
+    FLCE_RETURN_IF_ERROR(AddStreaming(offset, rows,
+                                      [&](Slot& slot, int64_t at, int64_t first, int64_t n) {
+                                        return copy_and_check(slot.hidden + at, first, n);
+                                      }));
+  } else {
+    FLCE_RETURN_IF_ERROR(copy_and_check(d_hidden_ + offset * hidden_row_bytes_, 0, rows));
+  }
+  RowCheckWords found;
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&found, words, sizeof(found), cudaMemcpyDeviceToHost, up), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(up), health);
+  PeerRows result;
+  result.first_non_finite =
+      found.first_non_finite == ~0ull ? -1 : static_cast<int64_t>(found.first_non_finite);
+  result.fingerprint = found.fingerprint;
+  return result;
+}
+
+absl::Status CudaComputeCall::WriteGradInputToPeer(const char* grad_input, int64_t begin,
+                                                   int64_t rows, cudaStream_t stream) {
+  DeviceHealth* health = engine_->context()->health();
+  const int64_t hidden = head_->spec().hidden_size;
+  FLCE_RETURN_IF_ERROR(LaunchCheckRows(spec_.hidden_dtype, grad_input, rows, hidden, begin,
+                                       begin * hidden, /*fingerprint=*/false, &d_checks_[1],
+                                       stream, health));
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(grad_peer_->base() + spec_.grad_input_peer_offset + begin * hidden_row_bytes_,
+                      grad_input, rows * hidden_row_bytes_, cudaMemcpyDeviceToDevice, stream),
+      health);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CudaComputeCall::GradInputFirstNonFinite() {
+  if (grad_peer_ == nullptr) return -1;
+  RowCheckWords found;
+  // Every stream of the call has been waited for.
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(&found, &d_checks_[1], sizeof(found), cudaMemcpyDeviceToHost),
+      engine_->context()->health());
+  return found.first_non_finite == ~0ull ? -1 : static_cast<int64_t>(found.first_non_finite);
 }
 
 absl::Status CudaComputeCall::AddBuffered(int64_t offset, int64_t rows, const char* data) {
@@ -298,9 +429,9 @@ absl::Status CudaComputeCall::WaitForFreeSlot() {
   return status_;
 }
 
-absl::Status CudaComputeCall::AddStreaming(int64_t offset, int64_t rows, const char* data) {
-  DeviceHealth* health = engine_->context()->health();
+absl::Status CudaComputeCall::AddStreaming(int64_t offset, int64_t rows, const FillSlot& fill) {
   const int64_t c = plan_.chunk_tokens;
+  int64_t first = 0;
   while (rows > 0) {
     if (pending_rows_ > 0 && offset != pending_begin_ + pending_rows_)
       FLCE_RETURN_IF_ERROR(Flush());
@@ -310,14 +441,10 @@ absl::Status CudaComputeCall::AddStreaming(int64_t offset, int64_t rows, const c
     }
     Slot& s = slots_[current_];
     const int64_t n = std::min(rows, c - pending_rows_);
-    const int64_t at = pending_rows_ * hidden_row_bytes_;
-    std::memcpy(s.h_hidden + at, data, n * hidden_row_bytes_);
-    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.hidden + at, s.h_hidden + at, n * hidden_row_bytes_,
-                                              cudaMemcpyHostToDevice, engine_->upload_stream()),
-                              health);
+    FLCE_RETURN_IF_ERROR(fill(s, pending_rows_ * hidden_row_bytes_, first, n));
     pending_rows_ += n;
     offset += n;
-    data += n * hidden_row_bytes_;
+    first += n;
     rows -= n;
     if (pending_rows_ == c) FLCE_RETURN_IF_ERROR(Flush());
   }
@@ -397,7 +524,9 @@ absl::Status CudaComputeCall::Flush() {
   }
 
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(down, s.computed, 0), health);
-  if (spec_.outputs.grad_input) {
+  if (spec_.outputs.grad_input && grad_peer_ != nullptr) {
+    FLCE_RETURN_IF_ERROR(WriteGradInputToPeer(s.grad_input, s.begin, rows, down));
+  } else if (spec_.outputs.grad_input) {
     FLCE_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(s.h_grad_input, s.grad_input, rows * hidden_row_bytes_,
                         cudaMemcpyDeviceToHost, down),
@@ -438,7 +567,7 @@ void CudaComputeCall::WorkerLoop() {
     bool deliver = false;
     if (st.ok()) {
       StoreRowOutputs(s.h_outputs, c, s.begin, s.rows);
-      if (spec_.outputs.grad_input) {
+      if (spec_.outputs.grad_input && grad_peer_ == nullptr) {
         data.assign(s.h_grad_input, s.rows * hidden_row_bytes_);
         std::lock_guard<std::mutex> lock(mu_);
         deliver = !stop_ && status_.ok();
@@ -494,7 +623,9 @@ absl::Status CudaComputeCall::FinishBuffered() {
                             health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), health);
   StoreRowOutputs(outputs.data(), n, 0, n);
-  if (spec_.outputs.grad_input) {
+  if (spec_.outputs.grad_input && grad_peer_ != nullptr) {
+    FLCE_RETURN_IF_ERROR(WriteGradInputToPeer(d_grad_input_, 0, n, compute));
+  } else if (spec_.outputs.grad_input) {
     for (int64_t b = 0; b < n; b += kSinkRows) {
       const int64_t rows = std::min(kSinkRows, n - b);
       std::string data(rows * hidden_row_bytes_, '\0');
@@ -533,6 +664,7 @@ absl::StatusOr<ComputeResult> CudaComputeCall::Finish() {
     // dependency: wait for them too.
     FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(engine_->exec().stream),
                               engine_->context()->health());
+    FLCE_ASSIGN_OR_RETURN(grad_input_first_non_finite_, GradInputFirstNonFinite());
     return absl::OkStatus();
   }();
   if (!st.ok()) FailWith(st);
@@ -549,6 +681,7 @@ absl::StatusOr<ComputeResult> CudaComputeCall::Finish() {
     result.n_correct += argmax_[t] == target_[t] ? 1 : 0;
   }
   result.n_valid = n_valid_;
+  result.grad_input_first_non_finite = grad_input_first_non_finite_;
   result.strategy_used = StrategyName(plan_.strategy);
   result.engine_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_time_)

@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -30,6 +31,8 @@
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda/device_objects.h"
+#include "kernels/cuda/peer_memory.h"
+#include "kernels/cuda/peer_row_kernels.cuh"
 #include "kernels/cuda/plans.h"
 #include "kernels/engine.h"
 
@@ -44,6 +47,9 @@ class CudaComputeCall : public ComputeCall {
   ~CudaComputeCall() override;
 
   absl::Status AddHidden(int64_t token_offset, int64_t rows, const void* data) override;
+  absl::StatusOr<PeerRows> AddHiddenFromPeer(int64_t token_offset, int64_t rows,
+                                             const PeerMemory& memory,
+                                             int64_t byte_offset) override;
   absl::StatusOr<ComputeResult> Finish() override;
 
  private:
@@ -73,8 +79,18 @@ class CudaComputeCall : public ComputeCall {
   absl::Status Init();
   absl::Status InitStreaming();
   absl::Status InitBuffered();
-  absl::Status AddStreaming(int64_t offset, int64_t rows, const char* data);
+  // Puts input rows [first, first + n) (counted from the start of the piece
+  // being added) at byte `at` of the slot's device and pinned hidden.
+  using FillSlot = std::function<absl::Status(Slot& slot, int64_t at, int64_t first, int64_t n)>;
+  absl::Status AddStreaming(int64_t offset, int64_t rows, const FillSlot& fill);
   absl::Status AddBuffered(int64_t offset, int64_t rows, const char* data);
+  absl::StatusOr<PeerRows> AddFromPeer(int64_t offset, int64_t rows, const CudaPeerMemory& peer,
+                                       int64_t byte_offset);
+  absl::Status SetGradInputPeer();
+  // Copies grad_input rows to the peer memory after checking them, on `stream`.
+  absl::Status WriteGradInputToPeer(const char* grad_input, int64_t begin, int64_t rows,
+                                    cudaStream_t stream);
+  absl::StatusOr<int64_t> GradInputFirstNonFinite();
   absl::Status WaitForFreeSlot();
   absl::Status Flush();
   absl::Status WaitIdle();
@@ -129,6 +145,11 @@ class CudaComputeCall : public ComputeCall {
   float* d_token_weight_ = nullptr;
   float* d_entropy_weight_ = nullptr;
   float* d_outputs_ = nullptr;
+
+  // CUDA IPC: [0] hidden rows read from peer memory, [1] grad_input written to it.
+  RowCheckWords* d_checks_ = nullptr;
+  const CudaPeerMemory* grad_peer_ = nullptr;
+  int64_t grad_input_first_non_finite_ = -1;
 };
 
 }  // namespace flce::cuda

@@ -6,6 +6,7 @@
 #include "kernels/cuda/compute_call.h"
 #include "kernels/cuda/cuda_optimizer.h"
 #include "kernels/cuda/elementwise_kernels.cuh"
+#include "kernels/cuda/peer_memory.h"
 #include "kernels/engine_factory.h"
 #include "kernels/status_macros.h"
 
@@ -55,6 +56,7 @@ EngineInfo CudaEngine::info() const {
   info.name = absl::StrCat("cuda:", ctx_->name());
   info.workspace_budget_bytes = workspace_.budget();
   info.workspace_peak_bytes = workspace_.peak();
+  info.device_uuid = ctx_->uuid();
   size_t free_b = 0, total_b = 0;
   if (healthy() && cudaSetDevice(ctx_->ordinal()) == cudaSuccess &&
       cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
@@ -84,6 +86,12 @@ absl::StatusOr<std::unique_ptr<HeadOptimizer>> CudaEngine::CreateOptimizer(
   }
   FLCE_ASSIGN_OR_RETURN(auto optimizer, CudaHeadOptimizer::Create(std::move(cuda_head), config));
   return std::unique_ptr<HeadOptimizer>(std::move(optimizer));
+}
+
+absl::StatusOr<std::shared_ptr<const PeerMemory>> CudaEngine::OpenPeerMemory(
+    const PeerMemoryHandle& handle) {
+  FLCE_ASSIGN_OR_RETURN(auto memory, CudaPeerMemory::Open(ctx_, handle));
+  return std::shared_ptr<const PeerMemory>(std::move(memory));
 }
 
 absl::StatusOr<std::unique_ptr<ComputeCall>> CudaEngine::StartCompute(

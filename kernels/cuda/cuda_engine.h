@@ -41,6 +41,8 @@ class CudaEngine : public Engine {
                                                             GradInputSink sink) override;
   absl::StatusOr<std::unique_ptr<HeadOptimizer>> CreateOptimizer(
       std::shared_ptr<const Head> head, const OptimizerConfig& config) override;
+  absl::StatusOr<std::shared_ptr<const PeerMemory>> OpenPeerMemory(
+      const PeerMemoryHandle& handle) override;
   bool healthy() const override;
 
   // Runs `plan` over device-resident inputs on the compute stream and waits

@@ -33,6 +33,18 @@ absl::Status CheckCovered(std::vector<std::pair<int64_t, int64_t>> written, int6
   return absl::OkStatus();
 }
 
+std::string FormatDeviceUuid(const cudaUUID_t& uuid) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    const auto byte = static_cast<unsigned char>(uuid.bytes[i]);
+    out += kHex[byte >> 4];
+    out += kHex[byte & 15];
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<DeviceContext>> DeviceContext::Create(int ordinal) {
@@ -54,6 +66,7 @@ absl::StatusOr<std::shared_ptr<DeviceContext>> DeviceContext::Create(int ordinal
   cudaDeviceProp prop;
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal), &ctx->health_);
   ctx->name_ = prop.name;
+  ctx->uuid_ = FormatDeviceUuid(prop.uuid);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&ctx->aux_, cudaStreamNonBlocking),
                             &ctx->health_);
   FLCE_ASSIGN_OR_RETURN(ctx->staging_, PinnedBuffer::Allocate(kStagingBytes, &ctx->health_));

@@ -33,6 +33,8 @@ class DeviceContext {
   absl::Status Enter();  // health check + cudaSetDevice on this thread
   DeviceHealth* health() { return &health_; }
   const std::string& name() const { return name_; }
+  // "GPU-" + the device's UUID, as nvidia-smi writes it.
+  const std::string& uuid() const { return uuid_; }
   int ordinal() const { return ordinal_; }
 
   // Copies through the pinned staging buffer on the auxiliary stream, and
@@ -68,6 +70,7 @@ class DeviceContext {
   absl::StatusOr<unsigned> ReadFlagsLocked();
   int ordinal_ = 0;
   std::string name_;
+  std::string uuid_;
   DeviceHealth health_;
   std::mutex aux_mu_;
   cudaStream_t aux_ = nullptr;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <algorithm>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -199,6 +200,72 @@ TEST(CpuEngineTest, AddHiddenAfterFinishFails) {
   EXPECT_EQ((*call)->AddHidden(0, 1, problem.hidden_bytes.data()).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*call)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// CUDA IPC is the CUDA engine's: the CPU engine says so instead of failing
+// later or silently.
+TEST(CpuEngineTest, PeerMemoryIsRefusedWithTheReason) {
+  auto engine = MakeCpu(64 << 20, 2);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_TRUE(engine->info().device_uuid.empty());
+  PeerMemoryHandle handle;
+  handle.memory_handle = std::string(64, '\1');
+  handle.event_handle = std::string(64, '\2');
+  handle.bytes = 4096;
+  handle.key = std::string(16, 'k');
+  absl::Status opened = engine->OpenPeerMemory(handle).status();
+  EXPECT_EQ(opened.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(opened.message().find("CUDA engine"), std::string::npos) << opened;
+  ProblemSpec ps;
+  ps.num_tokens = 4;
+  Problem problem = MakeProblem(ps);
+  auto head = BuildHead(*engine, problem, 1);
+  ASSERT_TRUE(head.ok());
+  ComputeSpec spec = AllOutputs();
+  spec.num_tokens = 4;
+  spec.hidden_dtype = DType::kF32;
+  spec.targets = problem.targets;
+  auto call = engine->StartCompute(*head, spec, [](int64_t, int64_t, std::string) {});
+  ASSERT_TRUE(call.ok());
+  class NoMemory : public PeerMemory {
+    int64_t bytes() const override { return 1 << 20; }
+  } memory;
+  EXPECT_EQ((*call)->AddHiddenFromPeer(0, 4, memory, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// The device fingerprint (engine.h), on the host: pieces add up to the whole,
+// and moving a row, swapping two elements of a row or flipping one bit
+// changes it.
+TEST(DeviceHiddenFingerprintTest, SumsOverPiecesAndSeesEveryChange) {
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    ProblemSpec ps;
+    ps.num_tokens = 9;
+    ps.hidden_size = 11;
+    ps.hidden_dtype = dtype;
+    Problem problem = MakeProblem(ps);
+    const int64_t row = 11 * DTypeSize(dtype);
+    const std::string& bytes = problem.hidden_bytes;
+    const uint64_t whole = DeviceHiddenFingerprint(dtype, bytes.data(), 9, 11, 0);
+    EXPECT_EQ(DeviceHiddenFingerprint(dtype, bytes.data(), 4, 11, 0) +
+                  DeviceHiddenFingerprint(dtype, bytes.data() + 4 * row, 5, 11, 4),
+              whole);
+    std::string swapped_rows = bytes;
+    std::swap_ranges(swapped_rows.begin(), swapped_rows.begin() + row,
+                     swapped_rows.begin() + row);
+    EXPECT_NE(DeviceHiddenFingerprint(dtype, swapped_rows.data(), 9, 11, 0), whole);
+    std::string swapped_columns = bytes;
+    const int64_t size = DTypeSize(dtype);
+    std::swap_ranges(swapped_columns.begin(), swapped_columns.begin() + size,
+                     swapped_columns.begin() + size);
+    if (swapped_columns != bytes) {
+      EXPECT_NE(DeviceHiddenFingerprint(dtype, swapped_columns.data(), 9, 11, 0), whole);
+    }
+    std::string flipped = bytes;
+    flipped[5 * row + 3] ^= 1;
+    EXPECT_NE(DeviceHiddenFingerprint(dtype, flipped.data(), 9, 11, 0), whole);
+  }
 }
 
 TEST(CpuEngineTest, ThreadCountsAgree) {

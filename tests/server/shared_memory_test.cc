@@ -83,6 +83,22 @@ class RegionStream {
     return "";
   }
 
+  // CUDA IPC memory; the status the server ended the stream with ("" id).
+  std::string RegisterDevice(const std::string& name, grpc::Status* status) {
+    v1::RegionRequest request;
+    v1::RegisterRegion* reg = request.mutable_register_();
+    reg->set_name(name);
+    reg->set_bytes(1 << 20);
+    reg->set_key(std::string(16, 'k'));
+    reg->mutable_cuda_ipc()->set_memory_handle(std::string(64, '\1'));
+    reg->mutable_cuda_ipc()->set_event_handle(std::string(64, '\2'));
+    reg->mutable_cuda_ipc()->set_device_uuid("GPU-00000000-0000-0000-0000-000000000000");
+    v1::RegionResponse response;
+    if (stream_->Write(request) && stream_->Read(&response)) return response.region_id();
+    *status = Close();
+    return "";
+  }
+
   // The object's first 16 bytes are the proof that this client can write it.
   std::string Register(ShmObject& object, int64_t bytes, grpc::Status* status = nullptr) {
     return Register(object.name(), bytes, object.Key(), status);
@@ -244,7 +260,7 @@ TEST_F(SharedMemoryTest, BadRequestsAreRefusedAndLandNothing) {
       stub(), {HeaderMessage(header), HiddenMessage(0, problem_.hidden_bytes.substr(0, 256)),
                EndMessage(problem_.spec.num_tokens)});
   EXPECT_EQ(chunk.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(chunk.status.error_message(), HasSubstr("shared-memory region"));
+  EXPECT_THAT(chunk.status.error_message(), HasSubstr("whose hidden is in a region"));
   ComputeOutcome no_end = ComputeMessages(stub(), {HeaderMessage(header)});
   EXPECT_EQ(no_end.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(no_end.status.error_message(), HasSubstr("without an end message"));
@@ -414,6 +430,71 @@ TEST_F(NoSharedMemoryTest, IsNeitherOfferedNorTaken) {
   ComputeOutcome shared = SharedCompute("r-1", "s", "x");
   EXPECT_EQ(shared.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   ExpectNothingIn("s");
+}
+
+// CUDA IPC needs a GPU engine: on the CPU engine it is neither offered nor
+// taken, whatever the flag says, and shm goes on working.
+class CudaIpcOnCpuTest : public SharedMemoryTest {
+ protected:
+  void SetUp() override {
+    ServerConfig config = TestConfig();
+    config.shm_transport = true;
+    config.cuda_ipc_transport = true;
+    StartServer(config);
+    problem_ = MakeProblem(TinyF32Spec());
+    ASSERT_TRUE(UploadHead(stub(), "h", problem_).ok());
+    hidden_bytes_ = static_cast<int64_t>(problem_.hidden_bytes.size());
+  }
+};
+
+TEST_F(CudaIpcOnCpuTest, IsNeitherOfferedNorTakenButShmIs) {
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub().GetServerInfo(&context, v1::ServerInfoRequest(), &info).ok());
+  EXPECT_THAT(info.local_transports(), ::testing::ElementsAre("shm"));
+  EXPECT_TRUE(info.device_uuid().empty());
+  {
+    RegionStream regions(stub());
+    grpc::Status status;
+    EXPECT_TRUE(regions.RegisterDevice("", &status).empty());
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(status.error_message(), HasSubstr("takes no CUDA IPC regions"));
+  }
+  {
+    RegionStream regions(stub());
+    grpc::Status status;
+    EXPECT_TRUE(regions.RegisterDevice("flce-0123456789abcdef0123456789abcdef", &status).empty());
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("send one"));
+  }
+  ShmObject object(2 * hidden_bytes_);
+  std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
+  RegionStream regions(stub());
+  const std::string id = regions.Register(object, 2 * hidden_bytes_);
+  ASSERT_FALSE(id.empty());
+  ComputeOutcome shared = SharedCompute(id, "s", "c1");
+  EXPECT_TRUE(shared.status.ok()) << shared.status.error_message();
+}
+
+class CudaIpcOnlyOnCpuTest : public SharedMemoryTest {
+ protected:
+  void SetUp() override {
+    ServerConfig config = TestConfig();
+    config.cuda_ipc_transport = true;
+    StartServer(config);
+  }
+};
+
+TEST_F(CudaIpcOnlyOnCpuTest, TakesNoRegionsAtAll) {
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub().GetServerInfo(&context, v1::ServerInfoRequest(), &info).ok());
+  EXPECT_TRUE(info.local_transports().empty());
+  RegionStream regions(stub());
+  grpc::Status status;
+  EXPECT_TRUE(regions.RegisterDevice("", &status).empty());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("cuda_ipc"));
 }
 
 }  // namespace

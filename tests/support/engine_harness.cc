@@ -13,16 +13,16 @@
 #include "kernels/status_macros.h"
 
 namespace flce::test {
-namespace {
 
-constexpr uint16_t kBf16QuietNan = 0x7fc0;
-
-// Widens `count` elements of dtype at src; fp16/bf16/fp32 NaN stays NaN.
 std::vector<double> WidenToDoubles(DType dtype, const void* src, int64_t count) {
   std::vector<float> floats(count);
   ToFloat(dtype, src, floats.data(), count);
   return std::vector<double>(floats.begin(), floats.end());
 }
+
+namespace {
+
+constexpr uint16_t kBf16QuietNan = 0x7fc0;
 
 std::string PoisonedBuffer(DType dtype, int64_t count) {
   std::string buffer(count * DTypeSize(dtype), '\0');

@@ -57,6 +57,9 @@ absl::StatusOr<CallOutput> RunCall(Engine& engine, std::shared_ptr<const Head> h
                                    const Problem& problem, ComputeSpec spec,
                                    GradBuffer* grad_out, const HarnessOptions& options);
 
+// Widens `count` elements of dtype at src; fp16/bf16/fp32 NaN stays NaN.
+std::vector<double> WidenToDoubles(DType dtype, const void* src, int64_t count);
+
 // Reads a GradBuffer back (in `rows_per_copy`-row pieces) as doubles.
 absl::StatusOr<std::vector<double>> ReadGradWeight(const GradBuffer& grad, DType dtype,
                                                    int64_t rows_per_copy = 7);

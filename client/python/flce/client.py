@@ -16,7 +16,7 @@ from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence
 import grpc
 import torch
 
-from flce import security, shm, tensors, wire
+from flce import cuda_ipc, security, shm, tensors, wire
 from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.errors import FlceError, translate
@@ -170,8 +170,10 @@ class Client:
                  max_in_flight: int = 1, transport: str = "auto"):
         """max_in_flight: how many submitted calls (RemoteLMHead.submit) run at once; 1 lands
         their contributions in submission order. transport: how Compute sends hidden and
-        gets grad_input: "auto" (shared memory where the server offers it to this client —
-        flce.shm — else messages), "grpc" (messages) or "shm" (shared memory or an error).
+        gets grad_input: "auto" (where the server offers it to this client: GPU memory for
+        hidden on the server's GPU — flce.cuda_ipc — else shared memory — flce.shm — else
+        messages), "grpc" (messages), "shm" (shared memory or an error) or "cuda_ipc"
+        (GPU memory for hidden on the server's GPU, else an error).
         tls / tls_ca / tls_cert / tls_key / tls_server_name: TLS (PEM file paths; any of
         them turns TLS on; tls_server_name overrides the name checked in the server's
         certificate). auth_token / auth_token_file / $FLCE_AUTH_TOKEN: the bearer token sent
@@ -184,11 +186,16 @@ class Client:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         self.max_in_flight = max_in_flight
-        if transport not in ("auto", "grpc", "shm"):
-            raise ValueError(f"transport must be 'auto', 'grpc' or 'shm', got {transport!r}")
+        if transport not in ("auto", "grpc", "shm", "cuda_ipc"):
+            raise ValueError(f"transport must be 'auto', 'grpc', 'shm' or 'cuda_ipc', got "
+                             f"{transport!r}")
         self.transport = transport
         self._shared: Optional[SharedTransport] = None
-        self._shared_probed = False
+        self._device_regions: Optional[SharedTransport] = None  # flce.cuda_ipc
+        self._local: Optional[ServerInfo] = None  # the probe's answer, on the same host
+        self._local_why = ""  # why local transports are out of reach, when they are
+        # how the last Compute moved hidden: "cuda_ipc", "shm" or "grpc"
+        self.last_transport = ""
         self._executor: Optional[ThreadPoolExecutor] = None  # made by the first submit
         self._executor_lock = threading.Lock()
         # the server sizes its messages by --max-message-mb; ours are chunk_bytes at most,
@@ -249,35 +256,78 @@ class Client:
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)  # submitted calls finish first
-        if self._shared is not None:
-            self._shared.close()
+        for regions in (self._shared, self._device_regions):
+            if regions is not None:
+                regions.close()
         self._raw_channel.close()
+
+    def _probe_local(self) -> Optional[ServerInfo]:
+        """The server's info when it is on this host (asked once), else None."""
+        if self._local is None:
+            try:
+                info = self.server_info()
+            except FlceError:
+                if self.transport in ("shm", "cuda_ipc"):
+                    raise
+                return None  # the call itself will say what is wrong; ask again next time
+            same_host = bool(info.boot_id) and info.boot_id == shm.local_boot_id()
+            self._local = info if same_host else ServerInfo(
+                info.instance_id, info.version, info.engine, info.workspace_budget_bytes,
+                info.max_request_tokens, info.max_message_bytes, info.capabilities)
+            self._local_why = ("" if same_host else
+                               "it runs on another host (its boot id is not this one's)")
+        return self._local
+
+    def _refuse_transport(self, why: str) -> None:
+        raise FlceError("Compute", grpc.StatusCode.FAILED_PRECONDITION,
+                        f"transport={self.transport!r} but the server at {self.target}: {why}")
 
     def shared_transport(self) -> Optional[SharedTransport]:
         """The shared-memory transport when this client uses it (asked once: see
         `transport`), else None."""
-        if self.transport == "grpc":
+        if self.transport in ("grpc", "cuda_ipc"):
             return None
         with self._executor_lock:
-            if not self._shared_probed:
-                try:
-                    info = self.server_info()
-                except FlceError:
-                    if self.transport == "shm":
-                        raise
-                    return None  # the call itself will say what is wrong; ask again next time
-                self._shared_probed = True
-                same_host = bool(info.boot_id) and info.boot_id == shm.local_boot_id()
-                if "shm" in info.local_transports and same_host:
-                    self._shared = SharedTransport(self._regions, self.timeout)
-                elif self.transport == "shm":
-                    why = ("it does not offer shared memory to this client (--local-transports="
-                           "shm, a loopback or Unix-socket address)"
-                           if "shm" not in info.local_transports
-                           else "it runs on another host (its boot id is not this one's)")
-                    raise FlceError("Compute", grpc.StatusCode.FAILED_PRECONDITION,
-                                    f"transport='shm' but the server at {self.target}: {why}")
+            info = self._probe_local()
+            if info is None:
+                return None
+            if self._shared is None and "shm" in info.local_transports:
+                self._shared = SharedTransport(self._regions, self.timeout)
+            elif self._shared is None and self.transport == "shm":
+                self._refuse_transport(self._local_why or (
+                    "it does not offer shared memory to this client (--local-transports=shm, "
+                    "a loopback or Unix-socket address)"))
         return self._shared
+
+    def device_transport(self, hidden: torch.Tensor) -> Optional[SharedTransport]:
+        """The CUDA IPC transport when it serves `hidden` (on the server's GPU, which the
+        server offers it for: see `transport`), else None."""
+        if self.transport not in ("auto", "cuda_ipc"):
+            return None
+        if not hidden.is_cuda:
+            if self.transport == "cuda_ipc":
+                raise ValueError("transport='cuda_ipc' needs hidden on a GPU; it is on the CPU")
+            return None
+        with self._executor_lock:
+            info = self._probe_local()
+            if info is None:
+                return None
+            if "cuda_ipc" not in info.local_transports:
+                if self.transport == "cuda_ipc":
+                    self._refuse_transport(self._local_why or (
+                        "it does not offer CUDA IPC to this client (--local-transports=cuda_ipc "
+                        "on a GPU, a loopback or Unix-socket address)"))
+                return None
+            if not cuda_ipc.same_gpu(hidden.device, info.device_uuid):
+                if self.transport == "cuda_ipc":
+                    self._refuse_transport(
+                        f"hidden is on {hidden.device} ({cuda_ipc.device_uuid(hidden.device)}), "
+                        f"the server computes on {info.device_uuid}")
+                return None
+            if self._device_regions is None:
+                self._device_regions = cuda_ipc.transport(self._regions, self.timeout,
+                                                          hidden.device)
+        return self._device_regions
 
     def executor(self) -> ThreadPoolExecutor:
         """The pool submitted calls run on (gRPC releases the GIL while a call waits)."""
@@ -414,12 +464,16 @@ class Client:
         wanted = [(k, dt) for k, dt in _TOKEN_FIELDS
                   if {"loss": per_token_loss, "logprob": logprob, "entropy": entropy,
                       "correct": accuracy}[k]]
-        shared = self.shared_transport() if n > 0 else None
-        if shared is not None:
-            result = self._compute_shared(shared, header, hidden, want_grad_input, wanted,
-                                          pinned)
-            if result is not None:
-                return result
+        local = (("cuda_ipc", self.device_transport(hidden)),
+                 ("shm", self.shared_transport())) if n > 0 else ()
+        for name, pool in local:
+            if pool is not None:
+                result = self._compute_shared(pool, header, hidden, want_grad_input, wanted,
+                                              pinned)
+                if result is not None:
+                    self.last_transport = name
+                    return result
+        self.last_transport = "grpc"
 
         # hidden_size (field 18) is appended by hand: always sent, so that the server
         # checks it against the head's H whatever protobuf classes this install has
@@ -447,22 +501,30 @@ class Client:
         None when no region could be registered (transport "auto": messages from now on)."""
         n, h = hidden.shape
         nbytes = n * h * hidden.element_size()
+        on_device = shared is self._device_regions
         try:
             region = shared.acquire(2 * nbytes if want_grad_input else nbytes)
         except FlceError as err:
-            if self.transport == "shm":
+            if self.transport in ("shm", "cuda_ipc"):
                 raise
             # e.g. a server running as another user cannot open this user's 0600 objects
-            warnings.warn(f"flce: shared memory with {self.target} failed ({err.code.name}: "
-                          f"{err.details}); using messages", RuntimeWarning, stacklevel=3)
+            what = "CUDA IPC" if on_device else "shared memory"
+            warnings.warn(f"flce: {what} with {self.target} failed ({err.code.name}: "
+                          f"{err.details}); using {'shared memory or ' if on_device else ''}"
+                          f"messages", RuntimeWarning, stacklevel=3)
             with self._executor_lock:
-                self._shared = None
+                if on_device:
+                    self._device_regions = None
+                else:
+                    self._shared = None
             shared.close()
             return None
         try:
-            if hidden.is_cuda or pinned:
+            if not on_device and (hidden.is_cuda or pinned):
                 region.pin()
             region.tensor(0, (n, h), hidden.dtype).copy_(hidden.detach())
+            if on_device:
+                region.mark_written()
             header.shared.CopyFrom(pb.SharedHidden(region_id=region.region_id, hidden_offset=0,
                                                    grad_input_offset=nbytes))
             messages = [wire.encode_compute_header(header.SerializeToString(), h),
@@ -474,7 +536,7 @@ class Client:
                 err.request_id = header.request_id
                 raise
             if want_grad_input:
-                if hidden.is_cuda:  # straight from the page-locked region to the GPU
+                if hidden.is_cuda:  # from the page-locked (or GPU) region to the GPU
                     grad = torch.empty((n, h), dtype=hidden.dtype, device=hidden.device)
                 else:
                     grad = (tensors.PinnedPool if pinned else self.pool).empty((n, h),

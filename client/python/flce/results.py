@@ -122,15 +122,16 @@ class ServerInfo:
     # (Embed, EmbedGrad: tied embeddings)
     capabilities: Tuple[str, ...]
     boot_id: str = ""  # the server host's /proc/sys/kernel/random/boot_id
-    # transports beyond messages this caller may use: ("shm",) on the server's host when
-    # the server runs with --local-transports=shm
+    # transports beyond messages this caller may use: "shm" and "cuda_ipc" on the server's
+    # host when the server runs with --local-transports=shm,cuda_ipc
     local_transports: Tuple[str, ...] = ()
+    device_uuid: str = ""  # "GPU-..." of the GPU the server computes on; "" for the CPU
 
     @classmethod
     def from_pb(cls, m) -> "ServerInfo":
         return cls(m.instance_id, m.version, m.engine, m.workspace_budget_bytes,
                    m.max_request_tokens, m.max_message_bytes, tuple(m.capabilities),
-                   m.boot_id, tuple(m.local_transports))
+                   m.boot_id, tuple(m.local_transports), m.device_uuid)
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,13 @@ class RegionStream:
         the server has released every region it registered."""
         return self._closed or self._responses.done()
 
+    def ask(self, request):
+        """Sends one registration request and returns its answer (raises FlceError)."""
+        answer = self._ask(request)
+        if answer.lease_s > 0:
+            self._renew_s = max(0.5, answer.lease_s / 3)
+        return answer
+
     def register(self, nbytes: int) -> Region:
         from flce._pb import pb
         memory = shared_memory.SharedMemory(name=f"flce-{secrets.token_hex(16)}", create=True,
@@ -127,18 +134,16 @@ class RegionStream:
         key = secrets.token_bytes(16)
         memory.buf[:16] = key
         try:
-            answer = self._ask(pb.RegionRequest(
+            answer = self.ask(pb.RegionRequest(
                 register=pb.RegisterRegion(name=memory.name, bytes=nbytes, key=key)))
         except BaseException:
             memory.unlink()
             memory.close()
             raise
         memory.unlink()  # the server has it mapped: nothing may open it by name any more
-        if answer.lease_s > 0:
-            self._renew_s = max(0.5, answer.lease_s / 3)
         return Region(memory, answer.region_id)
 
-    def release(self, region: Region) -> None:
+    def release(self, region) -> None:
         from flce._pb import pb
         try:
             self._ask(pb.RegionRequest(release=pb.ReleaseRegion(region_id=region.region_id)))
@@ -158,16 +163,19 @@ class RegionStream:
 
 
 class SharedTransport:
-    """Regions for Compute calls: acquire(nbytes) → a free region at least that big."""
+    """Regions for Compute calls: acquire(nbytes) → a free region at least that big.
+    `register(stream, nbytes)` makes one (default: a shared-memory object; flce.cuda_ipc
+    passes one that allocates GPU memory)."""
 
-    def __init__(self, method, timeout: Optional[float]):
+    def __init__(self, method, timeout: Optional[float], register=None):
         self._method = method
         self._timeout = timeout
+        self._register = register or (lambda stream, nbytes: stream.register(nbytes))
         self._stream: Optional[RegionStream] = None
-        self._free: List[Region] = []
+        self._free: List = []
         self._lock = threading.Lock()
 
-    def acquire(self, nbytes: int) -> Region:
+    def acquire(self, nbytes: int):
         with self._lock:
             if self._stream is not None and self._stream.broken():
                 # its regions are gone on the server: start over with a new stream
@@ -186,9 +194,9 @@ class SharedTransport:
                 self._stream.release(self._free.pop(0))
             stream = self._stream
         # a quarter more than asked, so that slightly larger calls reuse it
-        return stream.register(max(nbytes + nbytes // 4, 1 << 20))
+        return self._register(stream, max(nbytes + nbytes // 4, 1 << 20))
 
-    def give_back(self, region: Region) -> None:
+    def give_back(self, region) -> None:
         with self._lock:
             self._free.append(region)
 
