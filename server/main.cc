@@ -62,9 +62,10 @@ ABSL_FLAG(std::string, unix_socket, "",
           "also listen on this Unix-domain socket path (clients: unix:PATH)");
 ABSL_FLAG(std::string, local_transports, "",
           "transports beyond messages for clients on this host (loopback or a Unix socket): "
-          "\"shm\" (shared-memory regions); empty = none");
+          "\"shm\" (shared-memory regions), \"cuda_ipc\" (their memory on this server's GPU), "
+          "comma-separated; empty = none");
 ABSL_FLAG(int, region_lease_s, 60,
-          "a shared-memory registration stream that sends nothing for this long is released");
+          "a region registration stream that sends nothing for this long is released");
 ABSL_FLAG(std::string, head_file, "", ".safetensors file to preload a head from");
 ABSL_FLAG(std::string, head_tensor, "lm_head.weight", "weight tensor in --head-file");
 ABSL_FLAG(std::string, head_bias_tensor, "", "bias tensor in --head-file (optional)");

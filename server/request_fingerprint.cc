@@ -54,14 +54,10 @@ uint64_t ComputeFingerprint(const v1::ComputeHeader &header) {
   defining.clear_outputs();
   defining.clear_expected_head_version();
   defining.clear_hidden_size();  // checked against the head; optional
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream out(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&out);
-    coded.SetSerializationDeterministic(true);
-    defining.SerializeToCodedStream(&coded);
-  }
-  return Fnv1a(bytes);
+  // Where hidden is, not what it is: a retry may come through another region
+  // (a new Regions stream) or in messages.
+  defining.clear_shared();
+  return DeterministicFingerprint(defining);
 }
 
 uint64_t HiddenFingerprint(const void *data, int64_t rows, int64_t row_bytes, int64_t first_token) {

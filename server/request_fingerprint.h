@@ -18,7 +18,7 @@ namespace flce::server {
 // Covers the fields that define the call's loss and gradients (head, targets,
 // per-token weights, reduction, ignore_index, options, hidden dtype, commit
 // mode); not those a retry may change freely (strategy, chunk size,
-// determinism, which outputs to return, the version check). Hidden bytes
+// determinism, which outputs to return, the version check, the region). Hidden bytes
 // are covered by HiddenFingerprint: they arrive after the id is checked.
 uint64_t ComputeFingerprint(const v1::ComputeHeader &header);
 

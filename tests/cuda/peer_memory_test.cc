@@ -275,10 +275,11 @@ TEST(PeerMemoryTest, PeerHiddenEqualsHostHiddenBitForBit) {
       ADD_FAILURE() << "grad_input reached the sink instead of the peer memory";
     });
     ASSERT_TRUE(call.ok()) << call.status();
-    // Two pieces, the second first: order and piece size must not matter.
+    // Two pieces in order (as the server sends them), split inside a chunk: the
+    // chunks are those of the host call, so the bits must be too.
     const int64_t half = ps.num_tokens / 2, row = hidden_bytes / ps.num_tokens;
-    auto second = (*call)->AddHiddenFromPeer(half, ps.num_tokens - half, **memory, 16 + half * row);
     auto first = (*call)->AddHiddenFromPeer(0, half, **memory, 16);
+    auto second = (*call)->AddHiddenFromPeer(half, ps.num_tokens - half, **memory, 16 + half * row);
     ASSERT_TRUE(first.ok() && second.ok()) << first.status() << second.status();
     EXPECT_EQ(first->first_non_finite, -1);
     EXPECT_EQ(first->fingerprint + second->fingerprint,

@@ -188,6 +188,32 @@ TEST_F(SharedMemoryTest, ServerInfoOffersShmToLoopbackCallers) {
   EXPECT_THAT(info.local_transports(), ::testing::ElementsAre("shm"));
 }
 
+// A retry is the same request whichever way its hidden comes: through
+// another region (the client lost its Regions stream) or in messages.
+TEST_F(SharedMemoryTest, ARetryMayComeThroughAnotherRegionOrMessages) {
+  ShmObject first(2 * hidden_bytes_), second(2 * hidden_bytes_);
+  for (ShmObject* object : {&first, &second}) {
+    std::memcpy(object->data(), problem_.hidden_bytes.data(), hidden_bytes_);
+  }
+  RegionStream regions(stub());
+  const std::string a = regions.Register(first, 2 * hidden_bytes_);
+  const std::string b = regions.Register(second, 2 * hidden_bytes_);
+  ASSERT_FALSE(a.empty() || b.empty());
+  ComputeOutcome original = SharedCompute(a, "s", "retried");
+  ASSERT_TRUE(original.status.ok()) << original.status.error_message();
+  ComputeOutcome other_region = SharedCompute(b, "s", "retried");
+  ASSERT_TRUE(other_region.status.ok()) << other_region.status.error_message();
+  EXPECT_TRUE(other_region.summary.replayed());
+  v1::ComputeHeader header = MakeHeader(problem_, "h", "s", "retried");
+  header.set_deterministic(true);
+  ComputeOutcome by_messages = Compute(stub(), header, problem_);
+  ASSERT_TRUE(by_messages.status.ok()) << by_messages.status.error_message();
+  EXPECT_TRUE(by_messages.summary.replayed());
+  FetchedGrad grad = FetchGrad(stub(), "h", "s");
+  ASSERT_TRUE(grad.status.ok()) << grad.status.error_message();
+  EXPECT_EQ(grad.header.contributions(), 1);
+}
+
 TEST(LocalPeerTest, OnlyLoopbackAndUnixSocketsAreLocal) {
   EXPECT_TRUE(IsLocalPeer("ipv4:127.0.0.1:50051"));
   EXPECT_TRUE(IsLocalPeer("ipv4:127.1.2.3:1"));
