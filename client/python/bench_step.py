@@ -57,17 +57,20 @@ def main() -> int:
             torch.cuda.synchronize()
         wall0, proc0, main0 = time.perf_counter(), time.process_time(), time.thread_time()
         loss = head(x, y)
-        loss.backward()
+        forward = time.perf_counter() - wall0  # the Compute call
+        loss.backward()  # the Commit of the staged grad_W, grad_input to x.grad
         if args.device == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - wall0
         row = (wall, time.thread_time() - main0, time.process_time() - proc0,
-               head.last_summary.timings.engine_ms / 1e3, head.last_summary.timings.total_ms / 1e3)
+               head.last_summary.timings.engine_ms / 1e3, head.last_summary.timings.total_ms / 1e3,
+               forward, wall - forward)
         if step:
             rows.append(row)
         print(f"step {step}: loss {float(loss.detach()):.4f}  wall {wall * 1e3:.0f} ms  main-thread CPU "
               f"{row[1] * 1e3:.0f} ms  process CPU {row[2] * 1e3:.0f} ms  engine "
-              f"{row[3] * 1e3:.0f} ms  server total {row[4] * 1e3:.0f} ms", flush=True)
+              f"{row[3] * 1e3:.0f} ms  server total {row[4] * 1e3:.0f} ms  forward "
+              f"{row[5] * 1e3:.1f} ms  backward {row[6] * 1e3:.1f} ms", flush=True)
     med = [statistics.median(c) for c in zip(*rows)]
     moved = 2 * n * h * 2
     print(f"median of {len(rows)}: wall {med[0] * 1e3:.0f} ms, engine {med[3] * 1e3:.0f} ms "
@@ -83,7 +86,8 @@ def main() -> int:
                 "transport": client.last_transport,
                 "steps": len(rows), "wall_ms": med[0] * 1e3, "engine_ms": med[3] * 1e3,
                 "server_total_ms": med[4] * 1e3, "main_thread_cpu_ms": med[1] * 1e3,
-                "process_cpu_ms": med[2] * 1e3}) + "\n")
+                "process_cpu_ms": med[2] * 1e3, "forward_ms": med[5] * 1e3,
+                "backward_ms": med[6] * 1e3}) + "\n")
     client.unload_head("bench-step")
     return 0
 
