@@ -2,11 +2,47 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 
 namespace flce::cuda {
+namespace {
+
+struct Reclaimers {
+  std::mutex mu;
+  std::vector<std::pair<const void*, std::function<bool()>>> all;
+};
+
+Reclaimers& TheReclaimers() {
+  static Reclaimers* reclaimers = new Reclaimers();
+  return *reclaimers;
+}
+
+}  // namespace
+
+bool DeviceMemory::Reclaim() {
+  Reclaimers& r = TheReclaimers();
+  std::lock_guard<std::mutex> lock(r.mu);
+  bool freed = false;
+  for (auto& [owner, reclaim] : r.all) freed = reclaim() || freed;
+  return freed;
+}
+
+void RegisterReclaimer(const void* owner, std::function<bool()> reclaim) {
+  Reclaimers& r = TheReclaimers();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.all.emplace_back(owner, std::move(reclaim));
+}
+
+void UnregisterReclaimer(const void* owner) {
+  Reclaimers& r = TheReclaimers();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.all.erase(std::remove_if(r.all.begin(), r.all.end(),
+                             [owner](const auto& entry) { return entry.first == owner; }),
+              r.all.end());
+}
 
 char* Carver::TakeBytes(int64_t bytes) {
   char* out = base_ + used_;

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -24,12 +25,22 @@ struct DeviceMemory {
   static constexpr const char* kAllocator = "cudaMalloc";
   static cudaError_t Allocate(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
   static cudaError_t Free(void* ptr) { return cudaFree(ptr); }
+  // Frees device memory kept for reuse (DeviceContext's spare gradient
+  // buffers) when cudaMalloc runs out, before it is tried once more. True
+  // when anything was freed.
+  static bool Reclaim();
 };
 struct PinnedHostMemory {
   static constexpr const char* kAllocator = "cudaMallocHost";
   static cudaError_t Allocate(void** ptr, size_t bytes) { return cudaMallocHost(ptr, bytes); }
   static cudaError_t Free(void* ptr) { return cudaFreeHost(ptr); }
+  static bool Reclaim() { return false; }
 };
+
+// Who keeps device memory for reuse registers what frees it (DeviceMemory::
+// Reclaim calls every registered function); `owner` names the registration.
+void RegisterReclaimer(const void* owner, std::function<bool()> reclaim);
+void UnregisterReclaimer(const void* owner);
 
 // An owning handle on one allocation of `Memory`.
 template <typename Memory>
@@ -54,7 +65,11 @@ class CudaAllocation {
   static absl::StatusOr<CudaAllocation> Allocate(int64_t bytes, DeviceHealth* health) {
     CudaAllocation buffer;
     if (bytes <= 0) return buffer;
-    const cudaError_t error = Memory::Allocate(&buffer.ptr_, static_cast<size_t>(bytes));
+    cudaError_t error = Memory::Allocate(&buffer.ptr_, static_cast<size_t>(bytes));
+    if (error == cudaErrorMemoryAllocation && Memory::Reclaim()) {
+      cudaGetLastError();
+      error = Memory::Allocate(&buffer.ptr_, static_cast<size_t>(bytes));
+    }
     if (error != cudaSuccess) {
       buffer.ptr_ = nullptr;
       const std::string what = absl::StrCat(Memory::kAllocator, " of ", bytes, " bytes");

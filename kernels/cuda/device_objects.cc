@@ -75,10 +75,47 @@ absl::StatusOr<std::shared_ptr<DeviceContext>> DeviceContext::Create(int ordinal
       ctx->sums_, DeviceBuffer::Allocate((kSumOfSquaresBlocks + kMaxSumRanges) * sizeof(double),
                                          &ctx->health_));
   FLCE_ASSIGN_OR_RETURN(ctx->scratch_, DeviceBuffer::Allocate(kStagingBytes, &ctx->health_));
+  DeviceContext* raw = ctx.get();
+  RegisterReclaimer(raw, [raw] {
+    std::lock_guard<std::mutex> lock(raw->spare_mu_);
+    const bool any = !raw->spare_grads_.empty();
+    raw->spare_grads_.clear();
+    return any;
+  });
   return ctx;
 }
 
+absl::StatusOr<DeviceBuffer> DeviceContext::TakeGradMemory(int64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(spare_mu_);
+    for (auto it = spare_grads_.begin(); it != spare_grads_.end(); ++it) {
+      if (it->bytes() == bytes) {
+        DeviceBuffer memory = std::move(*it);
+        spare_grads_.erase(it);
+        return memory;
+      }
+    }
+  }
+  return DeviceBuffer::Allocate(bytes, &health_);
+}
+
+void DeviceContext::KeepGradMemory(DeviceBuffer memory) {
+  if (memory.get() == nullptr || !health_.healthy.load()) return;
+  std::lock_guard<std::mutex> lock(spare_mu_);
+  if (static_cast<int>(spare_grads_.size()) == kSpareGradBuffers) {
+    spare_grads_.erase(spare_grads_.begin());  // the oldest goes back to the driver
+  }
+  spare_grads_.push_back(std::move(memory));
+}
+
+int DeviceContext::spare_grad_buffers() const {
+  std::lock_guard<std::mutex> lock(spare_mu_);
+  return static_cast<int>(spare_grads_.size());
+}
+
 DeviceContext::~DeviceContext() {
+  UnregisterReclaimer(this);
+  spare_grads_.clear();
   staging_.Reset();
   if (aux_ != nullptr) cudaStreamDestroy(aux_);
 }
@@ -388,9 +425,13 @@ absl::StatusOr<std::unique_ptr<CudaGradBuffer>> CudaGradBuffer::Create(
   g->padded_vocab_ = PadVocab(spec.vocab_size);
   g->has_bias_ = spec.has_bias;
   const int64_t floats = g->padded_vocab_ * g->hidden_ + (g->has_bias_ ? g->padded_vocab_ : 0);
-  FLCE_ASSIGN_OR_RETURN(g->data_, DeviceBuffer::Allocate(floats * 4, g->ctx_->health()));
+  FLCE_ASSIGN_OR_RETURN(g->data_, g->ctx_->TakeGradMemory(floats * 4));
   FLCE_RETURN_IF_ERROR(g->Zero());
   return g;
+}
+
+CudaGradBuffer::~CudaGradBuffer() {
+  if (ctx_ != nullptr) ctx_->KeepGradMemory(std::move(data_));
 }
 
 absl::Status CudaGradBuffer::Zero() { return ctx_->Memset(data_.get(), 0, data_.bytes()); }

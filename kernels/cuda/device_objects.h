@@ -64,6 +64,19 @@ class DeviceContext {
   using FlaggedLaunch = std::function<absl::Status(cudaStream_t stream, unsigned* flags)>;
   absl::StatusOr<unsigned> RunFlagged(const FlaggedLaunch& launch);
 
+  // Gradient buffers are V x H fp32 and come and go with every compute call
+  // (staging) and landing (a session's accumulator is swapped): the memory of
+  // a destroyed one is kept for the next of the same size, so that neither
+  // cudaMalloc nor cudaFree (which waits for the whole device, other calls'
+  // kernels included) runs per call. Every engine operation on a gradient
+  // buffer has finished when it is destroyed (they all wait), so the memory
+  // is idle when kept. At most kSpareGradBuffers; all given back when
+  // cudaMalloc runs out of memory (DeviceMemory::Reclaim).
+  static constexpr int kSpareGradBuffers = 2;
+  absl::StatusOr<DeviceBuffer> TakeGradMemory(int64_t bytes);
+  void KeepGradMemory(DeviceBuffer memory);
+  int spare_grad_buffers() const;
+
  private:
   DeviceContext() = default;
   // The flag word, copied back and waited for; aux_mu_ held.
@@ -78,6 +91,8 @@ class DeviceContext {
   DeviceBuffer flags_;    // one word the finiteness checks OR into
   DeviceBuffer sums_;     // the sum of squares' partials, then its results
   DeviceBuffer scratch_;  // a staging buffer's worth of device memory (ids and rows)
+  mutable std::mutex spare_mu_;
+  std::vector<DeviceBuffer> spare_grads_;
 };
 
 class CudaHead : public Head {
@@ -129,6 +144,8 @@ class CudaGradBuffer : public GradBuffer {
  public:
   static absl::StatusOr<std::unique_ptr<CudaGradBuffer>> Create(std::shared_ptr<DeviceContext> ctx,
                                                                 const HeadSpec& spec);
+  // Its memory goes to the context's spares (DeviceContext::KeepGradMemory).
+  ~CudaGradBuffer() override;
   int64_t vocab_size() const override { return vocab_; }
   int64_t hidden_size() const override { return hidden_; }
   bool has_bias() const override { return has_bias_; }

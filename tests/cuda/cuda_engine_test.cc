@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -608,6 +609,48 @@ TEST(CudaEngineTest, InfoReportsDeviceAndBudget) {
   EXPECT_EQ(info.workspace_budget_bytes, int64_t{512} << 20);
   EXPECT_GT(info.device_memory_total, 0);
   EXPECT_GT(info.device_memory_used, 0);
+}
+
+// A gradient buffer's memory is kept for the next one of its size (no
+// cudaMalloc / cudaFree per call), comes back zeroed, and goes back to the
+// driver when cudaMalloc would otherwise run out.
+TEST(CudaEngineTest, GradBufferMemoryIsReusedZeroedAndReclaimed) {
+  auto engine = MakeEngine(/*budget_mb=*/512);
+  SKIP_WITHOUT_GPU(engine);
+  HeadSpec spec{100003, 1024, DType::kBF16, true};  // ~400 MB of fp32
+  cuda::DeviceContext* ctx = (*engine)->context();
+  const int spares_before = ctx->spare_grad_buffers();
+  const float* first_memory = nullptr;
+  {
+    auto grad = (*engine)->NewGradBuffer(spec);
+    ASSERT_TRUE(grad.ok()) << grad.status();
+    first_memory = static_cast<cuda::CudaGradBuffer*>(grad->get())->weight();
+    const int32_t ids[2] = {7, 100002};
+    const std::vector<float> rows(2 * 1024, 1.5f);
+    ASSERT_TRUE((*grad)->ScatterAddRows(ids, 2, rows.data(), DType::kF32, true).ok());
+  }
+  EXPECT_EQ(ctx->spare_grad_buffers(), std::min(spares_before + 1, 2));
+  auto again = (*engine)->NewGradBuffer(spec);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(static_cast<cuda::CudaGradBuffer*>(again->get())->weight(), first_memory);
+  std::vector<float> row(1024, -1.0f), bias(1, -1.0f);
+  for (int64_t r : {int64_t{7}, int64_t{100002}}) {
+    ASSERT_TRUE((*again)->CopyWeightRows(r, 1, DType::kF32, row.data()).ok());
+    EXPECT_EQ(*std::max_element(row.begin(), row.end()), 0.0f) << "row " << r;
+    EXPECT_EQ(*std::min_element(row.begin(), row.end()), 0.0f) << "row " << r;
+  }
+  ASSERT_TRUE((*again)->CopyBias(7, 1, DType::kF32, bias.data()).ok());
+  EXPECT_EQ(bias[0], 0.0f);
+  again->reset();
+  ASSERT_GE(ctx->spare_grad_buffers(), 1);
+  // More than is free, less than is free with the spares given back.
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  auto big = cuda::DeviceBuffer::Allocate(static_cast<int64_t>(free_bytes) + (int64_t{100} << 20),
+                                          ctx->health());
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(ctx->spare_grad_buffers(), 0);
+  EXPECT_TRUE((*engine)->healthy());
 }
 
 // The plugin this tree builds loads through the server's loader.
