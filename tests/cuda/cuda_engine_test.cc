@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/plans.h"
 #include "kernels/engine_factory.h"
+#include "tests/cuda/cuda_test_util.h"
 #include "tests/support/engine_harness.h"
 #include "tests/support/problem.h"
 #include "tests/support/reference_f64.h"
@@ -29,20 +30,6 @@ namespace flce::test {
 namespace {
 
 using cuda::CudaEngine;
-
-absl::StatusOr<std::unique_ptr<CudaEngine>> MakeEngine(int64_t budget_mb = 2048) {
-  EngineConfig config;
-  config.workspace_bytes = budget_mb << 20;
-  return CudaEngine::Create(config);
-}
-
-#define SKIP_WITHOUT_GPU(engine_or)                                         \
-  if (!(engine_or).ok()) {                                                  \
-    if ((engine_or).status().code() == absl::StatusCode::kUnavailable) {    \
-      GTEST_SKIP() << "no CUDA device: " << (engine_or).status().message(); \
-    }                                                                       \
-    FAIL() << (engine_or).status();                                         \
-  }
 
 ComputeSpec FullSpec(Strategy strategy) {
   ComputeSpec spec;

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda/peer_row_kernels.cuh"
+#include "tests/cuda/cuda_test_util.h"
 #include "tests/support/engine_harness.h"
 #include "tests/support/problem.h"
 
@@ -29,8 +30,6 @@ extern char** environ;
 
 namespace flce::test {
 namespace {
-
-using cuda::CudaEngine;
 
 constexpr int kToExporter = 3;    // the exporter's fd for commands
 constexpr int kFromExporter = 4;  // ...and for answers
@@ -157,20 +156,6 @@ class Exporter {
   std::string memory_handle_, event_handle_;
 };
 
-#define SKIP_WITHOUT_GPU(engine_or)                                         \
-  if (!(engine_or).ok()) {                                                  \
-    if ((engine_or).status().code() == absl::StatusCode::kUnavailable) {    \
-      GTEST_SKIP() << "no CUDA device: " << (engine_or).status().message(); \
-    }                                                                       \
-    FAIL() << (engine_or).status();                                         \
-  }
-
-absl::StatusOr<std::unique_ptr<CudaEngine>> MakeEngine() {
-  EngineConfig config;
-  config.workspace_bytes = int64_t{512} << 20;
-  return CudaEngine::Create(config);
-}
-
 const std::string kKey = "0123456789abcdef";
 
 // key | hidden | grad_input poisoned with 0xff (NaN in every dtype).
@@ -192,7 +177,7 @@ ComputeSpec PeerSpec(const Problem& problem, Strategy strategy) {
 }
 
 TEST(PeerRowKernelsTest, ChecksAndFingerprintMatchTheHostReference) {
-  auto engine = MakeEngine();
+  auto engine = MakeEngine(512);
   SKIP_WITHOUT_GPU(engine);
   std::mt19937_64 rng(FreshSeed());
   for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
@@ -240,7 +225,7 @@ TEST(PeerRowKernelsTest, ChecksAndFingerprintMatchTheHostReference) {
 // streaming plan and a buffered one; grad_input written into the peer's
 // poisoned area, every element.
 TEST(PeerMemoryTest, PeerHiddenEqualsHostHiddenBitForBit) {
-  auto engine = MakeEngine();
+  auto engine = MakeEngine(512);
   SKIP_WITHOUT_GPU(engine);
   ProblemSpec ps;
   ps.vocab_size = 30011;
@@ -304,7 +289,7 @@ TEST(PeerMemoryTest, PeerHiddenEqualsHostHiddenBitForBit) {
 }
 
 TEST(PeerMemoryTest, NonFiniteHiddenIsFoundWhereItIs) {
-  auto engine = MakeEngine();
+  auto engine = MakeEngine(512);
   SKIP_WITHOUT_GPU(engine);
   ProblemSpec ps;
   ps.vocab_size = 1000;
@@ -332,7 +317,7 @@ TEST(PeerMemoryTest, NonFiniteHiddenIsFoundWhereItIs) {
 }
 
 TEST(PeerMemoryTest, OpeningRefusesWhatItShould) {
-  auto engine = MakeEngine();
+  auto engine = MakeEngine(512);
   SKIP_WITHOUT_GPU(engine);
   ProblemSpec ps;
   ps.vocab_size = 1000;

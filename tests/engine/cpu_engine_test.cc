@@ -14,6 +14,7 @@
 #include "kernels/cpu/fast_exp.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/engine_factory.h"
+#include "kernels/status_macros.h"
 #include "tests/engine/conformance_checks.h"
 #include "tests/support/engine_harness.h"
 #include "tests/support/problem.h"
@@ -181,20 +182,25 @@ TEST(CpuEngineTest, HeadBytesAreNotResidentBeforeTheyArrive) {
   EXPECT_LT(written, 96 << 20) << "only the written bytes should be resident";
 }
 
-TEST(CpuEngineTest, AddHiddenAfterFinishFails) {
-  auto engine = MakeCpu(64 << 20, 2);
-  ASSERT_NE(engine, nullptr);
+// A call over a fresh 4-token problem's head, its hidden not yet given.
+absl::StatusOr<std::unique_ptr<ComputeCall>> StartFourTokenCall(Engine& engine, Problem* problem) {
   ProblemSpec ps;
   ps.num_tokens = 4;
-  Problem problem = MakeProblem(ps);
-  auto head = BuildHead(*engine, problem, 1);
-  ASSERT_TRUE(head.ok());
+  *problem = MakeProblem(ps);
+  FLCE_ASSIGN_OR_RETURN(auto head, BuildHead(engine, *problem, 1));
   ComputeSpec spec = AllOutputs();
   spec.num_tokens = 4;
   spec.hidden_dtype = DType::kF32;
-  spec.targets = problem.targets;
-  auto call = engine->StartCompute(*head, spec, [](int64_t, int64_t, std::string) {});
-  ASSERT_TRUE(call.ok());
+  spec.targets = problem->targets;
+  return engine.StartCompute(head, spec, [](int64_t, int64_t, std::string) {});
+}
+
+TEST(CpuEngineTest, AddHiddenAfterFinishFails) {
+  auto engine = MakeCpu(64 << 20, 2);
+  ASSERT_NE(engine, nullptr);
+  Problem problem;
+  auto call = StartFourTokenCall(*engine, &problem);
+  ASSERT_TRUE(call.ok()) << call.status();
   ASSERT_TRUE((*call)->AddHidden(0, 4, problem.hidden_bytes.data()).ok());
   ASSERT_TRUE((*call)->Finish().ok());
   EXPECT_EQ((*call)->AddHidden(0, 1, problem.hidden_bytes.data()).code(),
@@ -216,17 +222,9 @@ TEST(CpuEngineTest, PeerMemoryIsRefusedWithTheReason) {
   absl::Status opened = engine->OpenPeerMemory(handle).status();
   EXPECT_EQ(opened.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(opened.message().find("CUDA engine"), std::string::npos) << opened;
-  ProblemSpec ps;
-  ps.num_tokens = 4;
-  Problem problem = MakeProblem(ps);
-  auto head = BuildHead(*engine, problem, 1);
-  ASSERT_TRUE(head.ok());
-  ComputeSpec spec = AllOutputs();
-  spec.num_tokens = 4;
-  spec.hidden_dtype = DType::kF32;
-  spec.targets = problem.targets;
-  auto call = engine->StartCompute(*head, spec, [](int64_t, int64_t, std::string) {});
-  ASSERT_TRUE(call.ok());
+  Problem problem;
+  auto call = StartFourTokenCall(*engine, &problem);
+  ASSERT_TRUE(call.ok()) << call.status();
   class NoMemory : public PeerMemory {
     int64_t bytes() const override { return 1 << 20; }
   } memory;

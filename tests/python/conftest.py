@@ -132,3 +132,30 @@ def real_client(real_target):
     with flce.Client(real_target, timeout=120) as c:
         c.wait_ready(10)
         yield c
+
+
+def probe_region(client, head_id: str, region_id: str, n: int, h: int, hidden_dtype: int,
+                 attempts: int = 200):
+    """Names `region_id` in forward-only Compute calls until the server answers NOT_FOUND
+    (its Regions stream has ended: the region is released) or `attempts` run out; returns
+    the last (code, details). While the server has not yet seen the stream end, a probe
+    computes and lands nothing."""
+    import time
+    from flce import wire
+    from flce._pb import pb
+    header = pb.ComputeHeader(request_id="probe", head_id=head_id, session_id="probe",
+                              num_tokens=n, targets=bytes(4 * n), hidden_dtype=hidden_dtype,
+                              outputs=pb.OutputSelection(forward_only=True),
+                              shared=pb.SharedHidden(region_id=region_id))
+    code = details = None
+    for _ in range(attempts):
+        try:
+            list(client._compute(iter([
+                wire.encode_compute_header(header.SerializeToString(), h),
+                wire.encode_end_of_input(n)])))
+        except grpc.RpcError as err:
+            code, details = err.code(), err.details()
+            if code == grpc.StatusCode.NOT_FOUND:
+                break
+        time.sleep(0.05)
+    return code, details

@@ -12,7 +12,6 @@ import uuid
 from concurrent import futures
 
 import grpc
-import numpy as np
 import torch
 
 from flce import tensors

@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 
 import grpc
@@ -16,8 +15,7 @@ import pytest
 import torch
 
 import flce
-from conftest import REPO, RealServer
-from flce import wire
+from conftest import REPO, RealServer, probe_region
 from flce._pb import pb
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -97,6 +95,7 @@ def test_autograd_and_pipelined_submits(ipc_target):
             head(x1, y).backward()
             grads.append(x1.grad)
         assert client.last_transport == "cuda_ipc"
+        client.last_transport = ""
         pending = []
         for x, y in xs:
             x2 = x.clone().requires_grad_(True)
@@ -104,6 +103,8 @@ def test_autograd_and_pipelined_submits(ipc_target):
         for (x2, loss), g in zip(pending, grads):
             loss.backward()
             assert torch.equal(x2.grad, g)
+        # submitted calls read hidden on the GPU too (not through a host copy)
+        assert client.last_transport == "cuda_ipc"
 
 
 def test_non_finite_hidden_is_found_on_the_gpu_and_lands_nothing(ipc_target):
@@ -231,22 +232,7 @@ def test_a_client_killed_mid_call_leaves_no_gradient_and_no_region(ipc_target):
         finally:
             child.kill()
             child.wait()
-        header = pb.ComputeHeader(request_id="probe", head_id=head, session_id="probe",
-                                  num_tokens=N, targets=bytes(4 * N),
-                                  hidden_dtype=pb.DTYPE_BF16,
-                                  outputs=pb.OutputSelection(forward_only=True),
-                                  shared=pb.SharedHidden(region_id=region_id))
-        code = details = None
-        for _ in range(200):
-            try:
-                list(observer._compute(iter([
-                    wire.encode_compute_header(header.SerializeToString(), H),
-                    wire.encode_end_of_input(N)])))
-            except grpc.RpcError as err:
-                code, details = err.code(), err.details()
-                if code == grpc.StatusCode.NOT_FOUND:
-                    break
-            time.sleep(0.05)
+        code, details = probe_region(observer, head, region_id, N, H, pb.DTYPE_BF16)
         assert code == grpc.StatusCode.NOT_FOUND, details
         try:
             assert observer.fetch_grad(head, session_id="victim").header.contributions == 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 
 import grpc
@@ -14,8 +13,7 @@ import pytest
 import torch
 
 import flce
-from conftest import REPO, RealServer
-from flce import wire
+from conftest import REPO, RealServer, probe_region
 from flce._pb import pb
 
 V, H, N = 83, 40, 37
@@ -138,25 +136,8 @@ def test_a_client_killed_mid_call_leaves_no_gradient_and_no_region(shm_target):
         finally:
             child.kill()
             child.wait()
-        # the region went with the client's Regions stream: naming it finds nothing (a
-        # forward-only probe: while the server has not yet seen the stream break, the
-        # probe computes and lands nothing)
-        header = pb.ComputeHeader(request_id="probe", head_id=head, session_id="probe",
-                                  num_tokens=N, targets=bytes(4 * N),
-                                  hidden_dtype=pb.DTYPE_FP32,
-                                  outputs=pb.OutputSelection(forward_only=True),
-                                  shared=pb.SharedHidden(region_id=region_id))
-        code = None
-        for _ in range(200):
-            try:
-                list(observer._compute(iter([
-                    wire.encode_compute_header(header.SerializeToString(), H),
-                    wire.encode_end_of_input(N)])))
-            except grpc.RpcError as err:
-                code, details = err.code(), err.details()
-                if code == grpc.StatusCode.NOT_FOUND:
-                    break
-            time.sleep(0.05)
+        # the region went with the client's Regions stream: naming it finds nothing
+        code, details = probe_region(observer, head, region_id, N, H, pb.DTYPE_FP32)
         assert code == grpc.StatusCode.NOT_FOUND
         assert "no region" in details
         try:

@@ -118,11 +118,13 @@ def main() -> int:
     ap.add_argument("--body-ms", type=float, default=0.0,
                     help="the body's forward+backward per micro-batch (0: half the head's step)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm", "cuda_ipc"),
+                    help="flce.Client(transport=...)")
     args = ap.parse_args()
 
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(0)
-    client = flce.Client(args.target, timeout=600).wait_ready(30)
+    client = flce.Client(args.target, timeout=600, transport=args.transport).wait_ready(30)
     head = flce.RemoteLMHead(client, f"pipeline-demo-{uuid.uuid4().hex[:8]}")
     lm_head = nn.Linear(args.hidden, args.vocab, bias=False)
     with torch.no_grad():
@@ -157,6 +159,7 @@ def main() -> int:
         print(json.dumps({
             "vocab": args.vocab, "hidden": args.hidden, "tokens": args.tokens,
             "micro_batches": args.micro_batches, "body": args.body, "device": str(device),
+            "transport": client.last_transport,
             "head_step_ms": round(head_s * 1e3, 2), "body_ms": round(body_s * 1e3, 2),
             "sequential_ms": round(seq * 1e3, 2), "pipelined_ms": round(pip * 1e3, 2),
             "speedup": round(seq / pip, 3), "body_grad_rel_diff": rel}))

@@ -281,9 +281,12 @@ class RemoteLMHead(nn.Module):
         if unknown:
             raise TypeError(f"unknown loss options {sorted(unknown)}; known: {_LOSS_OPTIONS}")
         cfg = self._config(options)
+        # hidden the server reads from this GPU (CUDA IPC) stays on it
+        on_device = hidden.is_cuda and self.client.device_transport(hidden) is not None
         return submit_call(self.client.executor(), cfg.compute, hidden, targets,
-                           self._in_flight, reduction=reduction, grad_scale=scale,
-                           grad_input=hidden.requires_grad, pinned_result=hidden.is_cuda)
+                           self._in_flight, keep_on_device=on_device, reduction=reduction,
+                           grad_scale=scale, grad_input=hidden.requires_grad,
+                           pinned_result=hidden.is_cuda)
 
     def drain(self, timeout: Optional[float] = None) -> None:
         """Waits until every call submitted through this head has finished; raises the

@@ -1,0 +1,31 @@
+// What the CUDA test binaries share: an engine with a given workspace, and
+// the skip (with the reason) when this machine has no CUDA device.
+#ifndef FLCE_TESTS_CUDA_CUDA_TEST_UTIL_H_
+#define FLCE_TESTS_CUDA_CUDA_TEST_UTIL_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_engine.h"
+
+namespace flce::test {
+
+inline absl::StatusOr<std::unique_ptr<cuda::CudaEngine>> MakeEngine(int64_t budget_mb = 2048) {
+  EngineConfig config;
+  config.workspace_bytes = budget_mb << 20;
+  return cuda::CudaEngine::Create(config);
+}
+
+}  // namespace flce::test
+
+// UNAVAILABLE from the engine means no device here: skip; anything else fails.
+#define SKIP_WITHOUT_GPU(engine_or)                                         \
+  if (!(engine_or).ok()) {                                                  \
+    if ((engine_or).status().code() == absl::StatusCode::kUnavailable) {    \
+      GTEST_SKIP() << "no CUDA device: " << (engine_or).status().message(); \
+    }                                                                       \
+    FAIL() << (engine_or).status();                                         \
+  }
+
+#endif  // FLCE_TESTS_CUDA_CUDA_TEST_UTIL_H_
