@@ -30,6 +30,11 @@ absl::StatusOr<std::shared_ptr<const PeerMemory>> Engine::OpenPeerMemory(const P
       " engine cannot open another process's device memory (CUDA IPC needs the CUDA engine)"));
 }
 
+absl::StatusOr<std::shared_ptr<const PeerMemory>> Engine::RegisterHostMemory(void*, int64_t) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("the ", info().name, " engine has no GPU to page-lock host memory for"));
+}
+
 uint64_t DeviceHiddenFingerprint(DType dtype, const void* rows, int64_t n, int64_t hidden_size,
                                  int64_t first_token) {
   const int64_t size = DTypeSize(dtype);

@@ -144,9 +144,10 @@ struct OutputSelection {
   bool accuracy = false;
 };
 
-// Device memory of another process on the engine's GPU (CUDA IPC), opened
-// with Engine::OpenPeerMemory: compute calls read hidden rows from it and
-// write grad_input into it without a trip through host memory.
+// Memory of another process that the engine's GPU reads hidden rows from and
+// writes grad_input into directly: device memory on the engine's GPU (CUDA
+// IPC, Engine::OpenPeerMemory) or shared host memory page-locked for it
+// (Engine::RegisterHostMemory).
 class PeerMemory {
  public:
   virtual ~PeerMemory() = default;
@@ -265,6 +266,12 @@ class Engine {
   // device memory); PERMISSION_DENIED when its first bytes are not the key.
   virtual absl::StatusOr<std::shared_ptr<const PeerMemory>> OpenPeerMemory(
       const PeerMemoryHandle& handle);
+  // Page-locks `bytes` of host memory at `base` (a shared-memory region a
+  // client writes) so that compute calls copy hidden from it and grad_input
+  // into it by DMA; unlocked when the last holder lets go. `base` must stay
+  // mapped until then. Engines without a GPU: FAILED_PRECONDITION.
+  virtual absl::StatusOr<std::shared_ptr<const PeerMemory>> RegisterHostMemory(void* base,
+                                                                               int64_t bytes);
   // False after an unrecoverable (sticky) device error: the process should exit.
   virtual bool healthy() const = 0;
 };

@@ -264,10 +264,17 @@ absl::Status ComputeJob::AddRowsFromDevice() {
     }
     hidden_fingerprint_ += got.fingerprint;
   }
-  if (ctx_.metrics != nullptr) {
-    ctx_.metrics->AddCudaIpcBytes("in", spec_.num_tokens * row_bytes_);
-  }
+  AddLocalTransportBytes("in", spec_.num_tokens * row_bytes_);
   return absl::OkStatus();
+}
+
+void ComputeJob::AddLocalTransportBytes(const char* direction, int64_t bytes) {
+  if (ctx_.metrics == nullptr) return;
+  if (region_->base() != nullptr) {
+    ctx_.metrics->AddSharedMemoryBytes(direction, bytes);
+  } else {
+    ctx_.metrics->AddCudaIpcBytes(direction, bytes);
+  }
 }
 
 absl::Status ComputeJob::AddRowsFromRegion() {
@@ -372,14 +379,13 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
     return NonFiniteGradInputError(result.grad_input_first_non_finite / h,
                                    result.grad_input_first_non_finite % h);
   }
-  if (spec_.grad_input_peer != nullptr && ctx_.metrics != nullptr) {
-    ctx_.metrics->AddCudaIpcBytes("out", spec_.num_tokens * row_bytes_);
-  }
+  if (spec_.grad_input_peer != nullptr) AddLocalTransportBytes("out", spec_.num_tokens * row_bytes_);
   FLCE_RETURN_IF_ERROR(CheckOutputsFinite(result));
   if (begin_.replay && begin_.first.hidden_on_device != hidden_on_device_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "request id \"", request_id_, "\" was first sent with hidden ",
-        begin_.first.hidden_on_device ? "in GPU memory (cuda_ipc)" : "in host memory",
+        begin_.first.hidden_on_device ? "that the GPU read from a region (cuda_ipc, or shm on a GPU)"
+                                      : "that the host read (messages, or shm on the CPU)",
         "; its retry must send hidden the same way (the two are fingerprinted differently) or "
         "use a new request id"));
   }

@@ -69,8 +69,11 @@ class ComputeJob {
   // ComputeHeader.shared: the region, its ranges checked; then every row.
   absl::Status OpenSharedRegion(const v1::SharedHidden& shared);
   absl::Status AddRowsFromRegion();
-  // A device region (cuda_ipc): the engine copies and checks on the GPU.
+  // A region the GPU reads directly (cuda_ipc, or shm page-locked for it):
+  // the engine copies and checks on the GPU.
   absl::Status AddRowsFromDevice();
+  // flce_shared_memory_bytes_total or flce_cuda_ipc_bytes_total, by the region's kind.
+  void AddLocalTransportBytes(const char* direction, int64_t bytes);
   absl::Status Complete(const v1::EndOfInput& end);
   // Sends grad_input rows checked finite by grad_input_, split to messages.
   void SendGradInput(int64_t token_offset, int64_t rows, std::string data);

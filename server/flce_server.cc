@@ -161,7 +161,9 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   }
   if (config.shm_transport || cuda_ipc != nullptr) {
     regions_ = std::make_unique<SharedRegions>(
-        config.region_lease, SharedRegions::Kinds{config.shm_transport, cuda_ipc});
+        config.region_lease,
+        SharedRegions::Kinds{config.shm_transport, cuda_ipc,
+                             engine_->info().device_uuid.empty() ? nullptr : engine_.get()});
     ctx_.regions = regions_.get();
   }
   ctx_.instance_id = RandomInstanceId();

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/guarded_copy.h"
+#include "server/log.h"
 
 namespace flce::server {
 namespace {
@@ -48,6 +49,7 @@ std::string RandomRegionId() {
 }  // namespace
 
 MappedRegion::~MappedRegion() {
+  device_.reset();  // unlocked before it is unmapped
   if (base_ != nullptr) munmap(base_, static_cast<size_t>(bytes_));
 }
 
@@ -127,7 +129,7 @@ absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::
     return absl::ResourceExhaustedError(
         absl::StrCat("region \"", name, "\": mmap of ", bytes, " bytes failed: ", strerror(errno)));
   }
-  auto mapping = std::make_shared<const MappedRegion>(base, bytes);
+  auto mapping = std::make_shared<MappedRegion>(base, bytes);
   // The caller proves that it can write the object: a name alone (visible in
   // /dev/shm to every local user) must not map another user's memory.
   char start[kKeyBytes];
@@ -136,6 +138,18 @@ absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::
     return absl::PermissionDeniedError(absl::StrCat(
         "region \"", name, "\": its first 16 bytes are not the key sent: only the client that "
         "wrote them may register it"));
+  }
+  if (kinds_.page_lock != nullptr) {
+    // Page-locked, the GPU copies straight from (and into) the region; where
+    // that is refused the host copies, as on the CPU engine.
+    absl::StatusOr<std::shared_ptr<const PeerMemory>> locked =
+        kinds_.page_lock->RegisterHostMemory(mapping->base(), bytes);
+    if (locked.ok()) {
+      mapping->set_device(std::move(*locked));
+    } else {
+      LogWarning(absl::StrCat("region \"", name, "\" is copied by the host: ",
+                              locked.status().message()));
+    }
   }
   return Add(stream, name, std::move(mapping));
 }

@@ -21,7 +21,8 @@
 namespace flce::server {
 
 // One mmap of a shared-memory object (unmapped when the last holder goes),
-// or peer device memory the engine opened (closed likewise).
+// page-locked for the engine's GPU where it has one; or peer device memory
+// the engine opened (closed likewise).
 class MappedRegion {
  public:
   MappedRegion(void* base, int64_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes) {}
@@ -33,8 +34,11 @@ class MappedRegion {
 
   // Host memory; null for a device region.
   char* base() const { return base_; }
-  // The engine's view of a device region; null for host memory.
+  // What the engine's GPU reads and writes directly: a device region, or a
+  // shared-memory one page-locked for it; null when the host copies.
   const PeerMemory* device() const { return device_.get(); }
+  // Before the region is shared: the engine's page-locked view of it.
+  void set_device(std::shared_ptr<const PeerMemory> device) { device_ = std::move(device); }
   int64_t bytes() const { return bytes_; }
   // INVALID_ARGUMENT unless [offset, offset + length) lies inside the region.
   absl::Status CheckRange(int64_t offset, int64_t length, const char* what) const;
@@ -58,9 +62,12 @@ class SharedRegions {
 
   // Which kinds may be registered: host shared memory (shm), and device
   // memory opened by `engine` (cuda_ipc; engine must then be non-null).
+  // page_lock: the engine that page-locks shm regions for its GPU (the CUDA
+  // engine), so that calls copy by DMA; null = the host copies.
   struct Kinds {
     bool shm = false;
     Engine* cuda_ipc = nullptr;
+    Engine* page_lock = nullptr;
   };
   SharedRegions(absl::Duration lease, Kinds kinds) : lease_(lease), kinds_(kinds) {}
   bool allows_shm() const { return kinds_.shm; }

@@ -357,14 +357,17 @@ absl::StatusOr<PeerRows> CudaComputeCall::AddFromPeer(int64_t offset, int64_t ro
   RowCheckWords* words = &d_checks_[0];
   FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(&words->first_non_finite, 0xff, 8, up), health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(&words->fingerprint, 0, 8, up), health);
-  // The exporter recorded it after writing hidden.
-  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(up, peer.ready(), 0), health);
+  // The exporter recorded it after writing hidden (host memory has none: the
+  // client wrote it before sending the call).
+  if (peer.ready() != nullptr) {
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(up, peer.ready(), 0), health);
+  }
   const char* src = peer.base() + byte_offset;
   // A private copy first: the exporter may write its memory at any time, and
   // the check, the fingerprint and the plan must all see the same bytes.
   auto copy_and_check = [&](char* dst, int64_t first, int64_t n) -> absl::Status {
     FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src + first * hidden_row_bytes_,
-                                              n * hidden_row_bytes_, cudaMemcpyDeviceToDevice, up),
+                                              n * hidden_row_bytes_, cudaMemcpyDefault, up),
                               health);
     return LaunchCheckRows(spec_.hidden_dtype, dst, n, hidden, offset + first, first * hidden,
                            /*fingerprint=*/true, words, up, health);
@@ -397,7 +400,7 @@ absl::Status CudaComputeCall::WriteGradInputToPeer(const char* grad_input, int64
                                        stream, health));
   FLCE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(grad_peer_->base() + spec_.grad_input_peer_offset + begin * hidden_row_bytes_,
-                      grad_input, rows * hidden_row_bytes_, cudaMemcpyDeviceToDevice, stream),
+                      grad_input, rows * hidden_row_bytes_, cudaMemcpyDefault, stream),
       health);
   return absl::OkStatus();
 }

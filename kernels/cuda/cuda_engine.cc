@@ -94,6 +94,12 @@ absl::StatusOr<std::shared_ptr<const PeerMemory>> CudaEngine::OpenPeerMemory(
   return std::shared_ptr<const PeerMemory>(std::move(memory));
 }
 
+absl::StatusOr<std::shared_ptr<const PeerMemory>> CudaEngine::RegisterHostMemory(void* base,
+                                                                              int64_t bytes) {
+  FLCE_ASSIGN_OR_RETURN(auto memory, CudaPeerMemory::RegisterHost(ctx_, base, bytes));
+  return std::shared_ptr<const PeerMemory>(std::move(memory));
+}
+
 absl::StatusOr<std::unique_ptr<ComputeCall>> CudaEngine::StartCompute(
     std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) {
   FLCE_RETURN_IF_ERROR(ctx_->Enter());

@@ -43,6 +43,8 @@ class CudaEngine : public Engine {
       std::shared_ptr<const Head> head, const OptimizerConfig& config) override;
   absl::StatusOr<std::shared_ptr<const PeerMemory>> OpenPeerMemory(
       const PeerMemoryHandle& handle) override;
+  absl::StatusOr<std::shared_ptr<const PeerMemory>> RegisterHostMemory(void* base,
+                                                                       int64_t bytes) override;
   bool healthy() const override;
 
   // Runs `plan` over device-resident inputs on the compute stream and waits

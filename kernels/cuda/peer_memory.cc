@@ -120,10 +120,25 @@ absl::StatusOr<std::shared_ptr<const CudaPeerMemory>> CudaPeerMemory::Open(
   return std::shared_ptr<const CudaPeerMemory>(std::move(mem));
 }
 
+absl::StatusOr<std::shared_ptr<const CudaPeerMemory>> CudaPeerMemory::RegisterHost(
+    std::shared_ptr<DeviceContext> ctx, void* base, int64_t bytes) {
+  FLCE_RETURN_IF_ERROR(ctx->Enter());
+  std::shared_ptr<CudaPeerMemory> mem(new CudaPeerMemory(ctx));
+  if (cudaError_t err = cudaHostRegister(base, static_cast<size_t>(bytes), cudaHostRegisterDefault);
+      err != cudaSuccess) {
+    return OpenError(err, "the region could not be page-locked (cudaHostRegister)");
+  }
+  mem->base_ = static_cast<char*>(base);
+  mem->bytes_ = bytes;
+  mem->host_ = true;
+  return std::shared_ptr<const CudaPeerMemory>(std::move(mem));
+}
+
 CudaPeerMemory::~CudaPeerMemory() {
   if (!ctx_->Enter().ok()) return;  // after a sticky error nothing can be closed
   if (ready_ != nullptr) cudaEventDestroy(ready_);
-  if (base_ != nullptr) cudaIpcCloseMemHandle(base_);
+  if (base_ != nullptr && host_) cudaHostUnregister(base_);
+  if (base_ != nullptr && !host_) cudaIpcCloseMemHandle(base_);
   cudaGetLastError();
 }
 
