@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,35 @@ struct FetchedGrad {
   std::string bias;    // V in header.dtype; empty without a bias
 };
 
+struct DownloadedHead {
+  v1::DownloadHeader header;  // the head, and the dtype of the bytes below
+  std::string weight;         // V x H
+  std::string bias;           // V; empty without a bias
+};
+
+struct EmbedArgs {
+  std::string head_id;
+  std::vector<int32_t> token_ids;                 // each in [0, V)
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;        // the head's dtype, or FP32
+  std::optional<uint64_t> expected_head_version;  // FAILED_PRECONDITION when it moved on
+  int64_t chunk_rows = 0;                         // rows per message; 0 = the server's choice
+};
+
+struct EmbeddedRows {
+  v1::EmbedHeader header;  // H, dtype, the head version every row is of
+  std::string rows;        // token_ids.size() x H in header.dtype
+};
+
+struct EmbedGradArgs {
+  // head_id, session_id, dtype, padding_idx, deterministic, expected_head_version:
+  // the caller's; the client fills num_tokens and token_ids from below, and
+  // request_id with a fresh one when it is empty.
+  v1::EmbedGradHeader header;
+  std::vector<int32_t> token_ids;
+  absl::string_view rows;   // token_ids.size() x H in header.dtype
+  int64_t chunk_bytes = 0;  // row bytes per message; 0 = options' chunk_bytes
+};
+
 class Client {
  public:
   // Creates the channel (no connection is made until the first call).
@@ -129,6 +159,13 @@ class Client {
                                                 const std::string& session_id);
   // An empty request_id is filled with a new one (NewRequestId).
   absl::StatusOr<v1::StepResponse> Step(v1::StepRequest request);
+  // The head's weight (master: a 16-bit head's fp32 master) and bias.
+  absl::StatusOr<DownloadedHead> DownloadHead(const std::string& head_id, bool master = false,
+                                              int64_t chunk_rows = 0);
+  // A tied input embedding: the lookup, and its gradient added into the
+  // session's grad_W (where the head's own accumulates) before one Step.
+  absl::StatusOr<EmbeddedRows> Embed(const EmbedArgs& args);
+  absl::StatusOr<v1::EmbedGradSummary> EmbedGrad(const EmbedGradArgs& args);
   // Checkpoints of the head and its optimizer state, on the server (--checkpoint-dir);
   // an empty request_id is filled with a new one.
   absl::StatusOr<v1::CheckpointInfo> SaveCheckpoint(v1::SaveCheckpointRequest request);

@@ -3,50 +3,14 @@
 // repeated piece cannot pass as zeros.
 #include <grpcpp/client_context.h>
 
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
 #include "client/cpp/grpc_status.h"
 #include "client/cpp/request_id.h"
+#include "client/cpp/row_assembler.h"
 #include "client/cpp/wire_dtype.h"
 
 namespace flce {
-namespace {
-
-struct Target {
-  const char* name;
-  int64_t rows = 0;  // weight rows or bias elements
-  int64_t row_bytes = 0;
-  std::string* buffer = nullptr;
-  std::vector<uint8_t> seen;
-  int64_t received = 0;
-};
-
-absl::Status Place(Target& target, const v1::GradChunk& chunk) {
-  const int64_t at = chunk.row_offset(), n = chunk.rows();
-  if (at < 0 || n <= 0 || at > target.rows - n) {
-    return absl::InternalError(absl::StrCat("server sent ", target.name, " rows [", at, ", ",
-                                            at + n, ") outside [0, ", target.rows, ")"));
-  }
-  if (static_cast<int64_t>(chunk.data().size()) != n * target.row_bytes) {
-    return absl::InternalError(absl::StrCat("server sent ", chunk.data().size(), " bytes for ", n,
-                                            " ", target.name, " rows; expected ",
-                                            n * target.row_bytes));
-  }
-  for (int64_t r = at; r < at + n; ++r) {
-    if (target.seen[r]) {
-      return absl::InternalError(absl::StrCat("server sent ", target.name, " row ", r, " twice"));
-    }
-    target.seen[r] = 1;
-  }
-  std::memcpy(target.buffer->data() + at * target.row_bytes, chunk.data().data(),
-              chunk.data().size());
-  target.received += n;
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<FetchedGrad> Client::FetchGrad(const FetchGradArgs& args) {
   v1::FetchGradRequest request;
@@ -68,7 +32,7 @@ absl::StatusOr<FetchedGrad> Client::FetchGrad(const FetchGradArgs& args) {
 
   absl::Status protocol;
   bool have_header = false;
-  Target weight{"grad_W"}, bias{"grad_b"};
+  RowAssembler weight, bias;
   v1::FetchGradResponse response;
   while (protocol.ok() && reader->Read(&response)) {
     if (response.has_header()) {
@@ -85,14 +49,8 @@ absl::StatusOr<FetchedGrad> Client::FetchGrad(const FetchGradArgs& args) {
                          " H=", h.hidden_size(), " dtype=", WireDTypeName(h.dtype())));
         break;
       }
-      weight = Target{"grad_W", h.vocab_size(), h.hidden_size() * elem, &fetched.weight,
-                      std::vector<uint8_t>(h.vocab_size(), 0)};
-      fetched.weight.resize(h.vocab_size() * h.hidden_size() * elem);
-      if (h.has_bias()) {
-        bias = Target{"grad_b", h.vocab_size(), elem, &fetched.bias,
-                      std::vector<uint8_t>(h.vocab_size(), 0)};
-        fetched.bias.resize(h.vocab_size() * elem);
-      }
+      weight = RowAssembler("grad_W", h.vocab_size(), h.hidden_size() * elem, &fetched.weight);
+      if (h.has_bias()) bias = RowAssembler("grad_b", h.vocab_size(), elem, &fetched.bias);
       have_header = true;
     } else if (response.has_chunk()) {
       const v1::GradChunk& chunk = response.chunk();
@@ -100,10 +58,10 @@ absl::StatusOr<FetchedGrad> Client::FetchGrad(const FetchGradArgs& args) {
         protocol = absl::InternalError("server sent a grad chunk before the header");
       } else if (chunk.role() == v1::TENSOR_BIAS) {
         protocol = fetched.header.has_bias()
-                       ? Place(bias, chunk)
+                       ? bias.Place(chunk.row_offset(), chunk.rows(), chunk.data())
                        : absl::InternalError("server sent grad_b for a head without a bias");
       } else {
-        protocol = Place(weight, chunk);
+        protocol = weight.Place(chunk.row_offset(), chunk.rows(), chunk.data());
       }
     } else {
       protocol = absl::InternalError("server sent an empty fetch response");
@@ -118,11 +76,8 @@ absl::StatusOr<FetchedGrad> Client::FetchGrad(const FetchGradArgs& args) {
   if (!protocol.ok()) return protocol;
   if (!status.ok()) return status;
   if (!have_header) return absl::DataLossError("the fetch ended without a grad header");
-  for (const Target* t : {&weight, &bias}) {
-    if (t->received != t->rows) {
-      return absl::DataLossError(absl::StrCat("the fetch ended with ", t->rows - t->received,
-                                              " of ", t->rows, " ", t->name, " rows missing"));
-    }
+  for (const RowAssembler* t : {&weight, &bias}) {
+    if (absl::Status s = t->CheckComplete("the fetch"); !s.ok()) return s;
   }
   return fetched;
 }

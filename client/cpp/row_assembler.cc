@@ -1,0 +1,40 @@
+#include "client/cpp/row_assembler.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace flce {
+
+RowAssembler::RowAssembler(const char* name, int64_t rows, int64_t row_bytes, std::string* buffer)
+    : name_(name), rows_(rows), row_bytes_(row_bytes), buffer_(buffer), seen_(rows, 0) {
+  buffer_->resize(static_cast<size_t>(rows * row_bytes));
+}
+
+absl::Status RowAssembler::Place(int64_t at, int64_t n, absl::string_view data) {
+  if (at < 0 || n <= 0 || at > rows_ - n) {
+    return absl::InternalError(absl::StrCat("server sent ", name_, " rows [", at, ", ", at + n,
+                                            ") outside [0, ", rows_, ")"));
+  }
+  if (static_cast<int64_t>(data.size()) != n * row_bytes_) {
+    return absl::InternalError(absl::StrCat("server sent ", data.size(), " bytes for ", n, " ",
+                                            name_, " rows; expected ", n * row_bytes_));
+  }
+  for (int64_t r = at; r < at + n; ++r) {
+    if (seen_[r]) {
+      return absl::InternalError(absl::StrCat("server sent ", name_, " row ", r, " twice"));
+    }
+    seen_[r] = 1;
+  }
+  std::memcpy(buffer_->data() + at * row_bytes_, data.data(), data.size());
+  received_ += n;
+  return absl::OkStatus();
+}
+
+absl::Status RowAssembler::CheckComplete(absl::string_view what) const {
+  if (received_ == rows_) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(what, " ended with ", rows_ - received_, " of ", rows_,
+                                          " ", name_, " rows missing"));
+}
+
+}  // namespace flce

@@ -1,0 +1,39 @@
+// Rows of a streamed tensor (grad_W, a head's weight, embedding rows) placed
+// by their offsets into one buffer, each checked, so that a missing,
+// repeated or misplaced piece from the server cannot pass as data.
+#ifndef FLCE_CLIENT_CPP_ROW_ASSEMBLER_H_
+#define FLCE_CLIENT_CPP_ROW_ASSEMBLER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace flce {
+
+class RowAssembler {
+ public:
+  RowAssembler() = default;
+  // `rows` rows of `row_bytes` each into *buffer (resized to fit); `name`
+  // names them in errors.
+  RowAssembler(const char* name, int64_t rows, int64_t row_bytes, std::string* buffer);
+
+  // INTERNAL when [at, at + n) is outside, repeats a row or data is not n rows.
+  absl::Status Place(int64_t at, int64_t n, absl::string_view data);
+  // DATA_LOSS naming how many rows never came.
+  absl::Status CheckComplete(absl::string_view what) const;
+
+ private:
+  const char* name_ = "";
+  int64_t rows_ = 0;
+  int64_t row_bytes_ = 0;
+  std::string* buffer_ = nullptr;
+  std::vector<uint8_t> seen_;
+  int64_t received_ = 0;
+};
+
+}  // namespace flce
+
+#endif  // FLCE_CLIENT_CPP_ROW_ASSEMBLER_H_
