@@ -61,7 +61,8 @@ nlohmann::json ServerInfoJson(const v1::ServerInfo& info) {
                                                     info.capabilities().end())},
           {"boot_id", info.boot_id()},
           {"local_transports", std::vector<std::string>(info.local_transports().begin(),
-                                                        info.local_transports().end())}};
+                                                        info.local_transports().end())},
+          {"device_uuid", info.device_uuid()}};
 }
 
 nlohmann::json SummaryJson(const v1::ComputeSummary& summary, bool with_accuracy) {

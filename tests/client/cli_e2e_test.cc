@@ -251,6 +251,7 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
   EXPECT_EQ(info["engine"].get<std::string>().rfind("cpu", 0), 0u) << info;
   EXPECT_FALSE(info["instance_id"].get<std::string>().empty());
   EXPECT_GT(info["max_message_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(info["device_uuid"], "") << info;  // the CPU engine has no GPU
 
   // The embedded demo head of a server started without one.
   const nlohmann::json demo = Ok({"describe", "--head", "demo"});
