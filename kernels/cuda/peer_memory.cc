@@ -20,9 +20,9 @@ absl::Status OpenError(cudaError_t err, const char* what) {
       absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
 }
 
-// The size of the allocation `ptr` lies in, from the driver (the runtime
-// has no such query). -1 when the driver does not say.
-int64_t AllocationBytesFrom(const char* base, const char* ptr) {
+// The bytes of the allocation from `base` to its end, from the driver (the
+// runtime has no such query). -1 when the driver does not say.
+int64_t AllocationBytesFrom(const char* base) {
   using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
   static GetAddressRange get = [] {
     void* fn = nullptr;
@@ -38,7 +38,7 @@ int64_t AllocationBytesFrom(const char* base, const char* ptr) {
   if (get == nullptr) return -1;
   CUdeviceptr start = 0;
   size_t size = 0;
-  if (get(&start, &size, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) return -1;
+  if (get(&start, &size, reinterpret_cast<CUdeviceptr>(base)) != CUDA_SUCCESS) return -1;
   return static_cast<int64_t>(start + size) - static_cast<int64_t>(reinterpret_cast<uintptr_t>(base));
 }
 
@@ -94,7 +94,7 @@ absl::StatusOr<std::shared_ptr<const CudaPeerMemory>> CudaPeerMemory::Open(
     return OpenError(err, "cuda_ipc.memory_handle could not be opened");
   }
   mem->base_ = static_cast<char*>(base);
-  const int64_t available = AllocationBytesFrom(mem->base_, mem->base_);
+  const int64_t available = AllocationBytesFrom(mem->base_);
   if (available < 0) {
     return absl::InternalError("the driver did not report the opened allocation's size");
   }

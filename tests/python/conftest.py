@@ -159,3 +159,60 @@ def probe_region(client, head_id: str, region_id: str, n: int, h: int, hidden_dt
                 break
         time.sleep(0.05)
     return code, details
+
+
+_KILLED_CLIENT = """
+import sys, time, torch
+sys.path.insert(0, {pkg!r})
+import flce
+from flce import wire
+from flce._pb import pb
+client = flce.Client({target!r}, timeout=60)
+on_gpu = {on_gpu!r}
+transport = (client.device_transport(torch.empty(1, device="cuda")) if on_gpu
+             else client.shared_transport())
+dtype = torch.bfloat16 if on_gpu else torch.float32
+size = torch.empty((), dtype=dtype).element_size()
+region = transport.acquire(2 * {n} * {h} * size)
+region.tensor(0, ({n}, {h}), dtype).normal_()
+if on_gpu:
+    region.mark_written()
+print(region.region_id, flush=True)
+header = pb.ComputeHeader(request_id="killed", head_id={head!r}, session_id="victim",
+                          num_tokens={n}, targets=bytes(4 * {n}),
+                          hidden_dtype=pb.DTYPE_BF16 if on_gpu else pb.DTYPE_FP32,
+                          outputs=pb.OutputSelection(grad_input=True),
+                          shared=pb.SharedHidden(region_id=region.region_id,
+                                                 grad_input_offset={n} * {h} * size))
+def requests():
+    yield wire.encode_compute_header(header.SerializeToString(), {h})
+    print("sent", flush=True)
+    time.sleep(3600)  # killed here: the end message never comes
+for _ in client._compute(requests()):
+    pass
+"""
+
+
+def kill_client_mid_call(target: str, head_id: str, n: int, h: int, on_gpu: bool) -> str:
+    """Runs a client process that registers a region (shared memory, or GPU memory with
+    on_gpu: bf16 instead of fp32), writes hidden into it, sends a Compute header naming it
+    for session "victim" and is SIGKILLed before its end message; returns the region id."""
+    script = _KILLED_CLIENT.format(pkg=str(REPO / "client" / "python"), target=target,
+                                   head=head_id, n=n, h=h, on_gpu=on_gpu)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        region_id = child.stdout.readline().strip()
+        assert region_id.startswith("r-")
+        assert child.stdout.readline().strip() == "sent"
+    finally:
+        child.kill()
+        child.wait()
+    return region_id
+
+
+def assert_nothing_landed(client, head_id: str, session_id: str) -> None:
+    """The session has no contribution (or does not exist)."""
+    try:
+        assert client.fetch_grad(head_id, session_id=session_id).header.contributions == 0
+    except flce.FlceError as err:
+        assert err.code == grpc.StatusCode.NOT_FOUND

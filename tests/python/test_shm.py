@@ -3,9 +3,6 @@ offers it, results bit for bit those of messages, refusals where it is not offer
 client killed in the middle of a call leaves no gradient and no region behind."""
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 import uuid
 
 import grpc
@@ -13,7 +10,7 @@ import pytest
 import torch
 
 import flce
-from conftest import REPO, RealServer, probe_region
+from conftest import RealServer, assert_nothing_landed, kill_client_mid_call, probe_region
 from flce._pb import pb
 
 V, H, N = 83, 40, 37
@@ -96,55 +93,15 @@ def test_shm_is_refused_where_the_server_does_not_offer_it(plain_target):
         flce.Client(plain_target, transport="ipc")
 
 
-_KILLED_CLIENT = textwrap.dedent("""
-    import os, sys, time, torch
-    sys.path.insert(0, {pkg!r})
-    import flce
-    from flce import wire
-    from flce._pb import pb
-    client = flce.Client({target!r}, timeout=60)
-    transport = client.shared_transport()
-    region = transport.acquire({nbytes})
-    region.tensor(0, ({n}, {h}), torch.float32).normal_()
-    print(region.region_id, flush=True)
-    header = pb.ComputeHeader(request_id="killed", head_id={head!r}, session_id="victim",
-                              num_tokens={n}, targets=bytes(4 * {n}),
-                              hidden_dtype=pb.DTYPE_FP32,
-                              shared=pb.SharedHidden(region_id=region.region_id,
-                                                     grad_input_offset={half}))
-    def requests():
-        yield wire.encode_compute_header(header.SerializeToString(), {h})
-        print("sent", flush=True)
-        time.sleep(3600)  # killed here: the end message never comes
-    for _ in client._compute(requests()):
-        pass
-""")
-
-
 def test_a_client_killed_mid_call_leaves_no_gradient_and_no_region(shm_target):
     with flce.Client(shm_target, timeout=60, transport="grpc") as observer:
         head = _head(observer)
-        script = _KILLED_CLIENT.format(pkg=str(REPO / "client" / "python"), target=shm_target,
-                                       nbytes=2 * N * H * 4, n=N, h=H, half=N * H * 4,
-                                       head=head)
-        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                                 text=True)
-        try:
-            region_id = child.stdout.readline().strip()
-            assert region_id.startswith("r-")
-            assert child.stdout.readline().strip() == "sent"
-        finally:
-            child.kill()
-            child.wait()
+        region_id = kill_client_mid_call(shm_target, head, N, H, on_gpu=False)
         # the region went with the client's Regions stream: naming it finds nothing
         code, details = probe_region(observer, head, region_id, N, H, pb.DTYPE_FP32)
         assert code == grpc.StatusCode.NOT_FOUND
         assert "no region" in details
-        try:
-            grad = observer.fetch_grad(head, session_id="victim")
-            assert grad.header.contributions == 0
-        except flce.FlceError as fetch_err:
-            assert fetch_err.code == grpc.StatusCode.NOT_FOUND
+        assert_nothing_landed(observer, head, "victim")
 
 
 def test_a_unix_socket_client_is_on_the_servers_host(real_server_bin, tmp_path):

@@ -10,7 +10,7 @@ import threading
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -271,9 +271,8 @@ class Client:
                     raise
                 return None  # the call itself will say what is wrong; ask again next time
             same_host = bool(info.boot_id) and info.boot_id == shm.local_boot_id()
-            self._local = info if same_host else ServerInfo(
-                info.instance_id, info.version, info.engine, info.workspace_budget_bytes,
-                info.max_request_tokens, info.max_message_bytes, info.capabilities)
+            self._local = info if same_host else replace(
+                info, local_transports=(), device_uuid="")
             self._local_why = ("" if same_host else
                                "it runs on another host (its boot id is not this one's)")
         return self._local
