@@ -1,6 +1,7 @@
 #include "server/flce_service.h"
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -28,6 +29,14 @@
 
 namespace flce::server {
 namespace {
+
+// As the server bound it (relative to its working directory, which it never
+// changes), for a client whose working directory is elsewhere.
+std::string AbsolutePath(const std::string& path) {
+  std::error_code error;
+  std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  return error ? path : absolute.string();
+}
 
 // Names of files and tensors: generous, but a request cannot make the server
 // keep or log megabytes of them.
@@ -303,7 +312,11 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                     }
                     response->set_boot_id(HostBootId());
                     response->set_device_uuid(info.device_uuid);
-                    if (ctx_.regions != nullptr && IsLocalPeer(call->peer())) {
+                    const bool local = IsLocalPeer(call->peer());
+                    if (local && !ctx_.config.unix_socket.empty()) {
+                      response->set_unix_socket(AbsolutePath(ctx_.config.unix_socket));
+                    }
+                    if (ctx_.regions != nullptr && local) {
                       if (ctx_.regions->allows_shm()) response->add_local_transports("shm");
                       if (ctx_.regions->allows_cuda_ipc()) {
                         response->add_local_transports("cuda_ipc");

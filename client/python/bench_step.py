@@ -34,11 +34,15 @@ def main() -> int:
     p.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm", "cuda_ipc"),
                    help="flce.Client(transport=...): shm / cuda_ipc need the server's "
                         "--local-transports")
+    p.add_argument("--tcp-only", action="store_true",
+                   help="flce.Client(unix_socket=False): messages stay on TCP even where the "
+                        "server names a Unix socket")
     p.add_argument("--json", help="append the medians as one JSON line to this file")
     args = p.parse_args()
     n, h, v = args.tokens, args.hidden, args.vocab
     g = torch.Generator().manual_seed(0)
-    client = flce.Client(args.target, timeout=600, transport=args.transport).wait_ready(60)
+    client = flce.Client(args.target, timeout=600, transport=args.transport,
+                         unix_socket=not args.tcp_only).wait_ready(60)
     head = flce.RemoteLMHead(client, "bench-step")
     w = (torch.randn(v, h, generator=g) / h ** 0.5).to(torch.bfloat16)
     t0 = time.perf_counter()
@@ -77,13 +81,14 @@ def main() -> int:
           f"({med[3] / med[0]:.0%} of wall), client main thread CPU {med[1] * 1e3:.0f} ms "
           f"({med[1] / med[0]:.0%}), client process CPU {med[2] * 1e3:.0f} ms; "
           f"{moved / 2**20:.0f} MiB moved, {moved / med[0] / 1e9:.2f} GB/s end to end; "
-          f"engine {head.last_summary.engine}; transport {client.last_transport}")
+          f"engine {head.last_summary.engine}; transport {client.last_transport} "
+          f"(messages via {client.messages_target})")
     if args.json:
         import json
         with open(args.json, "a") as out:
             out.write(json.dumps({
                 "tokens": n, "hidden": h, "vocab": v, "device": args.device,
-                "transport": client.last_transport,
+                "transport": client.last_transport, "messages_target": client.messages_target,
                 "steps": len(rows), "wall_ms": med[0] * 1e3, "engine_ms": med[3] * 1e3,
                 "server_total_ms": med[4] * 1e3, "main_thread_cpu_ms": med[1] * 1e3,
                 "process_cpu_ms": med[2] * 1e3, "forward_ms": med[5] * 1e3,

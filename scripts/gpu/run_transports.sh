@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the device machine (see pack_served.sh; carry .served-dist): a training step at the
 # seed shape (65535 x 1024 x 176245, bf16) from PyTorch with hidden on the GPU, through
-# messages, shared memory and CUDA IPC (flce-server --device cuda
-# --local-transports=shm,cuda_ipc on loopback), alternated, next to flce_cuda_bench's default plan at that shape in the same
-# session (the engine alone, inputs already on the device).
+# messages over TCP loopback, messages through the server's Unix socket, shared memory and
+# CUDA IPC (flce-server --device cuda --local-transports=shm,cuda_ipc --unix-socket),
+# alternated, next to flce_cuda_bench's default plan at that shape in the same session
+# (the engine alone, inputs already on the device).
 set -u -o pipefail
 dist=$(pwd)/.served-dist; [ -x "$dist/server/flce-server" ] || tar -xJf "$dist/served.tar.xz"
 out=${OUT:-/tmp/flce-out}
@@ -13,10 +14,14 @@ py=$(command -v python3)
 "$dist/bench/cuda/flce_cuda_bench" --shapes=0 --strategies=auto --runs=5 \
   --out="$out/engine-baseline.json" --commit="$(cat "$dist/COMMIT")" 2>&1 | tail -4
 "$dist/server/flce-server" --port 50091 --metrics-port 0 --device cuda --local-transports=shm,cuda_ipc \
-  >"$out/server.log" 2>&1 &
+  --unix-socket=/tmp/flce-transports.sock >"$out/server.log" 2>&1 &
 for _ in $(seq 1 300); do "$dist/client/cli/flce-client" --target 127.0.0.1:50091 health >/dev/null 2>&1 && break; sleep 0.1; done
-for transport in grpc shm cuda_ipc grpc shm cuda_ipc; do
-  timeout 120 "$py" client/python/bench_step.py --target 127.0.0.1:50091 --device cuda \
-    --transport $transport --steps 5 --json "$out/transports.jsonl" 2>&1 | tail -1
+for run in 1 2; do
+  for transport in grpc-tcp grpc shm cuda_ipc; do
+    flags=(--transport "${transport%-tcp}")
+    [[ $transport == grpc-tcp ]] && flags+=(--tcp-only)
+    timeout 120 "$py" client/python/bench_step.py --target 127.0.0.1:50091 --device cuda \
+      "${flags[@]}" --steps 5 --json "$out/transports.jsonl" 2>&1 | tail -1
+  done
 done
 kill %1; wait

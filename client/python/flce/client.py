@@ -6,6 +6,7 @@ preallocated tensor.
 """
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 import warnings
@@ -167,7 +168,7 @@ class Client:
                  tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
                  tls_key: Optional[str] = None, tls_server_name: Optional[str] = None,
                  auth_token: Optional[str] = None, auth_token_file: Optional[str] = None,
-                 max_in_flight: int = 1, transport: str = "auto"):
+                 max_in_flight: int = 1, transport: str = "auto", unix_socket: bool = True):
         """max_in_flight: how many submitted calls (RemoteLMHead.submit) run at once; 1 lands
         their contributions in submission order. transport: how Compute sends hidden and
         gets grad_input: "auto" (where the server offers it to this client: GPU memory for
@@ -177,7 +178,10 @@ class Client:
         tls / tls_ca / tls_cert / tls_key / tls_server_name: TLS (PEM file paths; any of
         them turns TLS on; tls_server_name overrides the name checked in the server's
         certificate). auth_token / auth_token_file / $FLCE_AUTH_TOKEN: the bearer token sent
-        with every call."""
+        with every call. unix_socket: when the server runs on this host and listens on a
+        Unix-domain socket (flce-server --unix-socket), the calls that carry tensors in
+        messages go through that socket instead of TCP (`messages_target` says where they
+        go); only for a channel this client made without TLS."""
         self.target = target
         self.session_id = session_id or f"py-{uuid.uuid4().hex[:12]}"
         self.chunk_bytes = chunk_bytes
@@ -202,8 +206,10 @@ class Client:
         # so only the receive side needs to follow it (-1 = no client-side limit)
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)]
+        made_channel = channel
+        tls_used = bool(tls or tls_ca or tls_cert or tls_key or tls_server_name)
         if channel is None:
-            if tls or tls_ca or tls_cert or tls_key or tls_server_name:
+            if tls_used:
                 if tls_server_name:
                     opts.append(("grpc.ssl_target_name_override", tls_server_name))
                 creds = security.channel_credentials(tls_ca, tls_cert, tls_key)
@@ -211,34 +217,47 @@ class Client:
             else:
                 channel = grpc.insecure_channel(target, options=opts)
         self._raw_channel = channel
-        token = security.resolve_token(auth_token, auth_token_file)
-        if token:
-            channel = grpc.intercept_channel(channel, security.BearerToken(token))
-        self._channel = channel
+        self._token = security.resolve_token(auth_token, auth_token_file)
+        self._channel = self._with_token(channel)
         self._stub = pb_grpc.FlceStub(self._channel)
-        # bulk RPCs bypass the generated (de)serializers: see flce.wire
-        self._upload = self._channel.stream_unary(
-            "/flce.v1.Flce/UploadHead", request_serializer=_serialize,
-            response_deserializer=pb.HeadInfo.FromString)
-        self._compute = self._channel.stream_stream(
-            "/flce.v1.Flce/Compute", request_serializer=_serialize,
-            response_deserializer=_decode_compute_response)
-        self._commit = self._channel.unary_unary(
-            "/flce.v1.Flce/Commit", request_serializer=_serialize,
-            response_deserializer=pb.CommitResponse.FromString)
-        self._fetch = self._channel.unary_stream(
-            "/flce.v1.Flce/FetchGrad", request_serializer=_serialize,
-            response_deserializer=_decode_fetch_response)
-        self._download = self._channel.unary_stream(
-            "/flce.v1.Flce/DownloadHead", request_serializer=_serialize,
-            response_deserializer=_decode_download_response)
-        self._embed = self._channel.unary_stream(
-            "/flce.v1.Flce/Embed", request_serializer=_serialize,
-            response_deserializer=_decode_embed_response)
+        # where the tensor-carrying calls go: `target`, or the server's Unix-domain socket
+        self.messages_target = target
+        self._unix_options = opts
+        self._unix_channel: Optional[grpc.Channel] = None
+        self._unix_settled = not unix_socket or made_channel is not None or tls_used \
+            or target.startswith("unix:")
+        self._bind_bulk(self._channel)
         self._regions = self._channel.stream_stream(
             "/flce.v1.Flce/Regions", request_serializer=_serialize,
             response_deserializer=pb.RegionResponse.FromString)
-        self._embed_grad = self._channel.stream_unary(
+
+    def _with_token(self, channel: grpc.Channel) -> grpc.Channel:
+        if self._token:
+            return grpc.intercept_channel(channel, security.BearerToken(self._token))
+        return channel
+
+    def _bind_bulk(self, channel: grpc.Channel) -> None:
+        """The calls that carry tensors, on `channel`."""
+        # bulk RPCs bypass the generated (de)serializers: see flce.wire
+        self._upload = channel.stream_unary(
+            "/flce.v1.Flce/UploadHead", request_serializer=_serialize,
+            response_deserializer=pb.HeadInfo.FromString)
+        self._compute = channel.stream_stream(
+            "/flce.v1.Flce/Compute", request_serializer=_serialize,
+            response_deserializer=_decode_compute_response)
+        self._commit = channel.unary_unary(
+            "/flce.v1.Flce/Commit", request_serializer=_serialize,
+            response_deserializer=pb.CommitResponse.FromString)
+        self._fetch = channel.unary_stream(
+            "/flce.v1.Flce/FetchGrad", request_serializer=_serialize,
+            response_deserializer=_decode_fetch_response)
+        self._download = channel.unary_stream(
+            "/flce.v1.Flce/DownloadHead", request_serializer=_serialize,
+            response_deserializer=_decode_download_response)
+        self._embed = channel.unary_stream(
+            "/flce.v1.Flce/Embed", request_serializer=_serialize,
+            response_deserializer=_decode_embed_response)
+        self._embed_grad = channel.stream_unary(
             "/flce.v1.Flce/EmbedGrad", request_serializer=_serialize,
             response_deserializer=pb.EmbedGradSummary.FromString)
 
@@ -259,6 +278,8 @@ class Client:
         for regions in (self._shared, self._device_regions):
             if regions is not None:
                 regions.close()
+        if self._unix_channel is not None:
+            self._unix_channel.close()
         self._raw_channel.close()
 
     def _probe_local(self) -> Optional[ServerInfo]:
@@ -272,10 +293,46 @@ class Client:
                 return None  # the call itself will say what is wrong; ask again next time
             same_host = bool(info.boot_id) and info.boot_id == shm.local_boot_id()
             self._local = info if same_host else replace(
-                info, local_transports=(), device_uuid="")
+                info, local_transports=(), device_uuid="", unix_socket="")
             self._local_why = ("" if same_host else
                                "it runs on another host (its boot id is not this one's)")
         return self._local
+
+    def _route_messages(self) -> None:
+        """Once: moves the tensor-carrying calls to the server's Unix-domain socket when it
+        tells this client one (same host) that answers as the same server instance."""
+        if self._unix_settled:
+            return
+        with self._executor_lock:
+            if self._unix_settled:
+                return
+            try:
+                info = self._probe_local()
+            except FlceError:
+                info = None
+            if info is None:
+                return  # not answered: ask again with the next call
+            self._unix_settled = True
+            path = info.unix_socket
+            if not path or not os.path.exists(path):
+                return  # none, or in a mount namespace this process does not see
+            channel = grpc.insecure_channel("unix:" + path, options=self._unix_options)
+            try:
+                answer = pb_grpc.FlceStub(self._with_token(channel)).GetServerInfo(
+                    pb.ServerInfoRequest(), timeout=5)
+                why = ("" if answer.instance_id == info.instance_id else
+                       f"another server (instance {answer.instance_id}) answers there")
+            except grpc.RpcError as err:
+                why = f"{err.code().name}: {err.details()}"
+            if why:
+                channel.close()
+                warnings.warn(f"flce: not using the server's Unix socket {path} ({why}); "
+                              f"messages go through {self.target}", RuntimeWarning,
+                              stacklevel=3)
+                return
+            self._unix_channel = channel
+            self._bind_bulk(self._with_token(channel))
+            self.messages_target = "unix:" + path
 
     def _refuse_transport(self, why: str) -> None:
         raise FlceError("Compute", grpc.StatusCode.FAILED_PRECONDITION,
@@ -404,6 +461,7 @@ class Client:
                 for off, piece in tensors.byte_chunks(t, self.chunk_bytes):
                     yield wire.encode_tensor_chunk(role, off, piece)
 
+        self._route_messages()
         return HeadInfo.from_pb(self._upload(requests(), timeout=self.timeout))
 
     # -------------------------------------------------------------- compute --
@@ -473,6 +531,7 @@ class Client:
                     self.last_transport = name
                     return result
         self.last_transport = "grpc"
+        self._route_messages()
 
         # hidden_size (field 18) is appended by hand: always sent, so that the server
         # checks it against the head's H whatever protobuf classes this install has
@@ -618,6 +677,7 @@ class Client:
                                   session_id=session_id if session_id is not None
                                   else self.session_id)
         header = weight = bias = None
+        self._route_messages()
         for msg in self._fetch(req, timeout=self.timeout):
             if isinstance(msg, wire.GradChunkView):
                 if header is None:
@@ -740,6 +800,7 @@ class Client:
     @translate("DownloadHead")
     def _download_head(self, head_id: str, master: bool, chunk_rows: int) -> HeadDownload:
         req = pb.DownloadHeadRequest(head_id=head_id, master=master, chunk_rows=chunk_rows)
+        self._route_messages()
 
         def bad(what: str) -> FlceError:
             return FlceError("DownloadHead", grpc.StatusCode.INTERNAL, what)
@@ -792,6 +853,7 @@ class Client:
                     expected_head_version: Optional[int] = None, chunk_rows: int = 0,
                     retries: int = 3) -> Tuple[torch.Tensor, EmbedHeader]:
         """embed(), with the stream's header (the head version of the rows)."""
+        self._route_messages()
         req = pb.EmbedRequest(head_id=head_id, token_ids=_token_ids_bytes("Embed", token_ids),
                               dtype=tensors.wire_dtype(dtype) if dtype is not None
                               else pb.DTYPE_UNSPECIFIED, chunk_rows=chunk_rows)
@@ -892,6 +954,7 @@ class Client:
 
     @translate("EmbedGrad")
     def _run_embed_grad(self, requests: Iterable) -> EmbedGradSummary:
+        self._route_messages()
         return EmbedGradSummary.from_pb(self._embed_grad(requests, timeout=self.timeout))
 
     # ----------------------------------------------------------- checkpoints --

@@ -126,12 +126,16 @@ class ServerInfo:
     # host when the server runs with --local-transports=shm,cuda_ipc
     local_transports: Tuple[str, ...] = ()
     device_uuid: str = ""  # "GPU-..." of the GPU the server computes on; "" for the CPU
+    # the server's Unix-domain socket (flce-server --unix-socket), told to callers on its
+    # host; "" otherwise
+    unix_socket: str = ""
 
     @classmethod
     def from_pb(cls, m) -> "ServerInfo":
         return cls(m.instance_id, m.version, m.engine, m.workspace_budget_bytes,
                    m.max_request_tokens, m.max_message_bytes, tuple(m.capabilities),
-                   m.boot_id, tuple(m.local_transports), m.device_uuid)
+                   m.boot_id, tuple(m.local_transports), m.device_uuid,
+                   getattr(m, "unix_socket", ""))
 
 
 @dataclass(frozen=True)

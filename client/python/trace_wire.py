@@ -1,0 +1,98 @@
+#!/usr/bin/python3
+"""When each hidden chunk left and each grad_input chunk arrived, in one Compute through
+messages at a given shape: shows whether the upload, the download or neither waits.
+
+    /usr/bin/python3 client/python/trace_wire.py --target 127.0.0.1:50051 --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import flce  # noqa: E402
+from flce import client as client_mod  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="127.0.0.1:50051")
+    p.add_argument("--tokens", type=int, default=65535)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=176245)
+    p.add_argument("--calls", type=int, default=4)
+    p.add_argument("--json", help="append one JSON line per call")
+    args = p.parse_args()
+    n, h, v = args.tokens, args.hidden, args.vocab
+    g = torch.Generator().manual_seed(0)
+    c = flce.Client(args.target, timeout=600, transport="grpc").wait_ready(60)
+    try:
+        c.unload_head("trace")  # a previous run's
+    except flce.FlceError:
+        pass
+    c.upload_head("trace", (torch.randn(v, h, generator=g) / h ** 0.5).to(torch.bfloat16))
+    x_cpu = torch.randn(n, h, generator=g).to(torch.bfloat16)
+    y = torch.randint(0, v, (n,), generator=g)
+
+    events = []
+    t0 = [0.0]
+    enc, put = client_mod.wire.encode_hidden_chunk, client_mod._put
+
+    def traced_enc(row, piece):
+        out = enc(row, piece)
+        events.append(("up", time.perf_counter() - t0[0], row))
+        return out
+
+    def traced_put(method, asm, first_row, data):
+        events.append(("down", time.perf_counter() - t0[0], first_row))
+        return put(method, asm, first_row, data)
+
+    client_mod.wire.encode_hidden_chunk = traced_enc
+    client_mod._put = traced_put
+    for mode in ("cpu", "cuda", "cuda-autograd"):
+        x = x_cpu.to("cuda" if mode.startswith("cuda") else "cpu")
+        head = flce.RemoteLMHead(c, "trace")
+        for i in range(args.calls + 1):
+            events.clear()
+            if x.is_cuda:
+                torch.cuda.synchronize()
+            t0[0] = time.perf_counter()
+            if mode == "cuda-autograd":
+                xx = x.detach().requires_grad_(True)
+                loss = head(xx, y.to(x.device))
+                fwd = time.perf_counter() - t0[0]
+                loss.backward()
+                torch.cuda.synchronize()
+                summary = head.last_summary
+            else:
+                r = c.compute("trace", x, y)
+                fwd = time.perf_counter() - t0[0]
+                summary = r.summary
+                del r
+            wall = time.perf_counter() - t0[0]
+            ups = [e[1] for e in events if e[0] == "up"]
+            downs = [e[1] for e in events if e[0] == "down"]
+            row = {"target": args.target, "mode": mode, "call": i, "wall_ms": round(wall * 1e3, 1),
+                   "forward_ms": round(fwd * 1e3, 1),
+                   "engine_ms": round(summary.timings.engine_ms, 1),
+                   "server_total_ms": round(summary.timings.total_ms, 1),
+                   "first_up_ms": round(ups[0] * 1e3, 1) if ups else None,
+                   "last_up_ms": round(ups[-1] * 1e3, 1) if ups else None,
+                   "first_down_ms": round(downs[0] * 1e3, 1) if downs else None,
+                   "last_down_ms": round(downs[-1] * 1e3, 1) if downs else None,
+                   "up_at_ms": [round(t * 1e3) for t in ups[::4]],
+                   "down_at_ms": [round(t * 1e3) for t in downs[::4]]}
+            print(json.dumps(row), flush=True)
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
