@@ -54,7 +54,7 @@ def main() -> int:
 
     client_mod.wire.encode_hidden_chunk = traced_enc
     client_mod._put = traced_put
-    for mode in ("cpu", "cuda", "cuda-autograd"):
+    for mode in ("cpu", "cuda", "cuda-pageable", "cuda-autograd"):
         x = x_cpu.to("cuda" if mode.startswith("cuda") else "cpu")
         head = flce.RemoteLMHead(c, "trace")
         for i in range(args.calls + 1):
@@ -70,7 +70,9 @@ def main() -> int:
                 torch.cuda.synchronize()
                 summary = head.last_summary
             else:
-                r = c.compute("trace", x, y)
+                # cuda-pageable: grad_input into recycled pageable memory, not pinned
+                r = c.compute("trace", x, y,
+                              pinned_result=False if mode == "cuda-pageable" else None)
                 fwd = time.perf_counter() - t0[0]
                 summary = r.summary
                 del r
