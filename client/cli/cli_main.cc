@@ -44,12 +44,16 @@ void DeclareGlobal(FlagSet& flags) {
                "bearer token sent with every call (visible to other local users in ps: prefer "
                "--auth-token-file or $FLCE_AUTH_TOKEN)");
   flags.String("auth-token-file", "file whose first line is the bearer token");
+  flags.String("transport",
+               "how compute and bench move hidden and grad_input: auto (shared memory where the "
+               "server offers it on this host, else messages), grpc (messages) or shm",
+               "auto");
 }
 
 // Every global flag: each may come before or after the subcommand, not both.
 constexpr const char* kGlobalFlags[] = {
     "target",   "timeout-s", "max-message-mb",  "tls",        "tls-ca",
-    "tls-cert", "tls-key",   "tls-server-name", "auth-token", "auth-token-file"};
+    "tls-cert", "tls-key",   "tls-server-name", "auth-token", "auth-token-file", "transport"};
 
 // The bearer token from --auth-token, --auth-token-file or $FLCE_AUTH_TOKEN.
 absl::StatusOr<std::string> AuthToken(const FlagSet& flags) {
@@ -180,6 +184,19 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return Fail(out,
                 absl::InvalidArgumentError("flce-client: --tls-cert and --tls-key go together"),
+                kExitUsage);
+  }
+  const std::string transport = merged.str("transport");
+  if (transport == "auto") {
+    options.transport = ClientOptions::Transport::kAuto;
+  } else if (transport == "grpc") {
+    options.transport = ClientOptions::Transport::kGrpc;
+  } else if (transport == "shm") {
+    options.transport = ClientOptions::Transport::kShm;
+  } else {
+    return Fail(out,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "flce-client: --transport must be auto, grpc or shm; got \"", transport, "\"")),
                 kExitUsage);
   }
   absl::StatusOr<std::string> token = AuthToken(merged);

@@ -120,6 +120,7 @@ absl::StatusOr<CommandResult> RunBench(const FlagSet& flags, CliEnv& env) {
                         {"forward_only", forward_only},
                         {"engine", last.summary.engine()},
                         {"strategy_used", last.summary.strategy_used()},
+                        {"transport", last.transport},
                         {"step_ms",
                          {{"median", median_ms},
                           {"min", *std::min_element(step_ms.begin(), step_ms.end())},

@@ -169,6 +169,7 @@ absl::StatusOr<CommandResult> RunCompute(const FlagSet& flags, CliEnv& env) {
 
   nlohmann::json json = SummaryJson(outcome.summary, flags.flag("accuracy"));
   json["request_id"] = outcome.request_id;
+  json["transport"] = outcome.transport;
   json["num_tokens"] = tokens;
   json["hidden_size"] = hidden_size;
   json["hidden_dtype"] = WireDTypeName(hidden.dtype);

@@ -90,14 +90,57 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
       stub_(v1::Flce::NewStub(channel_)),
       options_(std::move(options)) {}
 
-void Client::Prepare(grpc::ClientContext& context) const {
+void Client::Authorize(grpc::ClientContext& context) const {
   if (!options_.auth_token.empty()) {
     context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
   }
+}
+
+void Client::Prepare(grpc::ClientContext& context) const {
+  Authorize(context);
   if (options_.timeout != absl::InfiniteDuration()) {
     context.set_deadline(std::chrono::system_clock::now() +
                          absl::ToChronoMilliseconds(options_.timeout));
   }
+}
+
+absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> Client::SharedTransport() {
+  if (options_.transport == ClientOptions::Transport::kGrpc) return nullptr;
+  std::lock_guard<std::mutex> lock(local_mu_);
+  if (!local_asked_) {
+    absl::StatusOr<v1::ServerInfo> info = GetServerInfo();
+    if (!info.ok()) {
+      // The call itself will say what is wrong; ask again next time.
+      if (options_.transport == ClientOptions::Transport::kShm) return info.status();
+      return nullptr;
+    }
+    local_asked_ = true;
+    const bool offered = std::find(info->local_transports().begin(),
+                                   info->local_transports().end(),
+                                   "shm") != info->local_transports().end();
+    if (info->boot_id().empty() || info->boot_id() != LocalBootId()) {
+      local_refusal_ = "it runs on another host (its boot id is not this one's)";
+    } else if (!offered) {
+      local_refusal_ =
+          "it does not offer shared memory to this client (--local-transports=shm, a loopback "
+          "or Unix-socket address)";
+    } else {
+      shm_ = std::make_shared<SharedMemoryTransport>(
+          stub_.get(), [this](grpc::ClientContext& context) { Authorize(context); });
+    }
+  }
+  if (shm_ == nullptr && options_.transport == ClientOptions::Transport::kShm) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("transport is shm but the server at ", options_.target, ": ",
+                     local_refusal_));
+  }
+  return shm_;
+}
+
+void Client::DropSharedTransport(const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(local_mu_);
+  shm_.reset();
+  local_refusal_ = absl::StrCat("it refused a shared-memory region (", why.ToString(), ")");
 }
 
 int64_t Client::ChunkBytes(int64_t requested) {

@@ -36,6 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "client/cpp/client_options.h"
 #include "client/cpp/health_check.h"
+#include "client/cpp/shared_memory_transport.h"
 #include "flce/v1/flce.grpc.pb.h"
 #include "flce/v1/flce.pb.h"
 
@@ -71,6 +72,7 @@ struct ComputeArgs {
 
 struct ComputeOutcome {
   std::string request_id;  // as sent (the caller's or a generated one)
+  std::string transport;   // how hidden went: "shm" or "grpc" (messages)
   v1::ComputeSummary summary;
   std::string grad_input;  // BT x H in hidden_dtype; empty when not asked for
   // BT each, when asked for in header.outputs and sent by the server.
@@ -176,8 +178,17 @@ class Client {
   absl::StatusOr<HealthStatus> Health(const std::string& service = "");
 
  private:
-  // Sets the call's deadline from options_.timeout.
+  // Sets the call's deadline from options_.timeout (and the bearer token).
   void Prepare(grpc::ClientContext& context) const;
+  // The bearer token only: for the Regions stream, which lives as long as
+  // the client.
+  void Authorize(grpc::ClientContext& context) const;
+  // The shared-memory transport when Compute uses it (options_.transport; the
+  // server asked once), nullptr for messages; FAILED_PRECONDITION with kShm
+  // where it is not offered.
+  absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> SharedTransport();
+  // After a region the server would not take (kAuto): messages from now on.
+  void DropSharedTransport(const absl::Status& why);
   // The payload bytes one message may carry: chunk_bytes (or `requested`),
   // capped to MessageLimit() less room for the message's other fields.
   int64_t ChunkBytes(int64_t requested);
@@ -190,6 +201,10 @@ class Client {
   ClientOptions options_;
   std::mutex limit_mu_;
   int64_t message_limit_ = 0;  // 0 = not asked yet
+  std::mutex local_mu_;
+  bool local_asked_ = false;   // guarded by local_mu_
+  std::string local_refusal_;  // guarded by local_mu_: why shm is out of reach
+  std::shared_ptr<SharedMemoryTransport> shm_;  // guarded by local_mu_
 };
 
 }  // namespace flce

@@ -1,11 +1,14 @@
 // Compute: a bidirectional stream. A writer thread sends the header and the
 // hidden chunks while this thread reads grad_input and per-token chunks as
 // the server produces them: the server may answer before it has all hidden
-// rows, so writing everything first could stall on flow control.
+// rows, so writing everything first could stall on flow control. Through
+// shared memory (SharedMemoryTransport) hidden and grad_input stay in a
+// region and the stream carries only the header, the end and the outputs.
 #include <grpcpp/client_context.h>
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -118,6 +121,34 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   if (wanted.entropy()) outcome.entropy.resize(tokens);
   if (wanted.accuracy()) outcome.correct.resize(tokens);
 
+  // Shared memory where the server offers it: hidden written into a region,
+  // grad_input read from it after the call; the messages are header and end.
+  absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> shm = SharedTransport();
+  if (!shm.ok()) return shm.status();
+  std::shared_ptr<SharedRegion> region;
+  if (*shm != nullptr) {
+    absl::StatusOr<std::shared_ptr<SharedRegion>> got =
+        (*shm)->Acquire(want_grad_input ? 2 * hidden_bytes : hidden_bytes);
+    if (got.ok()) {
+      region = *std::move(got);
+    } else if (options_.transport == ClientOptions::Transport::kShm) {
+      return got.status();
+    } else {
+      DropSharedTransport(got.status());  // e.g. a server that may not open our objects
+    }
+  }
+  // Back to the free regions however the call ends.
+  std::unique_ptr<void, std::function<void(void*)>> give_back(
+      region.get(), [&](void*) { (*shm)->GiveBack(region); });
+  outcome.transport = region != nullptr ? "shm" : "grpc";
+  if (region != nullptr) {
+    std::memcpy(region->data(), args.hidden.data(), hidden_bytes);
+    v1::SharedHidden* shared = header->mutable_shared();
+    shared->set_region_id(region->region_id());
+    shared->set_hidden_offset(0);
+    shared->set_grad_input_offset(hidden_bytes);
+  }
+
   grpc::ClientContext context;
   Prepare(context);
   std::unique_ptr<grpc::ClientReaderWriter<v1::ComputeRequest, v1::ComputeResponse>> stream =
@@ -125,17 +156,21 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
 
   std::thread writer([&] {
     if (!stream->Write(first)) return;  // the server ended the call; Finish says why
-    // One message reused for every chunk: its data string keeps its capacity,
-    // so each chunk is one copy into memory already mapped rather than a fresh
-    // multi-MiB allocation (page faults and zeroing) per message.
-    v1::ComputeRequest message;
-    v1::HiddenChunk* piece = message.mutable_hidden();
-    for (int64_t row = 0; row < tokens; row += rows_per_chunk) {
-      const int64_t rows = std::min(rows_per_chunk, tokens - row);
-      piece->set_token_offset(row);
-      piece->mutable_data()->assign(args.hidden.data() + row * row_bytes, rows * row_bytes);
-      if (!stream->Write(message)) return;
-      if (args.progress) args.progress((row + rows) * row_bytes, hidden_bytes);
+    if (region == nullptr) {
+      // One message reused for every chunk: its data string keeps its
+      // capacity, so each chunk is one copy into memory already mapped rather
+      // than a fresh multi-MiB allocation (page faults and zeroing) per message.
+      v1::ComputeRequest message;
+      v1::HiddenChunk* piece = message.mutable_hidden();
+      for (int64_t row = 0; row < tokens; row += rows_per_chunk) {
+        const int64_t rows = std::min(rows_per_chunk, tokens - row);
+        piece->set_token_offset(row);
+        piece->mutable_data()->assign(args.hidden.data() + row * row_bytes, rows * row_bytes);
+        if (!stream->Write(message)) return;
+        if (args.progress) args.progress((row + rows) * row_bytes, hidden_bytes);
+      }
+    } else if (args.progress) {
+      args.progress(hidden_bytes, hidden_bytes);
     }
     // Only this says "done": the server lands nothing from a stream that just
     // stops, as a dying or cancelled client's does.
@@ -156,8 +191,11 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
     switch (response.msg_case()) {
       case v1::ComputeResponse::kGradInput: {
         const v1::GradInputChunk& piece = response.grad_input();
-        if (!want_grad_input) {
-          protocol = absl::InternalError("server sent grad_input that was not asked for");
+        if (!want_grad_input || region != nullptr) {
+          protocol = absl::InternalError(region != nullptr
+                                             ? "server sent grad_input in messages for a call "
+                                               "whose grad_input goes to a region"
+                                             : "server sent grad_input that was not asked for");
           break;
         }
         protocol = grad_input.Place(piece.token_offset(), piece.num_tokens(), piece.data(),
@@ -199,7 +237,9 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   if (!protocol.ok()) return protocol;
   if (!status.ok()) return status;
   if (!have_summary) return absl::DataLossError("the call ended without a summary");
-  if (want_grad_input) {
+  if (want_grad_input && region != nullptr) {
+    std::memcpy(outcome.grad_input.data(), region->data() + hidden_bytes, hidden_bytes);
+  } else if (want_grad_input) {
     absl::Status complete = grad_input.CheckComplete();
     if (!complete.ok()) return complete;
   }

@@ -36,6 +36,14 @@ struct ClientOptions {
   // (empty = none). Without TLS it crosses the network in clear text.
   std::string auth_token;
 
+  // How Compute moves hidden states and grad_input. kAuto: through shared
+  // memory where the server offers it to this client (flce-server
+  // --local-transports=shm, reached on its host: loopback or its Unix
+  // socket, same boot id), else in messages; kGrpc: always in messages;
+  // kShm: shared memory, or FAILED_PRECONDITION saying why not.
+  enum class Transport { kAuto, kGrpc, kShm };
+  Transport transport = Transport::kAuto;
+
   bool uses_tls() const {
     return tls || !tls_ca_file.empty() || !tls_cert_file.empty() || !tls_key_file.empty() ||
            !tls_server_name.empty();

@@ -86,7 +86,7 @@ class CliEndToEndTest : public ::testing::Test {
     server_ = new BackgroundProcess(
         {kServerBin, "--host", "127.0.0.1", "--port", std::to_string(port_), "--metrics-port", "0",
          "--device", "cpu", "--threads", "2", "--head-root", *dir_ + "/heads",
-         "--checkpoint-dir", *dir_ + "/checkpoints"},
+         "--checkpoint-dir", *dir_ + "/checkpoints", "--local-transports=shm"},
         *dir_ + "/server.log");
     ASSERT_TRUE(server_->started());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -322,6 +322,21 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
   EXPECT_EQ(shape, std::vector<int64_t>{ps.num_tokens});
   EXPECT_LE(RelativeError(ReadFloats(prefix + ".logprob.npy"), ref_sum.logprob), 1e-5);
   EXPECT_LE(RelativeError(ReadFloats(prefix + ".entropy.npy"), ref_sum.entropy), 1e-5);
+  // On the server's host with --local-transports=shm, hidden went through
+  // shared memory by itself; messages give the same bytes back.
+  EXPECT_EQ(summed["transport"], "shm") << summed;
+  const nlohmann::json in_messages =
+      Ok({"compute", "--head", "hb", "--session", "sb-messages", "--hidden", h, "--targets", t,
+          "--dtype", "bf16", "--reduction", "sum", "--out-grad-input", Path("ev_gx_messages.npy"),
+          "--transport", "grpc"});
+  EXPECT_EQ(in_messages["transport"], "grpc") << in_messages;
+  EXPECT_NEAR(in_messages["loss"].get<double>(), summed["loss"].get<double>(),
+              1e-12 * std::abs(summed["loss"].get<double>()));
+  EXPECT_EQ(ReadFile(Path("ev_gx_messages.npy")), ReadFile(Path("ev_gx.npy")));
+  const CliRun bad_transport = Cli({"--transport", "tcp", "health"});
+  EXPECT_EQ(bad_transport.exit_code, 2) << Describe(bad_transport);
+  EXPECT_NE(bad_transport.out.find("--transport must be auto, grpc or shm"), std::string::npos)
+      << Describe(bad_transport);
 
   nlohmann::json grad = Ok({"fetch-grad", "--head", "hb", "--session", "sb", "--out",
                             Path("ev_gw.npy"), "--out-bias", Path("ev_gb.npy")});

@@ -1,0 +1,148 @@
+// The C++ client's shared-memory transport (ClientOptions::Transport) against
+// an in-process server: taken by itself where the server offers it, results
+// bit for bit those of messages, regions reused across calls and unmapped on
+// both sides once the client goes, and messages (or a clear refusal) where
+// the server does not offer it.
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cpp/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/server_test_util.h"
+
+namespace flce::server::test {
+namespace {
+
+using ::flce::test::MakeProblem;
+using ::testing::HasSubstr;
+
+// Mappings of flce shared-memory objects in this process: the client's and
+// the in-process server's.
+int MappedRegions() {
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (absl::StrContains(line, "/dev/shm/flce-")) ++count;
+  }
+  return count;
+}
+
+class ClientSharedMemoryTest : public ServerTest {
+ protected:
+  void Start(bool shm) {
+    ServerConfig config = TestConfig();
+    config.shm_transport = shm;
+    StartServer(config);
+    problem_ = MakeProblem(TinyF32Spec());
+    ASSERT_TRUE(UploadHead(stub(), "h", problem_).ok());
+  }
+
+  std::unique_ptr<Client> Connect(ClientOptions::Transport transport) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", server().port());
+    options.timeout = absl::Seconds(20);
+    options.transport = transport;
+    auto client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  absl::StatusOr<::flce::ComputeOutcome> Compute(Client& client, const std::string& session,
+                                         bool forward_only = false) {
+    ComputeArgs args;
+    args.header = MakeHeader(problem_, "h", session, "");
+    args.header.set_deterministic(true);
+    args.header.mutable_outputs()->set_per_token_loss(true);
+    args.header.mutable_outputs()->set_forward_only(forward_only);
+    args.header.clear_targets();
+    args.targets = problem_.targets;
+    args.hidden = problem_.hidden_bytes;
+    return client.Compute(args);
+  }
+
+  std::string Grad(Client& client, const std::string& session) {
+    auto grad = client.FetchGrad({"h", session});
+    EXPECT_TRUE(grad.ok()) << grad.status();
+    return grad.ok() ? grad->weight : "";
+  }
+
+  Problem problem_;
+};
+
+TEST_F(ClientSharedMemoryTest, IsTakenWhereOfferedAndMatchesMessagesBitForBit) {
+  Start(true);
+  ASSERT_EQ(MappedRegions(), 0);
+  {
+    std::unique_ptr<Client> shm = Connect(ClientOptions::Transport::kAuto);
+    std::unique_ptr<Client> messages = Connect(ClientOptions::Transport::kGrpc);
+    auto a = Compute(*shm, "shm");
+    auto b = Compute(*messages, "messages");
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->transport, "shm");
+    EXPECT_EQ(b->transport, "grpc");
+    EXPECT_EQ(a->summary.loss(), b->summary.loss());
+    EXPECT_EQ(a->grad_input, b->grad_input);
+    EXPECT_EQ(a->grad_input.size(), problem_.hidden_bytes.size());
+    EXPECT_EQ(a->per_token_loss, b->per_token_loss);
+    EXPECT_EQ(Grad(*shm, "shm"), Grad(*messages, "messages"));
+    const int mapped = MappedRegions();
+    EXPECT_GE(mapped, 2) << "the client's mapping and the server's";
+    // The next call reuses the region, a forward-only one too.
+    auto again = Compute(*shm, "shm");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->grad_input, a->grad_input);
+    auto forward = Compute(*shm, "shm", /*forward_only=*/true);
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    EXPECT_EQ(forward->transport, "shm");
+    EXPECT_TRUE(forward->grad_input.empty());
+    EXPECT_EQ(forward->summary.loss(), a->summary.loss());
+    EXPECT_EQ(MappedRegions(), mapped);
+  }
+  // The client unmapped its regions; its Regions stream ended, so the server
+  // released them too.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (MappedRegions() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(MappedRegions(), 0);
+}
+
+TEST_F(ClientSharedMemoryTest, WithoutItAutoSendsMessagesAndShmIsRefusedWithTheReason) {
+  Start(false);
+  std::unique_ptr<Client> automatic = Connect(ClientOptions::Transport::kAuto);
+  auto a = Compute(*automatic, "s");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->transport, "grpc");
+  std::unique_ptr<Client> insisting = Connect(ClientOptions::Transport::kShm);
+  auto b = Compute(*insisting, "s");
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
+  EXPECT_THAT(b.status().message(), HasSubstr("--local-transports=shm"));
+  EXPECT_EQ(MappedRegions(), 0);
+}
+
+TEST_F(ClientSharedMemoryTest, ConcurrentCallsUseRegionsOfTheirOwn) {
+  Start(true);
+  std::unique_ptr<Client> client = Connect(ClientOptions::Transport::kAuto);
+  auto reference = Compute(*client, "reference");
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::vector<absl::StatusOr<::flce::ComputeOutcome>> outcomes(4, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back(
+        [&, i] { outcomes[i] = Compute(*client, absl::StrCat("concurrent-", i)); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const auto& outcome : outcomes) {
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    EXPECT_EQ(outcome->transport, "shm");
+    EXPECT_EQ(outcome->grad_input, reference->grad_input);
+  }
+}
+
+}  // namespace
+}  // namespace flce::server::test
