@@ -37,12 +37,15 @@ def main() -> int:
     p.add_argument("--tcp-only", action="store_true",
                    help="flce.Client(unix_socket=False): messages stay on TCP even where the "
                         "server names a Unix socket")
+    p.add_argument("--no-malloc-tuning", action="store_true",
+                   help="flce.Client(malloc_tuning=False): glibc's malloc left as it is")
     p.add_argument("--json", help="append the medians as one JSON line to this file")
     args = p.parse_args()
     n, h, v = args.tokens, args.hidden, args.vocab
     g = torch.Generator().manual_seed(0)
     client = flce.Client(args.target, timeout=600, transport=args.transport,
-                         unix_socket=not args.tcp_only).wait_ready(60)
+                         unix_socket=not args.tcp_only,
+                         malloc_tuning=not args.no_malloc_tuning).wait_ready(60)
     head = flce.RemoteLMHead(client, "bench-step")
     w = (torch.randn(v, h, generator=g) / h ** 0.5).to(torch.bfloat16)
     t0 = time.perf_counter()
@@ -89,6 +92,7 @@ def main() -> int:
             out.write(json.dumps({
                 "tokens": n, "hidden": h, "vocab": v, "device": args.device,
                 "transport": client.last_transport, "messages_target": client.messages_target,
+                "malloc_tuning": not args.no_malloc_tuning,
                 "steps": len(rows), "wall_ms": med[0] * 1e3, "engine_ms": med[3] * 1e3,
                 "server_total_ms": med[4] * 1e3, "main_thread_cpu_ms": med[1] * 1e3,
                 "process_cpu_ms": med[2] * 1e3, "forward_ms": med[5] * 1e3,

@@ -7,6 +7,7 @@ messages at a given shape: shows whether the upload, the download or neither wai
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import sys
 import time
@@ -27,6 +28,7 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=176245)
     p.add_argument("--calls", type=int, default=4)
     p.add_argument("--json", help="append one JSON line per call")
+    p.add_argument("--modes", default="cpu,cuda,cuda-pageable,cuda-autograd,cpu-pinned,cpu-again")
     args = p.parse_args()
     n, h, v = args.tokens, args.hidden, args.vocab
     g = torch.Generator().manual_seed(0)
@@ -54,8 +56,22 @@ def main() -> int:
 
     client_mod.wire.encode_hidden_chunk = traced_enc
     client_mod._put = traced_put
-    for mode in ("cpu", "cuda", "cuda-pageable", "cuda-autograd"):
-        x = x_cpu.to("cuda" if mode.startswith("cuda") else "cpu")
+    # cpu-pinned: hidden in page-locked host memory; cpu-again: the first mode once CUDA
+    # is initialised in this process
+    # *-mallopt: glibc's malloc told to keep freed memory (no trimming, no mmap for the
+    # message-sized buffers), for the modes after it
+    malloc_tuned = False
+    for mode in args.modes.split(","):
+        if mode.endswith("-mallopt"):
+            libc = ctypes.CDLL("libc.so.6")
+            ok = (libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+                  and libc.mallopt(-3, 32 << 20))  # M_MMAP_THRESHOLD (its maximum)
+            if not ok:
+                raise RuntimeError("mallopt refused")
+            malloc_tuned = True
+            mode = mode[:-len("-mallopt")]
+        x = x_cpu.to("cuda") if mode.startswith("cuda") else (
+            x_cpu.pin_memory() if mode == "cpu-pinned" else x_cpu)
         head = flce.RemoteLMHead(c, "trace")
         for i in range(args.calls + 1):
             events.clear()
@@ -79,7 +95,7 @@ def main() -> int:
             wall = time.perf_counter() - t0[0]
             ups = [e[1] for e in events if e[0] == "up"]
             downs = [e[1] for e in events if e[0] == "down"]
-            row = {"target": args.target, "mode": mode, "call": i, "wall_ms": round(wall * 1e3, 1),
+            row = {"target": args.target, "mode": mode, "mallopt": malloc_tuned, "call": i, "wall_ms": round(wall * 1e3, 1),
                    "forward_ms": round(fwd * 1e3, 1),
                    "engine_ms": round(summary.timings.engine_ms, 1),
                    "server_total_ms": round(summary.timings.total_ms, 1),

@@ -17,9 +17,12 @@ py=$(command -v python3)
   --unix-socket=/tmp/flce-transports.sock >"$out/server.log" 2>&1 &
 for _ in $(seq 1 300); do "$dist/client/cli/flce-client" --target 127.0.0.1:50091 health >/dev/null 2>&1 && break; sleep 0.1; done
 for run in 1 2; do
-  for transport in grpc-tcp grpc shm cuda_ipc; do
-    flags=(--transport "${transport%-tcp}")
-    [[ $transport == grpc-tcp ]] && flags+=(--tcp-only)
+  # grpc-tcp-untuned: messages over TCP with glibc's malloc left alone (flce.host_memory)
+  for transport in grpc-tcp-untuned grpc-tcp grpc shm cuda_ipc; do
+    flags=(--transport grpc)
+    [[ $transport == shm || $transport == cuda_ipc ]] && flags=(--transport $transport)
+    [[ $transport == grpc-tcp* ]] && flags+=(--tcp-only)
+    [[ $transport == *-untuned ]] && flags+=(--no-malloc-tuning)
     timeout 120 "$py" client/python/bench_step.py --target 127.0.0.1:50091 --device cuda \
       "${flags[@]}" --steps 5 --json "$out/transports.jsonl" 2>&1 | tail -1
   done
