@@ -102,6 +102,11 @@ absl::StatusOr<CommandResult> RunZeroGrad(const FlagSet& flags, CliEnv& env);
 void DeclareSessions(FlagSet& flags);
 absl::StatusOr<CommandResult> RunSessions(const FlagSet& flags, CliEnv& env);
 
+void DeclareDownloadHead(FlagSet& flags);
+absl::StatusOr<CommandResult> RunDownloadHead(const FlagSet& flags, CliEnv& env);
+void DeclareEmbed(FlagSet& flags);
+absl::StatusOr<CommandResult> RunEmbed(const FlagSet& flags, CliEnv& env);
+
 void DeclareBench(FlagSet& flags);
 absl::StatusOr<CommandResult> RunBench(const FlagSet& flags, CliEnv& env);
 

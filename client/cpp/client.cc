@@ -104,11 +104,21 @@ void Client::Prepare(grpc::ClientContext& context) const {
   }
 }
 
+absl::StatusOr<v1::ServerInfo> Client::ServerInfoOnce() {
+  std::lock_guard<std::mutex> lock(info_mu_);
+  if (!server_info_.has_value()) {
+    absl::StatusOr<v1::ServerInfo> info = GetServerInfo();
+    if (!info.ok()) return info.status();
+    server_info_ = *std::move(info);
+  }
+  return *server_info_;
+}
+
 absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> Client::SharedTransport() {
   if (options_.transport == ClientOptions::Transport::kGrpc) return nullptr;
   std::lock_guard<std::mutex> lock(local_mu_);
   if (!local_asked_) {
-    absl::StatusOr<v1::ServerInfo> info = GetServerInfo();
+    absl::StatusOr<v1::ServerInfo> info = ServerInfoOnce();
     if (!info.ok()) {
       // The call itself will say what is wrong; ask again next time.
       if (options_.transport == ClientOptions::Transport::kShm) return info.status();
@@ -159,7 +169,7 @@ int64_t Client::MessageLimit() {
   std::lock_guard<std::mutex> lock(limit_mu_);
   if (message_limit_ == 0) {
     message_limit_ = options_.max_message_bytes;
-    absl::StatusOr<v1::ServerInfo> info = GetServerInfo();
+    absl::StatusOr<v1::ServerInfo> info = ServerInfoOnce();
     if (info.ok() && info->max_message_bytes() > 0) {
       message_limit_ = std::min(message_limit_, info->max_message_bytes());
     }

@@ -183,6 +183,9 @@ class Client {
   // The bearer token only: for the Regions stream, which lives as long as
   // the client.
   void Authorize(grpc::ClientContext& context) const;
+  // GetServerInfo, asked until it answers once (the message limit and the
+  // local transports come from that answer).
+  absl::StatusOr<v1::ServerInfo> ServerInfoOnce();
   // The shared-memory transport when Compute uses it (options_.transport; the
   // server asked once), nullptr for messages; FAILED_PRECONDITION with kShm
   // where it is not offered.
@@ -201,6 +204,8 @@ class Client {
   ClientOptions options_;
   std::mutex limit_mu_;
   int64_t message_limit_ = 0;  // 0 = not asked yet
+  std::mutex info_mu_;
+  std::optional<v1::ServerInfo> server_info_;  // guarded by info_mu_
   std::mutex local_mu_;
   bool local_asked_ = false;   // guarded by local_mu_
   std::string local_refusal_;  // guarded by local_mu_: why shm is out of reach

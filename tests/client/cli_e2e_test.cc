@@ -477,6 +477,19 @@ TEST_F(CliEndToEndTest, TrainingSubcommands) {
   EXPECT_EQ(twice.exit_code, 1);
   EXPECT_EQ(twice.json["error"]["code"], "ALREADY_EXISTS") << Describe(twice);
 
+  // The weight comes back as uploaded; a head without a bias has none to write.
+  const nlohmann::json downloaded =
+      Ok({"download-head", "--head", "ht", "--out", Path("tr_dl0.npy")});
+  EXPECT_EQ(downloaded["out_dtype"], "fp32");
+  std::vector<int64_t> shape;
+  const std::vector<double> before = ReadFloats(Path("tr_dl0.npy"), &shape);
+  EXPECT_EQ(shape, (std::vector<int64_t>{ps.vocab_size, ps.hidden_size}));
+  EXPECT_EQ(before, std::vector<double>(p.weight.begin(), p.weight.end()));
+  CliRun no_bias = Cli({"download-head", "--head", "ht", "--out", Path("tr_dl_nb.npy"),
+                        "--out-bias", Path("tr_dl_b.npy")});
+  EXPECT_EQ(no_bias.exit_code, 1) << Describe(no_bias);
+  EXPECT_EQ(no_bias.json["error"]["code"], "FAILED_PRECONDITION") << Describe(no_bias);
+
   const int64_t version = Ok({"describe", "--head", "ht"})["version"];
   const nlohmann::json step =
       Ok({"step", "--head", "ht", "--session", "st", "--lr", "0.01", "--request-id", "k1"});
@@ -491,6 +504,30 @@ TEST_F(CliEndToEndTest, TrainingSubcommands) {
             "SKIPPED_NO_GRADIENT");
   CliRun no_lr = Cli({"step", "--head", "ht", "--session", "st"});
   EXPECT_EQ(no_lr.exit_code, 2) << Describe(no_lr);
+
+  // After the step: the trained weight, and rows of it by token id (2 x 2 ids).
+  Ok({"download-head", "--head", "ht", "--out", Path("tr_dl1.npy")});
+  const std::vector<double> after = ReadFloats(Path("tr_dl1.npy"));
+  EXPECT_NE(after, before);
+  const int32_t ids[] = {3, 0, static_cast<int32_t>(ps.vocab_size - 1), 3};
+  WriteArray(Path("tr_ids.npy"), NpyType::kI32, {2, 2}, ids, sizeof(ids));
+  const nlohmann::json embedded = Ok({"embed", "--head", "ht", "--ids", Path("tr_ids.npy"),
+                                      "--out", Path("tr_rows.npy"), "--chunk-rows", "1"});
+  EXPECT_EQ(embedded["num_tokens"], 4);
+  const std::vector<double> rows = ReadFloats(Path("tr_rows.npy"), &shape);
+  EXPECT_EQ(shape, (std::vector<int64_t>{2, 2, ps.hidden_size}));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(std::vector<double>(rows.begin() + i * ps.hidden_size,
+                                  rows.begin() + (i + 1) * ps.hidden_size),
+              std::vector<double>(after.begin() + ids[i] * ps.hidden_size,
+                                  after.begin() + (ids[i] + 1) * ps.hidden_size))
+        << "row " << i << " (id " << ids[i] << ")";
+  }
+  const int32_t outside[] = {static_cast<int32_t>(ps.vocab_size)};
+  WriteArray(Path("tr_bad_ids.npy"), NpyType::kI32, {1}, outside, sizeof(outside));
+  CliRun bad_ids = Cli({"embed", "--head", "ht", "--ids", Path("tr_bad_ids.npy"), "--out",
+                        Path("tr_bad_rows.npy")});
+  EXPECT_EQ(bad_ids.json["error"]["code"], "INVALID_ARGUMENT") << Describe(bad_ids);
 
   const nlohmann::json saved = Ok({"save-checkpoint", "--head", "ht", "--name", "c1"});
   EXPECT_EQ(saved["has_optimizer"], true);

@@ -261,9 +261,10 @@ TEST_F(ClientProtocolTest, ComputeSendsHiddenSize) {
 // refuse the chunks with gRPC's own message: the client cuts to fit it.
 TEST_F(ClientProtocolTest, ChunksFitTheServersMessageLimitAskedOnce) {
   fake_.max_message_bytes = kMessageOverhead + 96000;  // 2000 rows of 48 bytes
-  // Chunks that every server takes: the server is not asked.
+  // The first call asks whether the server offers shared memory; that one
+  // answer also gives the message limit.
   ASSERT_TRUE(client_->Compute(Args(/*tokens=*/37, /*hidden_size=*/24)).ok());
-  EXPECT_EQ(fake_.server_info_calls, 0);
+  EXPECT_EQ(fake_.server_info_calls, 1);
   ComputeArgs args = Args(/*tokens=*/5000, /*hidden_size=*/24);  // 48-byte rows
   args.chunk_bytes = 200000;
   ASSERT_TRUE(client_->Compute(args).ok());
