@@ -7,6 +7,8 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -82,7 +84,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", options.target));
   }
-  return std::make_unique<Client>(std::move(channel), options);
+  auto client = std::make_unique<Client>(std::move(channel), options);
+  client->made_channel_ = true;
+  return client;
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
@@ -102,6 +106,49 @@ void Client::Prepare(grpc::ClientContext& context) const {
     context.set_deadline(std::chrono::system_clock::now() +
                          absl::ToChronoMilliseconds(options_.timeout));
   }
+}
+
+v1::Flce::Stub& Client::BulkStub() {
+  std::lock_guard<std::mutex> lock(bulk_mu_);
+  if (bulk_settled_) return unix_stub_ != nullptr ? *unix_stub_ : *stub_;
+  if (!options_.unix_socket || !made_channel_ || options_.uses_tls() ||
+      options_.target.rfind("unix:", 0) == 0) {
+    bulk_settled_ = true;
+    return *stub_;
+  }
+  absl::StatusOr<v1::ServerInfo> info = ServerInfoOnce();
+  if (!info.ok()) return *stub_;  // asked again with the next call
+  bulk_settled_ = true;
+  // The path as the server sees it: absent here (another mount namespace) or
+  // another host's, it is not this server's socket.
+  if (info->unix_socket().empty() || info->boot_id() != LocalBootId() ||
+      access(info->unix_socket().c_str(), F_OK) != 0) {
+    return *stub_;
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      "unix:" + info->unix_socket(), grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::Flce::NewStub(channel);
+  grpc::ClientContext context;
+  Authorize(context);
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ServerInfo there;
+  // Another server may hold the path now: only the same instance will do.
+  if (!stub->GetServerInfo(&context, v1::ServerInfoRequest(), &there).ok() ||
+      there.instance_id() != info->instance_id()) {
+    return *stub_;
+  }
+  unix_channel_ = std::move(channel);
+  unix_stub_ = std::move(stub);
+  messages_target_ = "unix:" + info->unix_socket();
+  return *unix_stub_;
+}
+
+std::string Client::messages_target() {
+  std::lock_guard<std::mutex> lock(bulk_mu_);
+  return messages_target_.empty() ? options_.target : messages_target_;
 }
 
 absl::StatusOr<v1::ServerInfo> Client::ServerInfoOnce() {

@@ -135,6 +135,9 @@ class Client {
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
 
   const ClientOptions& options() const { return options_; }
+  // Where the calls that carry tensors in messages go: options().target, or
+  // "unix:" + the server's socket once they moved there (options().unix_socket).
+  std::string messages_target();
 
   // Heads.
   absl::StatusOr<v1::HeadInfo> UploadHead(const HeadUpload& upload,
@@ -183,6 +186,9 @@ class Client {
   // The bearer token only: for the Regions stream, which lives as long as
   // the client.
   void Authorize(grpc::ClientContext& context) const;
+  // The stub of the calls that carry tensors: the first time, moved to the
+  // server's Unix-domain socket where options_.unix_socket allows it.
+  v1::Flce::Stub& BulkStub();
   // GetServerInfo, asked until it answers once (the message limit and the
   // local transports come from that answer).
   absl::StatusOr<v1::ServerInfo> ServerInfoOnce();
@@ -204,6 +210,12 @@ class Client {
   ClientOptions options_;
   std::mutex limit_mu_;
   int64_t message_limit_ = 0;  // 0 = not asked yet
+  bool made_channel_ = false;  // by Connect: its arguments can be made again
+  std::mutex bulk_mu_;
+  bool bulk_settled_ = false;                   // guarded by bulk_mu_
+  std::shared_ptr<grpc::Channel> unix_channel_;  // guarded by bulk_mu_
+  std::unique_ptr<v1::Flce::Stub> unix_stub_;    // guarded by bulk_mu_
+  std::string messages_target_;                 // guarded by bulk_mu_
   std::mutex info_mu_;
   std::optional<v1::ServerInfo> server_info_;  // guarded by info_mu_
   std::mutex local_mu_;

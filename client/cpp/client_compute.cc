@@ -152,7 +152,7 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   grpc::ClientContext context;
   Prepare(context);
   std::unique_ptr<grpc::ClientReaderWriter<v1::ComputeRequest, v1::ComputeResponse>> stream =
-      stub_->Compute(&context);
+      BulkStub().Compute(&context);
 
   std::thread writer([&] {
     if (!stream->Write(first)) return;  // the server ended the call; Finish says why

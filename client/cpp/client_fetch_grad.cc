@@ -28,7 +28,7 @@ absl::StatusOr<FetchedGrad> Client::FetchGrad(const FetchGradArgs& args) {
   grpc::ClientContext context;
   Prepare(context);
   std::unique_ptr<grpc::ClientReader<v1::FetchGradResponse>> reader =
-      stub_->FetchGrad(&context, request);
+      BulkStub().FetchGrad(&context, request);
 
   absl::Status protocol;
   bool have_header = false;

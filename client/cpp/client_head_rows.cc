@@ -48,7 +48,7 @@ absl::StatusOr<DownloadedHead> Client::DownloadHead(const std::string& head_id, 
   request.set_chunk_rows(chunk_rows);
   grpc::ClientContext context;
   Prepare(context);
-  auto reader = stub_->DownloadHead(&context, request);
+  auto reader = BulkStub().DownloadHead(&context, request);
   DownloadedHead out;
   bool have_header = false;
   RowAssembler weight, bias;
@@ -100,7 +100,7 @@ absl::StatusOr<EmbeddedRows> Client::Embed(const EmbedArgs& args) {
   request.set_chunk_rows(args.chunk_rows);
   grpc::ClientContext context;
   Prepare(context);
-  auto reader = stub_->Embed(&context, request);
+  auto reader = BulkStub().Embed(&context, request);
   EmbeddedRows out;
   bool have_header = false;
   RowAssembler rows;
@@ -160,7 +160,7 @@ absl::StatusOr<v1::EmbedGradSummary> Client::EmbedGrad(const EmbedGradArgs& args
   grpc::ClientContext context;
   Prepare(context);
   v1::EmbedGradSummary summary;
-  auto writer = stub_->EmbedGrad(&context, &summary);
+  auto writer = BulkStub().EmbedGrad(&context, &summary);
   v1::EmbedGradRequest first;
   *first.mutable_header() = std::move(header);
   bool sent = writer->Write(first);

@@ -43,6 +43,12 @@ struct ClientOptions {
   // kShm: shared memory, or FAILED_PRECONDITION saying why not.
   enum class Transport { kAuto, kGrpc, kShm };
   Transport transport = Transport::kAuto;
+  // When the server runs on this host and listens on a Unix-domain socket
+  // (flce-server --unix-socket, GetServerInfo.unix_socket), the calls that
+  // carry tensors in messages (Compute, UploadHead, FetchGrad, DownloadHead,
+  // Embed, EmbedGrad) go through it once the same server instance answers
+  // there; only for a channel Client::Connect made without TLS.
+  bool unix_socket = true;
 
   bool uses_tls() const {
     return tls || !tls_ca_file.empty() || !tls_cert_file.empty() || !tls_key_file.empty() ||

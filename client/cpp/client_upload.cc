@@ -40,7 +40,7 @@ absl::StatusOr<v1::HeadInfo> Client::UploadHead(const HeadUpload& upload,
   Prepare(context);
   v1::HeadInfo info;
   std::unique_ptr<grpc::ClientWriter<v1::UploadHeadRequest>> writer =
-      stub_->UploadHead(&context, &info);
+      BulkStub().UploadHead(&context, &info);
 
   v1::UploadHeadRequest request;
   v1::UploadHeadHeader* header = request.mutable_header();

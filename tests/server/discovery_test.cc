@@ -6,9 +6,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/server_test_util.h"
@@ -59,6 +63,61 @@ TEST_F(DiscoveryTest, ALocalCallerIsToldTheUnixSocketAsAnAbsolutePathThatReaches
   const v1::ServerInfo through_socket = Info(*unix_stub);
   EXPECT_EQ(through_socket.instance_id(), info.instance_id());
   EXPECT_EQ(through_socket.unix_socket(), info.unix_socket());
+}
+
+// Sockets bound to `path` in /proc/net/unix: the listener, plus one per
+// connection the server accepted on it.
+int SocketsAt(const std::string& path) {
+  std::ifstream table("/proc/net/unix");
+  int count = 0;
+  for (std::string line; std::getline(table, line);) {
+    if (absl::EndsWith(line, " " + path)) ++count;
+  }
+  return count;
+}
+
+TEST_F(DiscoveryTest, TheCppClientSendsItsBulkCallsThroughTheSocket) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("flce-discovery-client-" + std::to_string(getpid()) + ".sock"))
+                               .string();
+  ServerConfig config = TestConfig();
+  config.unix_socket = path;
+  StartServer(config);
+  const Problem problem = ::flce::test::MakeProblem(TinyF32Spec());
+  auto connect = [&](bool unix_socket) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", server().port());
+    options.transport = ClientOptions::Transport::kGrpc;  // messages
+    options.unix_socket = unix_socket;
+    auto client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return *std::move(client);
+  };
+  std::unique_ptr<Client> near = connect(true), far = connect(false);
+  HeadUpload upload;
+  upload.head_id = "h";
+  upload.vocab_size = problem.spec.vocab_size;
+  upload.hidden_size = problem.spec.hidden_size;
+  upload.dtype = v1::DTYPE_FP32;
+  upload.weight = problem.weight_bytes;
+  const int before = SocketsAt(path);
+  ASSERT_TRUE(near->UploadHead(upload).ok());
+  EXPECT_EQ(near->messages_target(), "unix:" + path);
+  EXPECT_GT(SocketsAt(path), before);
+  auto compute = [&](Client& client, const std::string& session) {
+    ComputeArgs args;
+    args.header = MakeHeader(problem, "h", session, "");
+    args.header.clear_targets();
+    args.targets = problem.targets;
+    args.hidden = problem.hidden_bytes;
+    auto outcome = client.Compute(args);
+    EXPECT_TRUE(outcome.ok()) << outcome.status();
+    return *std::move(outcome);
+  };
+  const ::flce::ComputeOutcome a = compute(*near, "near"), b = compute(*far, "far");
+  EXPECT_EQ(far->messages_target(), absl::StrCat("127.0.0.1:", server().port()));
+  EXPECT_EQ(a.summary.loss(), b.summary.loss());
+  EXPECT_EQ(a.grad_input, b.grad_input);
 }
 
 TEST_F(DiscoveryTest, NoUnixSocketIsToldWithoutOne) {
