@@ -130,9 +130,14 @@ class SharedMemoryTransport::Stream {
     v1::RegionResponse response;
     if (stream_->Write(request) && stream_->Read(&response)) {
       if (response.lease_s() > 0) {
-        std::lock_guard<std::mutex> renew_lock(mu_);
-        renew_every_ = std::chrono::milliseconds(
+        const std::chrono::milliseconds every(
             std::max<int64_t>(500, static_cast<int64_t>(response.lease_s() * 1000 / 3)));
+        std::lock_guard<std::mutex> renew_lock(mu_);
+        if (every != renew_every_) {
+          renew_every_ = every;
+          ++period_changes_;
+          wake_.notify_all();  // a wait begun with the old period would outlast a short lease
+        }
       }
       return response;
     }
@@ -144,7 +149,14 @@ class SharedMemoryTransport::Stream {
 
   void Renew() {
     std::unique_lock<std::mutex> lock(mu_);
-    while (!wake_.wait_for(lock, renew_every_, [this] { return stop_; })) {
+    while (!stop_) {
+      const uint64_t period = period_changes_;
+      // Any message renews the lease, the answer that set the period too: a
+      // new period is waited from now.
+      if (wake_.wait_for(lock, renew_every_,
+                         [&] { return stop_ || period_changes_ != period; })) {
+        continue;
+      }
       lock.unlock();
       {
         std::lock_guard<std::mutex> io(io_mu_);
@@ -165,7 +177,8 @@ class SharedMemoryTransport::Stream {
   std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;
-  std::chrono::milliseconds renew_every_{5000};
+  std::chrono::milliseconds renew_every_{5000};  // until the server says its lease
+  uint64_t period_changes_ = 0;
   std::thread renewer_;  // last: starts once the rest is ready
 };
 

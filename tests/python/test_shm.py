@@ -3,6 +3,7 @@ offers it, results bit for bit those of messages, refusals where it is not offer
 client killed in the middle of a call leaves no gradient and no region behind."""
 from __future__ import annotations
 
+import time
 import uuid
 
 import grpc
@@ -147,3 +148,23 @@ def test_a_broken_regions_stream_is_replaced_not_reused(shm_target):
         again = client.compute(head, x, y, deterministic=True)
         assert transport._stream is not old and not transport._stream.broken()
         assert again.loss == first.loss
+
+
+def test_an_idle_client_keeps_its_region_through_short_leases(real_server_bin):
+    # --region-lease-s=1: the client must renew within the first second after its
+    # registration, not after the five seconds it waits before it knows the lease.
+    srv = RealServer(real_server_bin, "--local-transports=shm", "--region-lease-s", "1")
+    try:
+        with flce.Client(srv.target, timeout=60) as client:
+            head = _head(client)
+            x, y = _batch()
+            a = client.compute(head, x, y, deterministic=True)
+            assert client.last_transport == "shm"
+            regions = [r.region_id for r in client.shared_transport()._free]
+            time.sleep(3)
+            b = client.compute(head, x, y, deterministic=True)
+            assert client.last_transport == "shm"
+            assert [r.region_id for r in client.shared_transport()._free] == regions
+            assert torch.equal(a.grad_input, b.grad_input)
+    finally:
+        srv.stop()

@@ -3,10 +3,12 @@
 // bit for bit those of messages, regions reused across calls and unmapped on
 // both sides once the client goes, and messages (or a clear refusal) where
 // the server does not offer it.
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -22,22 +24,27 @@ namespace {
 using ::flce::test::MakeProblem;
 using ::testing::HasSubstr;
 
-// Mappings of flce shared-memory objects in this process: the client's and
-// the in-process server's.
-int MappedRegions() {
+// Mappings of flce shared-memory objects in this process (the client's and
+// the in-process server's), by name.
+std::vector<std::string> MappedRegionNames() {
   std::ifstream maps("/proc/self/maps");
-  int count = 0;
+  std::vector<std::string> names;
   for (std::string line; std::getline(maps, line);) {
-    if (absl::StrContains(line, "/dev/shm/flce-")) ++count;
+    const size_t at = line.find("/dev/shm/flce-");
+    if (at != std::string::npos) names.push_back(line.substr(at));
   }
-  return count;
+  std::sort(names.begin(), names.end());
+  return names;
 }
+
+int MappedRegions() { return static_cast<int>(MappedRegionNames().size()); }
 
 class ClientSharedMemoryTest : public ServerTest {
  protected:
-  void Start(bool shm) {
+  void Start(bool shm, absl::Duration lease = absl::Seconds(60)) {
     ServerConfig config = TestConfig();
     config.shm_transport = shm;
+    config.region_lease = lease;
     StartServer(config);
     problem_ = MakeProblem(TinyF32Spec());
     ASSERT_TRUE(UploadHead(stub(), "h", problem_).ok());
@@ -123,6 +130,24 @@ TEST_F(ClientSharedMemoryTest, WithoutItAutoSendsMessagesAndShmIsRefusedWithTheR
   EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
   EXPECT_THAT(b.status().message(), HasSubstr("--local-transports=shm"));
   EXPECT_EQ(MappedRegions(), 0);
+}
+
+// The client renews its Regions stream's lease while it is idle: after
+// several leases without a call, the next call uses the same region.
+TEST_F(ClientSharedMemoryTest, AnIdleClientKeepsItsRegionsThroughRenewals) {
+  Start(true, absl::Seconds(1));
+  std::unique_ptr<Client> client = Connect(ClientOptions::Transport::kAuto);
+  auto first = Compute(*client, "s");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->transport, "shm");
+  const std::vector<std::string> mapped = MappedRegionNames();
+  ASSERT_EQ(mapped.size(), 2u) << "the client's mapping and the server's of one region";
+  absl::SleepFor(absl::Seconds(3));
+  EXPECT_EQ(MappedRegionNames(), mapped) << "the server released the region of an idle client";
+  auto again = Compute(*client, "s");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->transport, "shm");
+  EXPECT_EQ(MappedRegionNames(), mapped);
 }
 
 TEST_F(ClientSharedMemoryTest, ConcurrentCallsUseRegionsOfTheirOwn) {

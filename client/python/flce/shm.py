@@ -73,6 +73,9 @@ class Region:
             pass  # a tensor still views it: the mapping goes with the last view
 
 
+_NEW_PERIOD = object()  # wakes RegionStream's request generator to renew at a new period
+
+
 class RegionStream:
     """One Regions stream: registrations answered in order, renewals from a thread."""
 
@@ -96,6 +99,8 @@ class RegionStream:
                 continue
             if item is None:
                 return
+            if item is _NEW_PERIOD:
+                continue  # wait again, with the period the server's lease asks for
             yield item
 
     def _ask(self, request):
@@ -123,7 +128,12 @@ class RegionStream:
         """Sends one registration request and returns its answer (raises FlceError)."""
         answer = self._ask(request)
         if answer.lease_s > 0:
-            self._renew_s = max(0.5, answer.lease_s / 3)
+            renew_s = max(0.5, answer.lease_s / 3)
+            if renew_s != self._renew_s:
+                self._renew_s = renew_s
+                # the wait under way began with the old period, which may outlast a
+                # short lease (--region-lease-s below 15 s)
+                self._outbox.put(_NEW_PERIOD)
         return answer
 
     def register(self, nbytes: int) -> Region:
