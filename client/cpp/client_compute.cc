@@ -16,59 +16,10 @@
 #include "client/cpp/client.h"
 #include "client/cpp/grpc_status.h"
 #include "client/cpp/request_id.h"
+#include "client/cpp/row_assembler.h"
 #include "client/cpp/wire_dtype.h"
 
 namespace flce {
-namespace {
-
-// Where chunks of one per-token or per-row output land, and which rows have.
-class Assembly {
- public:
-  Assembly(const char* name, int64_t rows, int64_t row_bytes)
-      : name_(name), rows_(rows), row_bytes_(row_bytes), seen_(rows, 0) {}
-
-  // Copies rows [offset, offset + count) from `data`; a chunk out of range,
-  // of the wrong size or repeating a row is the server breaking the protocol.
-  absl::Status Place(int64_t offset, int64_t count, const std::string& data, void* dst) {
-    if (offset < 0 || count <= 0 || offset > rows_ - count) {
-      return absl::InternalError(absl::StrCat("server sent ", name_, " rows [", offset, ", ",
-                                              offset + count, ") outside [0, ", rows_, ")"));
-    }
-    if (static_cast<int64_t>(data.size()) != count * row_bytes_) {
-      return absl::InternalError(absl::StrCat("server sent ", data.size(), " bytes of ", name_,
-                                              " for ", count, " rows; expected ",
-                                              count * row_bytes_));
-    }
-    for (int64_t r = offset; r < offset + count; ++r) {
-      if (seen_[r]) {
-        return absl::InternalError(absl::StrCat("server sent ", name_, " row ", r, " twice"));
-      }
-      seen_[r] = 1;
-    }
-    std::memcpy(static_cast<char*>(dst) + offset * row_bytes_, data.data(), data.size());
-    received_ += count;
-    return absl::OkStatus();
-  }
-
-  bool any() const { return received_ > 0; }
-
-  absl::Status CheckComplete() const {
-    if (received_ == rows_) return absl::OkStatus();
-    const int64_t first = std::find(seen_.begin(), seen_.end(), 0) - seen_.begin();
-    return absl::DataLossError(absl::StrCat("the call ended without ", name_, " for ",
-                                            rows_ - received_, " rows (first missing: ", first,
-                                            ")"));
-  }
-
- private:
-  const char* name_;
-  int64_t rows_;
-  int64_t row_bytes_;
-  std::vector<uint8_t> seen_;
-  int64_t received_ = 0;
-};
-
-}  // namespace
 
 absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   const int64_t tokens = static_cast<int64_t>(args.targets.size());
@@ -104,11 +55,6 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   const v1::OutputSelection& wanted = header->outputs();
   const bool want_grad_input =
       wanted.has_grad_input() ? wanted.grad_input() : !wanted.forward_only();
-  Assembly grad_input("grad_input", tokens, row_bytes);
-  Assembly loss("per-token loss", tokens, 4);
-  Assembly logprob("logprob", tokens, 4);
-  Assembly entropy("entropy", tokens, 4);
-  Assembly correct("correct", tokens, 1);
   if (want_grad_input) {
     if (args.grad_input_storage != nullptr) {
       outcome.grad_input = std::move(*args.grad_input_storage);
@@ -120,6 +66,11 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   if (wanted.logprob()) outcome.logprob.resize(tokens);
   if (wanted.entropy()) outcome.entropy.resize(tokens);
   if (wanted.accuracy()) outcome.correct.resize(tokens);
+  RowAssembler grad_input("grad_input", tokens, row_bytes, outcome.grad_input.data());
+  RowAssembler loss("per-token loss", tokens, 4, outcome.per_token_loss.data());
+  RowAssembler logprob("logprob", tokens, 4, outcome.logprob.data());
+  RowAssembler entropy("entropy", tokens, 4, outcome.entropy.data());
+  RowAssembler correct("correct", tokens, 1, outcome.correct.data());
 
   // Shared memory where the server offers it: hidden written into a region,
   // grad_input read from it after the call; the messages are header and end.
@@ -198,24 +149,23 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
                                              : "server sent grad_input that was not asked for");
           break;
         }
-        protocol = grad_input.Place(piece.token_offset(), piece.num_tokens(), piece.data(),
-                                    outcome.grad_input.data());
+        protocol = grad_input.Place(piece.token_offset(), piece.num_tokens(), piece.data());
         break;
       }
       case v1::ComputeResponse::kTokenOutputs: {
         const v1::TokenOutputsChunk& piece = response.token_outputs();
         const int64_t at = piece.token_offset(), n = piece.num_tokens();
         if (protocol.ok() && !piece.loss().empty() && !outcome.per_token_loss.empty()) {
-          protocol = loss.Place(at, n, piece.loss(), outcome.per_token_loss.data());
+          protocol = loss.Place(at, n, piece.loss());
         }
         if (protocol.ok() && !piece.logprob().empty() && !outcome.logprob.empty()) {
-          protocol = logprob.Place(at, n, piece.logprob(), outcome.logprob.data());
+          protocol = logprob.Place(at, n, piece.logprob());
         }
         if (protocol.ok() && !piece.entropy().empty() && !outcome.entropy.empty()) {
-          protocol = entropy.Place(at, n, piece.entropy(), outcome.entropy.data());
+          protocol = entropy.Place(at, n, piece.entropy());
         }
         if (protocol.ok() && !piece.correct().empty() && !outcome.correct.empty()) {
-          protocol = correct.Place(at, n, piece.correct(), outcome.correct.data());
+          protocol = correct.Place(at, n, piece.correct());
         }
         break;
       }
@@ -240,15 +190,15 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   if (want_grad_input && region != nullptr) {
     std::memcpy(outcome.grad_input.data(), region->data() + hidden_bytes, hidden_bytes);
   } else if (want_grad_input) {
-    absl::Status complete = grad_input.CheckComplete();
+    absl::Status complete = grad_input.CheckComplete("the call");
     if (!complete.ok()) return complete;
   }
   for (const auto& [asked, part] :
-       {std::pair<bool, const Assembly*>{wanted.per_token_loss(), &loss},
+       {std::pair<bool, const RowAssembler*>{wanted.per_token_loss(), &loss},
         {wanted.logprob(), &logprob},
         {wanted.entropy(), &entropy}}) {
     if (!asked) continue;
-    absl::Status complete = part->CheckComplete();
+    absl::Status complete = part->CheckComplete("the call");
     if (!complete.ok()) return complete;
   }
   // Accuracy needs only the summary's counts; per-token flags are a bonus.

@@ -1,15 +1,26 @@
 #include "client/cpp/row_assembler.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
 namespace flce {
+namespace {
+
+char* Sized(std::string* buffer, int64_t bytes) {
+  buffer->resize(static_cast<size_t>(bytes));
+  return buffer->data();
+}
+
+}  // namespace
+
+RowAssembler::RowAssembler(const char* name, int64_t rows, int64_t row_bytes, void* dst)
+    : name_(name), rows_(rows), row_bytes_(row_bytes), dst_(static_cast<char*>(dst)),
+      seen_(rows, 0) {}
 
 RowAssembler::RowAssembler(const char* name, int64_t rows, int64_t row_bytes, std::string* buffer)
-    : name_(name), rows_(rows), row_bytes_(row_bytes), buffer_(buffer), seen_(rows, 0) {
-  buffer_->resize(static_cast<size_t>(rows * row_bytes));
-}
+    : RowAssembler(name, rows, row_bytes, Sized(buffer, rows * row_bytes)) {}
 
 absl::Status RowAssembler::Place(int64_t at, int64_t n, absl::string_view data) {
   if (at < 0 || n <= 0 || at > rows_ - n) {
@@ -26,15 +37,17 @@ absl::Status RowAssembler::Place(int64_t at, int64_t n, absl::string_view data) 
     }
     seen_[r] = 1;
   }
-  std::memcpy(buffer_->data() + at * row_bytes_, data.data(), data.size());
+  std::memcpy(dst_ + at * row_bytes_, data.data(), data.size());
   received_ += n;
   return absl::OkStatus();
 }
 
 absl::Status RowAssembler::CheckComplete(absl::string_view what) const {
   if (received_ == rows_) return absl::OkStatus();
+  const int64_t first = std::find(seen_.begin(), seen_.end(), 0) - seen_.begin();
   return absl::DataLossError(absl::StrCat(what, " ended with ", rows_ - received_, " of ", rows_,
-                                          " ", name_, " rows missing"));
+                                          " ", name_, " rows missing (first missing: ", first,
+                                          ")"));
 }
 
 }  // namespace flce
