@@ -121,7 +121,7 @@ v1::Flce::Stub& Client::BulkStub() {
   bulk_settled_ = true;
   // The path as the server sees it: absent here (another mount namespace) or
   // another host's, it is not this server's socket.
-  if (info->unix_socket().empty() || info->boot_id() != LocalBootId() ||
+  if (info->unix_socket().empty() || !OnThisHost(*info) ||
       access(info->unix_socket().c_str(), F_OK) != 0) {
     return *stub_;
   }
@@ -175,7 +175,7 @@ absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> Client::SharedTransport()
     const bool offered = std::find(info->local_transports().begin(),
                                    info->local_transports().end(),
                                    "shm") != info->local_transports().end();
-    if (info->boot_id().empty() || info->boot_id() != LocalBootId()) {
+    if (!OnThisHost(*info)) {
       local_refusal_ = "it runs on another host (its boot id is not this one's)";
     } else if (!offered) {
       local_refusal_ =

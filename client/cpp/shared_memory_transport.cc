@@ -40,11 +40,11 @@ absl::Status Errno(const std::string& what) {
 
 }  // namespace
 
-std::string LocalBootId() {
+bool OnThisHost(const v1::ServerInfo& info) {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;
   std::getline(in, id);
-  return id;
+  return !id.empty() && id == info.boot_id();
 }
 
 SharedRegion::~SharedRegion() { munmap(data_, static_cast<size_t>(bytes_)); }

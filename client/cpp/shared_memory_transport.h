@@ -29,9 +29,9 @@
 
 namespace flce {
 
-// The host's /proc/sys/kernel/random/boot_id ("" where unreadable): equal to
-// ServerInfo.boot_id on the server's host.
-std::string LocalBootId();
+// Whether the server that answered `info` runs on this host (its boot id,
+// /proc/sys/kernel/random/boot_id, is this host's; not when either is unknown).
+bool OnThisHost(const v1::ServerInfo& info);
 
 // A mapped shared-memory object, registered with the server.
 class SharedRegion {

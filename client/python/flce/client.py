@@ -242,7 +242,8 @@ class Client:
         return channel
 
     def _bind_bulk(self, channel: grpc.Channel) -> None:
-        """The calls that carry tensors, on `channel`."""
+        """The calls that carry tensors, and Commit (which follows a Compute), on
+        `channel`."""
         # bulk RPCs bypass the generated (de)serializers: see flce.wire
         self._upload = channel.stream_unary(
             "/flce.v1.Flce/UploadHead", request_serializer=_serialize,
