@@ -62,7 +62,8 @@ nlohmann::json ServerInfoJson(const v1::ServerInfo& info) {
           {"boot_id", info.boot_id()},
           {"local_transports", std::vector<std::string>(info.local_transports().begin(),
                                                         info.local_transports().end())},
-          {"device_uuid", info.device_uuid()}};
+          {"device_uuid", info.device_uuid()},
+          {"unix_socket", info.unix_socket()}};
 }
 
 nlohmann::json SummaryJson(const v1::ComputeSummary& summary, bool with_accuracy) {

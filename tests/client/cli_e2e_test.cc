@@ -86,7 +86,8 @@ class CliEndToEndTest : public ::testing::Test {
     server_ = new BackgroundProcess(
         {kServerBin, "--host", "127.0.0.1", "--port", std::to_string(port_), "--metrics-port", "0",
          "--device", "cpu", "--threads", "2", "--head-root", *dir_ + "/heads",
-         "--checkpoint-dir", *dir_ + "/checkpoints", "--local-transports=shm"},
+         "--checkpoint-dir", *dir_ + "/checkpoints", "--local-transports=shm", "--unix-socket",
+         *dir_ + "/flce.sock"},
         *dir_ + "/server.log");
     ASSERT_TRUE(server_->started());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -252,6 +253,7 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
   EXPECT_FALSE(info["instance_id"].get<std::string>().empty());
   EXPECT_GT(info["max_message_bytes"].get<int64_t>(), 0);
   EXPECT_EQ(info["device_uuid"], "") << info;  // the CPU engine has no GPU
+  EXPECT_EQ(info["unix_socket"], *dir_ + "/flce.sock") << info;  // told to a caller on its host
 
   // The embedded demo head of a server started without one.
   const nlohmann::json demo = Ok({"describe", "--head", "demo"});
