@@ -54,6 +54,7 @@ absl::Status ComputeJob::Run() {
         std::to_string(first->hidden().token_offset()) + ")");
   }
   absl::Status status = Setup(first->header());
+  if (status.ok()) scope_->mark_phase("setup");
   if (status.ok() && region_ != nullptr) {
     status = region_->device() != nullptr ? AddRowsFromDevice() : AddRowsFromRegion();
   }
@@ -366,8 +367,10 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
                                                    spec_.num_tokens));
   }
   FLCE_RETURN_IF_ERROR(rows_->CheckComplete());
+  scope_->mark_phase("input");
   FLCE_ASSIGN_OR_RETURN(ComputeResult result, call_->Finish());
   call_.reset();
+  scope_->mark_phase("finish");
   head_use_.Release();  // the weight is no longer read: a step may go ahead
   if (grad_input_ != nullptr) FLCE_RETURN_IF_ERROR(grad_input_->Drain());
   {
@@ -410,6 +413,7 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
                                             spec_.num_tokens, hidden_fingerprint_,
                                             hidden_on_device_));
   }
+  scope_->mark_phase("land");
   scope_->set_strategy(result.strategy_used);
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->RecordCompute(head_.owner, head_.head_id, result.strategy_used, spec_.num_tokens,

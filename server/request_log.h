@@ -1,7 +1,11 @@
 // The one structured log line each RPC leaves when it ends, as key=value
 // pairs an operator can grep or a log shipper can split:
 //   request id=r1 rpc=Compute tenant=a head=demo session=s1 tokens=48
-//     strategy=chunked duration_ms=12.345 code=OK
+//     strategy=chunked setup_ms=0.2 input_ms=1.0 finish_ms=110.9 land_ms=0.3
+//     duration_ms=112.512 code=OK
+// A Compute's phases (set only by calls that reached them) say where its time
+// went: before the engine started, taking hidden in, the engine's remaining
+// work, landing the contribution and sending the summary.
 // Values with spaces, quotes or '=' are quoted; fields not known for the RPC
 // are left out; a failed call adds message="...". Never holds a token.
 #ifndef FLCE_SERVER_REQUEST_LOG_H_
@@ -26,6 +30,7 @@ struct RequestLogLine {
   std::string session;
   int64_t tokens = -1;  // -1 = not a compute
   std::string strategy;
+  std::vector<std::pair<std::string, double>> phases_ms;  // in order; "<name>_ms" keys
   double seconds = 0.0;
   std::string code;  // "OK", "INVALID_ARGUMENT", ...
   std::string message;
@@ -35,7 +40,7 @@ struct RequestLogLine {
 std::string FormatRequestLog(const RequestLogLine& line);
 
 // The fields of --log-format=json, in order: request_id, rpc, tenant, head,
-// session, tokens, strategy (each only when known), duration_ms, code,
+// session, tokens, strategy (each only when known), the phases, duration_ms, code,
 // message (not for OK); string values cut as QuoteLogValue cuts them.
 std::vector<std::pair<std::string, nlohmann::json>> RequestLogFields(const RequestLogLine& line);
 

@@ -11,13 +11,23 @@ std::atomic<uint64_t> g_call_counter{0};
 }  // namespace
 
 RpcScope::RpcScope(const ServiceContext& ctx, const char* rpc)
-    : ctx_(ctx), rpc_(rpc), start_(absl::Now()), call_number_(++g_call_counter) {
+    : ctx_(ctx),
+      rpc_(rpc),
+      start_(absl::Now()),
+      call_number_(++g_call_counter),
+      phase_start_(start_) {
   ctx_.active_calls.fetch_add(1);
   if (ctx_.metrics != nullptr) ctx_.metrics->InflightAdd(rpc_, 1);
 }
 
 RpcScope::~RpcScope() {
   if (!done_) Done(grpc::Status(grpc::StatusCode::CANCELLED, "never finished"));
+}
+
+void RpcScope::mark_phase(const char* name) {
+  const absl::Time now = absl::Now();
+  phases_ms_.emplace_back(name, absl::ToDoubleMilliseconds(now - phase_start_));
+  phase_start_ = now;
 }
 
 void RpcScope::Done(const grpc::Status& status) {
@@ -33,6 +43,7 @@ void RpcScope::Done(const grpc::Status& status) {
   line.session = session_;
   line.tokens = tokens_;
   line.strategy = strategy_;
+  line.phases_ms = std::move(phases_ms_);
   line.seconds = seconds;
   line.code = GrpcCodeName(status.error_code());
   line.message = status.error_message();

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -70,6 +72,8 @@ class RpcScope {
   void set_session(absl::string_view session) { session_ = std::string(session); }
   void set_tokens(int64_t tokens) { tokens_ = tokens; }
   void set_strategy(absl::string_view strategy) { strategy_ = std::string(strategy); }
+  // Time since start() or since the previous mark, logged as "<name>_ms".
+  void mark_phase(const char* name);
 
  private:
   const ServiceContext& ctx_;
@@ -83,6 +87,8 @@ class RpcScope {
   std::string session_;
   int64_t tokens_ = -1;
   std::string strategy_;
+  absl::Time phase_start_;
+  std::vector<std::pair<std::string, double>> phases_ms_;
 };
 
 // The gate every flce.v1 handler passes first: the caller's principal from

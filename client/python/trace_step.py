@@ -1,0 +1,135 @@
+#!/usr/bin/python3
+"""Where a training step's time goes on the client, phase by phase.
+
+Runs RemoteLMHead steps (loss = head(x, y); loss.backward()) like bench_step.py and times,
+inside each step: taking a region and writing hidden into it (local transports), the
+Compute RPC up to its summary and up to the end of its stream, the rest of the forward
+(grad_input out of the region, the loss tensor), the Commit RPC, and the rest of backward.
+Put next to the server's request log (setup_ms, input_ms, finish_ms, land_ms,
+duration_ms of each Compute and Commit), it shows what the wire and the client add.
+
+    /usr/bin/python3 client/python/trace_step.py --target 127.0.0.1:50051 \
+        --device cuda --transport cuda_ipc [--json trace.jsonl]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import flce  # noqa: E402
+from flce import client as client_module  # noqa: E402
+
+_marks: dict = {}
+
+
+def _mark(name: str) -> None:
+    _marks.setdefault(name, time.perf_counter())
+
+
+def _traced_stream(calls, requests, **kw):
+    """The Compute stream, marking when the summary arrives and when the stream ends."""
+    for msg in calls(requests, **kw):
+        if not isinstance(msg, client_module.wire.GradInputView) and \
+                msg.WhichOneof("msg") == "summary":
+            _mark("summary")
+        yield msg
+    _mark("stream_end")
+
+
+def _wrap_compute(client: flce.Client) -> None:
+    compute = client._compute
+    client._compute = lambda requests, **kw: _traced_stream(compute, requests, **kw)
+
+
+def _install(client: flce.Client) -> None:
+    _wrap_compute(client)
+    bind_bulk = client._bind_bulk
+
+    def bind_bulk_traced(channel):  # a move to the server's Unix socket rebinds Compute
+        bind_bulk(channel)
+        _wrap_compute(client)
+    client._bind_bulk = bind_bulk_traced
+    run_compute = client._run_compute
+
+    def run_compute_marked(*args, **kw):
+        _mark("rpc_start")
+        try:
+            return run_compute(*args, **kw)
+        finally:
+            _mark("rpc_return")
+    client._run_compute = run_compute_marked
+    commit = client.commit
+
+    def commit_marked(*args, **kw):
+        _mark("commit_start")
+        try:
+            return commit(*args, **kw)
+        finally:
+            _mark("commit_end")
+    client.commit = commit_marked
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="127.0.0.1:50051")
+    p.add_argument("--tokens", type=int, default=65535)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=176245)
+    p.add_argument("--steps", type=int, default=7)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm", "cuda_ipc"))
+    p.add_argument("--json", help="append the per-phase medians as one JSON line to this file")
+    args = p.parse_args()
+    n, h, v = args.tokens, args.hidden, args.vocab
+    g = torch.Generator().manual_seed(0)
+    client = flce.Client(args.target, timeout=600, transport=args.transport).wait_ready(60)
+    _install(client)
+    head = flce.RemoteLMHead(client, "trace-step")
+    client.upload_head("trace-step", (torch.randn(v, h, generator=g) / h ** 0.5)
+                       .to(torch.bfloat16))
+    hidden = torch.randn(n, h, generator=g).to(torch.bfloat16).to(args.device)
+    y = torch.randint(0, v, (n,), generator=g).to(args.device)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    order = ("rpc_start", "summary", "stream_end", "rpc_return", "forward_end",
+             "commit_start", "commit_end", "backward_end")
+    rows = []
+    for step in range(args.steps + 1):  # the first is a warm-up
+        x = hidden.detach().requires_grad_(True)
+        sync()
+        _marks.clear()
+        t0 = time.perf_counter()
+        loss = head(x, y)
+        _mark("forward_end")
+        loss.backward()
+        sync()
+        _mark("backward_end")
+        times = [t0] + [_marks.get(k, float("nan")) for k in order]
+        phases = {f"{a}->{b}": (t1 - t_0) * 1e3 for a, b, t_0, t1 in
+                  zip(("call",) + order, order, times, times[1:])}
+        phases["server_total"] = head.last_summary.timings.total_ms
+        phases["engine"] = head.last_summary.timings.engine_ms
+        phases["wall"] = (_marks["backward_end"] - t0) * 1e3
+        if step:
+            rows.append(phases)
+        print(f"step {step} ({client.last_transport}): " +
+              "  ".join(f"{k} {ms:.2f}" for k, ms in phases.items()), flush=True)
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    print("median: " + "  ".join(f"{k} {ms:.2f}" for k, ms in med.items()))
+    if args.json:
+        with open(args.json, "a") as out:
+            out.write(json.dumps({"transport": client.last_transport, "tokens": n,
+                                  "hidden": h, "vocab": v, "steps": len(rows),
+                                  "median_ms": med}) + "\n")
+    client.unload_head("trace-step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
