@@ -44,6 +44,7 @@ void ComputeJob::Abandon() {
 
 absl::Status ComputeJob::Run() {
   FLCE_ASSIGN_OR_RETURN(std::optional<v1::ComputeRequest> first, channel_->Next());
+  scope_->mark_phase("header");
   if (!first.has_value()) {
     return absl::InvalidArgumentError(
         "first message must be a header (the stream closed before any message)");

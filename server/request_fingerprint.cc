@@ -10,15 +10,10 @@
 namespace flce::server {
 namespace {
 
-// FNV-1a: stable across runs and builds, unlike std::hash.
-uint64_t Fnv1a(const std::string &bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
+// XXH3: stable across runs and builds, unlike std::hash, and fast enough that
+// a header with a few hundred KiB of targets costs microseconds (a byte-wise
+// FNV-1a took ~0.4 ms per 64k-token header).
+uint64_t Hash(const std::string &bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
 }  // namespace
 
@@ -32,7 +27,7 @@ uint64_t DeterministicFingerprint(const google::protobuf::Message &message) {
     coded.SetSerializationDeterministic(true);
     message.SerializeToCodedStream(&coded);
   }
-  return Fnv1a(bytes);
+  return Hash(bytes);
 }
 
 }  // namespace

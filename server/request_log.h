@@ -1,11 +1,12 @@
 // The one structured log line each RPC leaves when it ends, as key=value
 // pairs an operator can grep or a log shipper can split:
 //   request id=r1 rpc=Compute tenant=a head=demo session=s1 tokens=48
-//     strategy=chunked setup_ms=0.2 input_ms=1.0 finish_ms=110.9 land_ms=0.3
-//     duration_ms=112.512 code=OK
-// A Compute's phases (set only by calls that reached them) say where its time
-// went: before the engine started, taking hidden in, the engine's remaining
-// work, landing the contribution and sending the summary.
+//     strategy=chunked header_ms=0.5 setup_ms=1.2 input_ms=98.9 finish_ms=13.0
+//     land_ms=0.9 duration_ms=114.512 code=OK
+// A Compute's phases (each only when the call reached its end) say where its
+// time went: waiting for the header, checks, session and engine set-up,
+// taking hidden in, the engine's remaining work, and landing (or staging) the
+// contribution; what duration_ms has beyond their sum went to the summary.
 // Values with spaces, quotes or '=' are quoted; fields not known for the RPC
 // are left out; a failed call adds message="...". Never holds a token.
 #ifndef FLCE_SERVER_REQUEST_LOG_H_

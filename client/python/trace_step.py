@@ -48,7 +48,22 @@ def _wrap_compute(client: flce.Client) -> None:
     client._compute = lambda requests, **kw: _traced_stream(compute, requests, **kw)
 
 
+def _marked_after(owner, name: str, mark: str) -> None:
+    fn = getattr(owner, name)
+
+    def marked(*args, **kw):
+        result = fn(*args, **kw)
+        _mark(mark)
+        return result
+    setattr(owner, name, marked)
+
+
 def _install(client: flce.Client) -> None:
+    # the call's own work before the RPC: targets to bytes (a device-to-host copy when
+    # they are on a GPU), a region, hidden written into it
+    _marked_after(client_module.tensors, "to_bytes_int32", "targets_bytes")
+    _marked_after(client_module.SharedTransport, "acquire", "region_acquired")
+    _marked_after(client_module.cuda_ipc.DeviceRegion, "mark_written", "hidden_written")
     _wrap_compute(client)
     bind_bulk = client._bind_bulk
 
@@ -97,7 +112,7 @@ def main() -> int:
     hidden = torch.randn(n, h, generator=g).to(torch.bfloat16).to(args.device)
     y = torch.randint(0, v, (n,), generator=g).to(args.device)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    order = ("rpc_start", "summary", "stream_end", "rpc_return", "forward_end",
+    order = ("targets_bytes", "region_acquired", "hidden_written", "rpc_start", "summary", "stream_end", "rpc_return", "forward_end",
              "commit_start", "commit_end", "backward_end")
     rows = []
     for step in range(args.steps + 1):  # the first is a warm-up

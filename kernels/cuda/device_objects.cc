@@ -85,27 +85,45 @@ absl::StatusOr<std::shared_ptr<DeviceContext>> DeviceContext::Create(int ordinal
   return ctx;
 }
 
-absl::StatusOr<DeviceBuffer> DeviceContext::TakeGradMemory(int64_t bytes) {
+absl::StatusOr<DeviceContext::GradMemory> DeviceContext::TakeGradMemory(int64_t bytes) {
+  GradMemory found;
   {
     std::lock_guard<std::mutex> lock(spare_mu_);
     for (auto it = spare_grads_.begin(); it != spare_grads_.end(); ++it) {
-      if (it->bytes() == bytes) {
-        DeviceBuffer memory = std::move(*it);
+      if (it->memory.bytes() == bytes) {
+        found = std::move(*it);
         spare_grads_.erase(it);
-        return memory;
+        break;
       }
     }
   }
-  return DeviceBuffer::Allocate(bytes, &health_);
+  if (found.memory.get() == nullptr) {
+    FLCE_ASSIGN_OR_RETURN(found.memory, DeviceBuffer::Allocate(bytes, &health_));
+    found.zeroed = false;
+    return found;
+  }
+  if (found.zeroed) {
+    // Its memset was queued on the auxiliary stream when it was kept.
+    FLCE_RETURN_IF_ERROR(Enter());
+    std::lock_guard<std::mutex> lock(aux_mu_);
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(aux_), &health_);
+  }
+  return found;
 }
 
 void DeviceContext::KeepGradMemory(DeviceBuffer memory) {
   if (memory.get() == nullptr || !health_.healthy.load()) return;
+  GradMemory spare{std::move(memory), false};
+  if (Enter().ok()) {
+    std::lock_guard<std::mutex> lock(aux_mu_);
+    spare.zeroed = cudaMemsetAsync(spare.memory.get(), 0, spare.memory.bytes(), aux_) == cudaSuccess;
+    if (!spare.zeroed) cudaGetLastError();  // not sticky: the memory is zeroed when taken
+  }
   std::lock_guard<std::mutex> lock(spare_mu_);
   if (static_cast<int>(spare_grads_.size()) == kSpareGradBuffers) {
     spare_grads_.erase(spare_grads_.begin());  // the oldest goes back to the driver
   }
-  spare_grads_.push_back(std::move(memory));
+  spare_grads_.push_back(std::move(spare));
 }
 
 int DeviceContext::spare_grad_buffers() const {
@@ -425,8 +443,9 @@ absl::StatusOr<std::unique_ptr<CudaGradBuffer>> CudaGradBuffer::Create(
   g->padded_vocab_ = PadVocab(spec.vocab_size);
   g->has_bias_ = spec.has_bias;
   const int64_t floats = g->padded_vocab_ * g->hidden_ + (g->has_bias_ ? g->padded_vocab_ : 0);
-  FLCE_ASSIGN_OR_RETURN(g->data_, g->ctx_->TakeGradMemory(floats * 4));
-  FLCE_RETURN_IF_ERROR(g->Zero());
+  FLCE_ASSIGN_OR_RETURN(DeviceContext::GradMemory memory, g->ctx_->TakeGradMemory(floats * 4));
+  g->data_ = std::move(memory.memory);
+  if (!memory.zeroed) FLCE_RETURN_IF_ERROR(g->Zero());
   return g;
 }
 

@@ -72,8 +72,16 @@ class DeviceContext {
   // buffer has finished when it is destroyed (they all wait), so the memory
   // is idle when kept. At most kSpareGradBuffers; all given back when
   // cudaMalloc runs out of memory (DeviceMemory::Reclaim).
+  // Kept memory is zeroed on the auxiliary stream as it is kept, without
+  // waiting, so that a new buffer (every compute call's staging) costs no
+  // memset on the call's path: TakeGradMemory waits for that zeroing and
+  // says whether the memory it returns is zero.
   static constexpr int kSpareGradBuffers = 2;
-  absl::StatusOr<DeviceBuffer> TakeGradMemory(int64_t bytes);
+  struct GradMemory {
+    DeviceBuffer memory;
+    bool zeroed = false;
+  };
+  absl::StatusOr<GradMemory> TakeGradMemory(int64_t bytes);
   void KeepGradMemory(DeviceBuffer memory);
   int spare_grad_buffers() const;
 
@@ -92,7 +100,7 @@ class DeviceContext {
   DeviceBuffer sums_;     // the sum of squares' partials, then its results
   DeviceBuffer scratch_;  // a staging buffer's worth of device memory (ids and rows)
   mutable std::mutex spare_mu_;
-  std::vector<DeviceBuffer> spare_grads_;
+  std::vector<GradMemory> spare_grads_;
 };
 
 class CudaHead : public Head {

@@ -211,6 +211,28 @@ TEST_P(EngineProtocolTest, GradBufferScaleAndAddReportsNonFiniteContributionsAnd
   EXPECT_FALSE(sum->ScaleAndAdd(1.0f, **other).ok());
 }
 
+// The finiteness checks read every element, whatever its place: the first,
+// one inside, and the last of a weight whose V x H is not a multiple of four
+// (the CUDA passes read four at a time and the rest one by one).
+TEST_P(EngineProtocolTest, GradBufferChecksFindOneNonFiniteElementAnywhere) {
+  const HeadSpec spec{131, 13, DType::kF32, true};
+  for (const auto& [row, column] : {std::pair<int32_t, int>{0, 0}, {64, 5}, {130, 12}}) {
+    auto grad = engine_->NewGradBuffer(spec);
+    auto zero = engine_->NewGradBuffer(spec);
+    ASSERT_TRUE(grad.ok() && zero.ok());
+    std::vector<float> values(spec.hidden_size, 0.5f);
+    values[column] = std::numeric_limits<float>::quiet_NaN();
+    ASSERT_TRUE((*grad)->ScatterAddRows(&row, 1, values.data(), DType::kF32, true).ok());
+    absl::StatusOr<bool> finite = (*grad)->AllFinite();
+    ASSERT_TRUE(finite.ok()) << finite.status();
+    EXPECT_FALSE(*finite) << "row " << row << " column " << column;
+    absl::StatusOr<FiniteCheck> check = (*grad)->ScaleAndAdd(1.0f, **zero);
+    ASSERT_TRUE(check.ok()) << check.status();
+    EXPECT_FALSE(check->contribution_finite) << "row " << row << " column " << column;
+    EXPECT_FALSE(check->sum_finite) << "row " << row << " column " << column;
+  }
+}
+
 TEST_P(EngineProtocolTest, GradBufferRejectsBadShapesAndRanges) {
   HeadSpec a{131, 16, DType::kF32, false};
   HeadSpec b{131, 17, DType::kF32, false};

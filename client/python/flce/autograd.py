@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import grpc
 import torch
 
 from flce.client import Client, new_request_id
@@ -73,8 +74,10 @@ class StagedContribution:
             raise RuntimeError("this flce loss was already backpropagated: its grad_W was "
                                "committed once and cannot be applied again (retain_graph)")
         self.done = True
-        self.cfg.client.commit(self.cfg.head_id, self.request_id, scale,
-                               session_id=self.cfg.session_id)
+        # on the client's commit thread unless Client(async_commit=False): the session's
+        # gradient is next read by a call that waits for it (flce.commit_queue)
+        self.cfg.client.commit_in_background(self.cfg.head_id, self.request_id, scale,
+                                             session_id=self.cfg.session_id)
 
     def discard(self) -> None:
         """Best effort, never raises: NOT_FOUND (nothing was staged), a server that is
@@ -94,6 +97,20 @@ class StagedContribution:
 
     def __del__(self):
         self.discard()
+
+
+def _compute_deferred(cfg: CallConfig, hidden, targets, **kw):
+    """cfg.compute with its grad_W staged. The server's --max-pending counts staged
+    contributions whose Commit is still on its way from the client's commit thread: when
+    it refuses the call for that, the commits are waited for and the call is made again
+    (the refusal recorded nothing under the request id)."""
+    try:
+        return cfg.compute(hidden, targets, deferred_commit=True, **kw)
+    except FlceError as err:
+        if err.code != grpc.StatusCode.RESOURCE_EXHAUSTED or not cfg.client.pending_commits:
+            raise
+    cfg.client.drain_commits()
+    return cfg.compute(hidden, targets, deferred_commit=True, **kw)
 
 
 def _scaled(grad: torch.Tensor, scale: torch.Tensor, device) -> torch.Tensor:
@@ -118,9 +135,9 @@ class FusedLoss(torch.autograd.Function):
                 cfg: CallConfig, reduction: str, sink: Optional[list]):
         staged = StagedContribution(cfg, new_request_id())
         try:
-            result = cfg.compute(hidden, targets, reduction=reduction,
-                                 request_id=staged.request_id,
-                                 grad_input=ctx.needs_input_grad[0], deferred_commit=True)
+            result = _compute_deferred(cfg, hidden, targets, reduction=reduction,
+                                       request_id=staged.request_id,
+                                       grad_input=ctx.needs_input_grad[0])
         except FlceError as err:
             if not err.non_finite:
                 staged.discard()

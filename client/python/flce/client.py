@@ -6,6 +6,7 @@ preallocated tensor.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import uuid
@@ -20,6 +21,7 @@ import torch
 from flce import cuda_ipc, host_memory, security, shm, tensors, wire
 from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
+from flce.commit_queue import CommitQueue
 from flce.errors import FlceError, translate
 from flce.shm import SharedTransport
 from flce.results import (CheckpointInfo, CommitResult, ComputeSummary, DownloadHeader,
@@ -158,6 +160,16 @@ class HeadDownload(NamedTuple):
     header: DownloadHeader
 
 
+def _after_commits(method):
+    """A call that reads or changes a session's gradient (or the head it belongs to) runs
+    once this client's background commits have landed (flce.commit_queue)."""
+    @functools.wraps(method)
+    def inner(self, *args, **kwargs):
+        self.drain_commits()
+        return method(self, *args, **kwargs)
+    return inner
+
+
 class Client:
     """Connection to one flce server. `session_id` is the default session for gradients."""
 
@@ -169,7 +181,7 @@ class Client:
                  tls_key: Optional[str] = None, tls_server_name: Optional[str] = None,
                  auth_token: Optional[str] = None, auth_token_file: Optional[str] = None,
                  max_in_flight: int = 1, transport: str = "auto", unix_socket: bool = True,
-                 malloc_tuning: bool = True):
+                 malloc_tuning: bool = True, async_commit: bool = True):
         """max_in_flight: how many submitted calls (RemoteLMHead.submit) run at once; 1 lands
         their contributions in submission order. transport: how Compute sends hidden and
         gets grad_input: "auto" (where the server offers it to this client: GPU memory for
@@ -185,7 +197,11 @@ class Client:
         go); only for a channel this client made without TLS. malloc_tuning: before the
         first call that carries tensors in messages, tell glibc's malloc (once per process)
         to keep the message-sized buffers it frees (flce.host_memory: in a process with a
-        CUDA context, handing them back to the kernel made such calls ~30 % slower)."""
+        CUDA context, handing them back to the kernel made such calls ~30 % slower).
+        async_commit: loss.backward() (flce.autograd) hands its Commit to a background
+        thread and returns; this client's calls that read or change a session's gradient
+        wait for it first and raise its failure (flce.commit_queue). False: backward
+        waits for the Commit."""
         self.target = target
         self.session_id = session_id or f"py-{uuid.uuid4().hex[:12]}"
         self.chunk_bytes = chunk_bytes
@@ -205,6 +221,8 @@ class Client:
         # how the last Compute moved hidden: "cuda_ipc", "shm" or "grpc"
         self.last_transport = ""
         self._executor: Optional[ThreadPoolExecutor] = None  # made by the first submit
+        self.async_commit = async_commit
+        self._commits = CommitQueue()  # backward's Commits, when async_commit
         self._executor_lock = threading.Lock()
         # the server sizes its messages by --max-message-mb; ours are chunk_bytes at most,
         # so only the receive side needs to follow it (-1 = no client-side limit)
@@ -279,8 +297,16 @@ class Client:
         return self
 
     def close(self) -> None:
+        """Waits for submitted calls and background commits (raising a commit's failure
+        nobody has seen), then closes the channels."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)  # submitted calls finish first
+        try:
+            self._commits.close()
+        finally:
+            self._close_channels()
+
+    def _close_channels(self) -> None:
         for regions in (self._shared, self._device_regions):
             if regions is not None:
                 regions.close()
@@ -425,11 +451,13 @@ class Client:
         return HeadInfo.from_pb(self._stub.DescribeHead(pb.DescribeHeadRequest(head_id=head_id),
                                                         timeout=self.timeout))
 
+    @_after_commits
     @translate("UnloadHead")
     def unload_head(self, head_id: str) -> UnloadResult:
         return UnloadResult.from_pb(self._stub.UnloadHead(pb.UnloadHeadRequest(head_id=head_id),
                                                           timeout=self.timeout))
 
+    @_after_commits
     @translate("LoadHeadFromFile")
     def load_head_from_file(self, head_id: str, path: str, weight_tensor: str,
                             bias_tensor: str = "", dtype: Optional[torch.dtype] = None,
@@ -442,6 +470,7 @@ class Client:
             reset_optimizer=reset_optimizer)
         return HeadInfo.from_pb(self._stub.LoadHeadFromFile(req, timeout=self.timeout))
 
+    @_after_commits
     @translate("UploadHead")
     def upload_head(self, head_id: str, weight: torch.Tensor,
                     bias: Optional[torch.Tensor] = None,
@@ -661,6 +690,27 @@ class Client:
             self._commit(wire.encode_commit(req.SerializeToString(), scale),
                          timeout=timeout if timeout is not None else self.timeout))
 
+    def commit_in_background(self, head_id: str, request_id: str, scale: float, *,
+                             session_id: Optional[str] = None) -> None:
+        """commit() on this client's commit thread (in order), or at once without
+        async_commit; a failure is raised by the next drain_commits()."""
+        if not self.async_commit:
+            self.commit(head_id, request_id, scale, session_id=session_id)
+            return
+        self._commits.submit(lambda: self.commit(head_id, request_id, scale,
+                                                 session_id=session_id))
+
+    @property
+    def pending_commits(self) -> int:
+        """Background commits not finished yet."""
+        return len(self._commits)
+
+    def drain_commits(self, timeout: Optional[float] = None) -> None:
+        """Waits until every background commit has landed; raises the first failure
+        (once)."""
+        self._commits.drain(timeout)
+
+    @_after_commits
     def fetch_grad(self, head_id: str, *, session_id: Optional[str] = None,
                    dtype: torch.dtype = torch.float32, reset: bool = False,
                    request_id: Optional[str] = None, chunk_rows: int = 0) -> GradResult:
@@ -708,6 +758,7 @@ class Client:
         return GradResult(weight.tensor, bias.tensor.reshape(-1) if bias else None,
                           GradHeader.from_pb(header), request_id)
 
+    @_after_commits
     @translate("ZeroGrad")
     def zero_grad(self, head_id: str, *, session_id: Optional[str] = None) -> None:
         self._stub.ZeroGrad(pb.ZeroGradRequest(
@@ -715,12 +766,14 @@ class Client:
             session_id=session_id if session_id is not None else self.session_id),
             timeout=self.timeout)
 
+    @_after_commits
     @translate("ListSessions")
     def sessions(self, head_id: str = "") -> List[SessionInfo]:
         return [SessionInfo.from_pb(s) for s in
                 self._stub.ListSessions(pb.ListSessionsRequest(head_id=head_id),
                                         timeout=self.timeout).sessions]
 
+    @_after_commits
     @translate("DeleteSession")
     def delete_session(self, head_id: str, session_id: Optional[str] = None) -> None:
         self._stub.DeleteSession(pb.DeleteSessionRequest(
@@ -748,6 +801,7 @@ class Client:
                 getattr(req, name).CopyFrom(msg)
         return OptimizerInfo.from_pb(self._stub.CreateOptimizer(req, timeout=self.timeout))
 
+    @_after_commits
     def step(self, head_id: str, lr: float, *, session_id: Optional[str] = None,
              bias_lr: Optional[float] = None, clip_coef: Optional[float] = None,
              grad_multiplier: Optional[float] = None, found_inf: bool = False,
@@ -784,6 +838,7 @@ class Client:
     def _step(self, req) -> StepResult:
         return StepResult.from_pb(self._stub.Step(req, timeout=self.timeout))
 
+    @_after_commits
     @translate("GradNorm")
     def grad_norm(self, head_id: str, session_id: Optional[str] = None) -> GradNorm:
         """Squared L2 norms (fp64) of the session's gradient, for clipping by a global norm
@@ -910,6 +965,7 @@ class Client:
             raise bad(f"{rows.rows_filled} of {n} rows received")
         return rows.tensor, header
 
+    @_after_commits
     def embed_grad(self, head_id: str, token_ids: torch.Tensor, grad_rows: torch.Tensor, *,
                    session_id: Optional[str] = None, padding_idx: Optional[int] = None,
                    deterministic: bool = False, request_id: Optional[str] = None,
@@ -968,6 +1024,7 @@ class Client:
         return EmbedGradSummary.from_pb(self._embed_grad(requests, timeout=self.timeout))
 
     # ----------------------------------------------------------- checkpoints --
+    @_after_commits
     def save_checkpoint(self, head_id: str, name: str, *, overwrite: bool = False,
                         request_id: Optional[str] = None) -> CheckpointInfo:
         """Saves the head with its optimizer state (weight, bias, fp32 master, moments, step
@@ -994,6 +1051,7 @@ class Client:
     def _save_checkpoint(self, req) -> CheckpointInfo:
         return CheckpointInfo.from_pb(self._stub.SaveCheckpoint(req, timeout=self.timeout))
 
+    @_after_commits
     def load_checkpoint(self, head_id: str, name: str, *, reset_optimizer: bool = False,
                         request_id: Optional[str] = None) -> HeadInfo:
         """Creates or replaces head_id from the caller's checkpoint `name`: weight, bias and,

@@ -289,9 +289,11 @@ class RemoteLMHead(nn.Module):
                            pinned_result=hidden.is_cuda)
 
     def drain(self, timeout: Optional[float] = None) -> None:
-        """Waits until every call submitted through this head has finished; raises the
-        first failure no PendingLoss.result() / backward() has seen."""
+        """Waits until every call submitted through this head has finished and the
+        client's background commits (backward's, flce.commit_queue) have landed; raises
+        the first failure no PendingLoss.result() / backward() has seen."""
         self._in_flight.drain(timeout)
+        self.client.drain_commits(timeout)
 
     def extra_repr(self) -> str:
         return (f"head_id={self.head_id!r}, session_id={self.session_id!r}, "
