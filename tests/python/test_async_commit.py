@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -31,19 +32,24 @@ def _head(client: flce.Client, head_id: str) -> flce.RemoteLMHead:
 
 
 class HeldCommits:
-    """Makes the client's commits wait until release(): what they would look like on a
-    slow wire, without timing anything."""
+    """Holds the client's background commits until release(): what they would look like
+    on a slow wire, without timing anything."""
 
     def __init__(self, client: flce.Client):
         self.gate = threading.Event()
         self.started = threading.Event()
-        commit = client.commit
+        rpc = client._commit
+        pool = ThreadPoolExecutor(1)
 
-        def held(*args, **kw):
-            self.started.set()
-            self.gate.wait(30)
-            return commit(*args, **kw)
-        client.commit = held
+        class Held:
+            @staticmethod
+            def future(payload, timeout=None):
+                self.started.set()
+                return pool.submit(lambda: (self.gate.wait(30), rpc(payload, timeout=timeout)))
+
+            def __call__(self_, *args, **kw):  # noqa: N805 (the synchronous commit)
+                return rpc(*args, **kw)
+        client._commit = Held()
 
     def release(self) -> None:
         self.gate.set()

@@ -189,11 +189,16 @@ def test_commit_always_carries_scale_even_zero(client, monkeypatch):
     sent = []
     real_commit = client._commit
 
-    def spy(raw, timeout=None):
-        sent.append(raw)
-        return real_commit(raw, timeout=timeout)
+    class Spy:  # the commit made at once, and the one started in the background
+        def __call__(self, raw, timeout=None):
+            sent.append(raw)
+            return real_commit(raw, timeout=timeout)
 
-    monkeypatch.setattr(client, "_commit", spy)
+        def future(self, raw, timeout=None):
+            sent.append(raw)
+            return real_commit.future(raw, timeout=timeout)
+
+    monkeypatch.setattr(client, "_commit", Spy())
     (head(x, y) * 0.0).backward()  # grad_output 0: the contribution lands scaled by 0
     (head(x, y) * 1.0).backward()
     scales = [wire.parse_fields(memoryview(raw)).get(wire.COMMIT_REQUEST_SCALE) for raw in sent]

@@ -159,7 +159,8 @@ class FusedLoss(torch.autograd.Function):
         ctx.staged = staged
         ctx.device = hidden.device
         ctx.grad_input = result.grad_input  # not an input or output: held as an attribute
-        return torch.tensor(result.loss, dtype=torch.float32, device=hidden.device)
+        # torch.full fills on the GPU: no host copy that waits for the stream
+        return torch.full((), result.loss, dtype=torch.float32, device=hidden.device)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):

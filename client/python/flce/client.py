@@ -692,13 +692,16 @@ class Client:
 
     def commit_in_background(self, head_id: str, request_id: str, scale: float, *,
                              session_id: Optional[str] = None) -> None:
-        """commit() on this client's commit thread (in order), or at once without
-        async_commit; a failure is raised by the next drain_commits()."""
+        """commit() started as a gRPC future (after the previous one has finished), or made
+        at once without async_commit; a failure is raised by the next drain_commits()."""
         if not self.async_commit:
             self.commit(head_id, request_id, scale, session_id=session_id)
             return
-        self._commits.submit(lambda: self.commit(head_id, request_id, scale,
-                                                 session_id=session_id))
+        req = pb.CommitRequest(head_id=head_id, request_id=request_id,
+                               session_id=session_id if session_id is not None
+                               else self.session_id)
+        payload = wire.encode_commit(req.SerializeToString(), scale)
+        self._commits.submit(lambda: self._commit.future(payload, timeout=self.timeout))
 
     @property
     def pending_commits(self) -> int:

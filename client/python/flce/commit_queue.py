@@ -2,41 +2,50 @@
 wire, and the next call that reads or changes the session's gradient waits for it.
 
 The autograd path stages a call's grad_W on the server and lands it with a Commit from
-backward (flce.autograd). Waiting for that round trip in backward costs every training step
+backward (flce.autograd). Waiting for that round trip in backward cost every training step
 ~2 ms at the seed shape, with nothing on the trainer's side depending on it: the gradient
 is read only by the optimizer step, a fetch or a norm. So Client(async_commit=True) (the
-default) hands the Commit to one background thread — commits go out, and land, in the
-order of the backward passes — and the client's own calls that touch the session's
-gradient (step, fetch_grad, zero_grad, grad_norm, embed_grad, checkpoints, sessions,
-upload/unload, close) and RemoteLMHead.drain (so also ServerOptimizer.step / zero_grad and
-flce.clip_grad_norm_, before their barrier under torch.distributed) drain the queue first,
-and raise the first failure nobody has seen: a step never applies a gradient that silently
-lacks a backward pass.
+default) starts the Commit as a gRPC future and returns; one commit is on the wire at a
+time, so they land in the order of the backward passes. The client's own calls that touch
+the session's gradient (step, fetch_grad, zero_grad, grad_norm, embed_grad, checkpoints,
+sessions, upload/unload, close) and RemoteLMHead.drain (so also ServerOptimizer.step /
+zero_grad and flce.clip_grad_norm_, before their barrier under torch.distributed) drain the
+queue first, and raise the first failure nobody has seen: a step never applies a gradient
+that silently lacks a backward pass. No thread of the client's own runs the commits: a
+Python thread would compete with the trainer's for the interpreter lock.
 """
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, List, Optional
 
+import grpc
+
+from flce.errors import from_rpc_error
+
 
 class CommitQueue:
-    """One background thread running commits in submission order."""
+    """Commits started as futures (grpc's, or any with done / result(timeout)), one at a
+    time, in submission order."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._pool: Optional[ThreadPoolExecutor] = None
-        # submitted and not drained yet; those that succeeded are dropped as new ones come
-        self._pending: List[Future] = []
+        # started and not drained yet; those that succeeded are dropped as new ones come
+        self._pending: List = []
 
-    def submit(self, commit: Callable[[], object]) -> None:
+    def submit(self, start: Callable[[], object]) -> None:
+        """Waits for the previous commit if it is still on the wire (landing order), then
+        start() starts this one and returns its future."""
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flce-commit")
+            previous = self._pending[-1] if self._pending else None
+        if previous is not None:
+            _settle(previous, None)
+        future = start()
+        with self._lock:
             self._pending = [f for f in self._pending
-                             if not f.done() or f.exception() is not None]
-            self._pending.append(self._pool.submit(commit))
+                             if not f.done() or _settle(f, 0) is not None]
+            self._pending.append(future)
 
     def __len__(self) -> int:
         """Commits not finished yet."""
@@ -44,28 +53,31 @@ class CommitQueue:
             return sum(not f.done() for f in self._pending)
 
     def drain(self, timeout: Optional[float] = None) -> None:
-        """Waits for every commit submitted so far; raises the first that failed (once)."""
+        """Waits for every commit started so far; raises the first that failed (once)."""
         with self._lock:
             waiting = list(self._pending)
-        first_failure: Optional[BaseException] = None
-        for future in waiting:
-            try:
-                future.result(timeout)
-            except FutureTimeout:
-                raise  # still running: stays pending for the next drain
-            except Exception as err:  # noqa: BLE001 (the first is raised below)
-                first_failure = first_failure or err
+        failures = [_settle(f, timeout) for f in waiting]
         with self._lock:
             self._pending = [f for f in self._pending if f not in waiting]
-        if first_failure is not None:
-            raise first_failure
+        for failure in failures:
+            if failure is not None:
+                raise failure
 
     def close(self) -> None:
-        """Drains (raising a failure nobody saw) and stops the thread."""
-        try:
-            self.drain()
-        finally:
-            with self._lock:
-                pool, self._pool = self._pool, None
-            if pool is not None:
-                pool.shutdown(wait=True)
+        """Drains, raising a failure nobody saw."""
+        self.drain()
+
+
+def _settle(future, timeout: Optional[float]) -> Optional[BaseException]:
+    """Waits for `future`; its failure as a FlceError (a timeout is raised: the commit is
+    still running and stays pending)."""
+    try:
+        future.result(timeout)
+    except (grpc.FutureTimeoutError, FutureTimeout):
+        raise
+    except grpc.RpcError as err:
+        return from_rpc_error("Commit", err)
+    except Exception as err:  # noqa: BLE001 (returned, raised by drain)
+        return err
+    return None
+
