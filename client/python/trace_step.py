@@ -58,6 +58,18 @@ def _marked_after(owner, name: str, mark: str) -> None:
     setattr(owner, name, marked)
 
 
+def _marked_around(owner, name: str, before: str, after: str) -> None:
+    fn = getattr(owner, name)
+
+    def marked(*args, **kw):
+        _mark(before)
+        try:
+            return fn(*args, **kw)
+        finally:
+            _mark(after)
+    setattr(owner, name, marked)
+
+
 def _install(client: flce.Client) -> None:
     # the call's own work before the RPC: targets to bytes (a device-to-host copy when
     # they are on a GPU), a region, hidden written into it
@@ -71,25 +83,9 @@ def _install(client: flce.Client) -> None:
         bind_bulk(channel)
         _wrap_compute(client)
     client._bind_bulk = bind_bulk_traced
-    run_compute = client._run_compute
-
-    def run_compute_marked(*args, **kw):
-        _mark("rpc_start")
-        try:
-            return run_compute(*args, **kw)
-        finally:
-            _mark("rpc_return")
-    client._run_compute = run_compute_marked
-    commit = client.commit_in_background
-
-    def commit_marked(*args, **kw):  # with async_commit, only starting it
-        _mark("commit_start")
-        try:
-            return commit(*args, **kw)
-        finally:
-            _mark("commit_end")
-    client.commit_in_background = commit_marked
-
+    _marked_around(client, "_run_compute", "rpc_start", "rpc_return")
+    # with async_commit this only starts the Commit
+    _marked_around(client, "commit_in_background", "commit_start", "commit_end")
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -6,16 +6,7 @@
 # alternated, next to flce_cuda_bench's default plan at that shape in the same session
 # (the engine alone, inputs already on the device).
 set -u -o pipefail
-dist=$(pwd)/.served-dist; [ -x "$dist/server/flce-server" ] || tar -xJf "$dist/served.tar.xz"
-out=${OUT:-/tmp/flce-out}
-mkdir -p "$out"
-export LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-py=$(command -v python3)
-"$dist/bench/cuda/flce_cuda_bench" --shapes=0 --strategies=auto --runs=5 \
-  --out="$out/engine-baseline.json" --commit="$(cat "$dist/COMMIT")" 2>&1 | tail -4
-"$dist/server/flce-server" --port 50091 --metrics-port 0 --device cuda --local-transports=shm,cuda_ipc \
-  --unix-socket=/tmp/flce-transports.sock >"$out/server.log" 2>&1 &
-for _ in $(seq 1 300); do "$dist/client/cli/flce-client" --target 127.0.0.1:50091 health >/dev/null 2>&1 && break; sleep 0.1; done
+source "$(dirname "$0")/served_seed_step.sh" /tmp/flce-transports.sock
 for run in 1 2; do
   # grpc-tcp-untuned: messages over TCP with glibc's malloc left alone (flce.host_memory)
   for transport in grpc-tcp-untuned grpc-tcp grpc shm cuda_ipc; do
