@@ -30,6 +30,11 @@ absl::StatusOr<std::shared_ptr<const PeerMemory>> Engine::OpenPeerMemory(const P
       " engine cannot open another process's device memory (CUDA IPC needs the CUDA engine)"));
 }
 
+absl::Status Engine::ReadPeerMemory(const PeerMemory&, int64_t, int64_t, void*) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("the ", info().name, " engine has no peer memory to read"));
+}
+
 absl::StatusOr<std::shared_ptr<const PeerMemory>> Engine::RegisterHostMemory(void*, int64_t) {
   return absl::FailedPreconditionError(
       absl::StrCat("the ", info().name, " engine has no GPU to page-lock host memory for"));

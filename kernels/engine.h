@@ -272,6 +272,13 @@ class Engine {
   // mapped until then. Engines without a GPU: FAILED_PRECONDITION.
   virtual absl::StatusOr<std::shared_ptr<const PeerMemory>> RegisterHostMemory(void* base,
                                                                                int64_t bytes);
+  // Copies `bytes` at `offset` of memory OpenPeerMemory opened into host
+  // memory, once the exporter's event has fired: the small inputs a call
+  // takes from a region beside its hidden (its targets). INVALID_ARGUMENT for
+  // a range outside it or another engine's memory; engines without a GPU:
+  // FAILED_PRECONDITION.
+  virtual absl::Status ReadPeerMemory(const PeerMemory& memory, int64_t offset, int64_t bytes,
+                                      void* host_out);
   // False after an unrecoverable (sticky) device error: the process should exit.
   virtual bool healthy() const = 0;
 };

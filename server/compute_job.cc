@@ -116,9 +116,12 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
         "; the request expects expected_head_version = ", header.expected_head_version()));
   }
   const HeadSpec& head_spec = head_.head->spec();
+  if (header_.has_shared() && header_.shared().has_targets_offset()) {
+    FLCE_RETURN_IF_ERROR(TakeTargetsFromRegion());
+  }
   FLCE_ASSIGN_OR_RETURN(
       spec_,
-      ComputeSpecFromHeader(header, head_spec, ComputeLimits{ctx_.config.max_request_tokens}));
+      ComputeSpecFromHeader(header_, head_spec, ComputeLimits{ctx_.config.max_request_tokens}));
   row_bytes_ = head_spec.hidden_size * DTypeSize(spec_.hidden_dtype);
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddReceivedBytes(
@@ -146,7 +149,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
     FLCE_ASSIGN_OR_RETURN(
         session_, ctx_.sessions->GetOrCreate(who_.tenant, head_.head_id, session_id_, head_spec));
     FLCE_ASSIGN_OR_RETURN(
-        begin_, ctx_.sessions->BeginContribution(*session_, request_id_, ComputeFingerprint(header),
+        begin_, ctx_.sessions->BeginContribution(*session_, request_id_, ComputeFingerprint(header_),
                                                  deferred_));
     if (!begin_.replay) {
       slot_held_ = true;
@@ -221,13 +224,45 @@ absl::Status ComputeJob::AddRows(int64_t token_offset, absl::string_view data) {
   return call_->AddHidden(token_offset, rows, data.data());
 }
 
-absl::Status ComputeJob::OpenSharedRegion(const v1::SharedHidden& shared) {
+absl::Status ComputeJob::FindRegion(const v1::SharedHidden& shared) {
+  if (region_ != nullptr) return absl::OkStatus();
   if (ctx_.regions == nullptr) {
     return absl::FailedPreconditionError(
         "ComputeHeader.shared: this server takes no regions (start it with "
         "--local-transports=shm or cuda_ipc); send hidden in messages");
   }
   FLCE_ASSIGN_OR_RETURN(region_, ctx_.regions->Find(who_.tenant, shared.region_id()));
+  return absl::OkStatus();
+}
+
+absl::Status ComputeJob::TakeTargetsFromRegion() {
+  const v1::SharedHidden& shared = header_.shared();
+  if (!header_.targets().empty()) {
+    return absl::InvalidArgumentError(
+        "ComputeHeader.targets must be empty when shared.targets_offset names them in the "
+        "region");
+  }
+  const int64_t n = header_.num_tokens();
+  // Out of range: left empty, for ComputeSpecFromHeader to say what is wrong.
+  if (n <= 0 || n > ctx_.config.max_request_tokens) return absl::OkStatus();
+  FLCE_RETURN_IF_ERROR(FindRegion(shared));
+  const int64_t bytes = n * int64_t{4};
+  FLCE_RETURN_IF_ERROR(region_->CheckRange(shared.targets_offset(), bytes, "shared.targets_offset"));
+  std::string* targets = header_.mutable_targets();
+  targets->resize(static_cast<size_t>(bytes));
+  if (region_->base() != nullptr) {
+    FLCE_RETURN_IF_ERROR(
+        GuardedCopy(targets->data(), region_->base() + shared.targets_offset(), targets->size()));
+  } else {
+    FLCE_RETURN_IF_ERROR(ctx_.engine->ReadPeerMemory(*region_->device(), shared.targets_offset(),
+                                                     bytes, targets->data()));
+  }
+  AddLocalTransportBytes("in", bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ComputeJob::OpenSharedRegion(const v1::SharedHidden& shared) {
+  FLCE_RETURN_IF_ERROR(FindRegion(shared));
   const int64_t bytes = spec_.num_tokens * row_bytes_;
   hidden_offset_ = shared.hidden_offset();
   FLCE_RETURN_IF_ERROR(region_->CheckRange(hidden_offset_, bytes, "shared.hidden_offset"));
@@ -240,6 +275,14 @@ absl::Status ComputeJob::OpenSharedRegion(const v1::SharedHidden& shared) {
       return absl::InvalidArgumentError(absl::StrCat(
           "shared: grad_input at bytes [", grad_input_offset_, ", +", bytes,
           ") overlaps hidden at [", hidden_offset_, ", +", bytes, ")"));
+    }
+    const int64_t target_bytes = spec_.num_tokens * int64_t{4};
+    if (shared.has_targets_offset() && bytes > 0 &&
+        grad_input_offset_ < shared.targets_offset() + target_bytes &&
+        shared.targets_offset() < grad_input_offset_ + bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shared: grad_input at bytes [", grad_input_offset_, ", +", bytes,
+          ") overlaps the targets at [", shared.targets_offset(), ", +", target_bytes, ")"));
     }
     if (region_->device() != nullptr) {
       spec_.grad_input_peer = region_->device();

@@ -68,6 +68,10 @@ class ComputeJob {
   absl::Status AddRows(int64_t token_offset, absl::string_view data);
   // ComputeHeader.shared: the region, its ranges checked; then every row.
   absl::Status OpenSharedRegion(const v1::SharedHidden& shared);
+  // SharedHidden.targets_offset: the targets read from the region into
+  // header_.targets, before anything else looks at them.
+  absl::Status TakeTargetsFromRegion();
+  absl::Status FindRegion(const v1::SharedHidden& shared);
   absl::Status AddRowsFromRegion();
   // A region the GPU reads directly (cuda_ipc, or shm page-locked for it):
   // the engine copies and checks on the GPU.

@@ -307,6 +307,7 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                     response->set_max_message_bytes(ctx_.config.max_message_bytes);
                     response->add_capabilities("optimizer");
                     response->add_capabilities("embed");
+                    response->add_capabilities("targets_in_region");
                     if (!ctx_.config.checkpoint_dir.empty()) {
                       response->add_capabilities("checkpoint");
                     }

@@ -100,6 +100,20 @@ absl::StatusOr<std::shared_ptr<const PeerMemory>> CudaEngine::RegisterHostMemory
   return std::shared_ptr<const PeerMemory>(std::move(memory));
 }
 
+absl::Status CudaEngine::ReadPeerMemory(const PeerMemory& memory, int64_t offset, int64_t bytes,
+                                        void* host_out) {
+  const auto* peer = dynamic_cast<const CudaPeerMemory*>(&memory);
+  if (peer == nullptr || peer->context() != ctx_.get()) {
+    return absl::InvalidArgumentError("the memory is not peer memory of this CUDA engine");
+  }
+  if (offset < 0 || bytes < 0 || offset > peer->bytes() - bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("bytes [", offset, ", +", bytes,
+                                                   ") lie outside the peer memory's ",
+                                                   peer->bytes(), " bytes"));
+  }
+  return ctx_->CopyToHost(host_out, peer->base() + offset, bytes, peer->ready());
+}
+
 absl::StatusOr<std::unique_ptr<ComputeCall>> CudaEngine::StartCompute(
     std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) {
   FLCE_RETURN_IF_ERROR(ctx_->Enter());

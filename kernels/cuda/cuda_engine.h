@@ -45,6 +45,8 @@ class CudaEngine : public Engine {
       const PeerMemoryHandle& handle) override;
   absl::StatusOr<std::shared_ptr<const PeerMemory>> RegisterHostMemory(void* base,
                                                                        int64_t bytes) override;
+  absl::Status ReadPeerMemory(const PeerMemory& memory, int64_t offset, int64_t bytes,
+                              void* host_out) override;
   bool healthy() const override;
 
   // Runs `plan` over device-resident inputs on the compute stream and waits

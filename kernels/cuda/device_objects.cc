@@ -159,9 +159,11 @@ absl::Status DeviceContext::CopyToDevice(void* dst, const void* src, int64_t byt
   return absl::OkStatus();
 }
 
-absl::Status DeviceContext::CopyToHost(void* dst, const void* src, int64_t bytes) {
+absl::Status DeviceContext::CopyToHost(void* dst, const void* src, int64_t bytes,
+                                       cudaEvent_t after) {
   FLCE_RETURN_IF_ERROR(Enter());
   std::lock_guard<std::mutex> lock(aux_mu_);
+  if (after != nullptr) FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(aux_, after, 0), &health_);
   for (int64_t done = 0; done < bytes; done += kStagingBytes) {
     const int64_t n = std::min(kStagingBytes, bytes - done);
     FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_.get(), static_cast<const char*>(src) + done,

@@ -40,7 +40,8 @@ class DeviceContext {
   // Copies through the pinned staging buffer on the auxiliary stream, and
   // waits. Serialised on one mutex.
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes);
-  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes);
+  // `after`: an event (another process's, CUDA IPC) the copy waits for first.
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes, cudaEvent_t after = nullptr);
   absl::Status Memset(void* dst, int value, int64_t bytes);
   absl::Status Axpy(float alpha, const float* x, float* y, int64_t count);
   // [offset, offset + count) element ranges of a buffer.

@@ -82,6 +82,28 @@ def test_auto_uses_gpu_memory_and_matches_messages_bit_for_bit(ipc_target, dtype
         assert ipc.last_transport == "shm" and cpu.loss == a.loss
 
 
+def test_targets_are_read_from_gpu_memory_after_the_event(ipc_target, monkeypatch):
+    # SharedHidden.targets_offset: the server copies them off the region once the client's
+    # event has fired; the client serializes none into the header
+    with flce.Client(ipc_target, timeout=60) as ipc, \
+            flce.Client(ipc_target, timeout=60, transport="grpc") as plain:
+        head = _head(plain)
+        assert ipc.device_transport(_batch()[0]) is not None
+
+        def no_header_targets(t):
+            raise AssertionError("targets serialized into the header")
+        monkeypatch.setattr(flce.tensors, "to_bytes_int32", no_header_targets)
+        for seed in (11, 12):  # the region's targets are rewritten for the second call
+            x, y = _batch(seed=seed)
+            got = ipc.compute(head, x, y, session_id="ipc", deterministic=True)
+            assert ipc.last_transport == "cuda_ipc"
+            monkeypatch.undo()
+            ref = plain.compute(head, x, y, session_id="ref", deterministic=True)
+            monkeypatch.setattr(flce.tensors, "to_bytes_int32", no_header_targets)
+            assert got.loss == ref.loss and got.summary.n_valid == ref.summary.n_valid
+            assert torch.equal(_bits(got.grad_input), _bits(ref.grad_input))
+
+
 def test_autograd_and_pipelined_submits(ipc_target):
     with flce.Client(ipc_target, timeout=60, max_in_flight=2) as client:
         head = flce.RemoteLMHead(client, _head(client))

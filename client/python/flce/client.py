@@ -544,7 +544,7 @@ class Client:
             session_id=session_id if session_id is not None else self.session_id,
             strategy=STRATEGIES[strategy], reduction=REDUCTIONS[reduction],
             ignore_index=ignore_index, num_tokens=n,
-            targets=tensors.to_bytes_int32(targets), hidden_dtype=hidden_dtype,
+            hidden_dtype=hidden_dtype,
             options=options, outputs=outputs,
             commit=pb.COMMIT_DEFERRED if deferred_commit else pb.COMMIT_ON_COMPLETE,
             deterministic=deterministic, chunk_tokens=chunk_tokens)
@@ -564,8 +564,8 @@ class Client:
                  ("shm", self.shared_transport())) if n > 0 else ()
         for name, pool in local:
             if pool is not None:
-                result = self._compute_shared(pool, header, hidden, want_grad_input, wanted,
-                                              pinned)
+                result = self._compute_shared(pool, header, hidden, targets, want_grad_input,
+                                              wanted, pinned)
                 if result is not None:
                     self.last_transport = name
                     return result
@@ -574,6 +574,7 @@ class Client:
 
         # hidden_size (field 18) is appended by hand: always sent, so that the server
         # checks it against the head's H whatever protobuf classes this install has
+        header.targets = tensors.to_bytes_int32(targets)
         header_bytes = wire.encode_compute_header(header.SerializeToString(), h)
         hid = tensors.host_contiguous(hidden)
 
@@ -592,15 +593,20 @@ class Client:
             raise
 
     def _compute_shared(self, shared: SharedTransport, header, hidden: torch.Tensor,
-                        want_grad_input: bool, wanted, pinned: bool) -> Optional[ComputeResult]:
-        """Compute with hidden written into a shared-memory region (from the GPU or the
-        CPU directly) and grad_input read from it: the messages are the header and end.
-        None when no region could be registered (transport "auto": messages from now on)."""
+                        targets: torch.Tensor, want_grad_input: bool, wanted,
+                        pinned: bool) -> Optional[ComputeResult]:
+        """Compute with hidden (and, where the server takes them there, the targets)
+        written into a shared-memory region (from the GPU or the CPU directly) and
+        grad_input read from it: the messages are the header and end. None when no region
+        could be registered (transport "auto": messages from now on)."""
         n, h = hidden.shape
         nbytes = n * h * hidden.element_size()
         on_device = shared is self._device_regions
+        # hidden, grad_input, then the targets as int32 (aligned for the int32 view)
+        targets_offset = -(-(2 * nbytes if want_grad_input else nbytes) // 16) * 16
+        in_region = "targets_in_region" in (self._local.capabilities if self._local else ())
         try:
-            region = shared.acquire(2 * nbytes if want_grad_input else nbytes)
+            region = shared.acquire(targets_offset + (4 * n if in_region else 0))
         except FlceError as err:
             if self.transport in ("shm", "cuda_ipc"):
                 raise
@@ -620,10 +626,16 @@ class Client:
             if not on_device and (hidden.is_cuda or pinned):
                 region.pin()
             region.tensor(0, (n, h), hidden.dtype).copy_(hidden.detach())
+            if in_region:  # no device-to-host copy, no 4 bytes per token in the header
+                region.tensor(targets_offset, (n,), torch.int32).copy_(targets.reshape(-1))
+            else:
+                header.targets = tensors.to_bytes_int32(targets)
             if on_device:
                 region.mark_written()
             header.shared.CopyFrom(pb.SharedHidden(region_id=region.region_id, hidden_offset=0,
                                                    grad_input_offset=nbytes))
+            if in_region:
+                header.shared.targets_offset = targets_offset
             messages = [wire.encode_compute_header(header.SerializeToString(), h),
                         wire.encode_end_of_input(n)]
             try:
