@@ -5,6 +5,7 @@ that also carries targets is refused with nothing landed."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -64,22 +65,37 @@ def test_targets_travel_in_the_region_with_the_results_of_messages(shm_target, m
                            plain.fetch_grad(head, session_id="plain").weight)
 
 
-def test_a_retry_in_messages_replays_the_call_whose_targets_were_in_the_region(shm_target):
+def test_a_retry_with_header_targets_replays_the_call_whose_targets_were_in_the_region(
+        shm_target):
     # the fingerprint covers the targets wherever they came from: same call, same id
     with flce.Client(shm_target, timeout=60) as shm, \
-            flce.Client(shm_target, timeout=60, transport="grpc") as plain:
-        head = _head(plain)
+            flce.Client(shm_target, timeout=60) as header_targets:
+        head = _head(shm)
         x, y = _batch()
         first = shm.compute(head, x, y, session_id="s", request_id="r-1")
         assert shm.last_transport == "shm" and not first.summary.replayed
-        again = plain.compute(head, x, y, session_id="s", request_id="r-1")
-        assert again.summary.replayed and again.loss == first.loss
-        assert plain.fetch_grad(head, session_id="s").header.contributions == 1
-        y2 = y.clone()
-        y2[1] = (int(y2[1]) + 1) % V
-        with pytest.raises(flce.FlceError) as err:
-            plain.compute(head, x, y2, session_id="s", request_id="r-1")
-        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        # a client that does not know the capability: its region call has header targets
+        assert header_targets.shared_transport() is not None
+        header_targets._local = replace(header_targets._local, capabilities=())
+        sent = []
+        serialize = tensors.to_bytes_int32
+
+        def spy(t):
+            sent.append(t)
+            return serialize(t)
+        tensors.to_bytes_int32 = spy
+        try:
+            again = header_targets.compute(head, x, y, session_id="s", request_id="r-1")
+            assert sent and header_targets.last_transport == "shm"
+            assert again.summary.replayed and again.loss == first.loss
+            assert shm.fetch_grad(head, session_id="s").header.contributions == 1
+            y2 = y.clone()
+            y2[1] = (int(y2[1]) + 1) % V
+            with pytest.raises(flce.FlceError) as err:
+                header_targets.compute(head, x, y2, session_id="s", request_id="r-1")
+            assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        finally:
+            tensors.to_bytes_int32 = serialize
 
 
 def _raw_call(client, head_id, region, *, targets_offset, header_targets=b"",

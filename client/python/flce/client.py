@@ -604,7 +604,11 @@ class Client:
         on_device = shared is self._device_regions
         # hidden, grad_input, then the targets as int32 (aligned for the int32 view)
         targets_offset = -(-(2 * nbytes if want_grad_input else nbytes) // 16) * 16
-        in_region = "targets_in_region" in (self._local.capabilities if self._local else ())
+        # only a copy within one device: from the GPU into GPU memory (CUDA IPC), or from
+        # host memory into shared memory (targets on a GPU go through the header for shm:
+        # measured slower into a region than in the header)
+        in_region = ("targets_in_region" in (self._local.capabilities if self._local else ())
+                     and targets.is_cuda == on_device)
         try:
             region = shared.acquire(targets_offset + (4 * n if in_region else 0))
         except FlceError as err:
