@@ -127,6 +127,14 @@ def real_target(real_server_bin):
     srv.stop()
 
 
+@pytest.fixture(scope="module")
+def shm_target(real_server_bin):
+    """A real flce-server of the module's own that offers shared memory."""
+    srv = RealServer(real_server_bin, "--local-transports=shm")
+    yield srv.target
+    srv.stop()
+
+
 @pytest.fixture
 def real_client(real_target):
     with flce.Client(real_target, timeout=120) as c:

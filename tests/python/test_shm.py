@@ -18,13 +18,6 @@ V, H, N = 83, 40, 37
 
 
 @pytest.fixture(scope="module")
-def shm_target(real_server_bin):
-    srv = RealServer(real_server_bin, "--local-transports=shm")
-    yield srv.target
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
 def plain_target(real_server_bin):
     srv = RealServer(real_server_bin)
     yield srv.target

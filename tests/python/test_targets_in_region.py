@@ -12,18 +12,11 @@ import pytest
 import torch
 
 import flce
-from conftest import RealServer, assert_nothing_landed
+from conftest import assert_nothing_landed
 from flce import tensors, wire
 from flce._pb import pb
 
 V, H, N = 71, 24, 29
-
-
-@pytest.fixture(scope="module")
-def shm_target(real_server_bin):
-    srv = RealServer(real_server_bin, "--local-transports=shm")
-    yield srv.target
-    srv.stop()
 
 
 def _head(client) -> str:
