@@ -270,19 +270,21 @@ absl::Status ComputeJob::OpenSharedRegion(const v1::SharedHidden& shared) {
     grad_input_offset_ = shared.grad_input_offset();
     FLCE_RETURN_IF_ERROR(
         region_->CheckRange(grad_input_offset_, bytes, "shared.grad_input_offset"));
-    if (bytes > 0 && grad_input_offset_ < hidden_offset_ + bytes &&
-        hidden_offset_ < grad_input_offset_ + bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shared: grad_input at bytes [", grad_input_offset_, ", +", bytes,
-          ") overlaps hidden at [", hidden_offset_, ", +", bytes, ")"));
-    }
-    const int64_t target_bytes = spec_.num_tokens * int64_t{4};
-    if (shared.has_targets_offset() && bytes > 0 &&
-        grad_input_offset_ < shared.targets_offset() + target_bytes &&
-        shared.targets_offset() < grad_input_offset_ + bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shared: grad_input at bytes [", grad_input_offset_, ", +", bytes,
-          ") overlaps the targets at [", shared.targets_offset(), ", +", target_bytes, ")"));
+    // grad_input is written while the call runs: nothing it reads may lie under it.
+    auto apart = [&](const char* what, int64_t offset, int64_t length) {
+      if (bytes == 0 || length == 0 || grad_input_offset_ >= offset + length ||
+          offset >= grad_input_offset_ + bytes) {
+        return absl::OkStatus();
+      }
+      return absl::InvalidArgumentError(absl::StrCat("shared: grad_input at bytes [",
+                                                     grad_input_offset_, ", +", bytes,
+                                                     ") overlaps ", what, " at [", offset,
+                                                     ", +", length, ")"));
+    };
+    FLCE_RETURN_IF_ERROR(apart("hidden", hidden_offset_, bytes));
+    if (shared.has_targets_offset()) {
+      FLCE_RETURN_IF_ERROR(
+          apart("the targets", shared.targets_offset(), spec_.num_tokens * int64_t{4}));
     }
     if (region_->device() != nullptr) {
       spec_.grad_input_peer = region_->device();

@@ -99,8 +99,7 @@ absl::StatusOr<DeviceContext::GradMemory> DeviceContext::TakeGradMemory(int64_t 
   }
   if (found.memory.get() == nullptr) {
     FLCE_ASSIGN_OR_RETURN(found.memory, DeviceBuffer::Allocate(bytes, &health_));
-    found.zeroed = false;
-    return found;
+    return found;  // not zeroed
   }
   if (found.zeroed) {
     // Its memset was queued on the auxiliary stream when it was kept.
