@@ -21,14 +21,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import flce  # noqa: E402
+from seed_step import add_shape_args, upload_problem  # noqa: E402
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="127.0.0.1:50051")
-    p.add_argument("--tokens", type=int, default=65535)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--vocab", type=int, default=176245)
+    add_shape_args(p)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--device", default="cpu", help="where hidden lives (cpu or cuda)")
     p.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm", "cuda_ipc"),
@@ -42,21 +40,11 @@ def main() -> int:
     p.add_argument("--json", help="append the medians as one JSON line to this file")
     args = p.parse_args()
     n, h, v = args.tokens, args.hidden, args.vocab
-    g = torch.Generator().manual_seed(0)
     client = flce.Client(args.target, timeout=600, transport=args.transport,
                          unix_socket=not args.tcp_only,
                          malloc_tuning=not args.no_malloc_tuning).wait_ready(60)
     head = flce.RemoteLMHead(client, "bench-step")
-    w = (torch.randn(v, h, generator=g) / h ** 0.5).to(torch.bfloat16)
-    t0 = time.perf_counter()
-    info = client.upload_head("bench-step", w)
-    print(f"upload {v}x{h} bf16 ({info.weight_bytes / 2**20:.0f} MiB): "
-          f"{time.perf_counter() - t0:.2f} s", flush=True)
-    del w
-    hidden = torch.randn(n, h, generator=g).to(torch.bfloat16).to(args.device)
-    y = torch.randint(0, v, (n,), generator=g)
-    y[torch.rand(n, generator=g) < 0.05] = -100
-    y = y.to(args.device)
+    hidden, y = upload_problem(client, "bench-step", args, args.device)
     rows = []
     for step in range(args.steps + 1):  # the first is a warm-up
         x = hidden.detach().requires_grad_(True)

@@ -18,14 +18,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import flce  # noqa: E402
 from flce import client as client_mod  # noqa: E402
+from seed_step import add_shape_args  # noqa: E402
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="127.0.0.1:50051")
-    p.add_argument("--tokens", type=int, default=65535)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--vocab", type=int, default=176245)
+    add_shape_args(p)
     p.add_argument("--calls", type=int, default=4)
     p.add_argument("--json", help="append one JSON line per call")
     p.add_argument("--modes", default="cpu,cuda,cuda-pageable,cuda-autograd,cpu-pinned,cpu-again")

@@ -74,7 +74,7 @@ class StagedContribution:
             raise RuntimeError("this flce loss was already backpropagated: its grad_W was "
                                "committed once and cannot be applied again (retain_graph)")
         self.done = True
-        # on the client's commit thread unless Client(async_commit=False): the session's
+        # started, not waited for, unless Client(async_commit=False): the session's
         # gradient is next read by a call that waits for it (flce.commit_queue)
         self.cfg.client.commit_in_background(self.cfg.head_id, self.request_id, scale,
                                              session_id=self.cfg.session_id)
@@ -101,7 +101,7 @@ class StagedContribution:
 
 def _compute_deferred(cfg: CallConfig, hidden, targets, **kw):
     """cfg.compute with its grad_W staged. The server's --max-pending counts staged
-    contributions whose Commit is still on its way from the client's commit thread: when
+    contributions whose background Commit is still on its way: when
     it refuses the call for that, the commits are waited for and the call is made again
     (the refusal recorded nothing under the request id)."""
     try:

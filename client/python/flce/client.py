@@ -198,8 +198,8 @@ class Client:
         first call that carries tensors in messages, tell glibc's malloc (once per process)
         to keep the message-sized buffers it frees (flce.host_memory: in a process with a
         CUDA context, handing them back to the kernel made such calls ~30 % slower).
-        async_commit: loss.backward() (flce.autograd) hands its Commit to a background
-        thread and returns; this client's calls that read or change a session's gradient
+        async_commit: loss.backward() (flce.autograd) starts its Commit as a gRPC future
+        and returns; this client's calls that read or change a session's gradient
         wait for it first and raise its failure (flce.commit_queue). False: backward
         waits for the Commit."""
         self.target = target
@@ -302,7 +302,7 @@ class Client:
         if self._executor is not None:
             self._executor.shutdown(wait=True)  # submitted calls finish first
         try:
-            self._commits.close()
+            self._commits.drain()
         finally:
             self._close_channels()
 
@@ -699,12 +699,16 @@ class Client:
                timeout: Optional[float] = None) -> CommitResult:
         """Lands (grad_W += scale × staged) or discards a deferred call's contribution.
         scale is always sent explicitly, 0.0 included (unset would mean 1.0)."""
+        return CommitResult.from_pb(
+            self._commit(self._commit_request(head_id, request_id, scale, session_id, discard),
+                         timeout=timeout if timeout is not None else self.timeout))
+
+    def _commit_request(self, head_id: str, request_id: str, scale: float,
+                        session_id: Optional[str], discard: bool = False) -> bytes:
         req = pb.CommitRequest(head_id=head_id, request_id=request_id, discard=discard,
                                session_id=session_id if session_id is not None
                                else self.session_id)
-        return CommitResult.from_pb(
-            self._commit(wire.encode_commit(req.SerializeToString(), scale),
-                         timeout=timeout if timeout is not None else self.timeout))
+        return wire.encode_commit(req.SerializeToString(), scale)
 
     def commit_in_background(self, head_id: str, request_id: str, scale: float, *,
                              session_id: Optional[str] = None) -> None:
@@ -713,10 +717,7 @@ class Client:
         if not self.async_commit:
             self.commit(head_id, request_id, scale, session_id=session_id)
             return
-        req = pb.CommitRequest(head_id=head_id, request_id=request_id,
-                               session_id=session_id if session_id is not None
-                               else self.session_id)
-        payload = wire.encode_commit(req.SerializeToString(), scale)
+        payload = self._commit_request(head_id, request_id, scale, session_id)
         self._commits.submit(lambda: self._commit.future(payload, timeout=self.timeout))
 
     @property

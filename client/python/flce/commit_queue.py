@@ -63,10 +63,6 @@ class CommitQueue:
             if failure is not None:
                 raise failure
 
-    def close(self) -> None:
-        """Drains, raising a failure nobody saw."""
-        self.drain()
-
 
 def _settle(future, timeout: Optional[float]) -> Optional[BaseException]:
     """Waits for `future`; its failure as a FlceError (a timeout is raised: the commit is
