@@ -295,6 +295,10 @@ struct EngineConfig {
   int64_t workspace_bytes = int64_t{2048} << 20;
   int threads = 0;  // CPU engine threads; 0 = hardware concurrency
   int device_ordinal = 0;
+  // More than one: every head's vocabulary is split across these GPUs (CUDA
+  // only). An ordinal listed twice puts two shards side by side on one GPU.
+  std::vector<int> devices;
+  bool all_devices = false;  // every visible GPU (--gpus all), instead of `devices`
 };
 
 }  // namespace flce

@@ -9,7 +9,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -53,18 +55,53 @@ std::string RandomInstanceId() {
 
 }  // namespace
 
+absl::Status ParseGpus(const std::string& gpus, EngineConfig& config) {
+  if (gpus == "all") {
+    config.all_devices = true;
+    return absl::OkStatus();
+  }
+  const auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpus=", gpus, " is not a count, \"all\" or a list of GPU ordinals such as 0,1"));
+  };
+  std::vector<int> list;
+  for (absl::string_view part : absl::StrSplit(gpus, ',')) {
+    int value = 0;
+    if (!absl::SimpleAtoi(part, &value) || value < 0) return bad();
+    list.push_back(value);
+  }
+  if (list.empty()) return bad();
+  if (list.size() == 1 && gpus.find(',') == std::string::npos) {
+    if (list[0] < 1) return bad();
+    const int count = list[0];
+    list.clear();
+    for (int d = 0; d < count; ++d) list.push_back(d);
+  }
+  if (list.size() > 1) config.devices = list;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const ServerConfig& config) {
   EngineConfig engine_config;
   engine_config.workspace_bytes = config.workspace_bytes;
   engine_config.threads = config.threads;
-  if (config.device == "cpu") return CreateCpuEngine(engine_config);
+  FLCE_RETURN_IF_ERROR(ParseGpus(config.gpus, engine_config));
+  const bool several = engine_config.all_devices || !engine_config.devices.empty();
+  if (config.device == "cpu") {
+    if (several) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpus=", config.gpus, " needs the CUDA engine, not --device=cpu"));
+    }
+    return CreateCpuEngine(engine_config);
+  }
   if (config.device != "cuda" && config.device != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("--device=", config.device, " is not one of cpu, cuda, auto"));
   }
   absl::StatusOr<std::unique_ptr<Engine>> cuda =
       LoadCudaEngine(engine_config, config.cuda_plugin_path);
-  if (cuda.ok() || config.device == "cuda" ||
+  // Asked for several GPUs, a server never falls back to the CPU.
+  if (cuda.ok() || config.device == "cuda" || several ||
       cuda.status().code() != absl::StatusCode::kUnavailable) {
     return cuda;
   }

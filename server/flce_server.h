@@ -36,7 +36,12 @@ namespace flce::server {
 
 // The engine config.device asks for: "cpu", "cuda" (UNAVAILABLE without a
 // GPU or the plugin) or "auto" (CUDA if it loads, else the CPU engine).
+// With --gpus other than 1 (ParseGpus), always the CUDA engine.
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const ServerConfig& config);
+
+// --gpus into config.devices / config.all_devices; INVALID_ARGUMENT for
+// anything but a positive count, "all" or a list of ordinals.
+absl::Status ParseGpus(const std::string& gpus, EngineConfig& config);
 
 class FlceServer {
  public:

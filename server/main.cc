@@ -38,7 +38,11 @@ ABSL_FLAG(std::string, log_format, "text",
 ABSL_FLAG(std::string, metrics_host, "",
           "address /metrics listens on (empty = the same as --host)");
 ABSL_FLAG(std::string, device, "auto", "cpu, cuda, or auto (CUDA if present, else CPU)");
-ABSL_FLAG(int64_t, workspace_mb, 2048, "engine workspace budget in MiB");
+ABSL_FLAG(int64_t, workspace_mb, 2048, "engine workspace budget in MiB (per GPU)");
+ABSL_FLAG(std::string, gpus, "1",
+          "GPUs to split every head's vocabulary across: a count N (GPUs 0..N-1), \"all\", or "
+          "ordinals such as 0,1 (NCCL between them; an ordinal listed twice runs two shards "
+          "on one GPU)");
 ABSL_FLAG(int64_t, max_message_mb, 64, "largest gRPC message the server accepts, in MiB");
 ABSL_FLAG(int64_t, max_response_mb, 4,
           "largest message the server sends, in MiB (4 = what a stock gRPC client accepts)");
@@ -158,6 +162,7 @@ int main(int argc, char** argv) {
   config.device = absl::GetFlag(FLAGS_device);
   config.cuda_plugin_path = absl::GetFlag(FLAGS_cuda_plugin);
   config.workspace_bytes = absl::GetFlag(FLAGS_workspace_mb) << 20;
+  config.gpus = absl::GetFlag(FLAGS_gpus);
   config.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
   config.max_response_bytes = absl::GetFlag(FLAGS_max_response_mb) << 20;
   config.max_request_tokens = absl::GetFlag(FLAGS_max_request_tokens);

@@ -19,7 +19,11 @@ struct ServerConfig {
   std::string metrics_host;
   std::string device = "auto";   // "cpu", "cuda" or "auto"
   std::string cuda_plugin_path;  // empty = the loader's search order
-  int64_t workspace_bytes = int64_t{2048} << 20;
+  int64_t workspace_bytes = int64_t{2048} << 20;  // per GPU
+  // --gpus: "1", a count N (GPUs 0..N-1), "all", or a list of ordinals
+  // ("0,1"; an ordinal listed twice puts two shards on one GPU). More than
+  // one splits every head's vocabulary across them.
+  std::string gpus = "1";
   int64_t max_message_bytes = int64_t{64} << 20;  // largest message received
   // Largest message sent: 4 MiB is what a stock gRPC client accepts by default.
   int64_t max_response_bytes = int64_t{4} << 20;

@@ -13,46 +13,10 @@
 namespace flce::cuda {
 namespace {
 
-constexpr int kRowOutputs = 5;       // loss, z-loss, logprob, entropy, argmax
 constexpr int64_t kSinkRows = 8192;  // buffered plans hand grad_input out in pieces
 
 absl::Status ValidateSpec(const ComputeSpec& spec, const HeadSpec& head) {
-  const int64_t n = spec.num_tokens;
-  if (n < 0) return absl::InvalidArgumentError("num_tokens must be >= 0");
-  if (static_cast<int64_t>(spec.targets.size()) != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("targets has ", spec.targets.size(), " entries; num_tokens is ", n));
-  }
-  if (!spec.token_weights.empty() && static_cast<int64_t>(spec.token_weights.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("token_weights has ", spec.token_weights.size(),
-                                                   " entries; num_tokens is ", n));
-  }
-  if (!spec.entropy_weights.empty() && static_cast<int64_t>(spec.entropy_weights.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "entropy_weights has ", spec.entropy_weights.size(), " entries; num_tokens is ", n));
-  }
-  const LossOptions& o = spec.options;
-  if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f)) {
-    return absl::InvalidArgumentError("label_smoothing must be in [0, 1]");
-  }
-  if (!(o.z_loss_scale >= 0.0f) || !std::isfinite(o.z_loss_scale)) {
-    return absl::InvalidArgumentError("z_loss_scale must be >= 0");
-  }
-  if (!(o.softcap >= 0.0f) || !std::isfinite(o.softcap)) {
-    return absl::InvalidArgumentError("softcap must be >= 0");
-  }
-  if (!(o.temperature > 0.0f) || !std::isfinite(o.temperature)) {
-    return absl::InvalidArgumentError("temperature must be > 0");
-  }
-  if (!std::isfinite(o.grad_scale)) return absl::InvalidArgumentError("grad_scale must be finite");
-  for (int64_t t = 0; t < n; ++t) {
-    const int32_t y = spec.targets[t];
-    if (y != spec.ignore_index && (y < 0 || y >= head.vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrCat("targets[", t, "] = ", y, " is outside [0, ",
-                                                     head.vocab_size, ") and is not ignore_index (",
-                                                     spec.ignore_index, ")"));
-    }
-  }
+  FLCE_RETURN_IF_ERROR(ValidateSpecInputs(spec, head));
   if (spec.grad_out != nullptr) {
     const auto* g = dynamic_cast<const CudaGradBuffer*>(spec.grad_out);
     if (g == nullptr) {
@@ -70,7 +34,11 @@ absl::Status ValidateSpec(const ComputeSpec& spec, const HeadSpec& head) {
 
 CudaComputeCall::CudaComputeCall(CudaEngine* engine, std::shared_ptr<const CudaHead> head,
                                  ComputeSpec spec, GradInputSink sink)
-    : engine_(engine), head_(std::move(head)), spec_(std::move(spec)), sink_(std::move(sink)) {}
+    : engine_(engine),
+      head_(std::move(head)),
+      spec_(std::move(spec)),
+      rows_(spec_),
+      sink_(std::move(sink)) {}
 
 absl::StatusOr<std::unique_ptr<CudaComputeCall>> CudaComputeCall::Start(
     CudaEngine* engine, std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) {
@@ -90,43 +58,7 @@ absl::Status CudaComputeCall::Init() {
   const HeadSpec& hs = head_->spec();
   const int64_t n = spec_.num_tokens;
   hidden_row_bytes_ = hs.hidden_size * DTypeSize(spec_.hidden_dtype);
-  params_.vocab = hs.vocab_size;
-  params_.label_smoothing = spec_.options.label_smoothing;
-  params_.z_loss_scale = spec_.options.z_loss_scale;
-  params_.softcap = spec_.options.softcap;
-  params_.temperature = spec_.options.temperature;
-  params_.grad_scale = spec_.options.grad_scale;
-  params_.entropy_weighted = std::any_of(spec_.entropy_weights.begin(), spec_.entropy_weights.end(),
-                                         [](float e) { return e != 0.0f; });
-
-  // a_t per MATH.md: the caller's weights replace the reduction's; ignored
-  // tokens always 0; n_valid over the whole request.
-  target_.resize(n);
-  for (int64_t t = 0; t < n; ++t) {
-    const bool ignored = spec_.targets[t] == spec_.ignore_index;
-    target_[t] = ignored ? -1 : spec_.targets[t];
-    n_valid_ += ignored ? 0 : 1;
-  }
-  token_weight_.assign(n, 0.0f);
-  for (int64_t t = 0; t < n; ++t) {
-    if (target_[t] < 0) continue;
-    if (!spec_.token_weights.empty()) {
-      token_weight_[t] = spec_.token_weights[t];
-    } else if (spec_.reduction == Reduction::kMean) {
-      token_weight_[t] = 1.0f / static_cast<float>(n_valid_);
-    } else {
-      token_weight_[t] = 1.0f;
-    }
-  }
-  entropy_weight_ =
-      spec_.entropy_weights.empty() ? std::vector<float>(n, 0.0f) : spec_.entropy_weights;
-  seen_.assign(n, 0);
-  loss_.assign(n, 0.0f);
-  z_loss_.assign(n, 0.0f);
-  logprob_.assign(n, 0.0f);
-  entropy_.assign(n, 0.0f);
-  argmax_.assign(n, -1);
-
+  params_ = LossParamsFor(spec_, hs.vocab_size);
   PlanRequest req;
   req.strategy = spec_.strategy;
   req.num_tokens = n;
@@ -200,12 +132,12 @@ absl::Status CudaComputeCall::InitBuffered() {
   const int64_t m = spec_.num_tokens;
   cudaStream_t up = engine_->upload_stream();
   FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(d_target_, target_.data(), m * 4, cudaMemcpyHostToDevice, up), health);
+      cudaMemcpyAsync(d_target_, rows_.target.data(), m * 4, cudaMemcpyHostToDevice, up), health);
   FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(d_token_weight_, token_weight_.data(), m * 4, cudaMemcpyHostToDevice, up),
+      cudaMemcpyAsync(d_token_weight_, rows_.token_weight.data(), m * 4, cudaMemcpyHostToDevice, up),
       health);
   FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(d_entropy_weight_, entropy_weight_.data(), m * 4, cudaMemcpyHostToDevice, up),
+      cudaMemcpyAsync(d_entropy_weight_, rows_.entropy_weight.data(), m * 4, cudaMemcpyHostToDevice, up),
       health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(up), health);
   return absl::OkStatus();
@@ -247,22 +179,6 @@ void CudaComputeCall::FailWith(const absl::Status& status) {
   if (status_.ok()) status_ = status;
 }
 
-absl::Status CudaComputeCall::CheckRows(int64_t offset, int64_t rows) {
-  if (offset < 0 || rows < 0 || offset + rows > spec_.num_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden rows [", offset, ", ", offset + rows,
-                                                   ") outside [0, ", spec_.num_tokens, ")"));
-  }
-  for (int64_t t = offset; t < offset + rows; ++t) {
-    if (seen_[t]) {
-      return absl::InvalidArgumentError(absl::StrCat("hidden rows [", offset, ", ", offset + rows,
-                                                     ") overlap rows already given (token ", t,
-                                                     ")"));
-    }
-  }
-  std::fill(seen_.begin() + offset, seen_.begin() + offset + rows, 1);
-  return absl::OkStatus();
-}
-
 absl::Status CudaComputeCall::AddHidden(int64_t token_offset, int64_t rows, const void* data) {
   if (finished_) return absl::FailedPreconditionError("AddHidden after Finish");
   FLCE_RETURN_IF_ERROR(engine_->context()->Enter());
@@ -270,16 +186,8 @@ absl::Status CudaComputeCall::AddHidden(int64_t token_offset, int64_t rows, cons
     std::lock_guard<std::mutex> lock(mu_);
     FLCE_RETURN_IF_ERROR(status_);
   }
-  if (rows > 0 && token_offset >= 0 && token_offset + rows <= spec_.num_tokens) {
-    const int64_t hidden = head_->spec().hidden_size;
-    const int64_t bad = FirstNonFinite(spec_.hidden_dtype, data, rows * hidden);
-    if (bad >= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hidden row of token ", token_offset + bad / hidden,
-                       " has a non-finite value at column ", bad % hidden));
-    }
-  }
-  FLCE_RETURN_IF_ERROR(CheckRows(token_offset, rows));
+  FLCE_RETURN_IF_ERROR(rows_.Accept(token_offset, rows, data, head_->spec().hidden_size,
+                                    spec_.hidden_dtype));
   if (rows == 0) return absl::OkStatus();
   const char* bytes = static_cast<const char*>(data);
   absl::Status st =
@@ -341,7 +249,8 @@ absl::StatusOr<PeerRows> CudaComputeCall::AddHiddenFromPeer(int64_t token_offset
                                                    ") lies outside the peer memory's ",
                                                    peer->bytes(), " bytes"));
   }
-  FLCE_RETURN_IF_ERROR(CheckRows(token_offset, rows));
+  FLCE_RETURN_IF_ERROR(rows_.Accept(token_offset, rows, nullptr, head_->spec().hidden_size,
+                                    spec_.hidden_dtype));
   if (rows == 0) return PeerRows{};
   absl::StatusOr<PeerRows> got = AddFromPeer(token_offset, rows, *peer, byte_offset);
   if (!got.ok()) FailWith(got.status());
@@ -462,25 +371,6 @@ RowInputs CudaComputeCall::DeviceRowInputs(const Slot& slot) const {
   return in;
 }
 
-RowOutputs CudaComputeCall::DeviceRowOutputs(float* outputs, int64_t stride) const {
-  RowOutputs out;
-  out.loss = outputs;
-  out.z_loss = outputs + stride;
-  out.logprob = outputs + 2 * stride;
-  out.entropy = outputs + 3 * stride;
-  out.argmax = reinterpret_cast<int32_t*>(outputs + 4 * stride);
-  return out;
-}
-
-void CudaComputeCall::StoreRowOutputs(const float* outputs, int64_t stride, int64_t begin,
-                                      int64_t rows) {
-  std::memcpy(loss_.data() + begin, outputs, rows * 4);
-  std::memcpy(z_loss_.data() + begin, outputs + stride, rows * 4);
-  std::memcpy(logprob_.data() + begin, outputs + 2 * stride, rows * 4);
-  std::memcpy(entropy_.data() + begin, outputs + 3 * stride, rows * 4);
-  std::memcpy(argmax_.data() + begin, outputs + 4 * stride, rows * 4);
-}
-
 absl::Status CudaComputeCall::Flush() {
   if (pending_rows_ == 0) return absl::OkStatus();
   DeviceHealth* health = engine_->context()->health();
@@ -496,9 +386,9 @@ absl::Status CudaComputeCall::Flush() {
   int32_t* h_target = reinterpret_cast<int32_t*>(s.h_rows_in);
   float* h_a = reinterpret_cast<float*>(s.h_rows_in) + c;
   float* h_e = reinterpret_cast<float*>(s.h_rows_in) + 2 * c;
-  std::memcpy(h_target, target_.data() + s.begin, rows * 4);
-  std::memcpy(h_a, token_weight_.data() + s.begin, rows * 4);
-  std::memcpy(h_e, entropy_weight_.data() + s.begin, rows * 4);
+  std::memcpy(h_target, rows_.target.data() + s.begin, rows * 4);
+  std::memcpy(h_a, rows_.token_weight.data() + s.begin, rows * 4);
+  std::memcpy(h_e, rows_.entropy_weight.data() + s.begin, rows * 4);
   FLCE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(s.target, h_target, rows * 4, cudaMemcpyHostToDevice, up), health);
   FLCE_CUDA_RETURN_IF_ERROR(
@@ -569,7 +459,7 @@ void CudaComputeCall::WorkerLoop() {
     std::string data;
     bool deliver = false;
     if (st.ok()) {
-      StoreRowOutputs(s.h_outputs, c, s.begin, s.rows);
+      rows_.Store(s.h_outputs, c, s.begin, s.rows);
       if (spec_.outputs.grad_input && grad_peer_ == nullptr) {
         data.assign(s.h_grad_input, s.rows * hidden_row_bytes_);
         std::lock_guard<std::mutex> lock(mu_);
@@ -625,7 +515,7 @@ absl::Status CudaComputeCall::FinishBuffered() {
                                             cudaMemcpyDeviceToHost, compute),
                             health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), health);
-  StoreRowOutputs(outputs.data(), n, 0, n);
+  rows_.Store(outputs.data(), n, 0, n);
   if (spec_.outputs.grad_input && grad_peer_ != nullptr) {
     FLCE_RETURN_IF_ERROR(WriteGradInputToPeer(d_grad_input_, 0, n, compute));
   } else if (spec_.outputs.grad_input) {
@@ -651,12 +541,7 @@ absl::StatusOr<ComputeResult> CudaComputeCall::Finish() {
       std::lock_guard<std::mutex> lock(mu_);
       FLCE_RETURN_IF_ERROR(status_);
     }
-    const auto missing = std::find(seen_.begin(), seen_.end(), 0);
-    if (missing != seen_.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("Finish before every hidden row was given: token ", missing - seen_.begin(),
-                       " of ", spec_.num_tokens, " is missing"));
-    }
+    FLCE_RETURN_IF_ERROR(rows_.CheckAllGiven());
     if (plan_.strategy == Strategy::kChunked) {
       FLCE_RETURN_IF_ERROR(Flush());
       FLCE_RETURN_IF_ERROR(WaitIdle());
@@ -675,27 +560,12 @@ absl::StatusOr<ComputeResult> CudaComputeCall::Finish() {
   if (!st.ok()) return st;
 
   ComputeResult result;
-  const int64_t n = spec_.num_tokens;
-  for (int64_t t = 0; t < n; ++t) {
-    result.entropy_sum += entropy_[t];
-    if (target_[t] < 0) continue;
-    result.loss += static_cast<double>(token_weight_[t]) * loss_[t];
-    result.z_loss += static_cast<double>(token_weight_[t]) * z_loss_[t];
-    result.n_correct += argmax_[t] == target_[t] ? 1 : 0;
-  }
-  result.n_valid = n_valid_;
+  rows_.FillResult(spec_.outputs, result);
   result.grad_input_first_non_finite = grad_input_first_non_finite_;
   result.strategy_used = StrategyName(plan_.strategy);
   result.engine_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_time_)
           .count();
-  if (spec_.outputs.per_token_loss) result.per_token_loss = loss_;
-  if (spec_.outputs.logprob) result.logprob = logprob_;
-  if (spec_.outputs.entropy) result.entropy = entropy_;
-  if (spec_.outputs.accuracy) {
-    result.correct.resize(n);
-    for (int64_t t = 0; t < n; ++t) result.correct[t] = target_[t] >= 0 && argmax_[t] == target_[t];
-  }
   return result;
 }
 

@@ -28,8 +28,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/call_rows.h"
 #include "kernels/cuda/cuda_engine.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/device_objects.h"
 #include "kernels/cuda/peer_memory.h"
 #include "kernels/cuda/peer_row_kernels.cuh"
@@ -97,15 +98,13 @@ class CudaComputeCall : public ComputeCall {
   absl::Status FinishBuffered();
   void WorkerLoop();
   void FailWith(const absl::Status& status);
-  absl::Status CheckRows(int64_t offset, int64_t rows);
   void Teardown();
   RowInputs DeviceRowInputs(const Slot& slot) const;
-  RowOutputs DeviceRowOutputs(float* outputs, int64_t stride) const;
-  void StoreRowOutputs(const float* outputs, int64_t stride, int64_t begin, int64_t rows);
 
   CudaEngine* engine_;
   std::shared_ptr<const CudaHead> head_;
   ComputeSpec spec_;
+  CallRows rows_;  // host copies of the per-token inputs and outputs
   GradInputSink sink_;
   Plan plan_;
   LossParams params_;
@@ -114,14 +113,6 @@ class CudaComputeCall : public ComputeCall {
   std::chrono::steady_clock::time_point start_time_;
   double engine_ms_ = 0.0;
 
-  // Host copies of the per-token inputs and outputs.
-  std::vector<int32_t> target_;  // -1 = ignored
-  std::vector<float> token_weight_;
-  std::vector<float> entropy_weight_;
-  std::vector<uint8_t> seen_;
-  std::vector<float> loss_, z_loss_, logprob_, entropy_;
-  std::vector<int32_t> argmax_;
-  int64_t n_valid_ = 0;
 
   // Streaming (chunked).
   std::unique_ptr<CudaEngine::SlotMemory> slot_memory_;

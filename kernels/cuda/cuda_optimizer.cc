@@ -89,6 +89,14 @@ OptimizerArrays CudaHeadOptimizer::Arrays(const Group& group, const float* grad)
 
 absl::StatusOr<StepResult> CudaHeadOptimizer::Step(const GradBuffer& grad,
                                                    const StepParams& params) {
+  FLCE_ASSIGN_OR_RETURN(const StepResult checked, CheckStep(grad, params));
+  if (checked != StepResult::kApplied) return checked;
+  FLCE_RETURN_IF_ERROR(ApplyStep(grad, params));
+  return StepResult::kApplied;
+}
+
+absl::StatusOr<CudaHeadOptimizer::StepArrays> CudaHeadOptimizer::Prepare(
+    const GradBuffer& grad, const StepParams& params) const {
   const auto* cuda_grad = dynamic_cast<const CudaGradBuffer*>(&grad);
   const HeadSpec& spec = head_->spec();
   if (cuda_grad == nullptr || cuda_grad->context() != ctx_.get() ||
@@ -99,26 +107,39 @@ absl::StatusOr<StepResult> CudaHeadOptimizer::Step(const GradBuffer& grad,
   }
   FLCE_RETURN_IF_ERROR(ValidateLearningRate(params.lr_weight, "weight"));
   if (spec.has_bias) FLCE_RETURN_IF_ERROR(ValidateLearningRate(params.lr_bias, "bias"));
-  const ElementStep w = MakeElementStep(config_.kind, config_.weight, params.lr_weight,
-                                        params.grad_multiplier, steps_, dtype_);
-  const ElementStep b = MakeElementStep(config_.kind, config_.bias, params.lr_bias,
-                                        params.grad_multiplier, steps_, dtype_);
-  const OptimizerArrays wa = Arrays(weight_, cuda_grad->weight());
-  const OptimizerArrays ba = Arrays(bias_, cuda_grad->bias());
+  StepArrays out;
+  out.w = MakeElementStep(config_.kind, config_.weight, params.lr_weight, params.grad_multiplier,
+                          steps_, dtype_);
+  out.b = MakeElementStep(config_.kind, config_.bias, params.lr_bias, params.grad_multiplier,
+                          steps_, dtype_);
+  out.wa = Arrays(weight_, cuda_grad->weight());
+  out.ba = Arrays(bias_, cuda_grad->bias());
+  return out;
+}
+
+absl::StatusOr<StepResult> CudaHeadOptimizer::CheckStep(const GradBuffer& grad,
+                                                        const StepParams& params) const {
+  FLCE_ASSIGN_OR_RETURN(const StepArrays a, Prepare(grad, params));
   DeviceHealth* health = ctx_->health();
   FLCE_ASSIGN_OR_RETURN(unsigned found, ctx_->RunFlagged([&](cudaStream_t stream, unsigned* flags) {
-    FLCE_RETURN_IF_ERROR(LaunchOptimizerCheck(config_.kind, w, wa, flags, stream, health));
-    return LaunchOptimizerCheck(config_.kind, b, ba, flags, stream, health);
+    FLCE_RETURN_IF_ERROR(LaunchOptimizerCheck(config_.kind, a.w, a.wa, flags, stream, health));
+    return LaunchOptimizerCheck(config_.kind, a.b, a.ba, flags, stream, health);
   }));
   if (found & kElementBadGradient) return StepResult::kNonFiniteGradient;
   if (found & kElementBadWeight) return StepResult::kNonFiniteWeight;
+  return StepResult::kApplied;
+}
+
+absl::Status CudaHeadOptimizer::ApplyStep(const GradBuffer& grad, const StepParams& params) {
+  FLCE_ASSIGN_OR_RETURN(const StepArrays a, Prepare(grad, params));
+  DeviceHealth* health = ctx_->health();
   absl::StatusOr<unsigned> applied = ctx_->RunFlagged([&](cudaStream_t stream, unsigned*) {
-    FLCE_RETURN_IF_ERROR(LaunchOptimizerApply(config_.kind, w, wa, stream, health));
-    return LaunchOptimizerApply(config_.kind, b, ba, stream, health);
+    FLCE_RETURN_IF_ERROR(LaunchOptimizerApply(config_.kind, a.w, a.wa, stream, health));
+    return LaunchOptimizerApply(config_.kind, a.b, a.ba, stream, health);
   });
   FLCE_RETURN_IF_ERROR(applied.status());
   ++steps_;
-  return StepResult::kApplied;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<float*> CudaHeadOptimizer::StateArray(HeadTensor group_id,

@@ -29,7 +29,18 @@ class CudaHeadOptimizer : public HeadOptimizer {
                           const float* host) override;
   void set_steps(int64_t steps) override { steps_ = steps; }
 
+  // Step's two halves, for a head split across GPUs that must check every
+  // shard before it changes any: what Step would return (nothing changes),
+  // then the update itself.
+  absl::StatusOr<StepResult> CheckStep(const GradBuffer& grad, const StepParams& params) const;
+  absl::Status ApplyStep(const GradBuffer& grad, const StepParams& params);
+
  private:
+  struct StepArrays {
+    ElementStep w, b;
+    OptimizerArrays wa, ba;
+  };
+  absl::StatusOr<StepArrays> Prepare(const GradBuffer& grad, const StepParams& params) const;
   // One parameter group: its real elements only (V x H, or V), which are a
   // prefix of the head's and the gradient's padded buffers.
   struct Group {

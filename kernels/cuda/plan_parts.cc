@@ -185,6 +185,7 @@ SplitArgs SplitArgsFor(const HeadView& head, const DeviceRequest& r, const Scrat
   a.bias = head.bias;
   a.target = r.in.target;
   a.params = r.params;
+  a.vocab_end = r.params.vocab;
   return a;
 }
 

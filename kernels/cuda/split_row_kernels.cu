@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(Policy::kThreads)
   const LossParams p = args.params;
   const RowConsts kc = MakeConsts(p);
   const int32_t y = args.target[row];
-  int64_t end = p.vocab - args.col0;
+  int64_t end = args.vocab_end - args.col0;
   if (end > args.cols) end = args.cols;
   RowState st = EmptyState();
   for (int64_t c = threadIdx.x * Policy::kVec; c < end; c += Policy::kTile) {
@@ -34,12 +34,21 @@ __global__ void __launch_bounds__(Policy::kThreads)
     for (int k = 0; k < 4; ++k) {
       if (c + k < end) {
         const int64_t j = args.col0 + c + k;
-        PushColumn(st, TransformLogit(v[k] + BiasAt(bias, j), p, kc), static_cast<int32_t>(j), y);
+        PushColumn(st, TransformLogit(v[k] + BiasAt(bias, j - args.bias_col0), p, kc), static_cast<int32_t>(j), y);
       }
     }
   }
   st = BlockReduceState<Policy::kThreads>(st, scratch);
   if (threadIdx.x == 0) state[row] = first ? st : MergeStates(state[row], st);
+}
+
+__global__ void MergeStatesKernel(const RowState* parts, int count, int64_t rows,
+                                  RowState* out) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= rows) return;
+  RowState st = parts[row];
+  for (int p = 1; p < count; ++p) st = MergeStates(st, parts[p * rows + row]);
+  out[row] = st;
 }
 
 __global__ void FinishRowsKernel(const RowState* state, int64_t rows, RowInputs in,
@@ -71,8 +80,8 @@ __global__ void __launch_bounds__(Policy::kThreads)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int64_t j = args.col0 + c + k;
-        if (j < p.vocab) {
-          d[k] = ColumnGrad(TransformLogit(v[k] + BiasAt(bias, j), p, kc),
+        if (j < args.vocab_end) {
+          d[k] = ColumnGrad(TransformLogit(v[k] + BiasAt(bias, j - args.bias_col0), p, kc),
                             static_cast<int32_t>(j), g, p, kc);
         }
       }
@@ -125,6 +134,16 @@ absl::Status LaunchSplitStats(DType dtype, const SplitArgs& args, RowState* stat
     case DType::kBF16: return Stats<__nv_bfloat16>(args, state, first, stream, health);
   }
   return absl::InvalidArgumentError("unknown dtype");
+}
+
+absl::Status LaunchMergeStates(const RowState* parts, int count, int64_t rows, RowState* out,
+                               cudaStream_t stream, DeviceHealth* health) {
+  if (rows <= 0) return absl::OkStatus();
+  constexpr int kThreads = 128;
+  MergeStatesKernel<<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0,
+                      stream>>>(parts, count, rows, out);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
 }
 
 absl::Status LaunchFinishRows(const RowState* state, int64_t rows, RowInputs in, RowOutputs out,

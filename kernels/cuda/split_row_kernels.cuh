@@ -27,11 +27,21 @@ struct SplitArgs {
   const void* bias = nullptr;  // head dtype, whole padded vocabulary, or null
   const int32_t* target = nullptr;
   LossParams params;
+  // Columns at or past vocab_end are padding (params.vocab on one GPU; a
+  // vocabulary shard's end in the whole vocabulary when W is split across
+  // GPUs, where col0, targets and argmax stay whole-vocabulary columns).
+  int64_t vocab_end = 0;
+  int64_t bias_col0 = 0;  // the whole-vocabulary column of bias[0]
 };
 
 // state[r] = merge(state[r], split) (or = split when `first`).
 absl::Status LaunchSplitStats(DType dtype, const SplitArgs& args, RowState* state, bool first,
                               cudaStream_t stream, DeviceHealth* health);
+
+// out[r] = merge of parts[p * rows + r] over p = 0..count-1, in that order:
+// the states of one row from each vocabulary shard.
+absl::Status LaunchMergeStates(const RowState* parts, int count, int64_t rows, RowState* out,
+                               cudaStream_t stream, DeviceHealth* health);
 
 // grad[r] and the per-row outputs from the finished state.
 absl::Status LaunchFinishRows(const RowState* state, int64_t rows, RowInputs in, RowOutputs out,

@@ -18,6 +18,8 @@ if [[ $mode == tests || $mode == all ]]; then
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   "$dist/flce_cuda_peer_tests" 2>&1 | tee "$out/cuda_peer_tests.log" | grep -E '^\[  FAILED|^\[  PASSED|^\[==|Failure|Expected|Which|actual|error' | tail -30
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  "$dist/flce_sharded_tests" 2>&1 | tee "$out/sharded_tests.log" | grep -E '^\[  FAILED|^\[  PASSED|^\[  SKIPPED|^\[==|Failure|Expected|Which|actual|error|Skipped|NCCL' | tail -30
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   FLCE_TEST_PRINT_ERRORS=1 "$dist/flce_engine_tests" --gtest_filter='*cuda*' 2>&1 | tee "$out/engine_tests.log" |
     grep -E '^\[  FAILED|^\[  PASSED|^\[==|Failure|Expected|Which|actual|error' | tail -60
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1

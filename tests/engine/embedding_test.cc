@@ -168,7 +168,10 @@ TEST_P(EmbeddingTest, WriteStateRestoresMasterMomentsAndSteps) {
 }
 
 std::vector<EngineParam> OneParamPerEngine() {
-  return {{"cpu", Strategy::kAuto}, {"cuda", Strategy::kAuto}};
+  return {{"cpu", Strategy::kAuto},
+          {"cuda", Strategy::kAuto},
+          {"cuda_shards2", Strategy::kAuto},
+          {"cuda_shards3", Strategy::kAuto}};
 }
 
 INSTANTIATE_TEST_SUITE_P(AllEngines, EmbeddingTest, ::testing::ValuesIn(OneParamPerEngine()),

@@ -19,6 +19,20 @@ constexpr Strategy kCudaStrategies[] = {Strategy::kChunked,  Strategy::kVocabSpl
                                         Strategy::kFuseMN,   Strategy::kSeparate,
                                         Strategy::kNaive,    Strategy::kAuto};
 
+// A head split across GPUs runs these (fuse_mn runs vocab_split, naive is
+// refused: sharded_engine_test checks both).
+constexpr Strategy kShardedStrategies[] = {Strategy::kChunked, Strategy::kVocabSplit,
+                                           Strategy::kSeparate, Strategy::kAuto};
+
+// "cuda_shards2": the CUDA engine with every head split in two, both shards
+// on GPU 0 (device copies between them: the sharded plan's arithmetic on one
+// GPU); "cuda_shards3" in three, uneven.
+int ShardCount(const std::string& name) {
+  if (name == "cuda_shards2") return 2;
+  if (name == "cuda_shards3") return 3;
+  return 0;
+}
+
 EngineConfig DefaultConfig() {
   EngineConfig config;
   config.workspace_bytes = int64_t{256} << 20;
@@ -30,6 +44,9 @@ EngineConfig DefaultConfig() {
 std::vector<EngineParam> AllEngineParams() {
   std::vector<EngineParam> params = {{"cpu", Strategy::kAuto}, {"cpu", Strategy::kVocabSplit}};
   for (Strategy strategy : kCudaStrategies) params.push_back({"cuda", strategy});
+  for (const char* sharded : {"cuda_shards2", "cuda_shards3"}) {
+    for (Strategy strategy : kShardedStrategies) params.push_back({sharded, strategy});
+  }
   return params;
 }
 
@@ -44,7 +61,9 @@ bool IsCpu(const EngineParam& param) { return param.engine == "cpu"; }
 absl::StatusOr<std::unique_ptr<Engine>> NewEngine(const std::string& name,
                                                   const EngineConfig& config) {
   if (name == "cpu") return CreateCpuEngine(config);
-  if (name == "cuda") {
+  if (name == "cuda" || ShardCount(name) > 0) {
+    EngineConfig cuda_config = config;
+    cuda_config.devices.assign(ShardCount(name), config.device_ordinal);
     std::string plugin;
 #ifdef FLCE_TEST_CUDA_PLUGIN
     const char* env = std::getenv("FLCE_CUDA_PLUGIN");
@@ -52,7 +71,7 @@ absl::StatusOr<std::unique_ptr<Engine>> NewEngine(const std::string& name,
       plugin = FLCE_TEST_CUDA_PLUGIN;
     }
 #endif
-    return LoadCudaEngine(config, plugin);
+    return LoadCudaEngine(cuda_config, plugin);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown engine ", name));
 }

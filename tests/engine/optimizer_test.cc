@@ -401,7 +401,10 @@ TEST(OptimizerConfigTest, RefusedWhereTorchRefuses) {
 
 // The optimizer does not depend on the strategy: one case per engine.
 std::vector<EngineParam> OneParamPerEngine() {
-  return {{"cpu", Strategy::kAuto}, {"cuda", Strategy::kAuto}};
+  return {{"cpu", Strategy::kAuto},
+          {"cuda", Strategy::kAuto},
+          {"cuda_shards2", Strategy::kAuto},
+          {"cuda_shards3", Strategy::kAuto}};
 }
 
 INSTANTIATE_TEST_SUITE_P(AllEngines, OptimizerTest, ::testing::ValuesIn(OneParamPerEngine()),

@@ -12,6 +12,7 @@
 #include "flce/v1/convert.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/flce_server.h"
 #include "server/head_loader.h"
 #include "server/session_store.h"
 #include "server/status_mapping.h"
@@ -34,6 +35,43 @@ TEST(ProtoConvertTest, DTypesRoundTripAndUnspecifiedNamesTheField) {
   absl::StatusOr<DType> none = DTypeFromProto(v1::DTYPE_UNSPECIFIED, "hidden_dtype");
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(none.status().message()), ::testing::HasSubstr("hidden_dtype"));
+}
+
+TEST(ParseGpusTest, CountsListsAndAll) {
+  EngineConfig one;
+  ASSERT_TRUE(ParseGpus("1", one).ok());
+  EXPECT_TRUE(one.devices.empty());
+  EXPECT_FALSE(one.all_devices);
+  EngineConfig two;
+  ASSERT_TRUE(ParseGpus("2", two).ok());
+  EXPECT_EQ(two.devices, (std::vector<int>{0, 1}));
+  EngineConfig list;
+  ASSERT_TRUE(ParseGpus("1,3", list).ok());
+  EXPECT_EQ(list.devices, (std::vector<int>{1, 3}));
+  EngineConfig same;
+  ASSERT_TRUE(ParseGpus("0,0", same).ok());
+  EXPECT_EQ(same.devices, (std::vector<int>{0, 0}));
+  EngineConfig single;
+  EXPECT_FALSE(ParseGpus("2,", single).ok());
+  EngineConfig all;
+  ASSERT_TRUE(ParseGpus("all", all).ok());
+  EXPECT_TRUE(all.all_devices);
+  for (const char* bad : {"0", "-1", "", "two", "0,x", "1.5"}) {
+    EngineConfig c;
+    absl::Status st = ParseGpus(bad, c);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("--gpus")) << bad;
+  }
+}
+
+TEST(ParseGpusTest, SeveralGpusRefuseTheCpuEngine) {
+  ServerConfig config;
+  config.device = "cpu";
+  config.gpus = "2";
+  absl::StatusOr<std::unique_ptr<Engine>> engine = CreateEngine(config);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(engine.status().message()), HasSubstr("needs the CUDA engine"));
 }
 
 TEST(OutcomeLogTest, ForgetsOldestFinishedOutcomesButKeepsStagedOnes) {

@@ -1,0 +1,165 @@
+#include "kernels/cuda/call_rows.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace flce::cuda {
+
+RowOutputs DeviceRowOutputs(float* outputs, int64_t stride) {
+  RowOutputs out;
+  out.loss = outputs;
+  out.z_loss = outputs + stride;
+  out.logprob = outputs + 2 * stride;
+  out.entropy = outputs + 3 * stride;
+  out.argmax = reinterpret_cast<int32_t*>(outputs + 4 * stride);
+  return out;
+}
+
+absl::Status ValidateSpecInputs(const ComputeSpec& spec, const HeadSpec& head) {
+  const int64_t n = spec.num_tokens;
+  if (n < 0) return absl::InvalidArgumentError("num_tokens must be >= 0");
+  if (static_cast<int64_t>(spec.targets.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("targets has ", spec.targets.size(), " entries; num_tokens is ", n));
+  }
+  if (!spec.token_weights.empty() && static_cast<int64_t>(spec.token_weights.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("token_weights has ", spec.token_weights.size(),
+                                                   " entries; num_tokens is ", n));
+  }
+  if (!spec.entropy_weights.empty() && static_cast<int64_t>(spec.entropy_weights.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "entropy_weights has ", spec.entropy_weights.size(), " entries; num_tokens is ", n));
+  }
+  const LossOptions& o = spec.options;
+  if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f)) {
+    return absl::InvalidArgumentError("label_smoothing must be in [0, 1]");
+  }
+  if (!(o.z_loss_scale >= 0.0f) || !std::isfinite(o.z_loss_scale)) {
+    return absl::InvalidArgumentError("z_loss_scale must be >= 0");
+  }
+  if (!(o.softcap >= 0.0f) || !std::isfinite(o.softcap)) {
+    return absl::InvalidArgumentError("softcap must be >= 0");
+  }
+  if (!(o.temperature > 0.0f) || !std::isfinite(o.temperature)) {
+    return absl::InvalidArgumentError("temperature must be > 0");
+  }
+  if (!std::isfinite(o.grad_scale)) return absl::InvalidArgumentError("grad_scale must be finite");
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t y = spec.targets[t];
+    if (y != spec.ignore_index && (y < 0 || y >= head.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("targets[", t, "] = ", y, " is outside [0, ",
+                                                     head.vocab_size, ") and is not ignore_index (",
+                                                     spec.ignore_index, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+LossParams LossParamsFor(const ComputeSpec& spec, int64_t vocab) {
+  LossParams p;
+  p.vocab = vocab;
+  p.label_smoothing = spec.options.label_smoothing;
+  p.z_loss_scale = spec.options.z_loss_scale;
+  p.softcap = spec.options.softcap;
+  p.temperature = spec.options.temperature;
+  p.grad_scale = spec.options.grad_scale;
+  p.entropy_weighted = std::any_of(spec.entropy_weights.begin(), spec.entropy_weights.end(),
+                                   [](float e) { return e != 0.0f; });
+  return p;
+}
+
+CallRows::CallRows(const ComputeSpec& spec) {
+  const int64_t n = spec.num_tokens;
+  // a_t per MATH.md: the caller's weights replace the reduction's; ignored
+  // tokens always 0; n_valid over the whole request.
+  target.resize(n);
+  for (int64_t t = 0; t < n; ++t) {
+    const bool ignored = spec.targets[t] == spec.ignore_index;
+    target[t] = ignored ? -1 : spec.targets[t];
+    n_valid += ignored ? 0 : 1;
+  }
+  token_weight.assign(n, 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    if (target[t] < 0) continue;
+    if (!spec.token_weights.empty()) {
+      token_weight[t] = spec.token_weights[t];
+    } else if (spec.reduction == Reduction::kMean) {
+      token_weight[t] = 1.0f / static_cast<float>(n_valid);
+    } else {
+      token_weight[t] = 1.0f;
+    }
+  }
+  entropy_weight = spec.entropy_weights.empty() ? std::vector<float>(n, 0.0f) : spec.entropy_weights;
+  loss.assign(n, 0.0f);
+  z_loss.assign(n, 0.0f);
+  logprob.assign(n, 0.0f);
+  entropy.assign(n, 0.0f);
+  argmax.assign(n, -1);
+  given.assign(n, 0);
+}
+
+absl::Status CallRows::Accept(int64_t offset, int64_t rows, const void* host_rows, int64_t hidden,
+                              DType dtype) {
+  const int64_t n = static_cast<int64_t>(given.size());
+  if (host_rows != nullptr && rows > 0 && offset >= 0 && offset + rows <= n) {
+    const int64_t bad = FirstNonFinite(dtype, host_rows, rows * hidden);
+    if (bad >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden row of token ", offset + bad / hidden,
+                                                     " has a non-finite value at column ",
+                                                     bad % hidden));
+    }
+  }
+  if (offset < 0 || rows < 0 || offset + rows > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden rows [", offset, ", ", offset + rows, ") outside [0, ", n, ")"));
+  }
+  for (int64_t t = offset; t < offset + rows; ++t) {
+    if (given[t]) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden rows [", offset, ", ", offset + rows,
+                                                     ") overlap rows already given (token ", t,
+                                                     ")"));
+    }
+  }
+  std::fill(given.begin() + offset, given.begin() + offset + rows, 1);
+  return absl::OkStatus();
+}
+
+absl::Status CallRows::CheckAllGiven() const {
+  const auto missing = std::find(given.begin(), given.end(), 0);
+  if (missing == given.end()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("Finish before every hidden row was given: token ",
+                                                    missing - given.begin(), " of ", given.size(),
+                                                    " is missing"));
+}
+
+void CallRows::Store(const float* outputs, int64_t stride, int64_t begin, int64_t rows) {
+  std::memcpy(loss.data() + begin, outputs, rows * 4);
+  std::memcpy(z_loss.data() + begin, outputs + stride, rows * 4);
+  std::memcpy(logprob.data() + begin, outputs + 2 * stride, rows * 4);
+  std::memcpy(entropy.data() + begin, outputs + 3 * stride, rows * 4);
+  std::memcpy(argmax.data() + begin, outputs + 4 * stride, rows * 4);
+}
+
+void CallRows::FillResult(const OutputSelection& wanted, ComputeResult& result) const {
+  const int64_t n = static_cast<int64_t>(target.size());
+  for (int64_t t = 0; t < n; ++t) {
+    result.entropy_sum += entropy[t];
+    if (target[t] < 0) continue;
+    result.loss += static_cast<double>(token_weight[t]) * loss[t];
+    result.z_loss += static_cast<double>(token_weight[t]) * z_loss[t];
+    result.n_correct += argmax[t] == target[t] ? 1 : 0;
+  }
+  result.n_valid = n_valid;
+  if (wanted.per_token_loss) result.per_token_loss = loss;
+  if (wanted.logprob) result.logprob = logprob;
+  if (wanted.entropy) result.entropy = entropy;
+  if (wanted.accuracy) {
+    result.correct.resize(n);
+    for (int64_t t = 0; t < n; ++t) result.correct[t] = target[t] >= 0 && argmax[t] == target[t];
+  }
+}
+
+}  // namespace flce::cuda

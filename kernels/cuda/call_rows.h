@@ -1,0 +1,53 @@
+// The host side every CUDA compute call shares, on one GPU or split across
+// several: the spec's checks, the per-token inputs the row kernels read
+// (targets with ignored tokens as -1, a_t, e_t), the per-token outputs that
+// come back, and the result summed from them.
+#ifndef FLCE_KERNELS_CUDA_CALL_ROWS_H_
+#define FLCE_KERNELS_CUDA_CALL_ROWS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/row_types.h"
+#include "kernels/engine.h"
+
+namespace flce::cuda {
+
+// Row outputs per token on the device and in downloads: loss, z-loss,
+// logprob, entropy, argmax, each `stride` entries.
+constexpr int kRowOutputs = 5;
+RowOutputs DeviceRowOutputs(float* outputs, int64_t stride);
+
+// INVALID_ARGUMENT naming the first thing wrong with the spec's per-token
+// inputs and options (grad_out is the engine's to check).
+absl::Status ValidateSpecInputs(const ComputeSpec& spec, const HeadSpec& head);
+
+LossParams LossParamsFor(const ComputeSpec& spec, int64_t vocab);
+
+struct CallRows {
+  explicit CallRows(const ComputeSpec& spec);
+  // Hidden rows [offset, offset + rows) arrive: INVALID_ARGUMENT when they
+  // lie outside the call, overlap rows already given, or (with `host_rows`,
+  // their bytes) hold a non-finite value; else they count as given.
+  absl::Status Accept(int64_t offset, int64_t rows, const void* host_rows, int64_t hidden,
+                      DType dtype);
+  // FAILED_PRECONDITION naming the first token no hidden row was given for.
+  absl::Status CheckAllGiven() const;
+  // Output rows [begin, begin + rows) from a download laid out as above.
+  void Store(const float* outputs, int64_t stride, int64_t begin, int64_t rows);
+  // Loss, z-loss, entropy, n_valid, n_correct and the per-token outputs asked for.
+  void FillResult(const OutputSelection& wanted, ComputeResult& result) const;
+
+  std::vector<int32_t> target;  // -1 = ignored
+  std::vector<float> token_weight;
+  std::vector<float> entropy_weight;
+  int64_t n_valid = 0;
+  std::vector<float> loss, z_loss, logprob, entropy;
+  std::vector<int32_t> argmax;
+  std::vector<uint8_t> given;
+};
+
+}  // namespace flce::cuda
+
+#endif  // FLCE_KERNELS_CUDA_CALL_ROWS_H_
