@@ -89,15 +89,17 @@ absl::StatusOr<ShardPlan> MakeShardPlan(const std::vector<HeadView>& shards,
     case Strategy::kChunked:
     case Strategy::kAuto: {
       const int64_t per_tok = bytes(1, widest->padded_vocab);
-      int64_t chunk = AlignDown(budget / std::max<int64_t>(per_tok, 1), ChunkPolicy::kTokenAlign);
-      chunk = std::min(chunk, ChunkPolicy::kMaxTokens);
-      if (req.chunk_tokens > 0) chunk = std::min(chunk, req.chunk_tokens);
-      chunk = std::min(chunk, AlignUp(n, ChunkPolicy::kTokenAlign));
+      int64_t chunk = std::min({AlignDown(budget / std::max<int64_t>(per_tok, 1),
+                                          ChunkPolicy::kTokenAlign),
+                                ChunkPolicy::kMaxTokens, n});
       while (chunk > 0 && bytes(chunk, widest->padded_vocab) > budget) --chunk;
+      // The floor applies to what the budget allows, not to a caller's
+      // explicit (possibly tiny) chunk_tokens.
       const int64_t floor = req.strategy == Strategy::kAuto
                                 ? std::min(ChunkPolicy::kMaxTokens / 8, n)
                                 : std::min(ChunkPolicy::kMinTokens, n);
       if (chunk >= floor && chunk > 0) {
+        if (req.chunk_tokens > 0) chunk = std::min(chunk, req.chunk_tokens);
         plan.strategy = Strategy::kChunked;
         plan.chunk_tokens = chunk;
         plan.split_cols = widest->padded_vocab;

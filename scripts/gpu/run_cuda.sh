@@ -2,7 +2,7 @@
 # On the device machine, from the repo root, with .gpu-dist carried (see
 # pack_cuda.sh): CUDA tests, the engine conformance suite's CUDA cases, then
 # the benchmark. Logs and the benchmark JSON go to $OUT.
-#   scripts/gpu/run_cuda.sh tests|bench|optimizer|all [extra bench flags...]
+#   scripts/gpu/run_cuda.sh tests|bench|optimizer|shard|all [extra bench flags...]
 set -u -o pipefail
 mode=${1:-all}
 shift || true
@@ -36,6 +36,11 @@ fi
 if [[ $mode == optimizer ]]; then
   "$dist/flce_optimizer_bench" --out="$out/optimizer-bench.json" --commit="$(cat "$dist/COMMIT")" "$@" 2>&1 |
     tee "$out/optimizer-bench.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+fi
+if [[ $mode == shard ]]; then
+  "$dist/flce_shard_bench" --out="$out/shard-bench.json" --commit="$(cat "$dist/COMMIT")" "$@" 2>&1 |
+    tee "$out/shard-bench.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
 fi
 if [[ $mode == bench || $mode == all ]]; then
