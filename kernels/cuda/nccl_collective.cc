@@ -48,7 +48,8 @@ std::vector<std::string> NcclCandidates() {
   for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
                               "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
                               "/usr/lib/python3/dist-packages/nvidia/nccl/lib/libnccl.so.2",
-                              "/opt/*/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
+                              "/opt/*/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                              "/opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
     glob_t g = {};
     if (glob(pattern, 0, nullptr, &g) == 0) {
       for (size_t i = 0; i < g.gl_pathc; ++i) out.push_back(g.gl_pathv[i]);

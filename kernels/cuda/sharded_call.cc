@@ -1,6 +1,7 @@
 #include "kernels/cuda/sharded_call.h"
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -86,24 +87,32 @@ absl::Status ShardedComputeCall::Init() {
     DeviceHealth* health = shard.context()->health();
     FLCE_RETURN_IF_ERROR(shard.context()->Enter());
     ShardBuffers& b = buffers_[s];
-    b.bytes = Carver::Round(n * hidden_row_bytes_) * (s == 0 ? 2 : 1) +
-              Carver::Round(n * 4) * (3 + kRowOutputs) + 256;
-    absl::StatusOr<DeviceBuffer> memory = DeviceBuffer::Allocate(b.bytes, health);
+    const int64_t device_bytes = Carver::Round(n * hidden_row_bytes_) * (s == 0 ? 2 : 1) +
+                                 Carver::Round(n * 4) * (3 + kRowOutputs) + 256;
+    const int64_t pinned_bytes = s == 0 ? n * hidden_row_bytes_ : 0;
+    absl::StatusOr<std::unique_ptr<CudaEngine::SlotMemory>> memory =
+        shard.TakeSlotMemory(device_bytes, pinned_bytes);
     if (!memory.ok()) {
-      return absl::ResourceExhaustedError(absl::StrCat("request buffers of ", b.bytes,
+      return absl::ResourceExhaustedError(absl::StrCat("request buffers of ", device_bytes,
                                                        " bytes on GPU ", engine_->device(s),
                                                        " could not be allocated: ",
                                                        memory.status().message()));
     }
     b.memory = std::move(*memory);
-    shard.workspace().AddRequestBytes(b.bytes);
-    Carver c(static_cast<char*>(b.memory.get()));
+    FLCE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b.uploaded, cudaEventDisableTiming),
+                              health);
+    Carver c(static_cast<char*>(b.memory->device.get()));
     b.hidden = c.TakeBytes(n * hidden_row_bytes_);
-    if (s == 0) b.grad_input = c.TakeBytes(n * hidden_row_bytes_);
+    if (s == 0) {
+      b.grad_input = c.TakeBytes(n * hidden_row_bytes_);
+      staging_ = static_cast<char*>(b.memory->pinned.get());
+    }
     b.target = c.Take<int32_t>(n);
     b.token_weight = c.Take<float>(n);
     b.entropy_weight = c.Take<float>(n);
     b.outputs = c.Take<float>(kRowOutputs * n);
+    // The host vectors live as long as the call; the uploads are waited for
+    // before the first block computes (the upload event).
     cudaStream_t up = shard.upload_stream();
     FLCE_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(b.target, rows_.target.data(), m * 4, cudaMemcpyHostToDevice, up), health);
@@ -113,7 +122,6 @@ absl::Status ShardedComputeCall::Init() {
     FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.entropy_weight, rows_.entropy_weight.data(), m * 4,
                                               cudaMemcpyHostToDevice, up),
                               health);
-    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(up), health);
   }
   return absl::OkStatus();
 }
@@ -121,14 +129,13 @@ absl::Status ShardedComputeCall::Init() {
 ShardedComputeCall::~ShardedComputeCall() {
   WaitShards();
   for (int s = 0; s < static_cast<int>(buffers_.size()); ++s) {
-    if (buffers_[s].bytes == 0) continue;
-    buffers_[s].memory.Reset();
-    engine_->shard(s).workspace().AddRequestBytes(-buffers_[s].bytes);
+    if (buffers_[s].uploaded != nullptr) cudaEventDestroy(buffers_[s].uploaded);
+    engine_->shard(s).ReturnSlotMemory(std::move(buffers_[s].memory));
   }
 }
 
 void ShardedComputeCall::WaitShards() {
-  for (int s = 0; s < engine_->shard_count(); ++s) {
+  for (int s = 0; s < static_cast<int>(buffers_.size()); ++s) {
     CudaEngine& shard = engine_->shard(s);
     if (!shard.healthy()) continue;
     cudaSetDevice(engine_->device(s));
@@ -139,28 +146,48 @@ void ShardedComputeCall::WaitShards() {
 
 absl::Status ShardedComputeCall::AddHidden(int64_t token_offset, int64_t rows, const void* data) {
   if (finished_) return absl::FailedPreconditionError("AddHidden after Finish");
+  FLCE_RETURN_IF_ERROR(status_);
   FLCE_RETURN_IF_ERROR(
       rows_.Accept(token_offset, rows, data, head_->spec().hidden_size, spec_.hidden_dtype));
   if (rows == 0) return absl::OkStatus();
-  for (int s = 0; s < engine_->shard_count(); ++s) {
+  // The caller's bytes are only valid during this call: into staging first.
+  const int64_t at = token_offset * hidden_row_bytes_;
+  const int64_t bytes = rows * hidden_row_bytes_;
+  std::memcpy(staging_ + at, data, bytes);
+  absl::Status st;
+  for (int s = 0; s < engine_->shard_count() && st.ok(); ++s) {
     CudaEngine& shard = engine_->shard(s);
-    FLCE_RETURN_IF_ERROR(shard.context()->Enter());
-    cudaStream_t up = shard.upload_stream();
-    DeviceHealth* health = shard.context()->health();
-    FLCE_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(buffers_[s].hidden + token_offset * hidden_row_bytes_, data,
-                        rows * hidden_row_bytes_, cudaMemcpyHostToDevice, up),
-        health);
-    // The caller's bytes are only valid during this call.
-    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(up), health);
+    st = shard.context()->Enter();
+    if (st.ok()) {
+      st = CudaStatus(cudaMemcpyAsync(buffers_[s].hidden + at, staging_ + at, bytes,
+                                      cudaMemcpyHostToDevice, shard.upload_stream()),
+                      "uploading hidden rows", shard.context()->health());
+    }
+  }
+  while (st.ok() && given_prefix_ < spec_.num_tokens && rows_.given[given_prefix_]) {
+    ++given_prefix_;
+  }
+  if (st.ok()) st = RunReadyBlocks(false);
+  if (!st.ok() && status_.ok()) status_ = st;
+  return st;
+}
+
+absl::Status ShardedComputeCall::RunReadyBlocks(bool all) {
+  const int64_t n = spec_.num_tokens;
+  while (next_block_ < n) {
+    const int64_t rows = std::min(plan_.chunk_tokens, n - next_block_);
+    if (!all && next_block_ + rows > given_prefix_) break;
+    FLCE_RETURN_IF_ERROR(RunBlock(next_block_, rows));
+    next_block_ += rows;
   }
   return absl::OkStatus();
 }
 
-absl::Status ShardedComputeCall::RunBlocks() {
+absl::Status ShardedComputeCall::RunBlock(int64_t begin, int64_t rows) {
   const int count = engine_->shard_count();
   const int64_t n = spec_.num_tokens;
   auto* grad = static_cast<ShardedGradBuffer*>(spec_.grad_out);
+  // One block's collectives are issued on every shard before another call's.
   std::lock_guard<std::mutex> engine_lock(engine_->compute_mutex());
   std::vector<std::unique_lock<std::mutex>> shard_locks;
   std::vector<ShardTask> tasks(count);
@@ -168,6 +195,12 @@ absl::Status ShardedComputeCall::RunBlocks() {
     CudaEngine& shard = engine_->shard(s);
     shard_locks.emplace_back(shard.submit_mutex());
     FLCE_RETURN_IF_ERROR(shard.context()->Enter());
+    DeviceHealth* health = shard.context()->health();
+    // The block's rows (and the per-token inputs) have been uploaded.
+    FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(buffers_[s].uploaded, shard.upload_stream()),
+                              health);
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(shard.exec().stream, buffers_[s].uploaded, 0),
+                              health);
     ShardTask& t = tasks[s];
     t.device = engine_->device(s);
     t.exec = shard.exec();
@@ -176,30 +209,22 @@ absl::Status ShardedComputeCall::RunBlocks() {
     t.columns = head_->shards().rows(s);
     FLCE_ASSIGN_OR_RETURN(t.scratch, shard.Scratch(plan_.scratch_bytes, "sharded plan"));
     const ShardBuffers& b = buffers_[s];
-    DeviceRequest& r = t.request;
-    r.rows = n;
-    r.hidden_dtype = spec_.hidden_dtype;
-    r.hidden = b.hidden;
-    r.in.target = b.target;
-    r.in.token_weight = b.token_weight;
-    r.in.entropy_weight = b.entropy_weight;
-    r.out = DeviceRowOutputs(b.outputs, n);
-    r.grad_input = s == 0 && spec_.outputs.grad_input ? b.grad_input : nullptr;
+    DeviceRequest whole;
+    whole.rows = n;
+    whole.hidden_dtype = spec_.hidden_dtype;
+    whole.hidden = b.hidden;
+    whole.in.target = b.target;
+    whole.in.token_weight = b.token_weight;
+    whole.in.entropy_weight = b.entropy_weight;
+    whole.out = DeviceRowOutputs(b.outputs, n);
+    whole.grad_input = s == 0 && spec_.outputs.grad_input ? b.grad_input : nullptr;
     CudaGradBuffer* part = grad != nullptr ? grad->part(s) : nullptr;
-    r.grad_weight = part != nullptr ? part->weight() : nullptr;
-    r.grad_bias = part != nullptr ? part->bias() : nullptr;
-    r.params = params_;
+    whole.grad_weight = part != nullptr ? part->weight() : nullptr;
+    whole.grad_bias = part != nullptr ? part->bias() : nullptr;
+    whole.params = params_;
+    t.request = plan_parts::Slice(whole, begin, rows, t.head.hidden);
   }
-  for (int64_t begin = 0; begin < n; begin += plan_.chunk_tokens) {
-    const int64_t rows = std::min(plan_.chunk_tokens, n - begin);
-    std::vector<ShardTask> block = tasks;
-    for (int s = 0; s < count; ++s) {
-      const int64_t hidden = block[s].head.hidden;
-      block[s].request = plan_parts::Slice(tasks[s].request, begin, rows, hidden);
-    }
-    FLCE_RETURN_IF_ERROR(RunShardedBlock(plan_, block, engine_->collective()));
-  }
-  return absl::OkStatus();
+  return RunShardedBlock(plan_, tasks, engine_->collective());
 }
 
 absl::Status ShardedComputeCall::HandOut() {
@@ -231,9 +256,10 @@ absl::Status ShardedComputeCall::HandOut() {
 absl::StatusOr<ComputeResult> ShardedComputeCall::Finish() {
   if (finished_) return absl::FailedPreconditionError("Finish called twice");
   finished_ = true;
+  FLCE_RETURN_IF_ERROR(status_);
   FLCE_RETURN_IF_ERROR(rows_.CheckAllGiven());
   if (spec_.num_tokens > 0) {
-    FLCE_RETURN_IF_ERROR(RunBlocks());
+    FLCE_RETURN_IF_ERROR(RunReadyBlocks(true));
     FLCE_RETURN_IF_ERROR(HandOut());
     // grad_W lands on every shard's stream: wait for all of them.
     for (int s = 0; s < engine_->shard_count(); ++s) {

@@ -1,7 +1,10 @@
-// One compute call on a head split across GPUs. Hidden rows are copied to
-// every shard's GPU as they arrive; Finish runs the sharded plan block by
-// block with the engine's compute lock held, then hands grad_input out from
-// the first shard in pieces.
+// One compute call on a head split across GPUs. Hidden rows go into pinned
+// staging as they arrive and from there to every shard's GPU (uploads
+// enqueued, not waited for); each block of the plan is computed as soon as
+// all its rows are there, so the compute of early blocks overlaps the
+// arrival of later ones. Finish computes the rest, then hands grad_input out
+// from the first shard in pieces. Request memory comes from each shard
+// engine's pool: nothing is allocated per call once the pool has grown.
 #ifndef FLCE_KERNELS_CUDA_SHARDED_CALL_H_
 #define FLCE_KERNELS_CUDA_SHARDED_CALL_H_
 
@@ -33,8 +36,8 @@ class ShardedComputeCall : public ComputeCall {
  private:
   // The whole request on one shard's GPU.
   struct ShardBuffers {
-    DeviceBuffer memory;
-    int64_t bytes = 0;
+    std::unique_ptr<CudaEngine::SlotMemory> memory;  // device; the first's pinned holds hidden
+    cudaEvent_t uploaded = nullptr;
     char* hidden = nullptr;
     char* grad_input = nullptr;  // the first shard only
     int32_t* target = nullptr;
@@ -46,7 +49,10 @@ class ShardedComputeCall : public ComputeCall {
   ShardedComputeCall(ShardedEngine* engine, std::shared_ptr<const ShardedHead> head,
                      ComputeSpec spec, GradInputSink sink);
   absl::Status Init();
-  absl::Status RunBlocks();
+  // Computes every block whose rows have all been given (with `all`, the
+  // last partial block too).
+  absl::Status RunReadyBlocks(bool all);
+  absl::Status RunBlock(int64_t begin, int64_t rows);
   absl::Status HandOut();
   // Every shard's streams idle (nothing may still use the buffers).
   void WaitShards();
@@ -62,6 +68,10 @@ class ShardedComputeCall : public ComputeCall {
   bool finished_ = false;
   std::chrono::steady_clock::time_point start_time_;
   std::vector<ShardBuffers> buffers_;
+  char* staging_ = nullptr;  // pinned, num_tokens rows
+  int64_t given_prefix_ = 0;  // rows [0, given_prefix_) have all been given
+  int64_t next_block_ = 0;    // first row not yet computed
+  absl::Status status_;       // the first failure: later calls return it
 };
 
 }  // namespace flce::cuda
