@@ -28,6 +28,8 @@ import fake_server  # noqa: E402
 SERVER_BIN = os.environ.get("FLCE_SERVER_BIN", "")
 # The engine real servers run on: "cpu" (CI) or "cuda" (the same tests on a GPU host).
 SERVER_DEVICE = os.environ.get("FLCE_TEST_SERVER_DEVICE", "cpu")
+# More flags for every server the tests start, e.g. "--gpus 0,0" on a GPU host.
+SERVER_ARGS = os.environ.get("FLCE_TEST_SERVER_ARGS", "").split()
 
 
 def free_port() -> int:
@@ -60,7 +62,7 @@ class RealServer:
                                                delete=False)
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--metrics-port", "0", "--device", SERVER_DEVICE,
-             *extra], stdout=self.log, stderr=subprocess.STDOUT)
+             *SERVER_ARGS, *extra], stdout=self.log, stderr=subprocess.STDOUT)
         self.target = f"127.0.0.1:{self.port}"
         deadline = time.monotonic() + 30
         client = flce.Client(self.target, **(client_kwargs or {}))
