@@ -57,6 +57,10 @@ EngineInfo ShardedEngine::info() const {
   }
   info.name = absl::StrCat(info.name, " x", shards_.size(), " (vocabulary split, ",
                            collective_->name(), ")");
+  // No one GPU to name: the server then offers neither CUDA IPC nor
+  // page-locked shared memory, which both hand hidden rows to one device
+  // (shared memory still works, through AddHidden).
+  info.device_uuid.clear();
   return info;
 }
 

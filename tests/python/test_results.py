@@ -16,12 +16,17 @@ from flce._pb import pb
 V, H, N = 31, 16, 20
 
 
+def _repeated(f) -> bool:
+    """protobuf 6 replaced FieldDescriptor.label with is_repeated; Debian's 3.21 has only label."""
+    return f.is_repeated if hasattr(f, "is_repeated") else f.label == f.LABEL_REPEATED
+
+
 def _filled(message_name: str):
     """A message of that type with every scalar field set to a distinct non-default value,
     so that a field read from the wrong place cannot pass."""
     msg = getattr(pb, message_name)()
     for i, f in enumerate(msg.DESCRIPTOR.fields, start=1):
-        if f.label == f.LABEL_REPEATED:
+        if _repeated(f):
             assert f.type == f.TYPE_STRING, f"{message_name}.{f.name}: teach _filled its type"
             getattr(msg, f.name).extend([f"{f.name}-{i}", f"{f.name}-{i}-b"])
         elif f.type == f.TYPE_MESSAGE:
@@ -52,7 +57,7 @@ def test_every_protobuf_field_is_mirrored(cls):
         if f.type == f.TYPE_MESSAGE:
             assert dataclasses.is_dataclass(got)
             assert got == type(got).from_pb(want)
-        elif f.label == f.LABEL_REPEATED:
+        elif _repeated(f):
             assert isinstance(got, tuple) and got == tuple(want), f.name  # frozen: a tuple
         else:
             assert got == want, f.name
