@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -69,6 +71,17 @@ LossParams LossParamsFor(const ComputeSpec& spec, int64_t vocab) {
   p.entropy_weighted = std::any_of(spec.entropy_weights.begin(), spec.entropy_weights.end(),
                                    [](float e) { return e != 0.0f; });
   return p;
+}
+
+PlanRequest PlanRequestFor(const ComputeSpec& spec) {
+  PlanRequest req;
+  req.strategy = spec.strategy;
+  req.num_tokens = spec.num_tokens;
+  req.hidden_dtype = spec.hidden_dtype;
+  req.chunk_tokens = spec.chunk_tokens;
+  req.deterministic = spec.deterministic;
+  req.plain_logits = !(spec.options.softcap > 0.0f) && spec.options.temperature == 1.0f;
+  return req;
 }
 
 CallRows::CallRows(const ComputeSpec& spec) {
@@ -160,6 +173,32 @@ void CallRows::FillResult(const OutputSelection& wanted, ComputeResult& result) 
     result.correct.resize(n);
     for (int64_t t = 0; t < n; ++t) result.correct[t] = target[t] >= 0 && argmax[t] == target[t];
   }
+}
+
+absl::Status DownloadRowOutputs(const float* outputs, int64_t n, cudaStream_t stream,
+                                DeviceHealth* health, CallRows& rows) {
+  std::vector<float> host(kRowOutputs * n);
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host.data(), outputs, host.size() * 4, cudaMemcpyDeviceToHost, stream),
+      health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), health);
+  rows.Store(host.data(), n, 0, n);
+  return absl::OkStatus();
+}
+
+absl::Status SinkGradInput(const char* grad_input, int64_t n, int64_t row_bytes,
+                           const GradInputSink& sink, cudaStream_t stream, DeviceHealth* health) {
+  constexpr int64_t kSinkRows = 8192;
+  for (int64_t b = 0; b < n; b += kSinkRows) {
+    const int64_t rows = std::min(kSinkRows, n - b);
+    std::string data(rows * row_bytes, '\0');
+    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(data.data(), grad_input + b * row_bytes, data.size(),
+                                              cudaMemcpyDeviceToHost, stream),
+                              health);
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), health);
+    if (sink) sink(b, rows, std::move(data));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace flce::cuda

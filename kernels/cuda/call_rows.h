@@ -8,7 +8,12 @@
 #include <cstdint>
 #include <vector>
 
+#include <cuda_runtime.h>
+
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/plans.h"
 #include "kernels/cuda/row_types.h"
 #include "kernels/engine.h"
 
@@ -23,7 +28,29 @@ RowOutputs DeviceRowOutputs(float* outputs, int64_t stride);
 // inputs and options (grad_out is the engine's to check).
 absl::Status ValidateSpecInputs(const ComputeSpec& spec, const HeadSpec& head);
 
+// ValidateSpecInputs, then grad_out (when given): a `Buffer` (the engine's
+// gradient buffer type) shaped like the head.
+template <typename Buffer>
+absl::Status ValidateSpecFor(const ComputeSpec& spec, const HeadSpec& head,
+                             const char* engine_name) {
+  if (absl::Status st = ValidateSpecInputs(spec, head); !st.ok()) return st;
+  if (spec.grad_out == nullptr) return absl::OkStatus();
+  const auto* g = dynamic_cast<const Buffer*>(spec.grad_out);
+  if (g == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad_out is not a gradient buffer of the ", engine_name, " engine"));
+  }
+  if (g->vocab_size() != head.vocab_size || g->hidden_size() != head.hidden_size ||
+      g->has_bias() != head.has_bias) {
+    return absl::InvalidArgumentError("grad_out's shape differs from the head's");
+  }
+  return absl::OkStatus();
+}
+
 LossParams LossParamsFor(const ComputeSpec& spec, int64_t vocab);
+
+// What the planner needs of the spec (streaming left to the caller).
+PlanRequest PlanRequestFor(const ComputeSpec& spec);
 
 struct CallRows {
   explicit CallRows(const ComputeSpec& spec);
@@ -47,6 +74,15 @@ struct CallRows {
   std::vector<int32_t> argmax;
   std::vector<uint8_t> given;
 };
+
+// A whole request's results on the device, for calls that compute at
+// Finish: the per-token outputs (laid out as above, stride n) into `rows`,
+// and, with `grad_input` (n rows of row_bytes), its rows to the sink in
+// pieces of 8192. On `stream`, waiting for each copy.
+absl::Status DownloadRowOutputs(const float* outputs, int64_t n, cudaStream_t stream,
+                                DeviceHealth* health, CallRows& rows);
+absl::Status SinkGradInput(const char* grad_input, int64_t n, int64_t row_bytes,
+                           const GradInputSink& sink, cudaStream_t stream, DeviceHealth* health);
 
 }  // namespace flce::cuda
 

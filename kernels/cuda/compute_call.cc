@@ -11,26 +11,6 @@
 #include "kernels/status_macros.h"
 
 namespace flce::cuda {
-namespace {
-
-constexpr int64_t kSinkRows = 8192;  // buffered plans hand grad_input out in pieces
-
-absl::Status ValidateSpec(const ComputeSpec& spec, const HeadSpec& head) {
-  FLCE_RETURN_IF_ERROR(ValidateSpecInputs(spec, head));
-  if (spec.grad_out != nullptr) {
-    const auto* g = dynamic_cast<const CudaGradBuffer*>(spec.grad_out);
-    if (g == nullptr) {
-      return absl::InvalidArgumentError("grad_out is not a gradient buffer of the CUDA engine");
-    }
-    if (g->vocab_size() != head.vocab_size || g->hidden_size() != head.hidden_size ||
-        g->has_bias() != head.has_bias) {
-      return absl::InvalidArgumentError("grad_out's shape differs from the head's");
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 CudaComputeCall::CudaComputeCall(CudaEngine* engine, std::shared_ptr<const CudaHead> head,
                                  ComputeSpec spec, GradInputSink sink)
@@ -46,7 +26,7 @@ absl::StatusOr<std::unique_ptr<CudaComputeCall>> CudaComputeCall::Start(
   if (cuda_head == nullptr) {
     return absl::InvalidArgumentError("head was not built by the CUDA engine");
   }
-  FLCE_RETURN_IF_ERROR(ValidateSpec(spec, cuda_head->spec()));
+  FLCE_RETURN_IF_ERROR(ValidateSpecFor<CudaGradBuffer>(spec, cuda_head->spec(), "CUDA"));
   std::unique_ptr<CudaComputeCall> call(
       new CudaComputeCall(engine, std::move(cuda_head), std::move(spec), std::move(sink)));
   FLCE_RETURN_IF_ERROR(call->Init());
@@ -56,17 +36,10 @@ absl::StatusOr<std::unique_ptr<CudaComputeCall>> CudaComputeCall::Start(
 absl::Status CudaComputeCall::Init() {
   start_time_ = std::chrono::steady_clock::now();
   const HeadSpec& hs = head_->spec();
-  const int64_t n = spec_.num_tokens;
   hidden_row_bytes_ = hs.hidden_size * DTypeSize(spec_.hidden_dtype);
   params_ = LossParamsFor(spec_, hs.vocab_size);
-  PlanRequest req;
-  req.strategy = spec_.strategy;
-  req.num_tokens = n;
-  req.hidden_dtype = spec_.hidden_dtype;
-  req.chunk_tokens = spec_.chunk_tokens;
-  req.deterministic = spec_.deterministic;
+  PlanRequest req = PlanRequestFor(spec_);
   req.streaming = true;
-  req.plain_logits = !(spec_.options.softcap > 0.0f) && spec_.options.temperature == 1.0f;
   // Refusals (budget, determinism) come before waiting for the engine.
   FLCE_ASSIGN_OR_RETURN(plan_, engine_->PlanFor(*head_, req));
   FLCE_RETURN_IF_ERROR(engine_->context()->Enter());
@@ -510,24 +483,11 @@ absl::Status CudaComputeCall::FinishBuffered() {
     // Later calls may reuse the scratch as soon as the lock is released: the
     // compute stream orders their work after this one's.
   }
-  std::vector<float> outputs(kRowOutputs * n);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(outputs.data(), d_outputs_, outputs.size() * 4,
-                                            cudaMemcpyDeviceToHost, compute),
-                            health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), health);
-  rows_.Store(outputs.data(), n, 0, n);
+  FLCE_RETURN_IF_ERROR(DownloadRowOutputs(d_outputs_, n, compute, health, rows_));
   if (spec_.outputs.grad_input && grad_peer_ != nullptr) {
     FLCE_RETURN_IF_ERROR(WriteGradInputToPeer(d_grad_input_, 0, n, compute));
   } else if (spec_.outputs.grad_input) {
-    for (int64_t b = 0; b < n; b += kSinkRows) {
-      const int64_t rows = std::min(kSinkRows, n - b);
-      std::string data(rows * hidden_row_bytes_, '\0');
-      FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(data.data(), d_grad_input_ + b * hidden_row_bytes_,
-                                                data.size(), cudaMemcpyDeviceToHost, compute),
-                                health);
-      FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), health);
-      if (sink_) sink_(b, rows, std::move(data));
-    }
+    FLCE_RETURN_IF_ERROR(SinkGradInput(d_grad_input_, n, hidden_row_bytes_, sink_, compute, health));
   }
   return absl::OkStatus();
 }

@@ -13,8 +13,6 @@
 namespace flce::cuda {
 namespace {
 
-constexpr int64_t kSinkRows = 8192;  // grad_input is handed out in pieces
-
 // The shard's rows as the plan sees them; an empty shard has no columns.
 HeadView ShardView(const ShardedHead& head, int s) {
   if (head.part(s) != nullptr) return head.part(s)->view();
@@ -42,19 +40,8 @@ absl::StatusOr<std::unique_ptr<ShardedComputeCall>> ShardedComputeCall::Start(
   if (sharded == nullptr || sharded->shards().count() != engine->shard_count()) {
     return absl::InvalidArgumentError("head was not built by this sharded CUDA engine");
   }
-  FLCE_RETURN_IF_ERROR(ValidateSpecInputs(spec, sharded->spec()));
-  if (spec.grad_out != nullptr) {
-    const auto* g = dynamic_cast<const ShardedGradBuffer*>(spec.grad_out);
-    if (g == nullptr) {
-      return absl::InvalidArgumentError(
-          "grad_out is not a gradient buffer of the sharded CUDA engine");
-    }
-    if (g->vocab_size() != sharded->spec().vocab_size ||
-        g->hidden_size() != sharded->spec().hidden_size ||
-        g->has_bias() != sharded->spec().has_bias) {
-      return absl::InvalidArgumentError("grad_out's shape differs from the head's");
-    }
-  }
+  FLCE_RETURN_IF_ERROR(
+      ValidateSpecFor<ShardedGradBuffer>(spec, sharded->spec(), "sharded CUDA"));
   std::unique_ptr<ShardedComputeCall> call(
       new ShardedComputeCall(engine, std::move(sharded), std::move(spec), std::move(sink)));
   FLCE_RETURN_IF_ERROR(call->Init());
@@ -67,12 +54,7 @@ absl::Status ShardedComputeCall::Init() {
   hidden_row_bytes_ = hs.hidden_size * DTypeSize(spec_.hidden_dtype);
   params_ = LossParamsFor(spec_, hs.vocab_size);
 
-  PlanRequest req;
-  req.strategy = spec_.strategy;
-  req.num_tokens = spec_.num_tokens;
-  req.hidden_dtype = spec_.hidden_dtype;
-  req.chunk_tokens = spec_.chunk_tokens;
-  req.deterministic = spec_.deterministic;
+  PlanRequest req = PlanRequestFor(spec_);
   req.streaming = false;
   std::vector<HeadView> views;
   for (int s = 0; s < engine_->shard_count(); ++s) views.push_back(ShardView(*head_, s));
@@ -233,24 +215,9 @@ absl::Status ShardedComputeCall::HandOut() {
   cudaStream_t compute = first.exec().stream;
   FLCE_RETURN_IF_ERROR(first.context()->Enter());
   const int64_t n = spec_.num_tokens;
-  std::vector<float> outputs(kRowOutputs * n);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(outputs.data(), buffers_[0].outputs,
-                                            outputs.size() * 4, cudaMemcpyDeviceToHost, compute),
-                            health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), health);
-  rows_.Store(outputs.data(), n, 0, n);
+  FLCE_RETURN_IF_ERROR(DownloadRowOutputs(buffers_[0].outputs, n, compute, health, rows_));
   if (!spec_.outputs.grad_input) return absl::OkStatus();
-  for (int64_t b = 0; b < n; b += kSinkRows) {
-    const int64_t rows = std::min(kSinkRows, n - b);
-    std::string data(rows * hidden_row_bytes_, '\0');
-    FLCE_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(data.data(), buffers_[0].grad_input + b * hidden_row_bytes_, data.size(),
-                        cudaMemcpyDeviceToHost, compute),
-        health);
-    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), health);
-    if (sink_) sink_(b, rows, std::move(data));
-  }
-  return absl::OkStatus();
+  return SinkGradInput(buffers_[0].grad_input, n, hidden_row_bytes_, sink_, compute, health);
 }
 
 absl::StatusOr<ComputeResult> ShardedComputeCall::Finish() {

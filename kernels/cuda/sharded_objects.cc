@@ -44,6 +44,15 @@ HeadSpec ShardSpec(const HeadSpec& spec, const VocabShards& shards, int s) {
 
 namespace {
 
+// Elements per vocabulary row, and in all, of the weight or the bias.
+int64_t RowElements(const HeadSpec& spec, HeadTensor tensor) {
+  return tensor == HeadTensor::kWeight ? spec.hidden_size : 1;
+}
+int64_t TensorElements(const HeadSpec& spec, HeadTensor tensor) {
+  if (tensor == HeadTensor::kBias && !spec.has_bias) return 0;
+  return spec.vocab_size * RowElements(spec, tensor);
+}
+
 // ids split by shard (local ids, and where each came from), in the order given.
 struct RoutedIds {
   std::vector<std::vector<int32_t>> local;
@@ -78,13 +87,11 @@ int64_t ShardedHead::resident_bytes() const {
 
 absl::Status ShardedHead::CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
                                   void* host_out) const {
-  const bool weight = tensor == HeadTensor::kWeight;
-  FLCE_RETURN_IF_ERROR(CheckElementRange(
-      HeadTensorName(tensor), begin, count,
-      weight ? spec_.vocab_size * spec_.hidden_size : (spec_.has_bias ? spec_.vocab_size : 0)));
+  FLCE_RETURN_IF_ERROR(
+      CheckElementRange(HeadTensorName(tensor), begin, count, TensorElements(spec_, tensor)));
   const int64_t size = DTypeSize(spec_.dtype);
   char* out = static_cast<char*>(host_out);
-  return shards_.ForEachPiece(weight ? spec_.hidden_size : 1, begin, count,
+  return shards_.ForEachPiece(RowElements(spec_, tensor), begin, count,
                               [&](int s, int64_t at, int64_t n, int64_t done) {
                                 return parts_[s]->CopyOut(tensor, at, n, out + done * size);
                               });
@@ -313,11 +320,9 @@ absl::StatusOr<StepResult> ShardedOptimizer::Step(const GradBuffer& grad,
 
 absl::Status ShardedOptimizer::ForEachElementPiece(HeadTensor group, int64_t begin, int64_t count,
                                                    const VocabShards::PieceFn& fn) const {
-  const bool weight = group == HeadTensor::kWeight;
-  FLCE_RETURN_IF_ERROR(CheckElementRange(
-      HeadTensorName(group), begin, count,
-      weight ? spec_.vocab_size * spec_.hidden_size : (spec_.has_bias ? spec_.vocab_size : 0)));
-  return shards_.ForEachPiece(weight ? spec_.hidden_size : 1, begin, count, fn);
+  FLCE_RETURN_IF_ERROR(
+      CheckElementRange(HeadTensorName(group), begin, count, TensorElements(spec_, group)));
+  return shards_.ForEachPiece(RowElements(spec_, group), begin, count, fn);
 }
 
 absl::Status ShardedOptimizer::ReadState(HeadTensor group, OptimizerTensor tensor, int64_t begin,

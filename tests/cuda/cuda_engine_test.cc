@@ -31,17 +31,6 @@ namespace {
 
 using cuda::CudaEngine;
 
-ComputeSpec FullSpec(Strategy strategy) {
-  ComputeSpec spec;
-  spec.strategy = strategy;
-  spec.outputs.grad_input = true;
-  spec.outputs.per_token_loss = true;
-  spec.outputs.logprob = true;
-  spec.outputs.entropy = true;
-  spec.outputs.accuracy = true;
-  return spec;
-}
-
 struct Errors {
   double loss, per_token, grad_input, grad_w, grad_b;
 };
@@ -73,13 +62,13 @@ TEST(CudaEngineTest, EveryStrategyOnSeedVocabularyMatchesReference) {
   ps.hidden_dtype = DType::kBF16;
   ps.has_bias = true;
   Problem problem = MakeProblem(ps);
-  ComputeSpec base = FullSpec(Strategy::kAuto);
+  ComputeSpec base = AllOutputsSpec(Strategy::kAuto);
   ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, base));
   for (Strategy strategy : kAllStrategies) {
     SCOPED_TRACE(StrategyName(strategy));
     HarnessOptions options;
     options.rows_per_block = 7;
-    auto run = RunProblem(**engine, problem, FullSpec(strategy), options);
+    auto run = RunProblem(**engine, problem, AllOutputsSpec(strategy), options);
     ASSERT_TRUE(run.ok()) << run.status();
     const Errors e = Compare(*run, ref);
     std::printf(
@@ -110,7 +99,7 @@ TEST(CudaEngineTest, ClusterAndTwoPassRowKernelsAgree) {
   ps.hidden_dtype = DType::kBF16;
   ps.has_bias = true;
   Problem problem = MakeProblem(ps);
-  ComputeSpec spec = FullSpec(Strategy::kChunked);
+  ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
   spec.options.label_smoothing = 0.1f;
   spec.options.softcap = 20.0f;
   spec.entropy_weights = RandomFloats(ps.num_tokens, 0.0f, 0.2f, FreshSeed());
@@ -151,7 +140,7 @@ TEST(CudaEngineTest, OverlappedChunksMatchReference) {
   ps.hidden_dtype = DType::kF32;  // the fp32 grad_input path of both halves
   ps.has_bias = true;
   Problem problem = MakeProblem(ps);
-  ComputeSpec spec = FullSpec(Strategy::kChunked);
+  ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
   spec.chunk_tokens = 320;
   spec.deterministic = true;
   spec.options.z_loss_scale = 1e-3f;
@@ -192,7 +181,7 @@ TEST(CudaEngineTest, PeakedRowsWithEveryOption) {
   ps.targets_at_argmax = true;
   ps.has_bias = true;
   Problem problem = MakeProblem(ps);
-  ComputeSpec base = FullSpec(Strategy::kAuto);
+  ComputeSpec base = AllOutputsSpec(Strategy::kAuto);
   base.options.label_smoothing = 0.05f;
   base.options.z_loss_scale = 1e-4f;
   base.options.softcap = 30.0f;
@@ -242,7 +231,7 @@ TEST(CudaEngineTest, LogitsStatsAndCublasPathsAgree) {
       ps.weight_scale = peaked ? 10.0 : 1.0;
       ps.targets_at_argmax = peaked;
       Problem problem = MakeProblem(ps);
-      ComputeSpec spec = FullSpec(Strategy::kChunked);
+      ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
       spec.chunk_tokens = 192;  // two chunks, the second partial
       spec.options.label_smoothing = 0.05f;
       spec.options.z_loss_scale = 1e-4f;
@@ -305,7 +294,7 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
     ps.weight_scale = c.weight_scale;
     ps.targets_at_argmax = c.at_argmax;
     Problem problem = MakeProblem(ps);
-    ComputeSpec spec = FullSpec(Strategy::kChunked);
+    ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
     spec.chunk_tokens = 192;
     spec.options.z_loss_scale = 1e-4f;
     spec.options.grad_scale = 0.5f;
@@ -396,7 +385,7 @@ TEST(CudaEngineTest, PaddedColumnsNeverCount) {
   for (float& b : problem.bias) b -= 40.0f;
   problem.bias_bytes.assign(reinterpret_cast<const char*>(problem.bias.data()),
                             problem.bias.size() * sizeof(float));
-  ComputeSpec base = FullSpec(Strategy::kAuto);
+  ComputeSpec base = AllOutputsSpec(Strategy::kAuto);
   base.options.label_smoothing = 0.1f;
   ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, base));
   for (Strategy strategy : kAllStrategies) {
@@ -433,7 +422,7 @@ TEST(CudaEngineTest, WorkspaceDoesNotGrowWithTokens) {
     HarnessOptions options;
     options.rows_per_block = 1000;
     options.shuffle_blocks = false;
-    ComputeSpec spec = FullSpec(Strategy::kChunked);
+    ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
     auto run = RunProblem(**engine, problem, spec, options);
     ASSERT_TRUE(run.ok()) << run.status();
     peaks[i] = (*engine)->info().workspace_peak_bytes;
@@ -458,14 +447,14 @@ TEST(CudaEngineTest, NaiveAndSeparateRefuseWhenTooBig) {
   ps.hidden_dtype = DType::kBF16;
   Problem problem = MakeProblem(ps);
   for (Strategy strategy : {Strategy::kNaive, Strategy::kSeparate}) {
-    auto run = RunProblem(**engine, problem, FullSpec(strategy), {});
+    auto run = RunProblem(**engine, problem, AllOutputsSpec(strategy), {});
     ASSERT_FALSE(run.ok());
     EXPECT_EQ(run.status().code(), absl::StatusCode::kResourceExhausted) << run.status();
     EXPECT_NE(run.status().message().find("needs"), std::string::npos) << run.status();
     EXPECT_NE(run.status().message().find("available"), std::string::npos) << run.status();
   }
   EXPECT_TRUE((*engine)->healthy());
-  auto run = RunProblem(**engine, problem, FullSpec(Strategy::kChunked), {});
+  auto run = RunProblem(**engine, problem, AllOutputsSpec(Strategy::kChunked), {});
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->result.strategy_used, "chunked");
 }
@@ -484,7 +473,7 @@ TEST(CudaEngineTest, DeterministicRunsAreBitwiseIdentical) {
   Problem problem = MakeProblem(ps);
   for (Strategy strategy : kAllStrategies) {
     SCOPED_TRACE(StrategyName(strategy));
-    ComputeSpec spec = FullSpec(strategy);
+    ComputeSpec spec = AllOutputsSpec(strategy);
     spec.deterministic = true;
     spec.chunk_tokens = 128;
     HarnessOptions options;
@@ -519,7 +508,7 @@ TEST(CudaEngineTest, ChunkedStreamsGradInputBeforeFinish) {
   Problem problem = MakeProblem(ps);
   auto head = BuildHead(**engine, problem, 2);
   ASSERT_TRUE(head.ok()) << head.status();
-  ComputeSpec spec = FullSpec(Strategy::kChunked);
+  ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
   spec.num_tokens = ps.num_tokens;
   spec.hidden_dtype = ps.hidden_dtype;
   spec.targets = problem.targets;
@@ -561,7 +550,7 @@ TEST(CudaEngineTest, DestroyingACallMidStreamCancelsIt) {
   Problem problem = MakeProblem(ps);
   auto head = BuildHead(**engine, problem, 2);
   ASSERT_TRUE(head.ok()) << head.status();
-  ComputeSpec spec = FullSpec(Strategy::kChunked);
+  ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
   spec.num_tokens = ps.num_tokens;
   spec.hidden_dtype = ps.hidden_dtype;
   spec.targets = problem.targets;
@@ -582,9 +571,9 @@ TEST(CudaEngineTest, DestroyingACallMidStreamCancelsIt) {
   }
   EXPECT_EQ(late_calls.load(), 0);
   EXPECT_TRUE((*engine)->healthy());
-  auto run = RunProblem(**engine, problem, FullSpec(Strategy::kChunked), {});
+  auto run = RunProblem(**engine, problem, AllOutputsSpec(Strategy::kChunked), {});
   ASSERT_TRUE(run.ok()) << run.status();
-  ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, FullSpec(Strategy::kChunked)));
+  ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, AllOutputsSpec(Strategy::kChunked)));
   EXPECT_LE(Compare(*run, ref).grad_input, 5e-3);
 }
 
@@ -674,7 +663,7 @@ TEST(CudaEngineDeathTest, StickyErrorMakesEngineUnavailable) {
         absl::Status fault = (*engine)->InjectDeviceFaultForTesting();
         if (fault.code() != absl::StatusCode::kUnavailable) std::_Exit(4);
         if ((*engine)->healthy()) std::_Exit(5);
-        ComputeSpec spec = FullSpec(Strategy::kChunked);
+        ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
         spec.num_tokens = problem.spec.num_tokens;
         spec.hidden_dtype = problem.spec.hidden_dtype;
         spec.targets = problem.targets;

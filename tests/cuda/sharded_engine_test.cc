@@ -29,17 +29,6 @@ absl::StatusOr<std::unique_ptr<ShardedEngine>> MakeSharded(std::vector<int> devi
   return ShardedEngine::Create(config);
 }
 
-ComputeSpec FullSpec(Strategy strategy) {
-  ComputeSpec spec;
-  spec.strategy = strategy;
-  spec.outputs.grad_input = true;
-  spec.outputs.per_token_loss = true;
-  spec.outputs.logprob = true;
-  spec.outputs.entropy = true;
-  spec.outputs.accuracy = true;
-  return spec;
-}
-
 TEST(VocabShardsTest, RowsAreSplitInMultiplesOfFourWithTheRestLast) {
   EXPECT_EQ(VocabShards::Split(1009, 3).begin, (std::vector<int64_t>{0, 340, 680, 1009}));
   EXPECT_EQ(VocabShards::Split(1024, 2).begin, (std::vector<int64_t>{0, 512, 1024}));
@@ -67,15 +56,15 @@ TEST(ShardedEngineTest, NaiveIsRefusedAndFuseMNRunsVocabSplit) {
   ProblemSpec ps;
   ps.vocab_size = 517;
   Problem problem = MakeProblem(ps);
-  absl::StatusOr<EngineRun> naive = RunProblem(**engine, problem, FullSpec(Strategy::kNaive), {});
+  absl::StatusOr<EngineRun> naive = RunProblem(**engine, problem, AllOutputsSpec(Strategy::kNaive), {});
   ASSERT_FALSE(naive.ok());
   EXPECT_EQ(naive.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(naive.status().message()).find("one GPU only"), std::string::npos)
       << naive.status();
-  absl::StatusOr<EngineRun> fuse = RunProblem(**engine, problem, FullSpec(Strategy::kFuseMN), {});
+  absl::StatusOr<EngineRun> fuse = RunProblem(**engine, problem, AllOutputsSpec(Strategy::kFuseMN), {});
   ASSERT_TRUE(fuse.ok()) << fuse.status();
   EXPECT_EQ(fuse->result.strategy_used, "vocab_split");
-  const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, FullSpec(Strategy::kFuseMN)));
+  const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, AllOutputsSpec(Strategy::kFuseMN)));
   EXPECT_LE(RelativeError({fuse->result.loss}, {ref.loss}), 1e-4);
 }
 
@@ -97,7 +86,7 @@ TEST(ShardedEngineTest, ThreeShardsMatchOneGpuAndRepeatBitForBit) {
   Problem problem = MakeProblem(ps);
   for (Strategy strategy : {Strategy::kChunked, Strategy::kVocabSplit}) {
     SCOPED_TRACE(StrategyName(strategy));
-    ComputeSpec spec = FullSpec(strategy);
+    ComputeSpec spec = AllOutputsSpec(strategy);
     spec.deterministic = true;
     spec.options.label_smoothing = 0.1f;
     spec.options.z_loss_scale = 1e-4f;
@@ -132,7 +121,7 @@ TEST(ShardedEngineTest, NcclWithOneRankComputesTheSameLoss) {
   ProblemSpec ps;
   ps.vocab_size = 1003;
   Problem problem = MakeProblem(ps);
-  const ComputeSpec spec = FullSpec(Strategy::kChunked);
+  const ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
   absl::StatusOr<EngineRun> one = RunProblem(**single, problem, spec, {});
   absl::StatusOr<EngineRun> run = RunProblem(**nccl, problem, spec, {});
   ASSERT_TRUE(one.ok() && run.ok());

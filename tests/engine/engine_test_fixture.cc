@@ -11,16 +11,7 @@ void EngineTest::SetUp() {
   engine_ = *engine;
 }
 
-ComputeSpec EngineTest::BaseSpec() const {
-  ComputeSpec spec;
-  spec.strategy = GetParam().strategy;
-  spec.outputs.grad_input = true;
-  spec.outputs.per_token_loss = true;
-  spec.outputs.logprob = true;
-  spec.outputs.entropy = true;
-  spec.outputs.accuracy = true;
-  return spec;
-}
+ComputeSpec EngineTest::BaseSpec() const { return AllOutputsSpec(GetParam().strategy); }
 
 Tolerance EngineTest::TolFor(const Problem& problem) const {
   return ToleranceFor(GetParam().engine, problem.spec.head_dtype, problem.spec.hidden_dtype,

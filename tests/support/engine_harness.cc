@@ -14,6 +14,17 @@
 
 namespace flce::test {
 
+ComputeSpec AllOutputsSpec(Strategy strategy) {
+  ComputeSpec spec;
+  spec.strategy = strategy;
+  spec.outputs.grad_input = true;
+  spec.outputs.per_token_loss = true;
+  spec.outputs.logprob = true;
+  spec.outputs.entropy = true;
+  spec.outputs.accuracy = true;
+  return spec;
+}
+
 std::vector<double> WidenToDoubles(DType dtype, const void* src, int64_t count) {
   std::vector<float> floats(count);
   ToFloat(dtype, src, floats.data(), count);

@@ -40,6 +40,10 @@ struct EngineRun {
   std::vector<double> grad_bias;    // V; empty without a GradBuffer or bias
 };
 
+// A spec with `strategy` asking for every output (grad_input, per-token loss,
+// logprob, entropy, accuracy); the caller fills tokens, targets and grad_out.
+ComputeSpec AllOutputsSpec(Strategy strategy);
+
 // Streams the problem's weight (in `chunks` uneven writes) and bias.
 absl::StatusOr<std::shared_ptr<const Head>> BuildHead(Engine& engine, const Problem& problem,
                                                       int chunks);
