@@ -20,7 +20,8 @@ absl::Status CheckShape(const HeadSpec& spec, const char* what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ShardedEngine>> ShardedEngine::Create(const EngineConfig& config) {
+absl::StatusOr<std::unique_ptr<ShardedEngine>> ShardedEngine::Create(
+    const EngineConfig& config, const CollectiveFactory& collective) {
   if (config.devices.empty()) return absl::InvalidArgumentError("no GPUs to shard a head across");
   std::unique_ptr<ShardedEngine> e(new ShardedEngine());
   e->devices_ = config.devices;
@@ -37,7 +38,8 @@ absl::StatusOr<std::unique_ptr<ShardedEngine>> ShardedEngine::Create(const Engin
     lanes.push_back({device, (*shard)->exec().stream, (*shard)->context()->health()});
     e->shards_.push_back(std::move(*shard));
   }
-  FLCE_ASSIGN_OR_RETURN(e->collective_, CreateShardCollective(lanes));
+  FLCE_ASSIGN_OR_RETURN(e->collective_,
+                        collective ? collective(lanes) : CreateShardCollective(lanes));
   return e;
 }
 

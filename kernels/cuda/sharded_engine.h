@@ -6,6 +6,7 @@
 #ifndef FLCE_KERNELS_CUDA_SHARDED_ENGINE_H_
 #define FLCE_KERNELS_CUDA_SHARDED_ENGINE_H_
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -20,8 +21,12 @@ namespace flce::cuda {
 class ShardedEngine : public Engine {
  public:
   // One shard per entry of config.devices (at least one); each gets
-  // config.workspace_bytes of workspace on its GPU.
-  static absl::StatusOr<std::unique_ptr<ShardedEngine>> Create(const EngineConfig& config);
+  // config.workspace_bytes of workspace on its GPU. `collective` replaces
+  // CreateShardCollective (tests that make a collective fail).
+  using CollectiveFactory = std::function<absl::StatusOr<std::unique_ptr<ShardCollective>>(
+      const std::vector<ShardLane>&)>;
+  static absl::StatusOr<std::unique_ptr<ShardedEngine>> Create(
+      const EngineConfig& config, const CollectiveFactory& collective = nullptr);
 
   EngineInfo info() const override;
   absl::StatusOr<std::unique_ptr<HeadBuilder>> BeginHead(const HeadSpec& spec) override;

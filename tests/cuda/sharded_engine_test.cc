@@ -107,6 +107,65 @@ TEST(ShardedEngineTest, ThreeShardsMatchOneGpuAndRepeatBitForBit) {
   }
 }
 
+// A collective that fails (as NCCL does when a peer GPU fails) from its
+// `fail_from`-th use on.
+class FailingCollective : public cuda::ShardCollective {
+ public:
+  FailingCollective(std::unique_ptr<cuda::ShardCollective> inner, int fail_from)
+      : inner_(std::move(inner)), fail_from_(fail_from) {}
+  const char* name() const override { return "failing"; }
+  absl::Status AllGather(const std::vector<const void*>& send, const std::vector<void*>& recv,
+                         int64_t bytes) override {
+    if (++uses_ >= fail_from_) return absl::InternalError("ncclAllGather failed: injected");
+    return inner_->AllGather(send, recv, bytes);
+  }
+  absl::Status SumToFirst(const std::vector<float*>& parts, int64_t count,
+                          float* scratch) override {
+    if (++uses_ >= fail_from_) return absl::InternalError("ncclSend failed: injected");
+    return inner_->SumToFirst(parts, count, scratch);
+  }
+  void Heal() { fail_from_ = 1 << 30; }
+
+ private:
+  std::unique_ptr<cuda::ShardCollective> inner_;
+  int fail_from_;
+  int uses_ = 0;
+};
+
+// A collective's failure fails the call with its status, and the engine
+// serves the next call as before.
+TEST(ShardedEngineTest, ACollectiveFailureFailsTheCallAndTheEngineGoesOn) {
+  auto probe = MakeEngine(256);
+  SKIP_WITHOUT_GPU(probe);
+  FailingCollective* failing = nullptr;
+  EngineConfig config;
+  config.workspace_bytes = int64_t{256} << 20;
+  config.devices = {0, 0};
+  auto engine = ShardedEngine::Create(
+      config, [&](const std::vector<cuda::ShardLane>& lanes)
+                  -> absl::StatusOr<std::unique_ptr<cuda::ShardCollective>> {
+        auto f = std::make_unique<FailingCollective>(cuda::CreateDeviceCopyCollective(lanes), 2);
+        failing = f.get();
+        return std::unique_ptr<cuda::ShardCollective>(std::move(f));
+      });
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ProblemSpec ps;
+  ps.vocab_size = 1003;
+  Problem problem = MakeProblem(ps);
+  const ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
+  absl::StatusOr<EngineRun> failed = RunProblem(**engine, problem, spec, {});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(std::string(failed.status().message()).find("ncclSend failed"), std::string::npos)
+      << failed.status();
+  EXPECT_TRUE((*engine)->healthy());
+  failing->Heal();
+  absl::StatusOr<EngineRun> run = RunProblem(**engine, problem, spec, {});
+  ASSERT_TRUE(run.ok()) << run.status();
+  const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, spec));
+  EXPECT_LE(RelativeError({run->result.loss}, {ref.loss}), 1e-4);
+}
+
 // NCCL between distinct GPUs: on a one-GPU host, one rank, which still loads
 // the library, forms a communicator and runs the all-gather.
 TEST(ShardedEngineTest, NcclWithOneRankComputesTheSameLoss) {
