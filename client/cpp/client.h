@@ -73,6 +73,9 @@ struct ComputeArgs {
 struct ComputeOutcome {
   std::string request_id;  // as sent (the caller's or a generated one)
   std::string transport;   // how hidden went: "shm" or "grpc" (messages)
+  // The targets went in the shared-memory region beside hidden rather than in
+  // the header (servers with capability "targets_in_region", 0.7.0).
+  bool targets_in_region = false;
   v1::ComputeSummary summary;
   std::string grad_input;  // BT x H in hidden_dtype; empty when not asked for
   // BT each, when asked for in header.outputs and sent by the server.

@@ -2,8 +2,9 @@
 // hidden chunks while this thread reads grad_input and per-token chunks as
 // the server produces them: the server may answer before it has all hidden
 // rows, so writing everything first could stall on flow control. Through
-// shared memory (SharedMemoryTransport) hidden and grad_input stay in a
-// region and the stream carries only the header, the end and the outputs.
+// shared memory (SharedMemoryTransport) hidden, grad_input and the targets
+// stay in a region and the stream carries only the header, the end and the
+// outputs.
 #include <grpcpp/client_context.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
 #include "client/cpp/grpc_status.h"
@@ -77,9 +79,17 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> shm = SharedTransport();
   if (!shm.ok()) return shm.status();
   std::shared_ptr<SharedRegion> region;
+  // hidden, then grad_input, then (where the server reads them there) the
+  // targets at a 16-byte boundary: the header then carries no per-token data.
+  const int64_t rows_bytes = want_grad_input ? 2 * hidden_bytes : hidden_bytes;
+  const int64_t targets_at = (rows_bytes + 15) / 16 * 16;
+  bool targets_in_region = false;
   if (*shm != nullptr) {
+    absl::StatusOr<v1::ServerInfo> info = ServerInfoOnce();
+    targets_in_region = info.ok() && absl::c_linear_search(info->capabilities(),
+                                                           "targets_in_region");
     absl::StatusOr<std::shared_ptr<SharedRegion>> got =
-        (*shm)->Acquire(want_grad_input ? 2 * hidden_bytes : hidden_bytes);
+        (*shm)->Acquire(targets_in_region ? targets_at + tokens * 4 : rows_bytes);
     if (got.ok()) {
       region = *std::move(got);
     } else if (options_.transport == ClientOptions::Transport::kShm) {
@@ -98,6 +108,12 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
     shared->set_region_id(region->region_id());
     shared->set_hidden_offset(0);
     shared->set_grad_input_offset(hidden_bytes);
+    if (targets_in_region) {
+      std::memcpy(region->data() + targets_at, args.targets.data(), tokens * 4);
+      header->clear_targets();
+      shared->set_targets_offset(targets_at);
+      outcome.targets_in_region = true;
+    }
   }
 
   grpc::ClientContext context;

@@ -94,6 +94,9 @@ TEST_F(ClientSharedMemoryTest, IsTakenWhereOfferedAndMatchesMessagesBitForBit) {
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_EQ(a->transport, "shm");
     EXPECT_EQ(b->transport, "grpc");
+    // The targets beside hidden: the header the server checked had none.
+    EXPECT_TRUE(a->targets_in_region);
+    EXPECT_FALSE(b->targets_in_region);
     EXPECT_EQ(a->summary.loss(), b->summary.loss());
     EXPECT_EQ(a->grad_input, b->grad_input);
     EXPECT_EQ(a->grad_input.size(), problem_.hidden_bytes.size());
