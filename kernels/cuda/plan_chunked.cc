@@ -187,6 +187,7 @@ void TileChunkArgs(const HeadView& head, const DeviceRequest& r, const TileScrat
   t->params = r.params;
   t->grad = s.grad;
   t->exp_dlogits = s.exp_dlogits;
+  t->vocab_end = r.params.vocab;
 }
 
 // One chunk on the logits-stats path: GEMM + partials, row finish, dlogits

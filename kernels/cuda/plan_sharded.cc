@@ -7,6 +7,7 @@
 #include "kernels/cuda/plan_parts.h"
 #include "kernels/cuda/policy.h"
 #include "kernels/cuda/split_row_kernels.cuh"
+#include "kernels/cuda/tile_stats_kernels.cuh"
 #include "kernels/status_macros.h"
 
 namespace flce::cuda {
@@ -32,11 +33,73 @@ int64_t ShardScratchBytes(int64_t rows, int64_t cols, const HeadView& head, DTyp
          plan_parts::ScratchBytes(rows, cols, SplitTokenBytes(head, hidden_dtype), 0) + 512;
 }
 
+// The logits-stats flavour: the same two regions, the rows' merged state
+// and the shard-local targets, then a logits-stats chunk's scratch.
+int64_t TileShardBytes(int64_t rows, const HeadView& head, DType hidden_dtype, int shards) {
+  return Carver::Round(rows * shards * static_cast<int64_t>(sizeof(RowState))) +
+         Carver::Round(rows * head.hidden * 4) +
+         Carver::Round(rows * static_cast<int64_t>(sizeof(RowState))) + Carver::Round(rows * 4) +
+         plan_parts::TileScratchBytes(rows, head,
+                                      plan_parts::PerTokenBytes(head, hidden_dtype, true)) +
+         512;
+}
+
 struct ShardScratch {
   plan_parts::Scratch s;   // logits, conv, gi32, ones, state, grad
   RowState* gathered = nullptr;
   float* received = nullptr;
+  // The logits-stats flavour (s.state, s.grad and s.gi32 then point into it).
+  plan_parts::TileScratch tile;
+  int32_t* local_target = nullptr;
 };
+
+ShardScratch CarveTileShard(char* base, int64_t rows, const HeadView& head, DType hidden_dtype,
+                            int shards) {
+  ShardScratch out;
+  Carver c(base);
+  out.gathered = c.Take<RowState>(rows * shards);
+  out.received = c.Take<float>(rows * head.hidden);
+  out.s.state = c.Take<RowState>(rows);
+  out.local_target = c.Take<int32_t>(rows);
+  out.tile = plan_parts::CarveTile(base + c.used(), rows, head,
+                                   plan_parts::PerTokenBytes(head, hidden_dtype, true));
+  out.s.grad = out.tile.grad;
+  out.s.gi32 = out.tile.rest.gi32;
+  out.s.conv = out.tile.rest.conv;
+  return out;
+}
+
+// The logits-stats chunk's arguments for a shard: shard-local targets for
+// the GEMM's z_y and the tile reduce, whole-vocabulary columns for argmax and
+// the onehot.
+void ShardTileArgs(const ShardTask& t, const ShardScratch& sc, const void* x, LogitsStatsArgs* g,
+                   TileRowArgs* a) {
+  const DeviceRequest& r = t.request;
+  g->x = x;
+  g->w = t.head.weight;
+  g->rows = r.rows;
+  g->hidden = t.head.hidden;
+  g->vocab = t.columns;
+  g->padded_vocab = t.head.padded_vocab;
+  g->exp_out = sc.tile.exp_dlogits;
+  g->target = sc.local_target;
+  g->target_logit = sc.tile.target_logit;
+  g->stats = sc.tile.stats;
+  g->sum_z = r.params.label_smoothing > 0.0f;
+  a->rows = r.rows;
+  a->padded_vocab = t.head.padded_vocab;
+  a->tiles = LogitsStatsTiles(t.head.padded_vocab);
+  a->stats = sc.tile.stats;
+  a->target_logit = sc.tile.target_logit;
+  a->in = r.in;
+  a->in.target = sc.local_target;
+  a->out = r.out;
+  a->params = r.params;
+  a->grad = sc.tile.grad;
+  a->exp_dlogits = sc.tile.exp_dlogits;
+  a->vocab_end = t.columns;
+  a->first_column = t.first_column;
+}
 
 ShardScratch CarveShard(char* base, int64_t rows, int64_t cols, const HeadView& head,
                         DType hidden_dtype, int shards) {
@@ -66,10 +129,17 @@ absl::StatusOr<ShardPlan> MakeShardPlan(const std::vector<HeadView>& shards,
     if (h.padded_vocab > widest->padded_vocab) widest = &h;
   }
   const int64_t n = std::max<int64_t>(req.num_tokens, 1);
+  // The logits-stats GEMM where every shard with columns can take it.
+  bool tile = req.strategy != Strategy::kVocabSplit && req.strategy != Strategy::kFuseMN;
+  for (const HeadView& h : shards) {
+    if (h.padded_vocab > 0) tile = tile && plan_parts::UseTileStats(h, req);
+  }
   auto bytes = [&](int64_t rows, int64_t cols) {
-    return ShardScratchBytes(rows, cols, *widest, req.hidden_dtype, count);
+    return tile ? TileShardBytes(rows, *widest, req.hidden_dtype, count)
+                : ShardScratchBytes(rows, cols, *widest, req.hidden_dtype, count);
   };
   ShardPlan plan;
+  plan.tile_stats = tile;
   switch (req.strategy) {
     case Strategy::kNaive:
       return absl::InvalidArgumentError(
@@ -116,6 +186,8 @@ absl::StatusOr<ShardPlan> MakeShardPlan(const std::vector<HeadView>& shards,
     case Strategy::kVocabSplit:
     case Strategy::kFuseMN: {
       plan.strategy = Strategy::kVocabSplit;
+      tile = false;  // auto falling through: vocab_split recomputes fp32 splits
+      plan.tile_stats = false;
       int64_t rows = std::min(AlignUp(n, ChunkPolicy::kTokenAlign), VocabSplitPolicy::kMaxTokens);
       if (req.chunk_tokens > 0) rows = std::min(rows, req.chunk_tokens);
       for (;;) {
@@ -155,7 +227,10 @@ absl::Status RunShardedBlock(const ShardPlan& plan, const std::vector<ShardTask>
     const ShardTask& t = tasks[s];
     const Exec& e = t.exec;
     FLCE_CUDA_RETURN_IF_ERROR(cudaSetDevice(t.device), e.health);
-    scratch[s] = CarveShard(t.scratch, rows, plan.split_cols, t.head, t.request.hidden_dtype, count);
+    scratch[s] = plan.tile_stats
+                     ? CarveTileShard(t.scratch, rows, t.head, t.request.hidden_dtype, count)
+                     : CarveShard(t.scratch, rows, plan.split_cols, t.head, t.request.hidden_dtype,
+                                  count);
     const ShardScratch& sc = scratch[s];
     states[s] = sc.s.state;
     gathered[s] = sc.gathered;
@@ -168,6 +243,16 @@ absl::Status RunShardedBlock(const ShardPlan& plan, const std::vector<ShardTask>
       continue;
     }
     FLCE_ASSIGN_OR_RETURN(x[s], plan_parts::HeadDtypeHidden(e, t.head, t.request, sc.s));
+    if (plan.tile_stats) {
+      FLCE_RETURN_IF_ERROR(LaunchLocalTargets(t.request.in.target, rows, t.first_column,
+                                              t.columns, sc.local_target, e.stream, e.health));
+      LogitsStatsArgs g;
+      TileRowArgs a;
+      ShardTileArgs(t, sc, x[s], &g, &a);
+      FLCE_RETURN_IF_ERROR(LaunchLogitsStats(t.head.dtype, g, e.stream, e.health));
+      FLCE_RETURN_IF_ERROR(LaunchTileReduce(a, sc.s.state, e.stream, e.health));
+      continue;
+    }
     const Gemm gemm = plan_parts::MakeGemm(e, t.head);
     const int64_t esize = DTypeSize(t.head.dtype);
     for (int64_t col0 = 0; col0 < t.head.padded_vocab; col0 += plan.split_cols) {
@@ -212,6 +297,25 @@ absl::Status RunShardedBlock(const ShardPlan& plan, const std::vector<ShardTask>
       continue;
     }
     const Gemm gemm = plan_parts::MakeGemm(e, t.head);
+    if (plan.tile_stats) {
+      // dlogits over the 2-byte e in place, then the cuBLAS backward (no
+      // bias on this path).
+      LogitsStatsArgs g;
+      TileRowArgs a;
+      ShardTileArgs(t, sc, x[s], &g, &a);
+      FLCE_RETURN_IF_ERROR(LaunchTileFactors(a, e.stream, e.health));
+      FLCE_RETURN_IF_ERROR(LaunchTileGrad(t.head.dtype, a, e.stream, e.health));
+      const int64_t padded = t.head.padded_vocab;
+      if (want_gi) {
+        FLCE_RETURN_IF_ERROR(gemm.GradInput(sc.tile.exp_dlogits, padded, t.head.weight, rows,
+                                            padded, t.head.hidden, sc.s.gi32, DType::kF32, 0.0f));
+      }
+      if (t.request.grad_weight != nullptr) {
+        FLCE_RETURN_IF_ERROR(gemm.GradWeight(sc.tile.exp_dlogits, padded, x[s], rows, padded,
+                                             t.head.hidden, t.request.grad_weight));
+      }
+      continue;
+    }
     const int64_t esize = DTypeSize(t.head.dtype);
     if (t.request.grad_bias != nullptr) {
       FLCE_RETURN_IF_ERROR(LaunchFillOnes(t.head.dtype, sc.s.ones, rows, e.stream, e.health));

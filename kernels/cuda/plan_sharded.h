@@ -8,8 +8,11 @@
 //      and its rows' grad_W / grad_b;
 //   4. the grad_input parts summed onto the first shard, which writes the
 //      block's grad_input and per-token outputs.
-// chunked keeps each shard's logits of the block (one split), vocab_split
-// recomputes them split by split in the backward.
+// chunked keeps each shard's logits of the block: on Hopper with plain logits
+// through the logits-stats GEMM (each shard's tiles reduced to one state per
+// row before the all-gather, then the dlogits pass over its 2-byte e),
+// else as fp32 in one split; vocab_split recomputes them split by split in the
+// backward.
 #ifndef FLCE_KERNELS_CUDA_PLAN_SHARDED_H_
 #define FLCE_KERNELS_CUDA_PLAN_SHARDED_H_
 
@@ -27,6 +30,7 @@ struct ShardPlan {
   int64_t chunk_tokens = 0;                // tokens per block
   int64_t split_cols = 0;                  // columns per split (chunked: a shard's all)
   int64_t scratch_bytes = 0;               // workspace on every shard
+  bool tile_stats = false;                 // chunked: the logits-stats GEMM per shard
 };
 
 // One shard's part of a block.

@@ -39,17 +39,20 @@ __device__ __forceinline__ void RowScaledFinish(const TileRowArgs& a, int64_t ro
   if (fallback) *a.fallback = 1;
 }
 
-__global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a) {
-  if (a.run_if != nullptr && *a.run_if == 0) return;
-  __shared__ RowState scratch[kFinishThreads / 32];
-  __shared__ float row_lse;
-  const int64_t row = blockIdx.x;
-  const int64_t base = row * a.tiles;
-  // Contiguous tile ranges in thread order: the block merge keeps lower
-  // columns first, so argmax ties go to the lowest index.
+// Contiguous tile ranges in thread order: the block merge keeps lower
+// columns first, so argmax ties go to the lowest index.
+__device__ __forceinline__ void ThreadTiles(const TileRowArgs& a, int64_t* t0, int64_t* t1) {
   const int64_t per = (a.tiles + kFinishThreads - 1) / kFinishThreads;
-  const int64_t t0 = min(threadIdx.x * per, a.tiles);
-  const int64_t t1 = min(t0 + per, a.tiles);
+  *t0 = min(threadIdx.x * per, a.tiles);
+  *t1 = min(*t0 + per, a.tiles);
+}
+
+// The row's tiles merged into one state (z_y left 0), in every thread.
+__device__ __forceinline__ RowState MergeRowTiles(const TileRowArgs& a, int64_t row,
+                                                  RowState* scratch) {
+  const int64_t base = row * a.tiles;
+  int64_t t0, t1;
+  ThreadTiles(a, &t0, &t1);
   RowState st = EmptyState();
   for (int64_t t = t0; t < t1; ++t) {
     RowState part;
@@ -59,11 +62,22 @@ __global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a
     part.sum_z = a.stats.sum_z[base + t];
     part.zy = 0.0f;
     part.amax_value = part.m;
-    part.amax_index = a.stats.argmax[base + t];
+    part.amax_index = static_cast<int32_t>(a.stats.argmax[base + t] + a.first_column);
     part.pad = 0;
     st = MergeStates(st, part);
   }
-  st = BlockReduceState<kFinishThreads>(st, scratch);
+  return BlockReduceState<kFinishThreads>(st, scratch);
+}
+
+__global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a) {
+  if (a.run_if != nullptr && *a.run_if == 0) return;
+  __shared__ RowState scratch[kFinishThreads / 32];
+  __shared__ float row_lse;
+  const int64_t row = blockIdx.x;
+  const int64_t base = row * a.tiles;
+  int64_t t0, t1;
+  ThreadTiles(a, &t0, &t1);
+  RowState st = MergeRowTiles(a, row, scratch);
   if (threadIdx.x == 0) {
     const int32_t y = a.in.target[row];
     st.zy = y >= 0 ? a.target_logit[row] : 0.0f;
@@ -76,6 +90,33 @@ __global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a
   __syncthreads();
   const float lse = row_lse;
   for (int64_t t = t0; t < t1; ++t) a.stats.max[base + t] = expf(a.stats.max[base + t] - lse);
+}
+
+__global__ void __launch_bounds__(kFinishThreads) TileReduceKernel(TileRowArgs a,
+                                                                   RowState* state) {
+  __shared__ RowState scratch[kFinishThreads / 32];
+  const int64_t row = blockIdx.x;
+  RowState st = MergeRowTiles(a, row, scratch);
+  if (threadIdx.x == 0) {
+    st.zy = a.in.target[row] >= 0 ? a.target_logit[row] : 0.0f;
+    state[row] = st;
+  }
+}
+
+__global__ void TileFactorsKernel(TileRowArgs a) {
+  const int64_t row = blockIdx.y;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= a.tiles) return;
+  float* m = &a.stats.max[row * a.tiles + t];
+  *m = expf(*m - a.grad[row].lse);
+}
+
+__global__ void LocalTargetsKernel(const int32_t* target, int64_t n, int64_t first, int64_t count,
+                                   int32_t* out) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  const int64_t local = static_cast<int64_t>(target[t]) - first;
+  out[t] = target[t] >= 0 && local >= 0 && local < count ? static_cast<int32_t>(local) : -1;
 }
 
 template <typename T>
@@ -93,18 +134,18 @@ __device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
 
 template <typename T>
 __device__ __forceinline__ uint4 GradVector(const uint4 raw, int64_t j0, float f, const RowGrad& g,
-                                            const LossParams& p, const RowConsts& kc) {
+                                            const TileRowArgs& a, const RowConsts& kc) {
   const __half* e = reinterpret_cast<const __half*>(&raw);
   float d[kGradVec];
 #pragma unroll
   for (int k = 0; k < kGradVec; ++k) {
     const int64_t j = j0 + k;
     d[k] = 0.0f;
-    if (j < p.vocab) {
+    if (j < a.vocab_end) {
       const float prob = __half2float(e[k]) * f;
       // z_j - m only feeds the entropy term, which vanishes with p_j.
       const float zm = (g.coef_entropy != 0.0f && prob > 0.0f) ? logf(prob) + (g.lse - g.m) : 0.0f;
-      d[k] = ProbGrad(prob, zm, static_cast<int32_t>(j), g, p, kc);
+      d[k] = ProbGrad(prob, zm, static_cast<int32_t>(j + a.first_column), g, a.params, kc);
     }
   }
   uint4 packed;
@@ -130,12 +171,11 @@ __global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a) {
 #pragma unroll
   for (int v = 0; v < kGradVectors; ++v) raw[v] = slot[v];
   const RowGrad g = a.grad[row];
-  const LossParams p = a.params;
-  const RowConsts kc = MakeConsts(p);
+  const RowConsts kc = MakeConsts(a.params);
   const float f = a.stats.max[row * a.tiles + j0 / kLogitsStatsTileCols];
 #pragma unroll
   for (int v = 0; v < kGradVectors; ++v) {
-    slot[v] = GradVector<T>(raw[v], j0 + v * kGradVec, f, g, p, kc);
+    slot[v] = GradVector<T>(raw[v], j0 + v * kGradVec, f, g, a, kc);
   }
 }
 
@@ -144,6 +184,36 @@ __global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a) {
 absl::Status LaunchTileFinish(const TileRowArgs& args, cudaStream_t stream, DeviceHealth* health) {
   if (args.rows <= 0) return absl::OkStatus();
   TileFinishKernel<<<static_cast<unsigned>(args.rows), kFinishThreads, 0, stream>>>(args);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
+}
+
+absl::Status LaunchTileReduce(const TileRowArgs& args, RowState* state, cudaStream_t stream,
+                              DeviceHealth* health) {
+  if (args.rows <= 0) return absl::OkStatus();
+  TileReduceKernel<<<static_cast<unsigned>(args.rows), kFinishThreads, 0, stream>>>(args, state);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
+}
+
+absl::Status LaunchTileFactors(const TileRowArgs& args, cudaStream_t stream,
+                               DeviceHealth* health) {
+  if (args.rows <= 0) return absl::OkStatus();
+  if (args.rows > 65535) return absl::InternalError("tile factor kernel: too many rows");
+  constexpr int kThreads = 128;
+  const dim3 grid(static_cast<unsigned>((args.tiles + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(args.rows));
+  TileFactorsKernel<<<grid, kThreads, 0, stream>>>(args);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
+}
+
+absl::Status LaunchLocalTargets(const int32_t* target, int64_t n, int64_t first, int64_t count,
+                                int32_t* out, cudaStream_t stream, DeviceHealth* health) {
+  if (n <= 0) return absl::OkStatus();
+  constexpr int kThreads = 256;
+  LocalTargetsKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
+                       stream>>>(target, n, first, count, out);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }

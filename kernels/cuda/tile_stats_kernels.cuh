@@ -40,9 +40,28 @@ struct TileRowArgs {
   const float* row_reference = nullptr;
   float* row_scale = nullptr;
   int32_t* fallback = nullptr;
+  // Columns at or past vocab_end are padding (params.vocab on one GPU, a
+  // vocabulary shard's real columns when W is split across GPUs); the onehot
+  // and argmax compare first_column + column with whole-vocabulary targets.
+  int64_t vocab_end = 0;
+  int64_t first_column = 0;
 };
 
 absl::Status LaunchTileFinish(const TileRowArgs& args, cudaStream_t stream, DeviceHealth* health);
+
+// A head split across GPUs (plan_sharded.h). LaunchTileReduce: each row's
+// tiles of this shard merged into one online-softmax state (argmax in
+// whole-vocabulary columns; z_y from target_logit where args.in.target, the
+// shard-local targets, is >= 0). LaunchTileFactors: after the shards' states
+// are merged and the rows finished into args.grad, stats.max[t] =
+// exp(m_t - LSE), as LaunchTileFinish leaves it. LaunchLocalTargets:
+// out[t] = target[t] - first where that lies in [0, count), else -1.
+absl::Status LaunchTileReduce(const TileRowArgs& args, RowState* state, cudaStream_t stream,
+                              DeviceHealth* health);
+absl::Status LaunchTileFactors(const TileRowArgs& args, cudaStream_t stream,
+                               DeviceHealth* health);
+absl::Status LaunchLocalTargets(const int32_t* target, int64_t n, int64_t first, int64_t count,
+                                int32_t* out, cudaStream_t stream, DeviceHealth* health);
 
 // dlogits in `dtype` (bf16 or fp16) over e, in place; 0 on padded columns.
 absl::Status LaunchTileGrad(DType dtype, const TileRowArgs& args, cudaStream_t stream,
