@@ -175,6 +175,20 @@ void CallRows::FillResult(const OutputSelection& wanted, ComputeResult& result) 
   }
 }
 
+absl::Status UploadRowInputs(const CallRows& rows, int32_t* target, float* token_weight,
+                             float* entropy_weight, cudaStream_t stream, DeviceHealth* health) {
+  const int64_t n = static_cast<int64_t>(rows.target.size());
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(target, rows.target.data(), n * 4, cudaMemcpyHostToDevice, stream), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(token_weight, rows.token_weight.data(), n * 4,
+                                            cudaMemcpyHostToDevice, stream),
+                            health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(entropy_weight, rows.entropy_weight.data(), n * 4,
+                                            cudaMemcpyHostToDevice, stream),
+                            health);
+  return absl::OkStatus();
+}
+
 absl::Status DownloadRowOutputs(const float* outputs, int64_t n, cudaStream_t stream,
                                 DeviceHealth* health, CallRows& rows) {
   std::vector<float> host(kRowOutputs * n);

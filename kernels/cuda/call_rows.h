@@ -75,6 +75,11 @@ struct CallRows {
   std::vector<uint8_t> given;
 };
 
+// Starts copying the per-token inputs (targets, a_t, e_t) to the device
+// arrays on `stream`; `rows` must outlive the copies.
+absl::Status UploadRowInputs(const CallRows& rows, int32_t* target, float* token_weight,
+                             float* entropy_weight, cudaStream_t stream, DeviceHealth* health);
+
 // A whole request's results on the device, for calls that compute at
 // Finish: the per-token outputs (laid out as above, stride n) into `rows`,
 // and, with `grad_input` (n rows of row_bytes), its rows to the sink in

@@ -102,16 +102,9 @@ absl::Status CudaComputeCall::InitBuffered() {
   d_outputs_ = c.Take<float>(kRowOutputs * n);
   d_checks_ = c.Take<RowCheckWords>(2);
   FLCE_RETURN_IF_ERROR(SetGradInputPeer());
-  const int64_t m = spec_.num_tokens;
   cudaStream_t up = engine_->upload_stream();
-  FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(d_target_, rows_.target.data(), m * 4, cudaMemcpyHostToDevice, up), health);
-  FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(d_token_weight_, rows_.token_weight.data(), m * 4, cudaMemcpyHostToDevice, up),
-      health);
-  FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(d_entropy_weight_, rows_.entropy_weight.data(), m * 4, cudaMemcpyHostToDevice, up),
-      health);
+  FLCE_RETURN_IF_ERROR(
+      UploadRowInputs(rows_, d_target_, d_token_weight_, d_entropy_weight_, up, health));
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(up), health);
   return absl::OkStatus();
 }

@@ -163,33 +163,6 @@ absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const Til
   return absl::OkStatus();
 }
 
-// The logits-stats GEMM's and the row kernels' arguments for one chunk.
-void TileChunkArgs(const HeadView& head, const DeviceRequest& r, const TileScratch& s,
-                   const void* x, LogitsStatsArgs* g, TileRowArgs* t) {
-  g->x = x;
-  g->w = head.weight;
-  g->rows = r.rows;
-  g->hidden = head.hidden;
-  g->vocab = head.vocab;
-  g->padded_vocab = head.padded_vocab;
-  g->exp_out = s.exp_dlogits;
-  g->target = r.in.target;
-  g->target_logit = s.target_logit;
-  g->stats = s.stats;
-  g->sum_z = r.params.label_smoothing > 0.0f;
-  t->rows = r.rows;
-  t->padded_vocab = head.padded_vocab;
-  t->tiles = LogitsStatsTiles(head.padded_vocab);
-  t->stats = s.stats;
-  t->target_logit = s.target_logit;
-  t->in = r.in;
-  t->out = r.out;
-  t->params = r.params;
-  t->grad = s.grad;
-  t->exp_dlogits = s.exp_dlogits;
-  t->vocab_end = r.params.vocab;
-}
-
 // One chunk on the logits-stats path: GEMM + partials, row finish, dlogits
 // in place of e, then the cuBLAS backward over the 16-bit dlogits.
 absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Plan& plan,

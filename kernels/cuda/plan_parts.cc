@@ -189,6 +189,32 @@ SplitArgs SplitArgsFor(const HeadView& head, const DeviceRequest& r, const Scrat
   return a;
 }
 
+void TileChunkArgs(const HeadView& head, const DeviceRequest& r, const TileScratch& s,
+                   const void* x, LogitsStatsArgs* g, TileRowArgs* t) {
+  g->x = x;
+  g->w = head.weight;
+  g->rows = r.rows;
+  g->hidden = head.hidden;
+  g->vocab = head.vocab;
+  g->padded_vocab = head.padded_vocab;
+  g->exp_out = s.exp_dlogits;
+  g->target = r.in.target;
+  g->target_logit = s.target_logit;
+  g->stats = s.stats;
+  g->sum_z = r.params.label_smoothing > 0.0f;
+  t->rows = r.rows;
+  t->padded_vocab = head.padded_vocab;
+  t->tiles = LogitsStatsTiles(head.padded_vocab);
+  t->stats = s.stats;
+  t->target_logit = s.target_logit;
+  t->in = r.in;
+  t->out = r.out;
+  t->params = r.params;
+  t->grad = s.grad;
+  t->exp_dlogits = s.exp_dlogits;
+  t->vocab_end = r.params.vocab;
+}
+
 namespace {
 
 // The forward over vocabulary splits: per-row state, then RowGrad and outputs.

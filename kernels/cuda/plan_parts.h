@@ -75,6 +75,11 @@ TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const Toke
 // softcap or temperature) on heads and devices it supports.
 bool UseTileStats(const HeadView& head, const PlanRequest& req);
 
+// The logits-stats GEMM's and the row kernels' arguments for one chunk of
+// the whole head (a vocabulary shard overrides its columns and targets).
+void TileChunkArgs(const HeadView& head, const DeviceRequest& r, const TileScratch& s,
+                   const void* x, LogitsStatsArgs* g, TileRowArgs* t);
+
 Gemm MakeGemm(const Exec& exec, const HeadView& head);
 // X in the head's dtype: the request's rows or their conversion into s.conv.
 absl::StatusOr<const void*> HeadDtypeHidden(const Exec& exec, const HeadView& head,

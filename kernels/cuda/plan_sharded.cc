@@ -16,10 +16,17 @@ namespace {
 using plan_parts::AlignDown;
 using plan_parts::AlignUp;
 
-// A shard's scratch: every shard's states of the block's rows, the grad_input
-// part received from another shard, then what a vocab_split block carves
-// (logits of one split, hidden conversion, the fp32 grad_input part, the
-// bias GEMM's ones, the rows' state and RowGrad).
+// What both flavours of a shard's scratch start with: every shard's states
+// of the block's rows (the all-gather's destination) and the grad_input part
+// received from another shard.
+int64_t ExchangeBytes(int64_t rows, const HeadView& head, int shards) {
+  return Carver::Round(rows * shards * static_cast<int64_t>(sizeof(RowState))) +
+         Carver::Round(rows * head.hidden * 4);
+}
+
+// The fp32 flavour then carves what a vocab_split block does (logits of one
+// split, hidden conversion, the fp32 grad_input part, the bias GEMM's ones,
+// the rows' state and RowGrad).
 plan_parts::TokenBytes SplitTokenBytes(const HeadView& head, DType hidden_dtype) {
   plan_parts::TokenBytes tb = plan_parts::PerTokenBytes(head, hidden_dtype, true);
   tb.rowstate = sizeof(RowState) + sizeof(RowGrad);
@@ -28,16 +35,14 @@ plan_parts::TokenBytes SplitTokenBytes(const HeadView& head, DType hidden_dtype)
 
 int64_t ShardScratchBytes(int64_t rows, int64_t cols, const HeadView& head, DType hidden_dtype,
                           int shards) {
-  return Carver::Round(rows * shards * static_cast<int64_t>(sizeof(RowState))) +
-         Carver::Round(rows * head.hidden * 4) +
+  return ExchangeBytes(rows, head, shards) +
          plan_parts::ScratchBytes(rows, cols, SplitTokenBytes(head, hidden_dtype), 0) + 512;
 }
 
-// The logits-stats flavour: the same two regions, the rows' merged state
-// and the shard-local targets, then a logits-stats chunk's scratch.
+// The logits-stats flavour: the rows' merged state and the shard-local
+// targets, then a logits-stats chunk's scratch.
 int64_t TileShardBytes(int64_t rows, const HeadView& head, DType hidden_dtype, int shards) {
-  return Carver::Round(rows * shards * static_cast<int64_t>(sizeof(RowState))) +
-         Carver::Round(rows * head.hidden * 4) +
+  return ExchangeBytes(rows, head, shards) +
          Carver::Round(rows * static_cast<int64_t>(sizeof(RowState))) + Carver::Round(rows * 4) +
          plan_parts::TileScratchBytes(rows, head,
                                       plan_parts::PerTokenBytes(head, hidden_dtype, true)) +
@@ -48,17 +53,23 @@ struct ShardScratch {
   plan_parts::Scratch s;   // logits, conv, gi32, ones, state, grad
   RowState* gathered = nullptr;
   float* received = nullptr;
-  // The logits-stats flavour (s.state, s.grad and s.gi32 then point into it).
+  // The logits-stats flavour (s.grad, s.gi32 and s.conv then point into it).
   plan_parts::TileScratch tile;
   int32_t* local_target = nullptr;
 };
 
-ShardScratch CarveTileShard(char* base, int64_t rows, const HeadView& head, DType hidden_dtype,
-                            int shards) {
+// Carves ExchangeBytes' two regions.
+ShardScratch CarveExchange(Carver& c, int64_t rows, const HeadView& head, int shards) {
   ShardScratch out;
-  Carver c(base);
   out.gathered = c.Take<RowState>(rows * shards);
   out.received = c.Take<float>(rows * head.hidden);
+  return out;
+}
+
+ShardScratch CarveTileShard(char* base, int64_t rows, const HeadView& head, DType hidden_dtype,
+                            int shards) {
+  Carver c(base);
+  ShardScratch out = CarveExchange(c, rows, head, shards);
   out.s.state = c.Take<RowState>(rows);
   out.local_target = c.Take<int32_t>(rows);
   out.tile = plan_parts::CarveTile(base + c.used(), rows, head,
@@ -69,44 +80,22 @@ ShardScratch CarveTileShard(char* base, int64_t rows, const HeadView& head, DTyp
   return out;
 }
 
-// The logits-stats chunk's arguments for a shard: shard-local targets for
-// the GEMM's z_y and the tile reduce, whole-vocabulary columns for argmax and
-// the onehot.
+// The logits-stats chunk's arguments for a shard: the whole head's, with
+// shard-local targets for the GEMM's z_y and the tile reduce, and
+// whole-vocabulary columns for argmax and the onehot.
 void ShardTileArgs(const ShardTask& t, const ShardScratch& sc, const void* x, LogitsStatsArgs* g,
                    TileRowArgs* a) {
-  const DeviceRequest& r = t.request;
-  g->x = x;
-  g->w = t.head.weight;
-  g->rows = r.rows;
-  g->hidden = t.head.hidden;
-  g->vocab = t.columns;
-  g->padded_vocab = t.head.padded_vocab;
-  g->exp_out = sc.tile.exp_dlogits;
+  plan_parts::TileChunkArgs(t.head, t.request, sc.tile, x, g, a);
   g->target = sc.local_target;
-  g->target_logit = sc.tile.target_logit;
-  g->stats = sc.tile.stats;
-  g->sum_z = r.params.label_smoothing > 0.0f;
-  a->rows = r.rows;
-  a->padded_vocab = t.head.padded_vocab;
-  a->tiles = LogitsStatsTiles(t.head.padded_vocab);
-  a->stats = sc.tile.stats;
-  a->target_logit = sc.tile.target_logit;
-  a->in = r.in;
   a->in.target = sc.local_target;
-  a->out = r.out;
-  a->params = r.params;
-  a->grad = sc.tile.grad;
-  a->exp_dlogits = sc.tile.exp_dlogits;
   a->vocab_end = t.columns;
   a->first_column = t.first_column;
 }
 
 ShardScratch CarveShard(char* base, int64_t rows, int64_t cols, const HeadView& head,
                         DType hidden_dtype, int shards) {
-  ShardScratch out;
   Carver c(base);
-  out.gathered = c.Take<RowState>(rows * shards);
-  out.received = c.Take<float>(rows * head.hidden);
+  ShardScratch out = CarveExchange(c, rows, head, shards);
   out.s = plan_parts::Carve(base + c.used(), rows, cols, SplitTokenBytes(head, hidden_dtype), head,
                            false, true);
   return out;
@@ -129,17 +118,16 @@ absl::StatusOr<ShardPlan> MakeShardPlan(const std::vector<HeadView>& shards,
     if (h.padded_vocab > widest->padded_vocab) widest = &h;
   }
   const int64_t n = std::max<int64_t>(req.num_tokens, 1);
+  ShardPlan plan;
   // The logits-stats GEMM where every shard with columns can take it.
-  bool tile = req.strategy != Strategy::kVocabSplit && req.strategy != Strategy::kFuseMN;
+  plan.tile_stats = req.strategy != Strategy::kVocabSplit && req.strategy != Strategy::kFuseMN;
   for (const HeadView& h : shards) {
-    if (h.padded_vocab > 0) tile = tile && plan_parts::UseTileStats(h, req);
+    if (h.padded_vocab > 0) plan.tile_stats = plan.tile_stats && plan_parts::UseTileStats(h, req);
   }
   auto bytes = [&](int64_t rows, int64_t cols) {
-    return tile ? TileShardBytes(rows, *widest, req.hidden_dtype, count)
-                : ShardScratchBytes(rows, cols, *widest, req.hidden_dtype, count);
+    return plan.tile_stats ? TileShardBytes(rows, *widest, req.hidden_dtype, count)
+                           : ShardScratchBytes(rows, cols, *widest, req.hidden_dtype, count);
   };
-  ShardPlan plan;
-  plan.tile_stats = tile;
   switch (req.strategy) {
     case Strategy::kNaive:
       return absl::InvalidArgumentError(
@@ -186,8 +174,7 @@ absl::StatusOr<ShardPlan> MakeShardPlan(const std::vector<HeadView>& shards,
     case Strategy::kVocabSplit:
     case Strategy::kFuseMN: {
       plan.strategy = Strategy::kVocabSplit;
-      tile = false;  // auto falling through: vocab_split recomputes fp32 splits
-      plan.tile_stats = false;
+      plan.tile_stats = false;  // auto falling through: vocab_split recomputes fp32 splits
       int64_t rows = std::min(AlignUp(n, ChunkPolicy::kTokenAlign), VocabSplitPolicy::kMaxTokens);
       if (req.chunk_tokens > 0) rows = std::min(rows, req.chunk_tokens);
       for (;;) {

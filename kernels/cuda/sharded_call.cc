@@ -62,7 +62,6 @@ absl::Status ShardedComputeCall::Init() {
                                              engine_->shard(0).workspace().budget()));
 
   const int64_t n = std::max<int64_t>(spec_.num_tokens, 1);
-  const int64_t m = spec_.num_tokens;
   buffers_.resize(engine_->shard_count());
   for (int s = 0; s < engine_->shard_count(); ++s) {
     CudaEngine& shard = engine_->shard(s);
@@ -95,15 +94,8 @@ absl::Status ShardedComputeCall::Init() {
     b.outputs = c.Take<float>(kRowOutputs * n);
     // The host vectors live as long as the call; the uploads are waited for
     // before the first block computes (the upload event).
-    cudaStream_t up = shard.upload_stream();
-    FLCE_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(b.target, rows_.target.data(), m * 4, cudaMemcpyHostToDevice, up), health);
-    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.token_weight, rows_.token_weight.data(), m * 4,
-                                              cudaMemcpyHostToDevice, up),
-                              health);
-    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.entropy_weight, rows_.entropy_weight.data(), m * 4,
-                                              cudaMemcpyHostToDevice, up),
-                              health);
+    FLCE_RETURN_IF_ERROR(UploadRowInputs(rows_, b.target, b.token_weight, b.entropy_weight,
+                                         shard.upload_stream(), health));
   }
   return absl::OkStatus();
 }
