@@ -19,6 +19,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/cuda/bench_data.cuh"
+#include "kernels/cuda/backward_gemm.cuh"
 #include "kernels/cuda/cluster_row_kernel.cuh"
 #include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda/fused_row_kernel.cuh"
@@ -34,6 +36,7 @@
 #include "kernels/cuda/logits_stats_gemm.cuh"
 #include "kernels/cuda/policy.h"
 #include "kernels/cuda/row_scaled_backward.cuh"
+#include "kernels/cuda/stage_timer.h"
 #include "kernels/cuda/tile_stats_kernels.cuh"
 #include "nlohmann/json.hpp"
 
@@ -69,7 +72,11 @@ struct Flags {
   // chunked_cublas: the chunked plan on the fp32-logits cuBLAS path
   // (FLCE_CUDA_LOGITS=cublas), as on non-Hopper GPUs or with a softcap;
   // the three variants above also run on that path.
-  std::vector<std::string> strategies = {"chunked",         "chunked_cublas",
+  // chunked_cublas_backward / chunked_own_backward: the default plan with
+  // both backward GEMMs on cuBLAS / on the own Hopper kernels
+  // (FLCE_CUDA_BACKWARD=cublas / own) instead of the default choice.
+  std::vector<std::string> strategies = {"chunked",         "chunked_cublas_backward",
+                                         "chunked_own_backward", "chunked_cublas",
                                          "chunked_cluster", "chunked_two_pass",
                                          "chunked_overlap", "vocab_split",
                                          "fuse_mn",         "separate",
@@ -313,6 +320,81 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
                     req.grad_weight)
         .ok();
   });
+  // The own Hopper kernels for the same two products (fp32 grad_input slabs,
+  // as the row-scaled path takes them), and each GEMM's rate.
+  const double tflop = 2.0 * rows * hv.padded_vocab * hv.hidden * 1e-12;
+  auto rate = [&](const char* key) {
+    const double ms = out[key].get<double>();
+    return ms > 0 ? tflop / (ms * 1e-3) : 0.0;
+  };
+  out["grad_input_gemm_tflops"] = rate("grad_input_gemm_ms");
+  out["grad_weight_gemm_tflops"] = rate("grad_weight_gemm_ms");
+  if (cuda::BackwardGemmSupported(hv.dtype, hv.hidden) && launch->grad_input_slabs != nullptr) {
+    cuda::GradInputGemmArgs gi;
+    gi.d = e;
+    gi.w = hv.weight;
+    gi.rows = rows;
+    gi.cols = hv.padded_vocab;
+    gi.hidden = hv.hidden;
+    gi.out = launch->grad_input_slabs;
+    gi.splits = launch->grad_input_splits;
+    out["own_grad_input_splits"] = gi.splits;
+    out["own_grad_input_gemm_ms"] = time_with_setup(
+        nullptr, [&]() { return cuda::LaunchGradInputGemm(hv.dtype, gi, stream, health).ok(); });
+    cuda::GradWeightGemmArgs gw;
+    gw.d = e;
+    gw.x = req.hidden;
+    gw.rows = rows;
+    gw.cols = hv.padded_vocab;
+    gw.hidden = hv.hidden;
+    gw.gw = req.grad_weight;
+    out["own_grad_weight_gemm_ms"] = time_with_setup(
+        nullptr, [&]() { return cuda::LaunchGradWeightGemm(hv.dtype, gw, stream, health).ok(); });
+    out["own_grad_input_gemm_tflops"] = rate("own_grad_input_gemm_ms");
+    out["own_grad_weight_gemm_tflops"] = rate("own_grad_weight_gemm_ms");
+  }
+  return out;
+}
+
+// The whole request through `plan` with the end of every stage marked
+// (cuda::StageTimer): per-stage totals of a sustained run, median over
+// `runs` after one warm-up, next to the run's wall time. `backward` sets
+// FLCE_CUDA_BACKWARD for the run (null: the default choice).
+nlohmann::json PipelineStages(CudaEngine& engine, const CudaHead& head, const Plan& plan,
+                              const DeviceRequest& req, int runs, const char* backward) {
+  nlohmann::json out;
+  std::lock_guard<std::mutex> lock(engine.submit_mutex());
+  auto scratch = engine.Scratch(plan.scratch_bytes, "pipeline stages");
+  if (!scratch.ok()) return out;
+  if (backward != nullptr) setenv("FLCE_CUDA_BACKWARD", backward, 1);
+  cuda::StageTimer timer;
+  cuda::Exec exec = engine.exec();
+  exec.timer = &timer;
+  std::map<std::string, std::vector<double>> per_stage;
+  std::vector<double> walls;
+  for (int i = 0; i < runs + 1; ++i) {
+    timer.Begin(exec.stream);
+    if (!cuda::RunPlan(exec, head.view(), plan, req, *scratch).ok()) break;
+    timer.Mark(exec.stream, "(end)");
+    if (cudaStreamSynchronize(exec.stream) != cudaSuccess) break;
+    if (i == 0) continue;
+    double wall = 0.0;
+    for (const auto& [name, ms] : timer.Totals()) {
+      per_stage[name].push_back(ms);
+      wall += ms;
+    }
+    walls.push_back(wall);
+  }
+  unsetenv("FLCE_CUDA_BACKWARD");
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? -1.0 : v[v.size() / 2];
+  };
+  for (const auto& [name, v] : per_stage) {
+    if (name != "(end)") out[name] = median(v);
+  }
+  out["wall_ms"] = median(walls);
+  out["backward"] = backward != nullptr ? backward : "default";
   return out;
 }
 
@@ -469,13 +551,20 @@ int Main(int argc, char** argv) {
                               {"date", date},
                               {"commit", flags.commit},
                               {"chunks", chunks},
-                              {"stages_per_chunk_ms", st}};
+                              {std::string(strategy) == "chunked_pipeline_stages"
+                                   ? "stages_total_ms"
+                                   : "stages_per_chunk_ms",
+                               st}};
         records.push_back(rec);
       };
       auto tile_plan = engine->PlanFor(*head, pr);
       if (tile_plan.ok() && tile_plan->tile_stats) {
         record_stages("chunked_tile_stats_stage_breakdown", "logits-stats path, ", *tile_plan,
                       TileStageBreakdown(*engine, *head, *tile_plan, req, 5));
+        for (const char* backward : {"cublas", "own", static_cast<const char*>(nullptr)}) {
+          record_stages("chunked_pipeline_stages", "whole runs, stages summed over chunks, ",
+                        *tile_plan, PipelineStages(*engine, *head, *tile_plan, req, 3, backward));
+        }
       }
       setenv("FLCE_CUDA_LOGITS", "cublas", 1);
       auto plan = engine->PlanFor(*head, pr);
@@ -492,7 +581,11 @@ int Main(int argc, char** argv) {
                                                            : nullptr;
       const bool cublas_logits =
           row_kernel != nullptr || name == "chunked_overlap" || name == "chunked_cublas";
-      const Strategy strategy = cublas_logits ? Strategy::kChunked : ParseStrategy(name);
+      const char* backward = name == "chunked_cublas_backward" ? "cublas"
+                             : name == "chunked_own_backward"  ? "own"
+                                                               : nullptr;
+      const Strategy strategy =
+          cublas_logits || backward != nullptr ? Strategy::kChunked : ParseStrategy(name);
       if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
       nlohmann::json rec = {{"strategy", name},
                             {"BT", sh.bt},
@@ -543,6 +636,7 @@ int Main(int argc, char** argv) {
       absl::Status run_status;
       if (row_kernel != nullptr) setenv("FLCE_CUDA_ROW_KERNEL", row_kernel, 1);
       if (name == "chunked_overlap") setenv("FLCE_CUDA_OVERLAP", "1", 1);
+      if (backward != nullptr) setenv("FLCE_CUDA_BACKWARD", backward, 1);
       double ms = TimeMedian(stream, warmup, runs, [&]() {
         run_status = runner->RunOnDevice(*head, *plan, r);
         return run_status.ok();
@@ -550,6 +644,7 @@ int Main(int argc, char** argv) {
       unsetenv("FLCE_CUDA_ROW_KERNEL");
       unsetenv("FLCE_CUDA_OVERLAP");
       unsetenv("FLCE_CUDA_LOGITS");
+      unsetenv("FLCE_CUDA_BACKWARD");
       if (ms < 0) {
         rec["error"] = run_status.ToString();
         std::printf("  %-12s failed: %s\n", name.c_str(), run_status.ToString().c_str());

@@ -14,10 +14,14 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
 #include "kernels/cuda/policy.h"
+#include "kernels/cuda/sm90_primitives.cuh"
+#include "kernels/cuda/sm90_support.h"
 #include "kernels/status_macros.h"
 
 namespace flce::cuda {
 namespace {
+
+using namespace sm90;  // NOLINT: the kernel is written in these primitives
 
 // 128 tokens x 256 vocabulary columns per tile, 64 hidden columns per stage
 // (one 128-byte swizzle row of 16-bit elements). Two consumer warpgroups own
@@ -64,146 +68,7 @@ struct KernelArgs {
   const int32_t* run_if;
 };
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FLCE_SM90A 1
-#endif
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 #ifdef FLCE_SM90A
-__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
-}
-
-// Returns once the phase of parity `parity` has completed.
-__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(SmemAddr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-__device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
-                                        int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];" ::"r"(SmemAddr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddr(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
-
-// Stores a 64 x 64 fp16 box from shared memory; rows and columns outside the
-// tensor (the chunk's last rows, the 128 columns past an odd tile count) are
-// dropped by the copy engine.
-__device__ __forceinline__ void TmaStore(const CUtensorMap* map, const void* src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(SmemAddr(src)), "r"(c0), "r"(c1)
-               : "memory");
-}
-__device__ __forceinline__ void TmaStoreCommit() {
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-// Until the stores issued so far have read their shared memory.
-__device__ __forceinline__ void TmaStoreWaitRead() {
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-}
-// Until the stores issued so far are complete.
-__device__ __forceinline__ void TmaStoreWaitAll() {
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-}
-__device__ __forceinline__ void StoreShared(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-// Makes this thread's shared-memory writes visible to the copy engine.
-__device__ __forceinline__ void FenceSharedForAsync() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-// Barrier of one consumer warpgroup (ids 1 and 2; 0 is __syncthreads).
-__device__ __forceinline__ void WarpgroupSync(int consumer) {
-  asm volatile("bar.sync %0, 128;" ::"r"(consumer + 1) : "memory");
-}
-
-// K-major operand in shared memory, 128-byte swizzle: 8-row core matrices
-// 1024 bytes apart.
-__device__ __forceinline__ uint64_t SmemDesc(const void* p) {
-  const uint64_t addr = SmemAddr(p);
-  uint64_t desc = (addr & 0x3FFFF) >> 4;
-  desc |= uint64_t(16 >> 4) << 16;
-  desc |= uint64_t(1024 >> 4) << 32;
-  desc |= uint64_t(1) << 62;
-  return desc;
-}
-
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaWaitAll() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaWaitOne() {
-  asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-}
-__device__ __forceinline__ void KeepInRegisters(float& v) { asm volatile("" : "+f"(v)::"memory"); }
-
-// d[64] (m64 x n128 fp32 fragment) += A(64 x 16) . B(128 x 16)^T.
-template <bool kHalf>
-__device__ __forceinline__ void Wgmma(float* d, uint64_t desc_a, uint64_t desc_b);
-
-#define FLCE_WGMMA_BODY(TYPE)                                                                      \
-  asm volatile(                                                                                    \
-      "{\n"                                                                                        \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE                                 \
-      " "                                                                                          \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "     \
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
-      "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
-      "%55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"                   \
-      "}\n"                                                                                        \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
-        "+f"(d[63])                                                                                \
-      : "l"(desc_a), "l"(desc_b))
-
-template <>
-__device__ __forceinline__ void Wgmma<false>(float* d, uint64_t desc_a, uint64_t desc_b) {
-  FLCE_WGMMA_BODY("bf16");
-}
-template <>
-__device__ __forceinline__ void Wgmma<true>(float* d, uint64_t desc_a, uint64_t desc_b) {
-  FLCE_WGMMA_BODY("f16");
-}
-#undef FLCE_WGMMA_BODY
 
 __device__ __forceinline__ float Exp2Approx(float x) {
   float y;
@@ -431,8 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       MbarInit(&sm.full[s], 1);
       MbarInit(&sm.empty[s], kConsumers);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    FenceBarrierInit();
   }
   __syncthreads();
 
@@ -495,9 +359,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       WgmmaFence();
 #pragma unroll
       for (int k = 0; k < kBK / 16; ++k) {
-        const uint64_t da = SmemDesc(&sm.a[stage][c * 64 * kBK + k * 16]);
-        Wgmma<kHalf>(acc[0], da, SmemDesc(&sm.b[stage][k * 16]));
-        Wgmma<kHalf>(acc[1], da, SmemDesc(&sm.b[stage][128 * kBK + k * 16]));
+        const uint64_t da = SmemDescK(&sm.a[stage][c * 64 * kBK + k * 16]);
+        Wgmma<kHalf, false, false>(acc[0], da, SmemDescK(&sm.b[stage][k * 16]));
+        Wgmma<kHalf, false, false>(acc[1], da, SmemDescK(&sm.b[stage][128 * kBK + k * 16]));
       }
       WgmmaCommit();
       WgmmaWaitOne();
@@ -526,64 +390,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 EncodeFunction() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// A row-major rows x cols 16-bit tensor in boxes of 64 columns x box_rows,
-// 128-byte swizzle.
+// A row-major rows x cols 16-bit tensor in boxes of 64 columns x box_rows.
 absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t rows, int64_t cols,
                     uint32_t box_rows) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeFunction();
-  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled is unavailable");
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
-  const cuuint32_t box[2] = {kBK, box_rows};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(
-      map,
-      dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-      const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed (CUresult ", r,
-                                            ") for a ", rows, " x ", cols, " tensor"));
-  }
-  return absl::OkStatus();
-}
-
-int SmCount() {
-  static int count = [] {
-    int device = 0, n = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-    return n;
-  }();
-  return count;
-}
-
-bool DeviceIsSm90() {
-  static bool yes = [] {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-      return false;
-    }
-    return major == 9 && minor == 0 && EncodeFunction() != nullptr;
-  }();
-  return yes;
+  return sm90::EncodeMatrix(map, dtype, base, rows, cols, kBK, box_rows);
 }
 
 template <bool kHalf, bool kSumZ, bool kRowRef>
@@ -598,7 +408,7 @@ absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CU
   });
   FLCE_CUDA_RETURN_IF_ERROR(attr, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(sm90::SmCount(), 1)));
   LogitsStatsKernel<kHalf, kSumZ, kRowRef>
       <<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
@@ -613,7 +423,7 @@ bool LogitsStatsSupported(DType dtype, int64_t hidden) {
   if (GenericPlanForced()) return false;
   if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
   if (hidden <= 0 || hidden % 8 != 0) return false;
-  return DeviceIsSm90();
+  return sm90::DeviceIsSm90();
 }
 
 absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStream_t stream,

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/cuda/backward_gemm.cuh"
 #include "kernels/cuda/cluster_row_kernel.cuh"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/elementwise_kernels.cuh"
@@ -117,6 +118,23 @@ bool UseRowScaled(const HeadView& head, const DeviceRequest& r) {
          r.params.label_smoothing == 0.0f && !r.params.entropy_weighted;
 }
 
+// The own grad_input GEMM's arguments for a chunk of `rows`: where rows x H
+// leaves SMs idle the vocabulary is split, each range into its own slab in
+// the partials region (dead after the finish); one split writes q.grad_input.
+GradInputGemmArgs OwnGradInputArgs(const HeadView& head, const TileScratch& s, int64_t rows) {
+  const int64_t slab_bytes = std::max<int64_t>(rows * head.hidden * 4, 1);
+  const int room = static_cast<int>(std::min<int64_t>(s.partials_bytes / slab_bytes, 4));
+  GradInputGemmArgs a;
+  a.d = s.exp_dlogits;
+  a.w = head.weight;
+  a.rows = rows;
+  a.cols = head.padded_vocab;
+  a.hidden = head.hidden;
+  a.splits = GradInputSplits(rows, head.hidden, head.padded_vocab, room);
+  a.out = a.splits > 1 ? static_cast<float*>(s.partials) : s.scaled.grad_input;
+  return a;
+}
+
 // The same chunk without the dlogits pass (row_scaled_backward.cuh): e
 // relative to M_t = x_t . W_y, one scale per row applied around the two
 // cuBLAS GEMMs. Rows it cannot serve raise a device flag; the launches after
@@ -129,13 +147,16 @@ absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const Til
   FLCE_RETURN_IF_ERROR(LaunchRowReference(head.dtype, x, head.weight, r.in.target, r.rows,
                                           head.hidden, q.reference, q.fallback, exec.stream,
                                           exec.health));
+  MarkStage(exec, "row_reference");
   g.row_reference = q.reference;
   FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
+  MarkStage(exec, "logits_stats_gemm");
   TileRowArgs scaled = t;
   scaled.row_reference = q.reference;
   scaled.row_scale = q.scale;
   scaled.fallback = q.fallback;
   FLCE_RETURN_IF_ERROR(LaunchTileFinish(scaled, exec.stream, exec.health));
+  MarkStage(exec, "row_finish");
   // The fallback: fp16 e per tile, the plain finish, the dlogits pass.
   g.row_reference = nullptr;
   g.run_if = q.fallback;
@@ -143,22 +164,47 @@ absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const Til
   FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
   FLCE_RETURN_IF_ERROR(LaunchTileFinish(t, exec.stream, exec.health));
   FLCE_RETURN_IF_ERROR(LaunchTileGrad(head.dtype, t, exec.stream, exec.health));
+  MarkStage(exec, "fallback_checks");
   // E is now either row-scaled e (with the target entries rewritten) or
   // dlogits; the scale kernels apply K_t or 1 accordingly.
+  const BackwardGemmChoice choice = BackwardGemmFromEnv();
   const Gemm gemm = MakeGemm(exec, head);
   if (r.grad_input != nullptr) {
-    FLCE_RETURN_IF_ERROR(gemm.GradInput(s.exp_dlogits, head.padded_vocab, head.weight, r.rows,
-                                        head.padded_vocab, head.hidden, q.grad_input, DType::kF32,
-                                        0.0f));
-    FLCE_RETURN_IF_ERROR(LaunchScaleRows(DType::kF32, q.grad_input, r.hidden_dtype, r.grad_input,
-                                         r.rows, head.hidden, q.scale, q.fallback, exec.stream,
-                                         exec.health));
+    int parts = 1;
+    const GradInputGemmArgs own = OwnGradInputArgs(head, s, r.rows);
+    if (UseOwnGradInputGemm(choice, head.dtype, r.rows, head.hidden, own.splits)) {
+      FLCE_RETURN_IF_ERROR(LaunchGradInputGemm(head.dtype, own, exec.stream, exec.health));
+      parts = own.splits;
+    } else {
+      FLCE_RETURN_IF_ERROR(gemm.GradInput(s.exp_dlogits, head.padded_vocab, head.weight, r.rows,
+                                          head.padded_vocab, head.hidden, q.grad_input,
+                                          DType::kF32, 0.0f));
+    }
+    MarkStage(exec, "grad_input_gemm");
+    const float* slabs = parts > 1 ? static_cast<const float*>(s.partials) : q.grad_input;
+    FLCE_RETURN_IF_ERROR(LaunchScaleRows(DType::kF32, slabs, r.hidden_dtype, r.grad_input, r.rows,
+                                         head.hidden, q.scale, q.fallback, exec.stream,
+                                         exec.health, parts));
+    MarkStage(exec, "grad_input_scale");
   }
   if (r.grad_weight != nullptr) {
     FLCE_RETURN_IF_ERROR(LaunchScaleRows(head.dtype, x, head.dtype, q.x_scaled, r.rows, head.hidden,
                                          q.scale, q.fallback, exec.stream, exec.health));
-    FLCE_RETURN_IF_ERROR(gemm.GradWeight(s.exp_dlogits, head.padded_vocab, q.x_scaled, r.rows,
-                                         head.padded_vocab, head.hidden, r.grad_weight));
+    MarkStage(exec, "hidden_scale");
+    if (UseOwnGradWeightGemm(choice, head.dtype, r.rows, head.hidden)) {
+      GradWeightGemmArgs a;
+      a.d = s.exp_dlogits;
+      a.x = q.x_scaled;
+      a.rows = r.rows;
+      a.cols = head.padded_vocab;
+      a.hidden = head.hidden;
+      a.gw = r.grad_weight;
+      FLCE_RETURN_IF_ERROR(LaunchGradWeightGemm(head.dtype, a, exec.stream, exec.health));
+    } else {
+      FLCE_RETURN_IF_ERROR(gemm.GradWeight(s.exp_dlogits, head.padded_vocab, q.x_scaled, r.rows,
+                                           head.padded_vocab, head.hidden, r.grad_weight));
+    }
+    MarkStage(exec, "grad_weight_gemm");
   }
   return absl::OkStatus();
 }
@@ -173,6 +219,7 @@ absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Pla
   const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, false);
   const TileScratch s = CarveTile(scratch, plan.chunk_tokens, head, tb);
   FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s.rest));
+  MarkStage(exec, "hidden_convert");
   LogitsStatsArgs g;
   TileRowArgs t;
   TileChunkArgs(head, r, s, x, &g, &t);
@@ -199,6 +246,11 @@ absl::StatusOr<TileChunkLaunch> PrepareTileChunk(const Exec& exec, const HeadVie
   TileChunkArgs(head, r, s, launch.x, &launch.gemm, &launch.rows);
   launch.row_reference = s.scaled.reference;
   launch.fallback = s.scaled.fallback;
+  if (s.scaled.grad_input != nullptr) {
+    const GradInputGemmArgs gi = OwnGradInputArgs(head, s, r.rows);
+    launch.grad_input_slabs = gi.out;
+    launch.grad_input_splits = gi.splits;
+  }
   return launch;
 }
 

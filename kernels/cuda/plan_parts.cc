@@ -90,6 +90,9 @@ TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const Toke
   s.stats.sez = c.Take<float>(rows * tiles);
   s.stats.sum_z = c.Take<float>(rows * tiles);
   s.stats.argmax = c.Take<int32_t>(rows * tiles);
+  s.partials = s.stats.max;
+  s.partials_bytes = reinterpret_cast<char*>(s.stats.argmax + rows * tiles) -
+                     reinterpret_cast<char*>(s.stats.max);
   s.target_logit = c.Take<float>(rows);
   s.grad = c.Take<RowGrad>(rows);
   if (tb.conv) s.rest.conv = c.TakeBytes(rows * tb.conv);

@@ -51,6 +51,10 @@ struct RowScaledScratch {
 struct TileScratch {
   void* exp_dlogits = nullptr;
   TileStats stats;
+  // The five partials arrays as one region: dead once the row finish has
+  // read them, so the backward may reuse it (grad_input's split slabs).
+  void* partials = nullptr;
+  int64_t partials_bytes = 0;
   float* target_logit = nullptr;
   RowGrad* grad = nullptr;
   Scratch rest;             // conv, gi32, ones

@@ -31,6 +31,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
 #include "kernels/cuda/row_types.h"
+#include "kernels/cuda/stage_timer.h"
 #include "kernels/cuda/tile_stats_kernels.cuh"
 #include "kernels/dtype.h"
 #include "kernels/engine.h"
@@ -93,7 +94,14 @@ struct Exec {
   // (FLCE_CUDA_OVERLAP=1). Everything still completes on `stream`.
   cudaStream_t side = nullptr;
   cudaEvent_t events[4] = {nullptr, nullptr, nullptr, nullptr};
+  // Optional (benchmarks): the end of each stage is marked here.
+  StageTimer* timer = nullptr;
 };
+
+// Closes stage `name` on exec's timer, if it has one.
+inline void MarkStage(const Exec& exec, const char* name) {
+  if (exec.timer != nullptr) exec.timer->Mark(exec.stream, name);
+}
 
 // One chunk (rows <= plan.chunk_tokens) of the chunked plan. scratch holds
 // plan.scratch_bytes.
@@ -108,6 +116,8 @@ struct TileChunkLaunch {
   TileRowArgs rows;                // row finish and dlogits pass
   float* row_reference = nullptr;  // the row-scaled backward's M_t (bf16 heads)
   int32_t* fallback = nullptr;     // and its device flag
+  float* grad_input_slabs = nullptr;  // the own grad_input GEMM's split slabs
+  int grad_input_splits = 1;          // and how many it takes for this chunk
 };
 absl::StatusOr<TileChunkLaunch> PrepareTileChunk(const Exec& exec, const HeadView& head,
                                                  const Plan& plan, const DeviceRequest& request,

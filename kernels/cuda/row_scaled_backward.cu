@@ -48,33 +48,37 @@ __global__ void __launch_bounds__(kReferenceThreads)
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kScaleThreads)
     ScaleRowsKernel(const In* in, Out* out, int64_t rows, int64_t cols, const float* scale,
-                    const int32_t* fallback) {
+                    const int32_t* fallback, int parts) {
   const bool unscaled = *fallback != 0;
   const int64_t n = rows * cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float f = unscaled ? 1.0f : scale[i / cols];
-    out[i] = FromFloat<Out>(ToFloat(in[i]) * f);
+    // Parts in their order, so that the sum is the same on every run.
+    float v = ToFloat(in[i]);
+    for (int p = 1; p < parts; ++p) v += ToFloat(in[p * n + i]);
+    out[i] = FromFloat<Out>(v * f);
   }
 }
 
 template <typename In>
 absl::Status ScaleRowsTo(const In* in, DType out_dtype, void* out, int64_t rows, int64_t cols,
-                         const float* scale, const int32_t* fallback, cudaStream_t stream) {
+                         const float* scale, const int32_t* fallback, int parts,
+                         cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>((rows * cols + kScaleThreads - 1) / kScaleThreads, 2048);
   const dim3 grid(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
   switch (out_dtype) {
     case DType::kF32:
       ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, static_cast<float*>(out), rows, cols,
-                                                          scale, fallback);
+                                                          scale, fallback, parts);
       return absl::OkStatus();
     case DType::kBF16:
       ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, static_cast<__nv_bfloat16*>(out),
-                                                          rows, cols, scale, fallback);
+                                                          rows, cols, scale, fallback, parts);
       return absl::OkStatus();
     case DType::kF16:
       ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, static_cast<__half*>(out), rows, cols,
-                                                          scale, fallback);
+                                                          scale, fallback, parts);
       return absl::OkStatus();
   }
   return absl::InternalError("scale rows: unknown output dtype");
@@ -100,16 +104,18 @@ absl::Status LaunchRowReference(DType dtype, const void* x, const void* w, const
 
 absl::Status LaunchScaleRows(DType in_dtype, const void* in, DType out_dtype, void* out,
                              int64_t rows, int64_t cols, const float* scale,
-                             const int32_t* fallback, cudaStream_t stream, DeviceHealth* health) {
+                             const int32_t* fallback, cudaStream_t stream, DeviceHealth* health,
+                             int parts) {
   if (rows <= 0 || cols <= 0) return absl::OkStatus();
+  if (parts < 1) return absl::InternalError("scale rows: no parts");
   switch (in_dtype) {
     case DType::kF32:
       FLCE_RETURN_IF_ERROR(ScaleRowsTo(static_cast<const float*>(in), out_dtype, out, rows, cols,
-                                       scale, fallback, stream));
+                                       scale, fallback, parts, stream));
       break;
     case DType::kBF16:
       FLCE_RETURN_IF_ERROR(ScaleRowsTo(static_cast<const __nv_bfloat16*>(in), out_dtype, out, rows,
-                                       cols, scale, fallback, stream));
+                                       cols, scale, fallback, parts, stream));
       break;
     case DType::kF16:
       return absl::InternalError("scale rows: fp16 input is not used");

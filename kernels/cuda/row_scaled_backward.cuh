@@ -35,9 +35,12 @@ absl::Status LaunchRowReference(DType dtype, const void* x, const void* w, const
 
 // out[t, k] = scale[t] * in[t, k], or in[t, k] unscaled once *fallback != 0
 // (the chunk took the dlogits-pass path). in: bf16 or fp32; out: any dtype.
+// With parts > 1, `in` is that many rows x cols slabs one after another,
+// summed in order before the scale.
 absl::Status LaunchScaleRows(DType in_dtype, const void* in, DType out_dtype, void* out,
                              int64_t rows, int64_t cols, const float* scale,
-                             const int32_t* fallback, cudaStream_t stream, DeviceHealth* health);
+                             const int32_t* fallback, cudaStream_t stream, DeviceHealth* health,
+                             int parts = 1);
 
 }  // namespace flce::cuda
 

@@ -23,6 +23,15 @@ if [[ $mode == tests || $mode == all ]]; then
   FLCE_TEST_PRINT_ERRORS=1 "$dist/flce_engine_tests" --gtest_filter='*cuda*' 2>&1 | tee "$out/engine_tests.log" |
     grep -E '^\[  FAILED|^\[  PASSED|^\[==|Failure|Expected|Which|actual|error' | tail -60
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  # The own Hopper backward GEMMs at every size (by default they take chunks
+  # of 2048 tokens and more, which the conformance shapes are not).
+  FLCE_CUDA_BACKWARD=own FLCE_TEST_PRINT_ERRORS=1 "$dist/flce_engine_tests" --gtest_filter='*cuda*' 2>&1 |
+    tee "$out/engine_tests_own_backward.log" |
+    grep -E '^\[  FAILED|^\[  PASSED|^\[==|Failure|Expected|Which|actual|error' | tail -20
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  FLCE_CUDA_BACKWARD=own "$dist/flce_cuda_tests" --gtest_filter='*RowScaled*:*Deterministic*:*EveryStrategy*:*Peaked*:*LogitsStats*' 2>&1 |
+    tee "$out/cuda_tests_own_backward.log" | grep -E '^\[  FAILED|^\[  PASSED|^\[==|Failure|Expected|Which|actual' | tail -20
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   # The plans of GPUs before Hopper (A100, L40S), on this one.
   FLCE_CUDA_GENERIC=1 "$dist/flce_engine_tests" --gtest_filter='*cuda*' 2>&1 | tee "$out/engine_tests_generic.log" |
     grep -E '^\[  FAILED|^\[  PASSED|^\[==|Failure|Expected|Which|actual|error' | tail -20

@@ -1,0 +1,375 @@
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "kernels/cuda/backward_gemm.cuh"
+#include "kernels/cuda/policy.h"
+#include "kernels/cuda/sm90_primitives.cuh"
+#include "kernels/cuda/sm90_support.h"
+#include "kernels/status_macros.h"
+
+namespace flce::cuda {
+namespace {
+
+using namespace sm90;  // NOLINT: the kernel is written in these primitives
+
+// The logits-stats GEMM's tile and stages: 128 x 256 outputs, 64 k per
+// stage (one 128-byte swizzle row of 16-bit elements), four 48 KiB stages.
+constexpr int kBM = 128;
+constexpr int kBN = 256;
+constexpr int kBK = 64;
+constexpr int kStages = 4;
+constexpr int kConsumers = 2;
+constexpr int kThreads = 128 * (kConsumers + 1);
+constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
+// MN-major operands arrive as boxes of 64 M/N elements x 64 k (8 KiB).
+constexpr int kBox = 64;
+constexpr uint32_t kBoxBytes = kBox * kBK * 2;
+// fp32 outputs leave through shared memory in boxes of 32 columns (one
+// 128-byte swizzle row) x 64 rows; a consumer stages two at a time.
+constexpr int kOutCols = 32;
+constexpr int kOutBoxes = 2;
+constexpr int kOutRounds = kBN / (kOutCols * kOutBoxes);
+
+struct alignas(1024) SharedTiles {
+  uint16_t a[kStages][kBM * kBK];
+  uint16_t b[kStages][kBN * kBK];
+  float out[kConsumers][kOutBoxes][64 * kOutCols];
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+};
+constexpr size_t kSharedBytes = sizeof(SharedTiles) + 1024;  // + runtime 1 KiB alignment
+static_assert(kSharedBytes <= 227 * 1024, "beyond Hopper's shared memory per block");
+
+struct KernelArgs {
+  int32_t m_tiles;
+  int32_t n_tiles;
+  int32_t splits;
+  int32_t k_blocks;
+};
+
+#ifdef FLCE_SM90A
+// A consumer's 64 x 256 accumulators out through its staging boxes: TMA
+// stores into slab `split` (grad_input) or reduce-adds (grad_W). Fragment
+// layout (m64nNk16): acc[h][i*4 + 2*r + b] is column h*128 + 8i + 2(lane%4)
+// + b of row 16*warp + lane/4 + 8r. In a box (128-byte rows, 128-byte
+// swizzle) that pair lands in 16-byte chunk (2 (i%4) + (lane%4)/2) ^ (row%8).
+template <bool kWeight>
+__device__ __forceinline__ void StoreTile(const float (&acc)[2][64], int consumer, int col0,
+                                          int row0, int split, const CUtensorMap* out_map,
+                                          float (&boxes)[kOutBoxes][64 * kOutCols]) {
+  const int t = threadIdx.x % 128;
+  const int lane = t % 32;
+  const int q = lane % 4;
+  const int local_row = (t / 32) * 16 + lane / 4;
+#pragma unroll
+  for (int round = 0; round < kOutRounds; ++round) {
+    // The previous stores from these boxes must have read them.
+    if (t == 0) TmaStoreWaitRead();
+    WarpgroupSync(consumer);
+#pragma unroll
+    for (int x = 0; x < kOutBoxes; ++x) {
+      const int box = round * kOutBoxes + x;  // 32-column box of the 256
+      const int h = box / 4;
+      const uint32_t base = SmemAddr(boxes[x]);
+#pragma unroll
+      for (int ii = 0; ii < 4; ++ii) {
+        const int i = (box % 4) * 4 + ii;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t byte =
+              (local_row + 8 * r) * 128 + (((2 * ii + q / 2) ^ (lane / 4)) * 16) + (q % 2) * 8;
+          StoreShared(base + byte, acc[h][i * 4 + 2 * r], acc[h][i * 4 + 2 * r + 1]);
+        }
+      }
+    }
+    FenceSharedForAsync();
+    WarpgroupSync(consumer);
+    if (t == 0) {
+#pragma unroll
+      for (int x = 0; x < kOutBoxes; ++x) {
+        const int col = col0 + (round * kOutBoxes + x) * kOutCols;
+        if constexpr (kWeight) {
+          TmaReduceAdd(out_map, boxes[x], col, row0);
+        } else {
+          TmaStore3d(out_map, boxes[x], col, row0, split);
+        }
+      }
+      TmaStoreCommit();
+    }
+  }
+}
+#endif  // FLCE_SM90A
+
+// kWeight = false: grad_input, A = D (rows x cols) K-major, K = cols split
+// into `splits` ranges. kWeight = true: grad_W, A = D^T (cols x rows)
+// MN-major, K = rows. B is MN-major in both (W: cols x hidden; X: rows x
+// hidden). Tiles: N fastest, then M, then the split, so the CTAs in flight
+// share A's rows and B's k-range in L2.
+template <bool kHalf, bool kWeight>
+__global__ void __launch_bounds__(kThreads, 1)
+    BackwardGemmKernel(const __grid_constant__ CUtensorMap a_map,
+                       const __grid_constant__ CUtensorMap b_map,
+                       const __grid_constant__ CUtensorMap out_map, const KernelArgs a) {
+#ifdef FLCE_SM90A
+  extern __shared__ uint8_t raw_shared[];
+  SharedTiles& sm = *reinterpret_cast<SharedTiles*>(
+      (reinterpret_cast<uintptr_t>(raw_shared) + 1023) & ~static_cast<uintptr_t>(1023));
+  const int wg = threadIdx.x / 128;
+  const int t = threadIdx.x % 128;
+  const int32_t num_tiles = a.m_tiles * a.n_tiles * a.splits;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(&sm.full[s], 1);
+      MbarInit(&sm.empty[s], kConsumers);
+    }
+    FenceBarrierInit();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (t != 0) return;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      const int32_t n_tile = tile % a.n_tiles;
+      const int32_t m_tile = (tile / a.n_tiles) % a.m_tiles;
+      const int32_t split = tile / (a.n_tiles * a.m_tiles);
+      const int32_t kb0 = static_cast<int32_t>(int64_t(split) * a.k_blocks / a.splits);
+      const int32_t kb1 = static_cast<int32_t>(int64_t(split + 1) * a.k_blocks / a.splits);
+      if constexpr (kWeight) {
+        // The tile's grad_W rows go to L2 while the mainloop runs: the
+        // epilogue's reduce-adds then find them there instead of in DRAM.
+        for (int y = 0; y < kBM; y += 64) {
+          for (int x = 0; x < kBN; x += kOutCols) {
+            TmaPrefetchL2(&out_map, n_tile * kBN + x, m_tile * kBM + y);
+          }
+        }
+      }
+      for (int32_t kb = kb0; kb < kb1; ++kb) {
+        MbarWait(&sm.empty[stage], phase ^ 1);
+        MbarExpectTx(&sm.full[stage], kStageBytes);
+        if constexpr (kWeight) {
+          for (int x = 0; x < kBM / kBox; ++x) {
+            TmaLoad(&sm.a[stage][x * kBox * kBK], &a_map, &sm.full[stage], m_tile * kBM + x * kBox,
+                    kb * kBK);
+          }
+        } else {
+          TmaLoad(sm.a[stage], &a_map, &sm.full[stage], kb * kBK, m_tile * kBM);
+        }
+        for (int x = 0; x < kBN / kBox; ++x) {
+          TmaLoad(&sm.b[stage][x * kBox * kBK], &b_map, &sm.full[stage], n_tile * kBN + x * kBox,
+                  kb * kBK);
+        }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int c = wg - 1;
+  int stage = 0;
+  uint32_t phase = 0;
+  float acc[2][64];
+  for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int32_t n_tile = tile % a.n_tiles;
+    const int32_t m_tile = (tile / a.n_tiles) % a.m_tiles;
+    const int32_t split = tile / (a.n_tiles * a.m_tiles);
+    const int32_t kb0 = static_cast<int32_t>(int64_t(split) * a.k_blocks / a.splits);
+    const int32_t kb1 = static_cast<int32_t>(int64_t(split + 1) * a.k_blocks / a.splits);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
+    }
+    int prev_stage = -1;
+    for (int32_t kb = kb0; kb < kb1; ++kb) {
+      MbarWait(&sm.full[stage], phase);
+      WgmmaFence();
+#pragma unroll
+      for (int k = 0; k < kBK / 16; ++k) {
+        // A: this consumer's 64 rows of the tile; k advances 16 columns
+        // (K-major) or 16 rows of 128 bytes (MN-major).
+        const uint64_t da = kWeight ? SmemDescMN(&sm.a[stage][c * kBox * kBK + k * 16 * kBox],
+                                                 kBoxBytes)
+                                    : SmemDescK(&sm.a[stage][c * 64 * kBK + k * 16]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint64_t db =
+              SmemDescMN(&sm.b[stage][h * 2 * kBox * kBK + k * 16 * kBox], kBoxBytes);
+          Wgmma<kHalf, kWeight, true>(acc[h], da, db);
+        }
+      }
+      WgmmaCommit();
+      WgmmaWaitOne();
+      if (prev_stage >= 0 && t == 0) MbarArrive(&sm.empty[prev_stage]);
+      prev_stage = stage;
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    WgmmaWaitAll();
+    if (prev_stage >= 0 && t == 0) MbarArrive(&sm.empty[prev_stage]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) KeepInRegisters(acc[h][i]);
+    }
+    StoreTile<kWeight>(acc, c, n_tile * kBN, m_tile * kBM + c * 64, split, &out_map, sm.out[c]);
+  }
+  // The outputs must be in global memory before the kernel ends.
+  if (t == 0) TmaStoreWaitAll();
+#else
+  __trap();  // built without sm_90a code: BackwardGemmSupported() is false there
+#endif
+}
+
+template <bool kHalf, bool kWeight>
+absl::Status Launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const CUtensorMap& out_map,
+                    const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
+  static std::once_flag once;
+  static cudaError_t attr = cudaSuccess;
+  std::call_once(once, [] {
+    attr = cudaFuncSetAttribute(BackwardGemmKernel<kHalf, kWeight>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kSharedBytes));
+  });
+  FLCE_CUDA_RETURN_IF_ERROR(attr, health);
+  const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles * k.splits;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
+  BackwardGemmKernel<kHalf, kWeight><<<grid, kThreads, kSharedBytes, stream>>>(a_map, b_map,
+                                                                              out_map, k);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  return absl::OkStatus();
+}
+
+absl::Status CheckLayout(const char* what, DType dtype, const void* d, int64_t rows, int64_t cols,
+                         int64_t hidden) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) {
+    return absl::InternalError(std::string(what) + ": needs bf16 or fp16 operands");
+  }
+  if (cols % kBM != 0 || hidden % 8 != 0 || rows > INT32_MAX / 2 || cols > INT32_MAX / 2 ||
+      reinterpret_cast<uintptr_t>(d) % 16 != 0) {
+    return absl::InternalError(std::string(what) + ": unsupported layout");
+  }
+  return absl::OkStatus();
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+BackwardGemmChoice BackwardGemmFromEnv() {
+  const char* env = std::getenv("FLCE_CUDA_BACKWARD");
+  if (env == nullptr) return BackwardGemmChoice::kAuto;
+  const std::string v(env);
+  if (v == "own") return BackwardGemmChoice::kOwn;
+  if (v == "cublas") return BackwardGemmChoice::kCublas;
+  return BackwardGemmChoice::kAuto;
+}
+
+bool BackwardGemmSupported(DType dtype, int64_t hidden) {
+  if (GenericPlanForced()) return false;
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
+  if (hidden <= 0 || hidden % 8 != 0) return false;
+  return DeviceIsSm90();
+}
+
+bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden,
+                         int splits) {
+  if (choice == BackwardGemmChoice::kCublas || !BackwardGemmSupported(dtype, hidden)) return false;
+  if (choice == BackwardGemmChoice::kOwn) return true;
+  // Measured (docs/perf/cuda.md): ahead of cuBLAS where the vocabulary split
+  // fills the waves that rows x H alone leaves part empty; behind it on one
+  // split. Below a few thousand tokens cuBLAS's thin-product kernels fit.
+  return rows >= 2048 && splits >= 2;
+}
+
+bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden) {
+  if (choice == BackwardGemmChoice::kCublas || !BackwardGemmSupported(dtype, hidden)) return false;
+  if (choice == BackwardGemmChoice::kOwn) return true;
+  // Measured behind cuBLAS at every bench shape (docs/perf/cuda.md): its
+  // epilogue's reduce-adds idle the tensor cores. Tests and the bench take it
+  // through FLCE_CUDA_BACKWARD=own.
+  (void)rows;
+  return false;
+}
+
+int GradInputSplits(int64_t rows, int64_t hidden, int64_t cols, int max_splits) {
+  const int64_t sms = std::max(SmCount(), 1);
+  const int64_t tiles = CeilDiv(rows, kBM) * CeilDiv(hidden, kBN);
+  const int64_t k_blocks = cols / kBK;
+  int best = 1;
+  double best_fill = 0.0;
+  for (int s = 1; s <= std::max(max_splits, 1) && s <= k_blocks; ++s) {
+    const int64_t work = tiles * s;
+    const double fill = static_cast<double>(work) / (CeilDiv(work, sms) * sms);
+    // A split must fill the waves noticeably better to be worth its slab.
+    if (fill > best_fill + 0.02) {
+      best = s;
+      best_fill = fill;
+    }
+  }
+  return best;
+}
+
+absl::Status LaunchGradInputGemm(DType dtype, const GradInputGemmArgs& args, cudaStream_t stream,
+                                 DeviceHealth* health) {
+  if (args.rows == 0 || args.hidden == 0) return absl::OkStatus();
+  FLCE_RETURN_IF_ERROR(
+      CheckLayout("grad_input GEMM", dtype, args.d, args.rows, args.cols, args.hidden));
+  if (args.splits < 1 || args.splits > args.cols / kBK) {
+    return absl::InternalError("grad_input GEMM: bad split count");
+  }
+  CUtensorMap a_map, b_map, out_map;
+  FLCE_RETURN_IF_ERROR(EncodeMatrix(&a_map, dtype, args.d, args.rows, args.cols, kBK, kBM));
+  FLCE_RETURN_IF_ERROR(EncodeMatrix(&b_map, dtype, args.w, args.cols, args.hidden, kBox, kBK));
+  TensorMapShape slabs;
+  slabs.rank = 3;
+  slabs.dims[0] = static_cast<uint64_t>(args.hidden);
+  slabs.dims[1] = static_cast<uint64_t>(args.rows);
+  slabs.dims[2] = static_cast<uint64_t>(args.splits);
+  slabs.row_bytes[0] = static_cast<uint64_t>(args.hidden) * 4;
+  slabs.row_bytes[1] = static_cast<uint64_t>(args.rows * args.hidden) * 4;
+  slabs.box[0] = kOutCols;
+  slabs.box[1] = 64;
+  slabs.box[2] = 1;
+  FLCE_RETURN_IF_ERROR(EncodeTensorMap(&out_map, DType::kF32, args.out, slabs));
+  KernelArgs k;
+  k.m_tiles = static_cast<int32_t>(CeilDiv(args.rows, kBM));
+  k.n_tiles = static_cast<int32_t>(CeilDiv(args.hidden, kBN));
+  k.splits = args.splits;
+  k.k_blocks = static_cast<int32_t>(args.cols / kBK);
+  return dtype == DType::kF16 ? Launch<true, false>(a_map, b_map, out_map, k, stream, health)
+                              : Launch<false, false>(a_map, b_map, out_map, k, stream, health);
+}
+
+absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args,
+                                  cudaStream_t stream, DeviceHealth* health) {
+  if (args.rows == 0 || args.hidden == 0) return absl::OkStatus();
+  FLCE_RETURN_IF_ERROR(
+      CheckLayout("grad_W GEMM", dtype, args.d, args.rows, args.cols, args.hidden));
+  CUtensorMap a_map, b_map, out_map;
+  FLCE_RETURN_IF_ERROR(EncodeMatrix(&a_map, dtype, args.d, args.rows, args.cols, kBox, kBK));
+  FLCE_RETURN_IF_ERROR(EncodeMatrix(&b_map, dtype, args.x, args.rows, args.hidden, kBox, kBK));
+  FLCE_RETURN_IF_ERROR(
+      EncodeMatrix(&out_map, DType::kF32, args.gw, args.cols, args.hidden, kOutCols, 64));
+  KernelArgs k;
+  k.m_tiles = static_cast<int32_t>(args.cols / kBM);
+  k.n_tiles = static_cast<int32_t>(CeilDiv(args.hidden, kBN));
+  k.splits = 1;
+  k.k_blocks = static_cast<int32_t>(CeilDiv(args.rows, kBK));
+  return dtype == DType::kF16 ? Launch<true, true>(a_map, b_map, out_map, k, stream, health)
+                              : Launch<false, true>(a_map, b_map, out_map, k, stream, health);
+}
+
+}  // namespace flce::cuda

@@ -1,0 +1,76 @@
+// The chunked plan's two backward GEMMs as Hopper (sm_90a) kernels: TMA
+// loads, wgmma, a producer warpgroup and two consumer warpgroups on
+// 128 x 256 fp32 tiles, as in the logits-stats GEMM, whose mainloop runs
+// faster than cuBLAS's backward products at these shapes.
+//
+//   grad_input: out = D . W   (D rows x cols, K-major; W cols x hidden, read
+//               MN-major). With `splits` > 1 the vocabulary (K) is split into
+//               contiguous ranges, each written to its own fp32 slab: more
+//               tiles than SMs where rows x hidden alone would leave SMs idle,
+//               and the slabs are summed in a fixed order afterwards (no
+//               atomics: bitwise repeatable).
+//   grad_W:     gw += D^T . X (both operands MN-major): each tile is added to
+//               gw once by the copy engine (TMA reduce-add), so every element
+//               gets exactly one fp32 add per chunk, in stream order.
+//
+// bf16/fp16 operands, fp32 accumulation; cols a multiple of 128, hidden a
+// multiple of 8, on a device of compute capability 9.0.
+#ifndef FLCE_KERNELS_CUDA_BACKWARD_GEMM_CUH_
+#define FLCE_KERNELS_CUDA_BACKWARD_GEMM_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/dtype.h"
+
+namespace flce::cuda {
+
+// Which backward GEMMs the plans take: the own kernels where the device and
+// head allow and the problem fills the GPU (kAuto), always where they can
+// (kOwn, for tests), or cuBLAS (kCublas). FLCE_CUDA_BACKWARD=own|cublas
+// overrides the default kAuto.
+enum class BackwardGemmChoice { kAuto, kOwn, kCublas };
+BackwardGemmChoice BackwardGemmFromEnv();
+
+// Device (compute capability 9.0) and head (bf16/fp16, H % 8 == 0).
+bool BackwardGemmSupported(DType dtype, int64_t hidden);
+
+// Whether the own kernels take a chunk of `rows` tokens under `choice`
+// (grad_input: with the split count GradInputSplits chose).
+bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden,
+                         int splits);
+bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden);
+
+// How many vocabulary splits keep every SM busy for grad_input of
+// rows x hidden (1..max_splits).
+int GradInputSplits(int64_t rows, int64_t hidden, int64_t cols, int max_splits);
+
+struct GradInputGemmArgs {
+  const void* d = nullptr;  // rows x cols, row stride cols
+  const void* w = nullptr;  // cols x hidden
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t hidden = 0;
+  float* out = nullptr;  // splits slabs of rows x hidden fp32, one after another
+  int splits = 1;
+};
+absl::Status LaunchGradInputGemm(DType dtype, const GradInputGemmArgs& args, cudaStream_t stream,
+                                 DeviceHealth* health);
+
+struct GradWeightGemmArgs {
+  const void* d = nullptr;  // rows x cols, row stride cols
+  const void* x = nullptr;  // rows x hidden
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t hidden = 0;
+  float* gw = nullptr;  // cols x hidden fp32, accumulated into
+};
+absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args,
+                                  cudaStream_t stream, DeviceHealth* health);
+
+}  // namespace flce::cuda
+
+#endif  // FLCE_KERNELS_CUDA_BACKWARD_GEMM_CUH_

@@ -1,0 +1,200 @@
+// Device-side building blocks of the Hopper (sm_90a) GEMM kernels: mbarriers,
+// TMA loads, stores and reduce-adds, shared-memory matrix descriptors and
+// wgmma. Compiled only into the sm_90a object library (kernels/cuda/
+// CMakeLists.txt); FLCE_SM90A is set where the target has these instructions.
+#ifndef FLCE_KERNELS_CUDA_SM90_PRIMITIVES_CUH_
+#define FLCE_KERNELS_CUDA_SM90_PRIMITIVES_CUH_
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLCE_SM90A 1
+#endif
+
+namespace flce::cuda::sm90 {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#ifdef FLCE_SM90A
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
+}
+
+// Makes the barriers' initialisation visible to the copy engine.
+__device__ __forceinline__ void FenceBarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
+}
+
+// Returns once the phase of parity `parity` has completed.
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(SmemAddr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                        int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// Box stores from shared memory; rows and columns outside the tensor are
+// dropped by the copy engine.
+__device__ __forceinline__ void TmaStore(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(SmemAddr(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void TmaStore3d(const CUtensorMap* map, const void* src, int c0, int c1,
+                                           int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(SmemAddr(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+// global += box, element by element (fp32 adds done by the copy engine).
+__device__ __forceinline__ void TmaReduceAdd(const CUtensorMap* map, const void* src, int c0,
+                                             int c1) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(SmemAddr(src)), "r"(c0), "r"(c1)
+      : "memory");
+}
+// Starts pulling a box of the tensor into L2 (no completion to wait for).
+__device__ __forceinline__ void TmaPrefetchL2(const CUtensorMap* map, int c0, int c1) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global [%0, {%1, %2}];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void TmaStoreCommit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Until the stores issued so far have read their shared memory.
+__device__ __forceinline__ void TmaStoreWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+// Until the stores issued so far are complete.
+__device__ __forceinline__ void TmaStoreWaitAll() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+__device__ __forceinline__ void StoreShared(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void StoreShared(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+// Makes this thread's shared-memory writes visible to the copy engine.
+__device__ __forceinline__ void FenceSharedForAsync() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Barrier of one consumer warpgroup (ids 1 and 2; 0 is __syncthreads).
+__device__ __forceinline__ void WarpgroupSync(int consumer) {
+  asm volatile("bar.sync %0, 128;" ::"r"(consumer + 1) : "memory");
+}
+
+// Operand descriptors for the 128-byte swizzle as TMA writes it (boxes of
+// 64 16-bit elements per 128-byte row, 1024-byte aligned).
+// K-major: 8-row core matrices 1024 bytes apart.
+__device__ __forceinline__ uint64_t SmemDescK(const void* p) {
+  const uint64_t addr = SmemAddr(p);
+  uint64_t desc = (addr & 0x3FFFF) >> 4;
+  desc |= uint64_t(16 >> 4) << 16;
+  desc |= uint64_t(1024 >> 4) << 32;
+  desc |= uint64_t(1) << 62;
+  return desc;
+}
+// MN-major (each 128-byte row holds 64 M or N elements of one k): groups of
+// 8 k 1024 bytes apart (stride offset), 64-element M/N groups `mn_group_bytes`
+// apart (leading offset; one TMA box of 64 k rows each).
+__device__ __forceinline__ uint64_t SmemDescMN(const void* p, uint32_t mn_group_bytes) {
+  const uint64_t addr = SmemAddr(p);
+  uint64_t desc = (addr & 0x3FFFF) >> 4;
+  desc |= uint64_t(mn_group_bytes >> 4) << 16;
+  desc |= uint64_t(1024 >> 4) << 32;
+  desc |= uint64_t(1) << 62;
+  return desc;
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWaitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWaitOne() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+}
+__device__ __forceinline__ void KeepInRegisters(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+
+// d[64] (m64 x n128 fp32 fragment) += A(64 x 16) . B(16 x 128), fp16 or
+// bf16 operands; kMnA / kMnB: the operand is MN-major in shared memory.
+template <bool kHalf, bool kMnA, bool kMnB>
+__device__ __forceinline__ void Wgmma(float* d, uint64_t desc_a, uint64_t desc_b) {
+#define FLCE_WGMMA_BODY(TYPE)                                                                      \
+  asm volatile(                                                                                    \
+      "{\n"                                                                                        \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE                                 \
+      " "                                                                                          \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "     \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
+      "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
+      "%55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, %66, %67;\n"               \
+      "}\n"                                                                                        \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63])                                                                                \
+      : "l"(desc_a), "l"(desc_b), "n"(kMnA ? 1 : 0), "n"(kMnB ? 1 : 0))
+  if constexpr (kHalf) {
+    FLCE_WGMMA_BODY("f16");
+  } else {
+    FLCE_WGMMA_BODY("bf16");
+  }
+#undef FLCE_WGMMA_BODY
+}
+#endif  // FLCE_SM90A
+
+}  // namespace flce::cuda::sm90
+
+#endif  // FLCE_KERNELS_CUDA_SM90_PRIMITIVES_CUH_

@@ -1,0 +1,242 @@
+// The own Hopper backward GEMMs (kernels/cuda/backward_gemm.cuh) against a
+// float64 product of the same 16-bit inputs: odd shapes (rows, hidden and
+// the vocabulary not multiples of the tiles), every split count, both 16-bit
+// types; grad_input slabs poisoned with NaN so unwritten elements show, and
+// grad_W accumulated onto random values so the reduce-add is checked too.
+// Skips with the reason where the device is not compute capability 9.0.
+#include "kernels/cuda/backward_gemm.cuh"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/dtype.h"
+
+namespace flce::test {
+namespace {
+
+using cuda::BackwardGemmSupported;
+using cuda::GradInputGemmArgs;
+using cuda::GradWeightGemmArgs;
+
+struct Shape {
+  int64_t rows, cols, hidden;
+};
+
+// Rounded to `dtype`: the float copy is what the GPU sees.
+std::vector<float> RandomRounded(DType dtype, int64_t n, float scale, std::mt19937* rng) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(*rng);
+  RoundTo(dtype, v.data(), n);
+  return v;
+}
+
+template <typename T>
+T* Upload(const std::vector<T>& host) {
+  T* dev = nullptr;
+  EXPECT_EQ(cudaMalloc(&dev, host.size() * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  return dev;
+}
+
+void* Upload16(DType dtype, const std::vector<float>& v) {
+  std::vector<uint16_t> bits(v.size());
+  FromFloat(dtype, v.data(), bits.data(), static_cast<int64_t>(v.size()));
+  return Upload(bits);
+}
+
+template <typename T>
+std::vector<T> Download(const T* dev, size_t n) {
+  std::vector<T> host(n);
+  EXPECT_EQ(cudaMemcpy(host.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+// |got - ref| within fp32 accumulation error of sum |terms|; a wrong layout
+// gives errors of the order of the terms themselves.
+void ExpectClose(const std::vector<double>& ref, const std::vector<double>& abs_sum,
+                 const std::vector<float>& got, const char* what) {
+  int64_t bad = 0;
+  double worst = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    const double tol = 1e-4 * abs_sum[i] + 1e-6;
+    if (!(err <= tol)) {
+      if (bad++ < 5) ADD_FAILURE() << what << " element " << i << ": " << got[i] << " vs " << ref[i];
+    }
+    if (abs_sum[i] > 0) worst = std::max(worst, err / abs_sum[i]);
+  }
+  EXPECT_EQ(bad, 0) << what;
+  std::printf("  %s: worst error / sum|terms| %.2e\n", what, worst);
+}
+
+class BackwardGemmTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      GTEST_SKIP() << "no CUDA device";
+    }
+    if (!BackwardGemmSupported(GetParam(), 64)) {
+      GTEST_SKIP() << "the own backward GEMMs need compute capability 9.0 (Hopper)";
+    }
+  }
+};
+
+const Shape kShapes[] = {{300, 2048 + 128, 136}, {5, 384, 264}, {1000, 1024, 520}, {129, 256, 8}};
+
+TEST_P(BackwardGemmTest, GradInputMatchesFloat64ForEverySplit) {
+  const DType dtype = GetParam();
+  std::mt19937 rng(7);
+  for (const Shape& s : kShapes) {
+    const std::vector<float> d = RandomRounded(dtype, s.rows * s.cols, 1.0f, &rng);
+    const std::vector<float> w = RandomRounded(dtype, s.cols * s.hidden, 0.5f, &rng);
+    std::vector<double> ref(static_cast<size_t>(s.rows * s.hidden), 0.0);
+    std::vector<double> abs_sum(ref.size(), 0.0);
+    for (int64_t t = 0; t < s.rows; ++t) {
+      for (int64_t v = 0; v < s.cols; ++v) {
+        const double a = d[t * s.cols + v];
+        for (int64_t k = 0; k < s.hidden; ++k) {
+          const double term = a * w[v * s.hidden + k];
+          ref[t * s.hidden + k] += term;
+          abs_sum[t * s.hidden + k] += std::fabs(term);
+        }
+      }
+    }
+    void* d_dev = Upload16(dtype, d);
+    void* w_dev = Upload16(dtype, w);
+    for (int splits : {1, 2, 3, 4}) {
+      SCOPED_TRACE(::testing::Message() << "rows " << s.rows << " cols " << s.cols << " hidden "
+                                        << s.hidden << " splits " << splits);
+      const size_t slab = static_cast<size_t>(s.rows * s.hidden);
+      float* out = nullptr;
+      ASSERT_EQ(cudaMalloc(&out, slab * splits * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(out, 0xFF, slab * splits * sizeof(float)), cudaSuccess);  // NaN
+      GradInputGemmArgs a;
+      a.d = d_dev;
+      a.w = w_dev;
+      a.rows = s.rows;
+      a.cols = s.cols;
+      a.hidden = s.hidden;
+      a.out = out;
+      a.splits = splits;
+      ASSERT_TRUE(cuda::LaunchGradInputGemm(dtype, a, nullptr, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> slabs = Download(out, slab * splits);
+      std::vector<float> sum(slab, 0.0f);
+      for (int p = 0; p < splits; ++p) {
+        for (size_t i = 0; i < slab; ++i) sum[i] += slabs[p * slab + i];
+      }
+      ExpectClose(ref, abs_sum, sum, "grad_input");
+      cudaFree(out);
+    }
+    cudaFree(d_dev);
+    cudaFree(w_dev);
+  }
+}
+
+TEST_P(BackwardGemmTest, GradWeightAddsFloat64ProductOntoExistingValues) {
+  const DType dtype = GetParam();
+  std::mt19937 rng(11);
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(::testing::Message() << "rows " << s.rows << " cols " << s.cols << " hidden "
+                                      << s.hidden);
+    const std::vector<float> d = RandomRounded(dtype, s.rows * s.cols, 1.0f, &rng);
+    const std::vector<float> x = RandomRounded(dtype, s.rows * s.hidden, 0.5f, &rng);
+    std::vector<float> gw0(static_cast<size_t>(s.cols * s.hidden));
+    std::uniform_real_distribution<float> uni(-3.0f, 3.0f);
+    for (float& g : gw0) g = uni(rng);
+    std::vector<double> ref(gw0.begin(), gw0.end());
+    std::vector<double> abs_sum(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) abs_sum[i] = std::fabs(ref[i]);
+    for (int64_t t = 0; t < s.rows; ++t) {
+      for (int64_t v = 0; v < s.cols; ++v) {
+        const double a = d[t * s.cols + v];
+        for (int64_t k = 0; k < s.hidden; ++k) {
+          const double term = a * x[t * s.hidden + k];
+          ref[v * s.hidden + k] += term;
+          abs_sum[v * s.hidden + k] += std::fabs(term);
+        }
+      }
+    }
+    void* d_dev = Upload16(dtype, d);
+    void* x_dev = Upload16(dtype, x);
+    float* gw = Upload(gw0);
+    GradWeightGemmArgs a;
+    a.d = d_dev;
+    a.x = x_dev;
+    a.rows = s.rows;
+    a.cols = s.cols;
+    a.hidden = s.hidden;
+    a.gw = gw;
+    ASSERT_TRUE(cuda::LaunchGradWeightGemm(dtype, a, nullptr, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ExpectClose(ref, abs_sum, Download(gw, gw0.size()), "grad_W");
+    cudaFree(d_dev);
+    cudaFree(x_dev);
+    cudaFree(gw);
+  }
+}
+
+TEST_P(BackwardGemmTest, RepeatedRunsAreBitwiseIdentical) {
+  const DType dtype = GetParam();
+  std::mt19937 rng(3);
+  const Shape s{700, 4096, 264};
+  void* d_dev = Upload16(dtype, RandomRounded(dtype, s.rows * s.cols, 1.0f, &rng));
+  void* w_dev = Upload16(dtype, RandomRounded(dtype, s.cols * s.hidden, 0.5f, &rng));
+  std::vector<float> first;
+  for (int run = 0; run < 3; ++run) {
+    float* out = nullptr;
+    ASSERT_EQ(cudaMalloc(&out, s.rows * s.hidden * 3 * sizeof(float)), cudaSuccess);
+    GradInputGemmArgs a;
+    a.d = d_dev;
+    a.w = w_dev;
+    a.rows = s.rows;
+    a.cols = s.cols;
+    a.hidden = s.hidden;
+    a.out = out;
+    a.splits = 3;
+    ASSERT_TRUE(cuda::LaunchGradInputGemm(dtype, a, nullptr, nullptr).ok());
+    GradWeightGemmArgs g;
+    g.d = d_dev;
+    g.x = w_dev;  // any rows x hidden matrix: the first `rows` rows of w
+    g.rows = s.rows;
+    g.cols = s.cols;
+    g.hidden = s.hidden;
+    float* gw = nullptr;
+    ASSERT_EQ(cudaMalloc(&gw, s.cols * s.hidden * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(gw, 0, s.cols * s.hidden * sizeof(float)), cudaSuccess);
+    g.gw = gw;
+    ASSERT_TRUE(cuda::LaunchGradWeightGemm(dtype, g, nullptr, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> both = Download(out, static_cast<size_t>(s.rows * s.hidden * 3));
+    const std::vector<float> gw_host = Download(gw, static_cast<size_t>(s.cols * s.hidden));
+    both.insert(both.end(), gw_host.begin(), gw_host.end());
+    if (run == 0) {
+      first = both;
+    } else {
+      EXPECT_EQ(std::memcmp(first.data(), both.data(), first.size() * sizeof(float)), 0)
+          << "run " << run << " differs from the first";
+    }
+    cudaFree(out);
+    cudaFree(gw);
+  }
+  cudaFree(d_dev);
+  cudaFree(w_dev);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, BackwardGemmTest,
+                         ::testing::Values(DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace flce::test
