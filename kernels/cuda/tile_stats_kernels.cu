@@ -1,6 +1,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "kernels/cuda/row_math.cuh"
 #include "kernels/cuda/tile_stats_kernels.cuh"
 
@@ -158,24 +160,29 @@ __device__ __forceinline__ uint4 GradVector(const uint4 raw, int64_t j0, float f
 
 // Each thread owns kGradVectors adjacent 16-byte vectors and loads them all
 // before using any: more bytes in flight per SM for this streaming pass.
+// Blocks stride over (row, column block) pairs: a bounded grid, so that the
+// row-scaled path's fallback launch, which returns at once in the common
+// case, costs one wave of blocks rather than one block per 4096 logits.
 template <typename T>
-__global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a) {
+__global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a, int64_t col_blocks) {
   if (a.run_if != nullptr && *a.run_if == 0) return;
-  const int64_t row = blockIdx.y;
-  const int64_t j0 =
-      (static_cast<int64_t>(blockIdx.x) * kGradThreads + threadIdx.x) * kGradVec * kGradVectors;
-  if (j0 >= a.padded_vocab) return;
-  uint4* slot =
-      reinterpret_cast<uint4*>(static_cast<char*>(a.exp_dlogits) + (row * a.padded_vocab + j0) * 2);
-  uint4 raw[kGradVectors];
-#pragma unroll
-  for (int v = 0; v < kGradVectors; ++v) raw[v] = slot[v];
-  const RowGrad g = a.grad[row];
   const RowConsts kc = MakeConsts(a.params);
-  const float f = a.stats.max[row * a.tiles + j0 / kLogitsStatsTileCols];
+  const int64_t work = col_blocks * a.rows;
+  for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
+    const int64_t row = w / col_blocks;
+    const int64_t j0 = ((w % col_blocks) * kGradThreads + threadIdx.x) * kGradVec * kGradVectors;
+    if (j0 >= a.padded_vocab) continue;
+    uint4* slot = reinterpret_cast<uint4*>(static_cast<char*>(a.exp_dlogits) +
+                                           (row * a.padded_vocab + j0) * 2);
+    uint4 raw[kGradVectors];
 #pragma unroll
-  for (int v = 0; v < kGradVectors; ++v) {
-    slot[v] = GradVector<T>(raw[v], j0 + v * kGradVec, f, g, a, kc);
+    for (int v = 0; v < kGradVectors; ++v) raw[v] = slot[v];
+    const RowGrad g = a.grad[row];
+    const float f = a.stats.max[row * a.tiles + j0 / kLogitsStatsTileCols];
+#pragma unroll
+    for (int v = 0; v < kGradVectors; ++v) {
+      slot[v] = GradVector<T>(raw[v], j0 + v * kGradVec, f, g, a, kc);
+    }
   }
 }
 
@@ -221,18 +228,20 @@ absl::Status LaunchLocalTargets(const int32_t* target, int64_t n, int64_t first,
 absl::Status LaunchTileGrad(DType dtype, const TileRowArgs& args, cudaStream_t stream,
                             DeviceHealth* health) {
   if (args.rows <= 0) return absl::OkStatus();
-  if (args.rows > 65535 || args.padded_vocab % (kGradVec * kGradVectors) != 0) {
+  if (args.padded_vocab % (kGradVec * kGradVectors) != 0) {
     return absl::InternalError("tile gradient kernel: unsupported shape");
   }
   constexpr int64_t kPerBlock = kGradThreads * kGradVec * kGradVectors;
-  const dim3 grid(static_cast<unsigned>((args.padded_vocab + kPerBlock - 1) / kPerBlock),
-                  static_cast<unsigned>(args.rows));
+  // A few waves of 256-thread blocks on the largest GPUs, enough to stream.
+  constexpr int64_t kMaxBlocks = 4096;
+  const int64_t col_blocks = (args.padded_vocab + kPerBlock - 1) / kPerBlock;
+  const dim3 grid(static_cast<unsigned>(std::min(col_blocks * args.rows, kMaxBlocks)));
   switch (dtype) {
     case DType::kBF16:
-      TileGradKernel<__nv_bfloat16><<<grid, kGradThreads, 0, stream>>>(args);
+      TileGradKernel<__nv_bfloat16><<<grid, kGradThreads, 0, stream>>>(args, col_blocks);
       break;
     case DType::kF16:
-      TileGradKernel<__half><<<grid, kGradThreads, 0, stream>>>(args);
+      TileGradKernel<__half><<<grid, kGradThreads, 0, stream>>>(args, col_blocks);
       break;
     case DType::kF32:
       return absl::InternalError("tile gradient kernel: fp32 heads take the cuBLAS path");
