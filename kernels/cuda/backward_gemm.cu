@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 
 #include "kernels/cuda/backward_gemm.cuh"
@@ -50,6 +49,21 @@ struct KernelArgs {
   int32_t splits;
   int32_t k_blocks;
 };
+
+// A work unit: N fastest, then M, then the split, so that the CTAs in
+// flight share A's rows and B's k-range in L2; k-blocks [kb0, kb1).
+struct Tile {
+  int32_t m, n, split, kb0, kb1;
+};
+__device__ __forceinline__ Tile TileAt(int32_t index, const KernelArgs& a) {
+  Tile t;
+  t.n = index % a.n_tiles;
+  t.m = (index / a.n_tiles) % a.m_tiles;
+  t.split = index / (a.n_tiles * a.m_tiles);
+  t.kb0 = static_cast<int32_t>(int64_t(t.split) * a.k_blocks / a.splits);
+  t.kb1 = static_cast<int32_t>(int64_t(t.split + 1) * a.k_blocks / a.splits);
+  return t;
+}
 
 #ifdef FLCE_SM90A
 // A consumer's 64 x 256 accumulators out through its staging boxes: TMA
@@ -107,8 +121,7 @@ __device__ __forceinline__ void StoreTile(const float (&acc)[2][64], int consume
 // kWeight = false: grad_input, A = D (rows x cols) K-major, K = cols split
 // into `splits` ranges. kWeight = true: grad_W, A = D^T (cols x rows)
 // MN-major, K = rows. B is MN-major in both (W: cols x hidden; X: rows x
-// hidden). Tiles: N fastest, then M, then the split, so the CTAs in flight
-// share A's rows and B's k-range in L2.
+// hidden).
 template <bool kHalf, bool kWeight>
 __global__ void __launch_bounds__(kThreads, 1)
     BackwardGemmKernel(const __grid_constant__ CUtensorMap a_map,
@@ -116,59 +129,44 @@ __global__ void __launch_bounds__(kThreads, 1)
                        const __grid_constant__ CUtensorMap out_map, const KernelArgs a) {
 #ifdef FLCE_SM90A
   extern __shared__ uint8_t raw_shared[];
-  SharedTiles& sm = *reinterpret_cast<SharedTiles*>(
-      (reinterpret_cast<uintptr_t>(raw_shared) + 1023) & ~static_cast<uintptr_t>(1023));
+  SharedTiles& sm = AlignedShared<SharedTiles>(raw_shared);
   const int wg = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
   const int32_t num_tiles = a.m_tiles * a.n_tiles * a.splits;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(&sm.full[s], 1);
-      MbarInit(&sm.empty[s], kConsumers);
-    }
-    FenceBarrierInit();
-  }
-  __syncthreads();
+  InitStageBarriers(sm.full, sm.empty, kConsumers);
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (t != 0) return;
-    int stage = 0;
-    uint32_t phase = 0;
-    for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      const int32_t n_tile = tile % a.n_tiles;
-      const int32_t m_tile = (tile / a.n_tiles) % a.m_tiles;
-      const int32_t split = tile / (a.n_tiles * a.m_tiles);
-      const int32_t kb0 = static_cast<int32_t>(int64_t(split) * a.k_blocks / a.splits);
-      const int32_t kb1 = static_cast<int32_t>(int64_t(split + 1) * a.k_blocks / a.splits);
+    StageCursor<kStages> at;
+    for (int32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
+      const Tile tile = TileAt(index, a);
       if constexpr (kWeight) {
         // The tile's grad_W rows go to L2 while the mainloop runs: the
         // epilogue's reduce-adds then find them there instead of in DRAM.
         for (int y = 0; y < kBM; y += 64) {
           for (int x = 0; x < kBN; x += kOutCols) {
-            TmaPrefetchL2(&out_map, n_tile * kBN + x, m_tile * kBM + y);
+            TmaPrefetchL2(&out_map, tile.n * kBN + x, tile.m * kBM + y);
           }
         }
       }
-      for (int32_t kb = kb0; kb < kb1; ++kb) {
-        MbarWait(&sm.empty[stage], phase ^ 1);
-        MbarExpectTx(&sm.full[stage], kStageBytes);
+      for (int32_t kb = tile.kb0; kb < tile.kb1; ++kb) {
+        uint64_t* full = &sm.full[at.stage];
+        MbarWait(&sm.empty[at.stage], at.phase ^ 1);
+        MbarExpectTx(full, kStageBytes);
         if constexpr (kWeight) {
           for (int x = 0; x < kBM / kBox; ++x) {
-            TmaLoad(&sm.a[stage][x * kBox * kBK], &a_map, &sm.full[stage], m_tile * kBM + x * kBox,
+            TmaLoad(&sm.a[at.stage][x * kBox * kBK], &a_map, full, tile.m * kBM + x * kBox,
                     kb * kBK);
           }
         } else {
-          TmaLoad(sm.a[stage], &a_map, &sm.full[stage], kb * kBK, m_tile * kBM);
+          TmaLoad(sm.a[at.stage], &a_map, full, kb * kBK, tile.m * kBM);
         }
         for (int x = 0; x < kBN / kBox; ++x) {
-          TmaLoad(&sm.b[stage][x * kBox * kBK], &b_map, &sm.full[stage], n_tile * kBN + x * kBox,
+          TmaLoad(&sm.b[at.stage][x * kBox * kBK], &b_map, full, tile.n * kBN + x * kBox,
                   kb * kBK);
         }
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        at.Next();
       }
     }
     return;
@@ -176,24 +174,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int c = wg - 1;
-  int stage = 0;
-  uint32_t phase = 0;
+  StageCursor<kStages> at;
   float acc[2][64];
-  for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const int32_t n_tile = tile % a.n_tiles;
-    const int32_t m_tile = (tile / a.n_tiles) % a.m_tiles;
-    const int32_t split = tile / (a.n_tiles * a.m_tiles);
-    const int32_t kb0 = static_cast<int32_t>(int64_t(split) * a.k_blocks / a.splits);
-    const int32_t kb1 = static_cast<int32_t>(int64_t(split + 1) * a.k_blocks / a.splits);
+  for (int32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
+    const Tile tile = TileAt(index, a);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
     }
-    int prev_stage = -1;
-    for (int32_t kb = kb0; kb < kb1; ++kb) {
-      MbarWait(&sm.full[stage], phase);
-      WgmmaFence();
+    ConsumeStages(at, sm.full, sm.empty, tile.kb1 - tile.kb0, t == 0, [&](int stage) {
 #pragma unroll
       for (int k = 0; k < kBK / 16; ++k) {
         // A: this consumer's 64 rows of the tile; k advances 16 columns
@@ -208,23 +198,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           Wgmma<kHalf, kWeight, true>(acc[h], da, db);
         }
       }
-      WgmmaCommit();
-      WgmmaWaitOne();
-      if (prev_stage >= 0 && t == 0) MbarArrive(&sm.empty[prev_stage]);
-      prev_stage = stage;
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
-    }
-    WgmmaWaitAll();
-    if (prev_stage >= 0 && t == 0) MbarArrive(&sm.empty[prev_stage]);
+    });
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) KeepInRegisters(acc[h][i]);
     }
-    StoreTile<kWeight>(acc, c, n_tile * kBN, m_tile * kBM + c * 64, split, &out_map, sm.out[c]);
+    StoreTile<kWeight>(acc, c, tile.n * kBN, tile.m * kBM + c * 64, tile.split, &out_map,
+                       sm.out[c]);
   }
   // The outputs must be in global memory before the kernel ends.
   if (t == 0) TmaStoreWaitAll();
@@ -236,14 +217,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <bool kHalf, bool kWeight>
 absl::Status Launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const CUtensorMap& out_map,
                     const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
-  static std::once_flag once;
-  static cudaError_t attr = cudaSuccess;
-  std::call_once(once, [] {
-    attr = cudaFuncSetAttribute(BackwardGemmKernel<kHalf, kWeight>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(kSharedBytes));
-  });
-  FLCE_CUDA_RETURN_IF_ERROR(attr, health);
+  const cudaError_t allowed = AllowDynamicShared<BackwardGemmKernel<kHalf, kWeight>>(kSharedBytes);
+  FLCE_CUDA_RETURN_IF_ERROR(allowed, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles * k.splits;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
   BackwardGemmKernel<kHalf, kWeight><<<grid, kThreads, kSharedBytes, stream>>>(a_map, b_map,

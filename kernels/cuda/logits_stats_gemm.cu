@@ -1,5 +1,4 @@
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -8,7 +7,6 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -285,41 +283,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef FLCE_SM90A
   if (a.run_if != nullptr && *a.run_if == 0) return;
   extern __shared__ uint8_t raw_shared[];
-  SharedTiles& sm = *reinterpret_cast<SharedTiles*>(
-      (reinterpret_cast<uintptr_t>(raw_shared) + 1023) & ~static_cast<uintptr_t>(1023));
+  SharedTiles& sm = AlignedShared<SharedTiles>(raw_shared);
   const int wg = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
   const int32_t k_blocks = (a.hidden + kBK - 1) / kBK;
   const int32_t num_tiles = a.m_tiles * a.n_tiles;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(&sm.full[s], 1);
-      MbarInit(&sm.empty[s], kConsumers);
-    }
-    FenceBarrierInit();
-  }
-  __syncthreads();
+  InitStageBarriers(sm.full, sm.empty, kConsumers);
 
   if (wg == 0) {
     // Producer: TMA loads run ahead of the consumers by up to kStages.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (t != 0) return;
-    int stage = 0;
-    uint32_t phase = 0;
+    StageCursor<kStages> at;
     // Token tiles vary fastest: the CTAs in flight share a few W tiles and
     // the chunk's hidden rows (a few MiB) stay in L2.
     for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       const int32_t m_tile = tile % a.m_tiles;
       const int32_t n_tile = tile / a.m_tiles;
       for (int32_t kb = 0; kb < k_blocks; ++kb) {
-        MbarWait(&sm.empty[stage], phase ^ 1);
-        MbarExpectTx(&sm.full[stage], kStageBytes);
-        TmaLoad(sm.a[stage], &x_map, &sm.full[stage], kb * kBK, m_tile * kBM);
-        TmaLoad(sm.b[stage], &w_map, &sm.full[stage], kb * kBK, n_tile * kBN);
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        MbarWait(&sm.empty[at.stage], at.phase ^ 1);
+        MbarExpectTx(&sm.full[at.stage], kStageBytes);
+        TmaLoad(sm.a[at.stage], &x_map, &sm.full[at.stage], kb * kBK, m_tile * kBM);
+        TmaLoad(sm.b[at.stage], &w_map, &sm.full[at.stage], kb * kBK, n_tile * kBN);
+        at.Next();
       }
     }
     return;
@@ -329,8 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int c = wg - 1;
   const int warp = t / 32;
   const int lane = t % 32;
-  int stage = 0;
-  uint32_t phase = 0;
+  StageCursor<kStages> at;
   float acc[2][64];
   for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const int32_t m_tile = tile % a.m_tiles;
@@ -351,29 +336,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
     }
-    // One k-block's MMAs stay in flight while the next block's are issued;
-    // a stage is released once the MMAs that read it have completed.
-    int prev_stage = -1;
-    for (int32_t kb = 0; kb < k_blocks; ++kb) {
-      MbarWait(&sm.full[stage], phase);
-      WgmmaFence();
+    ConsumeStages(at, sm.full, sm.empty, k_blocks, t == 0, [&](int stage) {
 #pragma unroll
       for (int k = 0; k < kBK / 16; ++k) {
         const uint64_t da = SmemDescK(&sm.a[stage][c * 64 * kBK + k * 16]);
         Wgmma<kHalf, false, false>(acc[0], da, SmemDescK(&sm.b[stage][k * 16]));
         Wgmma<kHalf, false, false>(acc[1], da, SmemDescK(&sm.b[stage][128 * kBK + k * 16]));
       }
-      WgmmaCommit();
-      WgmmaWaitOne();
-      if (prev_stage >= 0 && t == 0) MbarArrive(&sm.empty[prev_stage]);
-      prev_stage = stage;
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
-    }
-    WgmmaWaitAll();
-    if (prev_stage >= 0 && t == 0) MbarArrive(&sm.empty[prev_stage]);
+    });
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -399,16 +369,11 @@ absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t row
 template <bool kHalf, bool kSumZ, bool kRowRef>
 absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CUtensorMap& e_map,
                     const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
-  static std::once_flag once;
-  static cudaError_t attr = cudaSuccess;
-  std::call_once(once, [] {
-    attr = cudaFuncSetAttribute(LogitsStatsKernel<kHalf, kSumZ, kRowRef>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(kSharedBytes));
-  });
-  FLCE_CUDA_RETURN_IF_ERROR(attr, health);
+  const cudaError_t allowed =
+      AllowDynamicShared<LogitsStatsKernel<kHalf, kSumZ, kRowRef>>(kSharedBytes);
+  FLCE_CUDA_RETURN_IF_ERROR(allowed, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(sm90::SmCount(), 1)));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
   LogitsStatsKernel<kHalf, kSumZ, kRowRef>
       <<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
@@ -423,7 +388,7 @@ bool LogitsStatsSupported(DType dtype, int64_t hidden) {
   if (GenericPlanForced()) return false;
   if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
   if (hidden <= 0 || hidden % 8 != 0) return false;
-  return sm90::DeviceIsSm90();
+  return DeviceIsSm90();
 }
 
 absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStream_t stream,

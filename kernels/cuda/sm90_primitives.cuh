@@ -20,6 +20,37 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The kernels' shared-memory struct at the first 1024-byte boundary of the
+// dynamic shared memory (the 128-byte swizzle's atoms are 1024 bytes).
+template <typename T>
+__device__ __forceinline__ T& AlignedShared(uint8_t* raw) {
+  return *reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
+                               ~static_cast<uintptr_t>(1023));
+}
+
+// Where a pipeline is in its ring of stages: the stage and the parity of
+// the ring's current pass.
+template <int kStages>
+struct StageCursor {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Next() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// Lets `kKernel` have `bytes` of dynamic shared memory; done once per process,
+// its result returned to every launch.
+template <auto kKernel>
+cudaError_t AllowDynamicShared(size_t bytes) {
+  static const cudaError_t result = cudaFuncSetAttribute(
+      kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  return result;
+}
+
 #ifdef FLCE_SM90A
 __device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
@@ -29,6 +60,22 @@ __device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
 __device__ __forceinline__ void FenceBarrierInit() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// A producer/consumers ring: `full` completes when a stage's TMA bytes have
+// landed (one arrival, the producer's), `empty` when every consumer has
+// released it. Thread 0 initialises; the block synchronises after.
+template <int kStages>
+__device__ __forceinline__ void InitStageBarriers(uint64_t (&full)[kStages],
+                                                  uint64_t (&empty)[kStages], uint32_t consumers) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(&full[s], 1);
+      MbarInit(&empty[s], consumers);
+    }
+    FenceBarrierInit();
+  }
+  __syncthreads();
 }
 
 __device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
@@ -192,6 +239,29 @@ __device__ __forceinline__ void Wgmma(float* d, uint64_t desc_a, uint64_t desc_b
     FLCE_WGMMA_BODY("bf16");
   }
 #undef FLCE_WGMMA_BODY
+}
+
+// One tile's k-blocks on a consumer warpgroup. `issue(stage)` issues the
+// wgmmas that read a stage; one k-block's MMAs stay in flight while the
+// next block's are issued, and a stage is released (by `releaser`, one
+// thread of the warpgroup) once the MMAs that read it have completed.
+template <int kStages, typename Issue>
+__device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t (&full)[kStages],
+                                              uint64_t (&empty)[kStages], int32_t blocks,
+                                              bool releaser, Issue&& issue) {
+  int prev = -1;
+  for (int32_t kb = 0; kb < blocks; ++kb) {
+    MbarWait(&full[at.stage], at.phase);
+    WgmmaFence();
+    issue(at.stage);
+    WgmmaCommit();
+    WgmmaWaitOne();
+    if (prev >= 0 && releaser) MbarArrive(&empty[prev]);
+    prev = at.stage;
+    at.Next();
+  }
+  WgmmaWaitAll();
+  if (prev >= 0 && releaser) MbarArrive(&empty[prev]);
 }
 #endif  // FLCE_SM90A
 

@@ -77,6 +77,59 @@ void ExpectClose(const std::vector<double>& ref, const std::vector<double>& abs_
   std::printf("  %s: worst error / sum|terms| %.2e\n", what, worst);
 }
 
+// What the GPU should produce, in float64: for grad_input
+// out[t, k] = sum_v d[t, v] m[v, k] (m = W); for grad_W
+// out[v, k] = initial[v, k] + sum_t d[t, v] m[t, k] (m = X). abs_sum sums the
+// terms' magnitudes (the scale of fp32 accumulation error).
+struct Expected {
+  std::vector<double> value, abs_sum;
+};
+Expected Float64Products(const std::vector<float>& d, const std::vector<float>& m, const Shape& s,
+                         bool weight, const std::vector<float>& initial) {
+  const size_t n = static_cast<size_t>((weight ? s.cols : s.rows) * s.hidden);
+  Expected e{std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
+  for (size_t i = 0; i < initial.size(); ++i) {
+    e.value[i] = initial[i];
+    e.abs_sum[i] = std::fabs(initial[i]);
+  }
+  for (int64_t t = 0; t < s.rows; ++t) {
+    for (int64_t v = 0; v < s.cols; ++v) {
+      const double a = d[t * s.cols + v];
+      const int64_t out_row = weight ? v : t;
+      const int64_t m_row = weight ? t : v;
+      for (int64_t k = 0; k < s.hidden; ++k) {
+        const double term = a * m[m_row * s.hidden + k];
+        e.value[out_row * s.hidden + k] += term;
+        e.abs_sum[out_row * s.hidden + k] += std::fabs(term);
+      }
+    }
+  }
+  return e;
+}
+
+GradInputGemmArgs InputArgs(const void* d, const void* w, const Shape& s, float* out, int splits) {
+  GradInputGemmArgs a;
+  a.d = d;
+  a.w = w;
+  a.rows = s.rows;
+  a.cols = s.cols;
+  a.hidden = s.hidden;
+  a.out = out;
+  a.splits = splits;
+  return a;
+}
+
+GradWeightGemmArgs WeightArgs(const void* d, const void* x, const Shape& s, float* gw) {
+  GradWeightGemmArgs a;
+  a.d = d;
+  a.x = x;
+  a.rows = s.rows;
+  a.cols = s.cols;
+  a.hidden = s.hidden;
+  a.gw = gw;
+  return a;
+}
+
 class BackwardGemmTest : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
@@ -98,18 +151,7 @@ TEST_P(BackwardGemmTest, GradInputMatchesFloat64ForEverySplit) {
   for (const Shape& s : kShapes) {
     const std::vector<float> d = RandomRounded(dtype, s.rows * s.cols, 1.0f, &rng);
     const std::vector<float> w = RandomRounded(dtype, s.cols * s.hidden, 0.5f, &rng);
-    std::vector<double> ref(static_cast<size_t>(s.rows * s.hidden), 0.0);
-    std::vector<double> abs_sum(ref.size(), 0.0);
-    for (int64_t t = 0; t < s.rows; ++t) {
-      for (int64_t v = 0; v < s.cols; ++v) {
-        const double a = d[t * s.cols + v];
-        for (int64_t k = 0; k < s.hidden; ++k) {
-          const double term = a * w[v * s.hidden + k];
-          ref[t * s.hidden + k] += term;
-          abs_sum[t * s.hidden + k] += std::fabs(term);
-        }
-      }
-    }
+    const Expected expected = Float64Products(d, w, s, /*weight=*/false, {});
     void* d_dev = Upload16(dtype, d);
     void* w_dev = Upload16(dtype, w);
     for (int splits : {1, 2, 3, 4}) {
@@ -119,22 +161,16 @@ TEST_P(BackwardGemmTest, GradInputMatchesFloat64ForEverySplit) {
       float* out = nullptr;
       ASSERT_EQ(cudaMalloc(&out, slab * splits * sizeof(float)), cudaSuccess);
       ASSERT_EQ(cudaMemset(out, 0xFF, slab * splits * sizeof(float)), cudaSuccess);  // NaN
-      GradInputGemmArgs a;
-      a.d = d_dev;
-      a.w = w_dev;
-      a.rows = s.rows;
-      a.cols = s.cols;
-      a.hidden = s.hidden;
-      a.out = out;
-      a.splits = splits;
-      ASSERT_TRUE(cuda::LaunchGradInputGemm(dtype, a, nullptr, nullptr).ok());
+      ASSERT_TRUE(cuda::LaunchGradInputGemm(dtype, InputArgs(d_dev, w_dev, s, out, splits), nullptr,
+                                            nullptr)
+                      .ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const std::vector<float> slabs = Download(out, slab * splits);
       std::vector<float> sum(slab, 0.0f);
       for (int p = 0; p < splits; ++p) {
         for (size_t i = 0; i < slab; ++i) sum[i] += slabs[p * slab + i];
       }
-      ExpectClose(ref, abs_sum, sum, "grad_input");
+      ExpectClose(expected.value, expected.abs_sum, sum, "grad_input");
       cudaFree(out);
     }
     cudaFree(d_dev);
@@ -153,32 +189,14 @@ TEST_P(BackwardGemmTest, GradWeightAddsFloat64ProductOntoExistingValues) {
     std::vector<float> gw0(static_cast<size_t>(s.cols * s.hidden));
     std::uniform_real_distribution<float> uni(-3.0f, 3.0f);
     for (float& g : gw0) g = uni(rng);
-    std::vector<double> ref(gw0.begin(), gw0.end());
-    std::vector<double> abs_sum(ref.size());
-    for (size_t i = 0; i < ref.size(); ++i) abs_sum[i] = std::fabs(ref[i]);
-    for (int64_t t = 0; t < s.rows; ++t) {
-      for (int64_t v = 0; v < s.cols; ++v) {
-        const double a = d[t * s.cols + v];
-        for (int64_t k = 0; k < s.hidden; ++k) {
-          const double term = a * x[t * s.hidden + k];
-          ref[v * s.hidden + k] += term;
-          abs_sum[v * s.hidden + k] += std::fabs(term);
-        }
-      }
-    }
+    const Expected expected = Float64Products(d, x, s, /*weight=*/true, gw0);
     void* d_dev = Upload16(dtype, d);
     void* x_dev = Upload16(dtype, x);
     float* gw = Upload(gw0);
-    GradWeightGemmArgs a;
-    a.d = d_dev;
-    a.x = x_dev;
-    a.rows = s.rows;
-    a.cols = s.cols;
-    a.hidden = s.hidden;
-    a.gw = gw;
-    ASSERT_TRUE(cuda::LaunchGradWeightGemm(dtype, a, nullptr, nullptr).ok());
+    ASSERT_TRUE(
+        cuda::LaunchGradWeightGemm(dtype, WeightArgs(d_dev, x_dev, s, gw), nullptr, nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    ExpectClose(ref, abs_sum, Download(gw, gw0.size()), "grad_W");
+    ExpectClose(expected.value, expected.abs_sum, Download(gw, gw0.size()), "grad_W");
     cudaFree(d_dev);
     cudaFree(x_dev);
     cudaFree(gw);
@@ -195,26 +213,14 @@ TEST_P(BackwardGemmTest, RepeatedRunsAreBitwiseIdentical) {
   for (int run = 0; run < 3; ++run) {
     float* out = nullptr;
     ASSERT_EQ(cudaMalloc(&out, s.rows * s.hidden * 3 * sizeof(float)), cudaSuccess);
-    GradInputGemmArgs a;
-    a.d = d_dev;
-    a.w = w_dev;
-    a.rows = s.rows;
-    a.cols = s.cols;
-    a.hidden = s.hidden;
-    a.out = out;
-    a.splits = 3;
-    ASSERT_TRUE(cuda::LaunchGradInputGemm(dtype, a, nullptr, nullptr).ok());
-    GradWeightGemmArgs g;
-    g.d = d_dev;
-    g.x = w_dev;  // any rows x hidden matrix: the first `rows` rows of w
-    g.rows = s.rows;
-    g.cols = s.cols;
-    g.hidden = s.hidden;
+    ASSERT_TRUE(
+        cuda::LaunchGradInputGemm(dtype, InputArgs(d_dev, w_dev, s, out, 3), nullptr, nullptr).ok());
     float* gw = nullptr;
     ASSERT_EQ(cudaMalloc(&gw, s.cols * s.hidden * sizeof(float)), cudaSuccess);
     ASSERT_EQ(cudaMemset(gw, 0, s.cols * s.hidden * sizeof(float)), cudaSuccess);
-    g.gw = gw;
-    ASSERT_TRUE(cuda::LaunchGradWeightGemm(dtype, g, nullptr, nullptr).ok());
+    // X: any rows x hidden matrix will do, here the first `rows` rows of W.
+    ASSERT_TRUE(
+        cuda::LaunchGradWeightGemm(dtype, WeightArgs(d_dev, w_dev, s, gw), nullptr, nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> both = Download(out, static_cast<size_t>(s.rows * s.hidden * 3));
     const std::vector<float> gw_host = Download(gw, static_cast<size_t>(s.cols * s.hidden));
