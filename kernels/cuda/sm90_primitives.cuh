@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FLCE_SM90A 1
@@ -42,12 +44,23 @@ struct StageCursor {
   }
 };
 
-// Lets `kKernel` have `bytes` of dynamic shared memory; done once per process,
-// its result returned to every launch.
+// Lets `kKernel` have `bytes` of dynamic shared memory on the current device.
+// A function's attributes belong to the device's context, so a process that
+// drives several GPUs (a head split across them) sets it once per device; the
+// result is returned to every later launch there.
 template <auto kKernel>
 cudaError_t AllowDynamicShared(size_t bytes) {
-  static const cudaError_t result = cudaFuncSetAttribute(
+  int device = 0;
+  const cudaError_t current = cudaGetDevice(&device);
+  if (current != cudaSuccess) return current;
+  static std::mutex mu;
+  static std::map<int, cudaError_t> done;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = done.find(device);
+  if (it != done.end()) return it->second;
+  const cudaError_t result = cudaFuncSetAttribute(
       kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  done.emplace(device, result);
   return result;
 }
 

@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <map>
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 
 namespace flce::cuda::sm90 {
@@ -32,6 +35,20 @@ CUtensorMapDataType MapType(DType dtype) {
       break;
   }
   return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+}
+
+// Per device ordinal: a process may drive several GPUs (a head split across
+// them), which need not be alike.
+template <typename Value, typename Query>
+Value PerDevice(std::map<int, Value>* cache, std::mutex* mu, Value fallback, Query query) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return fallback;
+  std::lock_guard<std::mutex> lock(*mu);
+  auto it = cache->find(device);
+  if (it != cache->end()) return it->second;
+  const Value v = query(device);
+  cache->emplace(device, v);
+  return v;
 }
 
 }  // namespace
@@ -75,26 +92,26 @@ absl::Status EncodeMatrix(CUtensorMap* map, DType dtype, const void* base, int64
 }
 
 int SmCount() {
-  static int count = [] {
-    int device = 0, n = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  static std::mutex mu;
+  static std::map<int, int> cache;
+  return PerDevice<int>(&cache, &mu, 0, [](int device) {
+    int n = 0;
     if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
     return n;
-  }();
-  return count;
+  });
 }
 
 bool DeviceIsSm90() {
-  static bool yes = [] {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
+  static std::mutex mu;
+  static std::map<int, bool> cache;
+  return PerDevice<bool>(&cache, &mu, false, [](int device) {
+    int major = 0, minor = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
       return false;
     }
     return major == 9 && minor == 0 && EncodeFunction() != nullptr;
-  }();
-  return yes;
+  });
 }
 
 }  // namespace flce::cuda::sm90
