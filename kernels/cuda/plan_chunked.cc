@@ -137,7 +137,7 @@ GradInputGemmArgs OwnGradInputArgs(const HeadView& head, const TileScratch& s, i
 
 // The same chunk without the dlogits pass (row_scaled_backward.cuh): e
 // relative to M_t = x_t . W_y, one scale per row applied around the two
-// cuBLAS GEMMs. Rows it cannot serve raise a device flag; the launches after
+// backward GEMMs (own or cuBLAS: backward_gemm.cuh). Rows it cannot serve raise a device flag; the launches after
 // the finish then redo the chunk on the dlogits-pass path (each reads the
 // flag and returns at once in the common case).
 absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const TileScratch& s,
