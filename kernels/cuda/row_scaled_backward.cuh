@@ -8,7 +8,7 @@
 // single target entry as dz_y / K_t, so that
 //   grad_input[t] = K_t (E W)[t]        (row scale after the GEMM), and
 //   grad_W       += E^T (K x)           (hidden rows scaled before it),
-// and the two cuBLAS GEMMs read E as the logits-stats GEMM wrote it. bf16
+// and the two backward GEMMs read E as the logits-stats GEMM wrote it. bf16
 // holds exp(z - M_t) for any z - M_t in (-87, 88): the GEMM caps the factor
 // at e^60 and a row whose max lies further above M_t (a target more than 60
 // nats below the max), or that needs per-element terms, raises a flag on the
