@@ -279,15 +279,18 @@ bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, 
   return false;
 }
 
-int GradInputSplits(int64_t rows, int64_t hidden, int64_t cols, int max_splits) {
-  const int64_t sms = std::max(SmCount(), 1);
+int GradInputSplits(int64_t rows, int64_t hidden, int64_t cols, int max_splits, int sms_given) {
+  const int64_t sms = std::max(sms_given > 0 ? sms_given : SmCount(), 1);
   const int64_t tiles = CeilDiv(rows, kBM) * CeilDiv(hidden, kBN);
   const int64_t k_blocks = cols / kBK;
-  int best = 1;
-  double best_fill = 0.0;
-  for (int s = 1; s <= std::max(max_splits, 1) && s <= k_blocks; ++s) {
+  auto fill_with = [&](int s) {
     const int64_t work = tiles * s;
-    const double fill = static_cast<double>(work) / (CeilDiv(work, sms) * sms);
+    return static_cast<double>(work) / static_cast<double>(CeilDiv(work, sms) * sms);
+  };
+  int best = 1;
+  double best_fill = fill_with(1);
+  for (int s = 2; s <= max_splits && s <= k_blocks; ++s) {
+    const double fill = fill_with(s);
     // A split must fill the waves noticeably better to be worth its slab.
     if (fill > best_fill + 0.02) {
       best = s;

@@ -44,9 +44,11 @@ bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, i
                          int splits);
 bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden);
 
-// How many vocabulary splits keep every SM busy for grad_input of
-// rows x hidden (1..max_splits).
-int GradInputSplits(int64_t rows, int64_t hidden, int64_t cols, int max_splits);
+// How many vocabulary splits keep `sms` multiprocessors busy for grad_input
+// of rows x hidden (1..max_splits, at most one per 64 columns of cols): the
+// fewest that fill the last wave best, a split kept only if it fills it by
+// more than 2 points. sms defaults to the current device's.
+int GradInputSplits(int64_t rows, int64_t hidden, int64_t cols, int max_splits, int sms = 0);
 
 struct GradInputGemmArgs {
   const void* d = nullptr;  // rows x cols, row stride cols

@@ -238,6 +238,29 @@ TEST_P(BackwardGemmTest, RepeatedRunsAreBitwiseIdentical) {
   cudaFree(w_dev);
 }
 
+// The split count decides where the vocabulary is cut; host logic, runs
+// everywhere. An H200 has 132 SMs.
+TEST(GradInputSplitsTest, FillsTheLastWaveWithinTheRoomGiven) {
+  // Seed shape chunk: 44 x 4 = 176 tiles (1.33 waves); three splits make 528 = 4 waves.
+  EXPECT_EQ(cuda::GradInputSplits(5632, 1024, 176256, 4, 132), 3);
+  // Without room for extra slabs there is one split, whatever the waves.
+  EXPECT_EQ(cuda::GradInputSplits(5632, 1024, 176256, 1, 132), 1);
+  EXPECT_EQ(cuda::GradInputSplits(5632, 1024, 176256, 0, 132), 1);
+  // Already 99% full (1440 tiles on 132 SMs is 10.9 waves): no split.
+  EXPECT_EQ(cuda::GradInputSplits(11520, 4096, 151936, 4, 132), 1);
+  // A single 64-column block of K cannot be split.
+  EXPECT_EQ(cuda::GradInputSplits(300, 136, 64, 4, 132), 1);
+  // One tile: every split fills more; the most the room allows.
+  EXPECT_EQ(cuda::GradInputSplits(100, 200, 20096, 4, 132), 4);
+  for (int room = 1; room <= 4; ++room) {
+    for (int64_t rows : {1, 700, 2048, 6144, 65535}) {
+      const int s = cuda::GradInputSplits(rows, 896, 151936, room, 132);
+      EXPECT_GE(s, 1);
+      EXPECT_LE(s, room);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, BackwardGemmTest,
                          ::testing::Values(DType::kBF16, DType::kF16),
                          [](const ::testing::TestParamInfo<DType>& info) {
