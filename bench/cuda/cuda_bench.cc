@@ -329,15 +329,8 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   };
   out["grad_input_gemm_tflops"] = rate("grad_input_gemm_ms");
   out["grad_weight_gemm_tflops"] = rate("grad_weight_gemm_ms");
-  if (cuda::BackwardGemmSupported(hv.dtype, hv.hidden) && launch->grad_input_slabs != nullptr) {
-    cuda::GradInputGemmArgs gi;
-    gi.d = e;
-    gi.w = hv.weight;
-    gi.rows = rows;
-    gi.cols = hv.padded_vocab;
-    gi.hidden = hv.hidden;
-    gi.out = launch->grad_input_slabs;
-    gi.splits = launch->grad_input_splits;
+  if (cuda::BackwardGemmSupported(hv.dtype, hv.hidden) && launch->own_grad_input.out != nullptr) {
+    const cuda::GradInputGemmArgs& gi = launch->own_grad_input;
     out["own_grad_input_splits"] = gi.splits;
     out["own_grad_input_gemm_ms"] = time_with_setup(
         nullptr, [&]() { return cuda::LaunchGradInputGemm(hv.dtype, gi, stream, health).ok(); });

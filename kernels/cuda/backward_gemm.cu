@@ -5,7 +5,6 @@
 #include <string>
 
 #include "kernels/cuda/backward_gemm.cuh"
-#include "kernels/cuda/policy.h"
 #include "kernels/cuda/sm90_primitives.cuh"
 #include "kernels/cuda/sm90_support.h"
 #include "kernels/status_macros.h"
@@ -253,10 +252,7 @@ BackwardGemmChoice BackwardGemmFromEnv() {
 }
 
 bool BackwardGemmSupported(DType dtype, int64_t hidden) {
-  if (GenericPlanForced()) return false;
-  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
-  if (hidden <= 0 || hidden % 8 != 0) return false;
-  return DeviceIsSm90();
+  return HeadFitsHopperKernels(dtype, hidden);
 }
 
 bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden,
@@ -269,14 +265,10 @@ bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, i
   return rows >= 2048 && splits >= 2;
 }
 
-bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden) {
-  if (choice == BackwardGemmChoice::kCublas || !BackwardGemmSupported(dtype, hidden)) return false;
-  if (choice == BackwardGemmChoice::kOwn) return true;
-  // Measured behind cuBLAS at every bench shape (docs/perf/cuda.md): its
-  // epilogue's reduce-adds idle the tensor cores. Tests and the bench take it
-  // through FLCE_CUDA_BACKWARD=own.
-  (void)rows;
-  return false;
+bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t hidden) {
+  // Only when asked for: measured behind cuBLAS at every bench shape
+  // (docs/perf/cuda.md), its epilogue's reduce-adds idling the tensor cores.
+  return choice == BackwardGemmChoice::kOwn && BackwardGemmSupported(dtype, hidden);
 }
 
 int GradInputSplits(int64_t rows, int64_t hidden, int64_t cols, int max_splits, int sms_given) {

@@ -38,11 +38,11 @@ BackwardGemmChoice BackwardGemmFromEnv();
 // Device (compute capability 9.0) and head (bf16/fp16, H % 8 == 0).
 bool BackwardGemmSupported(DType dtype, int64_t hidden);
 
-// Whether the own kernels take a chunk of `rows` tokens under `choice`
-// (grad_input: with the split count GradInputSplits chose).
+// Whether the own kernels take a chunk under `choice`: grad_input for `rows`
+// tokens with the split count GradInputSplits chose; grad_W only under kOwn.
 bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden,
                          int splits);
-bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden);
+bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t hidden);
 
 // How many vocabulary splits keep `sms` multiprocessors busy for grad_input
 // of rows x hidden (1..max_splits, at most one per 64 columns of cols): the

@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
-#include "kernels/cuda/policy.h"
 #include "kernels/cuda/sm90_primitives.cuh"
 #include "kernels/cuda/sm90_support.h"
 #include "kernels/status_macros.h"
@@ -385,10 +384,7 @@ absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CU
 bool LogitsStatsSupported(DType dtype, int64_t hidden) {
   const char* env = std::getenv("FLCE_CUDA_LOGITS");
   if (env != nullptr && std::string(env) == "cublas") return false;
-  if (GenericPlanForced()) return false;
-  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
-  if (hidden <= 0 || hidden % 8 != 0) return false;
-  return DeviceIsSm90();
+  return HeadFitsHopperKernels(dtype, hidden);
 }
 
 absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStream_t stream,

@@ -191,7 +191,7 @@ absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const Til
     FLCE_RETURN_IF_ERROR(LaunchScaleRows(head.dtype, x, head.dtype, q.x_scaled, r.rows, head.hidden,
                                          q.scale, q.fallback, exec.stream, exec.health));
     MarkStage(exec, "hidden_scale");
-    if (UseOwnGradWeightGemm(choice, head.dtype, r.rows, head.hidden)) {
+    if (UseOwnGradWeightGemm(choice, head.dtype, head.hidden)) {
       GradWeightGemmArgs a;
       a.d = s.exp_dlogits;
       a.x = q.x_scaled;
@@ -246,11 +246,7 @@ absl::StatusOr<TileChunkLaunch> PrepareTileChunk(const Exec& exec, const HeadVie
   TileChunkArgs(head, r, s, launch.x, &launch.gemm, &launch.rows);
   launch.row_reference = s.scaled.reference;
   launch.fallback = s.scaled.fallback;
-  if (s.scaled.grad_input != nullptr) {
-    const GradInputGemmArgs gi = OwnGradInputArgs(head, s, r.rows);
-    launch.grad_input_slabs = gi.out;
-    launch.grad_input_splits = gi.splits;
-  }
+  if (s.scaled.grad_input != nullptr) launch.own_grad_input = OwnGradInputArgs(head, s, r.rows);
   return launch;
 }
 

@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/backward_gemm.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
 #include "kernels/cuda/row_types.h"
@@ -116,8 +117,9 @@ struct TileChunkLaunch {
   TileRowArgs rows;                // row finish and dlogits pass
   float* row_reference = nullptr;  // the row-scaled backward's M_t (bf16 heads)
   int32_t* fallback = nullptr;     // and its device flag
-  float* grad_input_slabs = nullptr;  // the own grad_input GEMM's split slabs
-  int grad_input_splits = 1;          // and how many it takes for this chunk
+  // The own grad_input GEMM as the row-scaled path would launch it (slabs,
+  // split count); out is null where the head has no row-scaled backward.
+  GradInputGemmArgs own_grad_input;
 };
 absl::StatusOr<TileChunkLaunch> PrepareTileChunk(const Exec& exec, const HeadView& head,
                                                  const Plan& plan, const DeviceRequest& request,

@@ -185,26 +185,24 @@ __device__ __forceinline__ void WarpgroupSync(int consumer) {
 }
 
 // Operand descriptors for the 128-byte swizzle as TMA writes it (boxes of
-// 64 16-bit elements per 128-byte row, 1024-byte aligned).
-// K-major: 8-row core matrices 1024 bytes apart.
-__device__ __forceinline__ uint64_t SmemDescK(const void* p) {
+// 64 16-bit elements per 128-byte row, 1024-byte aligned): the stride offset
+// is 1024 bytes (8 rows of 128 bytes) in both majors.
+__device__ __forceinline__ uint64_t SmemDesc128B(const void* p, uint32_t leading_bytes) {
   const uint64_t addr = SmemAddr(p);
   uint64_t desc = (addr & 0x3FFFF) >> 4;
-  desc |= uint64_t(16 >> 4) << 16;
+  desc |= uint64_t(leading_bytes >> 4) << 16;
   desc |= uint64_t(1024 >> 4) << 32;
   desc |= uint64_t(1) << 62;
   return desc;
 }
+// K-major: 8-row core matrices 1024 bytes apart (the leading offset is unused
+// by the swizzled layout; 16 as CUTLASS sets it).
+__device__ __forceinline__ uint64_t SmemDescK(const void* p) { return SmemDesc128B(p, 16); }
 // MN-major (each 128-byte row holds 64 M or N elements of one k): groups of
-// 8 k 1024 bytes apart (stride offset), 64-element M/N groups `mn_group_bytes`
-// apart (leading offset; one TMA box of 64 k rows each).
+// 8 k 1024 bytes apart, 64-element M/N groups `mn_group_bytes` apart (the
+// leading offset; one TMA box of 64 k rows each).
 __device__ __forceinline__ uint64_t SmemDescMN(const void* p, uint32_t mn_group_bytes) {
-  const uint64_t addr = SmemAddr(p);
-  uint64_t desc = (addr & 0x3FFFF) >> 4;
-  desc |= uint64_t(mn_group_bytes >> 4) << 16;
-  desc |= uint64_t(1024 >> 4) << 32;
-  desc |= uint64_t(1) << 62;
-  return desc;
+  return SmemDesc128B(p, mn_group_bytes);
 }
 
 __device__ __forceinline__ void WgmmaFence() {

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/policy.h"
 
 namespace flce::cuda::sm90 {
 namespace {
@@ -99,6 +100,13 @@ int SmCount() {
     if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
     return n;
   });
+}
+
+bool HeadFitsHopperKernels(DType dtype, int64_t hidden) {
+  if (GenericPlanForced()) return false;
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
+  if (hidden <= 0 || hidden % 8 != 0) return false;
+  return DeviceIsSm90();
 }
 
 bool DeviceIsSm90() {

@@ -34,6 +34,10 @@ absl::Status EncodeMatrix(CUtensorMap* map, DType dtype, const void* base, int64
 int SmCount();
 // Compute capability 9.0 with cuTensorMapEncodeTiled available.
 bool DeviceIsSm90();
+// Whether the Hopper GEMMs can take a head: bf16/fp16, H a multiple of 8
+// (TMA's 16-byte strides), on a compute capability 9.0 device, unless
+// FLCE_CUDA_GENERIC=1 asks for the other GPUs' plans.
+bool HeadFitsHopperKernels(DType dtype, int64_t hidden);
 
 }  // namespace flce::cuda::sm90
 
