@@ -78,6 +78,9 @@ struct ServerConfig {
   int rpc_threads = 4;  // workers for unary RPCs, uploads and fetches
   // How often the sweeper looks for idle sessions and the engine's health.
   absl::Duration sweep_interval = absl::Seconds(1);
+  // How long a Compute call naming an output_token and its ComputeOutput call
+  // wait for each other.
+  absl::Duration output_attach_timeout = absl::Seconds(30);
 };
 
 }  // namespace flce::server

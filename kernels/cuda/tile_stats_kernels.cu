@@ -105,12 +105,16 @@ __global__ void __launch_bounds__(kFinishThreads) TileReduceKernel(TileRowArgs a
   }
 }
 
+// Grid-stride over every (row, tile) pair: the separate plan hands a split
+// head all of a call's tokens at once, more rows than a grid's y extent holds.
 __global__ void TileFactorsKernel(TileRowArgs a) {
-  const int64_t row = blockIdx.y;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= a.tiles) return;
-  float* m = &a.stats.max[row * a.tiles + t];
-  *m = expf(*m - a.grad[row].lse);
+  const int64_t total = a.rows * a.tiles;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    float* m = &a.stats.max[i];  // row-major: row * tiles + tile
+    *m = expf(*m - a.grad[i / a.tiles].lse);
+  }
 }
 
 __global__ void LocalTargetsKernel(const int32_t* target, int64_t n, int64_t first, int64_t count,
@@ -205,11 +209,11 @@ absl::Status LaunchTileReduce(const TileRowArgs& args, RowState* state, cudaStre
 
 absl::Status LaunchTileFactors(const TileRowArgs& args, cudaStream_t stream,
                                DeviceHealth* health) {
-  if (args.rows <= 0) return absl::OkStatus();
-  if (args.rows > 65535) return absl::InternalError("tile factor kernel: too many rows");
+  if (args.rows <= 0 || args.tiles <= 0) return absl::OkStatus();
   constexpr int kThreads = 128;
-  const dim3 grid(static_cast<unsigned>((args.tiles + kThreads - 1) / kThreads),
-                  static_cast<unsigned>(args.rows));
+  constexpr int64_t kMaxBlocks = 4096;
+  const int64_t blocks = (args.rows * args.tiles + kThreads - 1) / kThreads;
+  const dim3 grid(static_cast<unsigned>(std::min(blocks, kMaxBlocks)));
   TileFactorsKernel<<<grid, kThreads, 0, stream>>>(args);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();

@@ -107,6 +107,34 @@ TEST(ShardedEngineTest, ThreeShardsMatchOneGpuAndRepeatBitForBit) {
   }
 }
 
+// The separate plan gives a split head a call's tokens in one block: more
+// than a 2-D grid's 65535 rows must work (the row factors' kernel once
+// refused them), and agree with one GPU's chunked plan.
+TEST(ShardedEngineTest, SeparateTakesMoreThan65535TokensAtOnce) {
+  auto single = MakeEngine(2048);
+  SKIP_WITHOUT_GPU(single);
+  auto sharded = MakeSharded({0, 0}, 2048);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  ProblemSpec ps;
+  ps.vocab_size = 1003;
+  ps.hidden_size = 64;
+  ps.num_tokens = 65536 + 77;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  Problem problem = MakeProblem(ps);
+  absl::StatusOr<EngineRun> split =
+      RunProblem(**sharded, problem, AllOutputsSpec(Strategy::kSeparate), {});
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->result.strategy_used, "separate");
+  absl::StatusOr<EngineRun> one =
+      RunProblem(**single, problem, AllOutputsSpec(Strategy::kChunked), {});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_LE(RelativeError({split->result.loss}, {one->result.loss}), 1e-5);
+  EXPECT_LE(RelativeError(split->grad_input, one->grad_input), 1e-2);
+  EXPECT_LE(RelativeError(split->grad_weight, one->grad_weight), 1e-2);
+  EXPECT_EQ(split->result.correct, one->result.correct);
+}
+
 // A collective that fails (as NCCL does when a peer GPU fails) from its
 // `fail_from`-th use on.
 class FailingCollective : public cuda::ShardCollective {
