@@ -34,7 +34,6 @@ void ComputeJob::Abandon() {
   // and handing grad_input to the sender.
   call_.reset();
   grad_input_.reset();
-  if (output_ != nullptr) output_->Close(absl::AbortedError("the Compute call ended early"));
   head_use_.Release();
   if (slot_held_) {
     ctx_.sessions->AbortContribution(*session_, request_id_, deferred_);
@@ -97,10 +96,8 @@ absl::Status ComputeJob::Run() {
             absl::InvalidArgumentError("a request message holds none of header, hidden or end");
     }
   }
-  status = EngineStatus(*ctx_.engine, status);
-  if (output_ != nullptr) output_->Close(status);
   if (!status.ok()) Abandon();
-  return status;
+  return EngineStatus(*ctx_.engine, status);
 }
 
 absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
@@ -109,7 +106,6 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   scope_->set_head(header.head_id());
   scope_->set_session(SessionIdOrDefault(header.session_id()));
   scope_->set_tokens(header.num_tokens());
-  if (!header.output_token().empty()) FLCE_RETURN_IF_ERROR(ClaimOutput());
   FLCE_RETURN_IF_ERROR(ValidateId(header.head_id(), "head_id"));
   FLCE_RETURN_IF_ERROR(ValidateRequestId(header.request_id(), "request_id"));
   FLCE_ASSIGN_OR_RETURN(head_, ctx_.heads->Get(who_.tenant, header.head_id()));
@@ -135,7 +131,6 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   rows_.emplace(spec_.num_tokens);
   if (header.has_shared()) FLCE_RETURN_IF_ERROR(OpenSharedRegion(header.shared()));
   forward_only_ = header.outputs().forward_only();
-  FLCE_RETURN_IF_ERROR(CheckOutputUse());
   deferred_ = header.commit() == v1::COMMIT_DEFERRED;
   request_id_ = header.request_id();
   if (request_id_.empty()) {
@@ -177,39 +172,6 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
                                          }
                                        }));
   return absl::OkStatus();
-}
-
-absl::Status ComputeJob::ClaimOutput() {
-  FLCE_ASSIGN_OR_RETURN(output_, ctx_.outputs->Claim(who_.tenant, header_.output_token()));
-  return absl::OkStatus();
-}
-
-absl::Status ComputeJob::CheckOutputUse() const {
-  if (output_ == nullptr) return absl::OkStatus();
-  if (header_.has_shared()) {
-    return absl::InvalidArgumentError(
-        "ComputeHeader.output_token with ComputeHeader.shared: grad_input is written into the "
-        "region; leave output_token empty");
-  }
-  if (!spec_.outputs.grad_input) {
-    return absl::InvalidArgumentError(
-        "ComputeHeader.output_token names a ComputeOutput call for grad_input, but this call "
-        "returns none (outputs.grad_input is false or outputs.forward_only is set)");
-  }
-  return absl::OkStatus();
-}
-
-void ComputeJob::SendGradInputMessage(std::unique_ptr<v1::ComputeResponse> response) {
-  if (output_ != nullptr) {
-    output_->Send(std::move(response));
-  } else {
-    channel_->Send(std::move(response));
-  }
-}
-
-absl::Status ComputeJob::WaitForGradInputRoom() {
-  if (output_ == nullptr) return channel_->WaitForRoom();
-  return output_->WaitForRoom(channel_->Deadline(), [this] { return channel_->CheckAlive(); });
 }
 
 absl::Status ComputeJob::EnterHead(const std::string& head_id) {
@@ -258,7 +220,7 @@ absl::Status ComputeJob::AddRows(int64_t token_offset, absl::string_view data) {
     // Wrapping sums: the same rows give the same total in any order and chunking.
     hidden_fingerprint_ += HiddenFingerprint(data.data(), rows, row_bytes_, token_offset);
   }
-  FLCE_RETURN_IF_ERROR(WaitForGradInputRoom());
+  FLCE_RETURN_IF_ERROR(channel_->WaitForRoom());
   return call_->AddHidden(token_offset, rows, data.data());
 }
 
@@ -407,7 +369,7 @@ void ComputeJob::SendGradInput(int64_t token_offset, int64_t rows, std::string d
     } else {
       out->set_data(data.substr(done * row_bytes_, n * row_bytes_));
     }
-    SendGradInputMessage(std::move(response));
+    channel_->Send(std::move(response));
   }
 }
 
@@ -487,10 +449,6 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   // last step. A client that fails before the commit leaves nothing behind
   // (no staged contribution holding a --max-pending slot); one that loses
   // only the summary retries with the same request id (docs/API.md).
-  if (output_ != nullptr) {
-    FLCE_RETURN_IF_ERROR(
-        output_->WaitForSent(channel_->Deadline(), [this] { return channel_->CheckAlive(); }));
-  }
   SendTokenOutputs(result);
   FLCE_RETURN_IF_ERROR(channel_->WaitForSent());
   if (slot_held_) {

@@ -21,7 +21,6 @@
 #include "kernels/engine.h"
 #include "server/grad_input_sender.h"
 #include "server/head_registry.h"
-#include "server/output_streams.h"
 #include "server/service_context.h"
 #include "server/session_store.h"
 #include "server/shared_regions.h"
@@ -64,13 +63,6 @@ class ComputeJob {
   // Waits while an optimizer step rewrites the head, then holds head_use_.
   absl::Status EnterHead(const std::string& head_id);
   absl::Status TakeStaging(const HeadSpec& head_spec);
-  // ComputeHeader.output_token: grad_input goes out on the ComputeOutput call
-  // that names it. Claimed first, so that any failure ends that call too.
-  absl::Status ClaimOutput();
-  absl::Status CheckOutputUse() const;
-  // Where grad_input goes: the output stream, else this call's stream.
-  void SendGradInputMessage(std::unique_ptr<v1::ComputeResponse> response);
-  absl::Status WaitForGradInputRoom();
   absl::Status AddChunk(const v1::HiddenChunk& chunk);
   // Rows [token_offset, ...) of hidden, checked and handed to the engine.
   absl::Status AddRows(int64_t token_offset, absl::string_view data);
@@ -120,7 +112,6 @@ class ComputeJob {
   // ...or the engine's DeviceHiddenFingerprint, when they were read on the GPU.
   bool hidden_on_device_ = false;
   std::unique_ptr<GradInputSender> grad_input_;  // when grad_input is asked for
-  std::shared_ptr<OutputStream> output_;         // ComputeHeader.output_token
   // The shm and cuda_ipc transports: hidden read from, grad_input written
   // into, the region.
   std::shared_ptr<const MappedRegion> region_;

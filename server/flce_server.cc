@@ -203,11 +203,6 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
                              engine_->info().device_uuid.empty() ? nullptr : engine_.get()});
     ctx_.regions = regions_.get();
   }
-  // A Compute call's output stream queues as much as its own stream does.
-  outputs_ = std::make_unique<OutputStreams>(
-      config.output_attach_timeout, /*max_parked_per_tenant=*/64,
-      std::max<int64_t>(4 * config.max_message_bytes, int64_t{16} << 20));
-  ctx_.outputs = outputs_.get();
   ctx_.instance_id = RandomInstanceId();
   ctx_.version = FLCE_VERSION;
   FLCE_RETURN_IF_ERROR(PreloadHead());
@@ -281,7 +276,6 @@ absl::Status FlceServer::PreloadHead() {
 
 void FlceServer::Housekeeping() {
   while (true) {
-    outputs_->Sweep(absl::Now());
     int64_t expired = sessions_->Sweep(absl::Now());
     if (expired > 0) {
       LogInfo(absl::StrCat(expired, " session(s) idle longer than --session-ttl dropped"));

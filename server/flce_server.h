@@ -88,7 +88,6 @@ class FlceServer {
   UploadBudget uploads_;
   CheckpointLog checkpoints_;
   std::unique_ptr<SharedRegions> regions_;
-  std::unique_ptr<OutputStreams> outputs_;
   WorkTracker workers_;
   std::unique_ptr<ThreadPool> pool_;
   ServiceContext ctx_;

@@ -13,7 +13,6 @@
 #include "server/compute_reactor.h"
 #include "server/download_head_reactor.h"
 #include "server/embed_grad_reactor.h"
-#include "server/compute_output_reactor.h"
 #include "server/regions_reactor.h"
 #include "server/embed_reactor.h"
 #include "server/fetch_grad_reactor.h"
@@ -201,17 +200,6 @@ grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse>* FlceService::C
   return new ComputeReactor(ctx_, call, *who, std::move(scope));
 }
 
-grpc::ServerWriteReactor<v1::ComputeResponse>* FlceService::ComputeOutput(
-    grpc::CallbackServerContext* call, const v1::ComputeOutputRequest* request) {
-  auto scope = std::make_unique<RpcScope>(ctx_, "ComputeOutput");
-  absl::StatusOr<Principal> who = Admit(ctx_, *call, *scope);
-  if (!who.ok()) {
-    return new RefusedReactor<grpc::ServerWriteReactor<v1::ComputeResponse>>(
-        std::move(scope), ToGrpcStatus(who.status()));
-  }
-  return new ComputeOutputReactor(ctx_, *request, *who, std::move(scope));
-}
-
 grpc::ServerUnaryReactor* FlceService::Commit(grpc::CallbackServerContext* call,
                                               const v1::CommitRequest* request,
                                               v1::CommitResponse* response) {
@@ -320,7 +308,6 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                     response->add_capabilities("optimizer");
                     response->add_capabilities("embed");
                     response->add_capabilities("targets_in_region");
-                    response->add_capabilities("output_stream");
                     if (!ctx_.config.checkpoint_dir.empty()) {
                       response->add_capabilities("checkpoint");
                     }

@@ -32,8 +32,6 @@ class FlceService final : public v1::Flce::CallbackService {
                                        v1::UnloadHeadResponse* response) override;
   grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse>* Compute(
       grpc::CallbackServerContext* call) override;
-  grpc::ServerWriteReactor<v1::ComputeResponse>* ComputeOutput(
-      grpc::CallbackServerContext* call, const v1::ComputeOutputRequest* request) override;
   grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* call,
                                    const v1::CommitRequest* request,
                                    v1::CommitResponse* response) override;

@@ -52,7 +52,6 @@ uint64_t ComputeFingerprint(const v1::ComputeHeader &header) {
   // Where hidden is, not what it is: a retry may come through another region
   // (a new Regions stream) or in messages.
   defining.clear_shared();
-  defining.clear_output_token();  // how grad_input comes back, new for every attempt
   return DeterministicFingerprint(defining);
 }
 

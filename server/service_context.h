@@ -22,7 +22,6 @@
 #include "server/auth.h"
 #include "server/head_registry.h"
 #include "server/metrics.h"
-#include "server/output_streams.h"
 #include "server/server_config.h"
 #include "server/session_store.h"
 #include "server/shared_regions.h"
@@ -47,7 +46,6 @@ struct ServiceContext {
   UploadBudget* uploads = nullptr;       // --max-upload-bytes, held by head builds in progress
   CheckpointLog* checkpoints = nullptr;  // SaveCheckpoint outcomes by request id
   SharedRegions* regions = nullptr;      // --local-transports=shm; null = not allowed
-  OutputStreams* outputs = nullptr;      // ComputeOutput calls meeting their Compute calls
   std::string instance_id;
   std::string version;
   // flce.v1 calls in progress, for --max-concurrent-streams.

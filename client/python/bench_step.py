@@ -37,16 +37,12 @@ def main() -> int:
                         "server names a Unix socket")
     p.add_argument("--no-malloc-tuning", action="store_true",
                    help="flce.Client(malloc_tuning=False): glibc's malloc left as it is")
-    p.add_argument("--no-output-stream", action="store_true",
-                   help="flce.Client(output_stream=False): grad_input comes back on the "
-                        "Compute call's own connection")
     p.add_argument("--json", help="append the medians as one JSON line to this file")
     args = p.parse_args()
     n, h, v = args.tokens, args.hidden, args.vocab
     client = flce.Client(args.target, timeout=600, transport=args.transport,
                          unix_socket=not args.tcp_only,
-                         malloc_tuning=not args.no_malloc_tuning,
-                         output_stream=not args.no_output_stream).wait_ready(60)
+                         malloc_tuning=not args.no_malloc_tuning).wait_ready(60)
     head = flce.RemoteLMHead(client, "bench-step")
     hidden, y = upload_problem(client, "bench-step", args, args.device)
     rows = []
@@ -77,8 +73,7 @@ def main() -> int:
           f"({med[1] / med[0]:.0%}), client process CPU {med[2] * 1e3:.0f} ms; "
           f"{moved / 2**20:.0f} MiB moved, {moved / med[0] / 1e9:.2f} GB/s end to end; "
           f"engine {head.last_summary.engine}; transport {client.last_transport} "
-          f"(messages via {client.messages_target}"
-          f"{', grad_input on its own connection' if client.last_output_stream else ''})")
+          f"(messages via {client.messages_target})")
     if args.json:
         import json
         with open(args.json, "a") as out:
@@ -86,7 +81,6 @@ def main() -> int:
                 "tokens": n, "hidden": h, "vocab": v, "device": args.device,
                 "transport": client.last_transport, "messages_target": client.messages_target,
                 "malloc_tuning": not args.no_malloc_tuning,
-                "output_stream": client.last_output_stream,
                 "steps": len(rows), "wall_ms": med[0] * 1e3, "engine_ms": med[3] * 1e3,
                 "server_total_ms": med[4] * 1e3, "main_thread_cpu_ms": med[1] * 1e3,
                 "process_cpu_ms": med[2] * 1e3, "forward_ms": med[5] * 1e3,

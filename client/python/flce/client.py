@@ -36,8 +36,6 @@ STRATEGIES = {"auto": pb.STRATEGY_AUTO, "chunked": pb.STRATEGY_CHUNKED,
 OPTIMIZERS = {"sgd": OptimizerKind.SGD, "adamw": OptimizerKind.ADAMW}
 _TOKEN_FIELDS = (("loss", torch.float32), ("logprob", torch.float32),
                  ("entropy", torch.float32), ("correct", torch.uint8))
-# Below this much grad_input a second connection's set-up costs more than it saves.
-_OUTPUT_STREAM_MIN_BYTES = 8 << 20
 
 
 def new_request_id() -> str:
@@ -106,63 +104,6 @@ def _put(method: str, asm: tensors.RowAssembler, first_row: int, data) -> None:
         asm.put(first_row, data)
     except ValueError as err:
         raise FlceError(method, grpc.StatusCode.INTERNAL, str(err)) from None
-
-
-class _OutputDrain:
-    """A Compute call's ComputeOutput half (ComputeHeader.output_token): started before the
-    Compute call, read on a thread of its own into the grad_input tensor while the
-    training thread sends hidden on the other connection."""
-
-    def __init__(self, rpc, token: bytes, instance_id: str, grad: tensors.RowAssembler,
-                 timeout: Optional[float]):
-        self._call = rpc(pb.ComputeOutputRequest(output_token=token,
-                                                 server_instance_id=instance_id),
-                         timeout=timeout)
-        self._error: Optional[BaseException] = None
-        self._compute_call = None  # cancelled when this call fails first
-        self._cancelling = False
-        self.failed_first = False
-        self._thread = threading.Thread(target=self._read, args=(grad,), daemon=True,
-                                        name="flce-compute-output")
-        self._thread.start()
-
-    def _read(self, grad: tensors.RowAssembler) -> None:
-        try:
-            for msg in self._call:
-                if not isinstance(msg, wire.GradInputView):
-                    raise FlceError("Compute", grpc.StatusCode.INTERNAL,
-                                    "ComputeOutput sent something other than grad_input")
-                _put("Compute", grad, msg.token_offset, msg.data)
-        except BaseException as err:  # re-raised on the caller's thread by join()
-            self._error = err
-            # ABORTED: the server ended it because the Compute call failed, whose own
-            # error says why
-            aborted = (isinstance(err, grpc.RpcError)
-                       and err.code() == grpc.StatusCode.ABORTED)
-            if not self._cancelling and not aborted:
-                # the Compute call would wait for this one until its own timeout
-                self.failed_first = True
-                if self._compute_call is not None:
-                    self._compute_call.cancel()
-
-    def watch(self, compute_call) -> None:
-        self._compute_call = compute_call
-        if self.failed_first:
-            compute_call.cancel()
-
-    def cancel(self) -> None:
-        self._cancelling = True
-        self._call.cancel()
-        self._thread.join()
-
-    @property
-    def error(self) -> Optional[BaseException]:
-        return self._error
-
-    def join(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
 def optimizer_kind(kind: Union[str, int]) -> OptimizerKind:
@@ -240,8 +181,7 @@ class Client:
                  tls_key: Optional[str] = None, tls_server_name: Optional[str] = None,
                  auth_token: Optional[str] = None, auth_token_file: Optional[str] = None,
                  max_in_flight: int = 1, transport: str = "auto", unix_socket: bool = True,
-                 malloc_tuning: bool = True, async_commit: bool = True,
-                 output_stream: bool = True):
+                 malloc_tuning: bool = True, async_commit: bool = True):
         """max_in_flight: how many submitted calls (RemoteLMHead.submit) run at once; 1 lands
         their contributions in submission order. transport: how Compute sends hidden and
         gets grad_input: "auto" (where the server offers it to this client: GPU memory for
@@ -261,10 +201,7 @@ class Client:
         async_commit: loss.backward() (flce.autograd) starts its Commit as a gRPC future
         and returns; this client's calls that read or change a session's gradient
         wait for it first and raise its failure (flce.commit_queue). False: backward
-        waits for the Commit. output_stream: where the server offers it (capability
-        "output_stream") and a call returns at least 8 MiB of grad_input in messages,
-        grad_input comes back on a second connection (ComputeOutput) while hidden goes up
-        on the first; only for a channel this client made."""
+        waits for the Commit."""
         self.target = target
         self.session_id = session_id or f"py-{uuid.uuid4().hex[:12]}"
         self.chunk_bytes = chunk_bytes
@@ -283,8 +220,6 @@ class Client:
         self._local_why = ""  # why local transports are out of reach, when they are
         # how the last Compute moved hidden: "cuda_ipc", "shm" or "grpc"
         self.last_transport = ""
-        # whether the last Compute's grad_input came back on its own connection
-        self.last_output_stream = False
         self._executor: Optional[ThreadPoolExecutor] = None  # made by the first submit
         self.async_commit = async_commit
         self._commits = CommitQueue()  # backward's Commits, when async_commit
@@ -312,12 +247,6 @@ class Client:
         self._malloc_tuning = malloc_tuning
         self._unix_options = opts
         self._unix_channel: Optional[grpc.Channel] = None
-        self._tls_creds = creds if tls_used and channel is not made_channel else None
-        self._output_wanted = output_stream and made_channel is None
-        self._output_target = ""  # where the ComputeOutput connection goes, once made
-        self._output_channel: Optional[grpc.Channel] = None
-        self._output_rpc = None
-        self._output_instance = ""  # the server instance both connections must reach
         self._unix_settled = not unix_socket or made_channel is not None or tls_used \
             or target.startswith("unix:")
         self._bind_bulk(self._channel)
@@ -383,8 +312,6 @@ class Client:
                 regions.close()
         if self._unix_channel is not None:
             self._unix_channel.close()
-        if self._output_channel is not None:
-            self._output_channel.close()
         self._raw_channel.close()
 
     def _probe_local(self) -> Optional[ServerInfo]:
@@ -442,50 +369,6 @@ class Client:
             self._unix_channel = channel
             self._bind_bulk(self._with_token(channel))
             self.messages_target = "unix:" + path
-
-    def _output_stream(self):
-        """ComputeOutput on a connection of its own to where the bulk calls go, or None
-        when this client should not or the server cannot (asked once)."""
-        if not self._output_wanted:
-            return None
-        info = self._probe_local()
-        if info is None or "output_stream" not in info.capabilities:
-            return None
-        with self._executor_lock:
-            if self._output_target != self.messages_target:
-                if self._output_channel is not None:
-                    self._output_channel.close()
-                # a channel of the same target and options would share the first one's
-                # connection: the local subchannel pool gives it its own
-                opts = self._unix_options + [("grpc.use_local_subchannel_pool", 1)]
-                target = self.messages_target
-                if self._tls_creds is not None and not target.startswith("unix:"):
-                    channel = grpc.secure_channel(target, self._tls_creds, options=opts)
-                else:
-                    channel = grpc.insecure_channel(target, options=opts)
-                # two connections to one address may reach two servers (a load
-                # balancer): the second must answer as the same instance
-                try:
-                    answer = pb_grpc.FlceStub(self._with_token(channel)).GetServerInfo(
-                        pb.ServerInfoRequest(), timeout=5)
-                    why = ("" if answer.instance_id == info.instance_id else
-                           f"another server (instance {answer.instance_id}) answers there")
-                except grpc.RpcError as err:
-                    why = f"{err.code().name}: {err.details()}"
-                if why:
-                    channel.close()
-                    self._output_wanted = False
-                    warnings.warn(f"flce: grad_input stays on the Compute call's connection: a "
-                                  f"second connection to {target} failed ({why})",
-                                  RuntimeWarning, stacklevel=4)
-                    return None
-                self._output_channel = channel
-                self._output_rpc = self._with_token(channel).unary_stream(
-                    "/flce.v1.Flce/ComputeOutput", request_serializer=_serialize,
-                    response_deserializer=_decode_compute_response)
-                self._output_target = target
-                self._output_instance = info.instance_id
-            return self._output_rpc
 
     def _refuse_transport(self, why: str) -> None:
         raise FlceError("Compute", grpc.StatusCode.FAILED_PRECONDITION,
@@ -677,7 +560,6 @@ class Client:
         wanted = [(k, dt) for k, dt in _TOKEN_FIELDS
                   if {"loss": per_token_loss, "logprob": logprob, "entropy": entropy,
                       "correct": accuracy}[k]]
-        self.last_output_stream = False
         local = (("cuda_ipc", self.device_transport(hidden)),
                  ("shm", self.shared_transport())) if n > 0 else ()
         for name, pool in local:
@@ -689,12 +571,6 @@ class Client:
                     return result
         self.last_transport = "grpc"
         self._prepare_bulk_call()
-        output = (self._output_stream() if want_grad_input
-                  and n * h * hidden.element_size() >= _OUTPUT_STREAM_MIN_BYTES else None)
-        token = os.urandom(16) if output is not None else b""
-        self.last_output_stream = output is not None
-        if token:
-            header.output_token = token
 
         # hidden_size (field 18) is appended by hand: always sent, so that the server
         # checks it against the head's H whatever protobuf classes this install has
@@ -711,7 +587,7 @@ class Client:
 
         try:
             return self._run_compute(requests(), n, h, hidden.dtype, want_grad_input, wanted,
-                                     pinned, output, token)
+                                     pinned)
         except FlceError as err:
             err.request_id = header.request_id  # a retry with it is never applied twice
             raise
@@ -787,41 +663,25 @@ class Client:
     @translate("Compute")
     def _run_compute(self, requests: Iterable, n: int, h: int, dtype: torch.dtype,
                      want_grad_input: bool, wanted: Sequence[Tuple[str, torch.dtype]],
-                     on_gpu: bool, output=None, output_token: bytes = b"") -> ComputeResult:
+                     on_gpu: bool) -> ComputeResult:
         pool = tensors.PinnedPool if on_gpu else self.pool
         grad = tensors.RowAssembler(n, h, dtype, pool) if want_grad_input else None
         per_token = {k: tensors.RowAssembler(n, 1, dt) for k, dt in wanted}
         summary = None
-        # grad_input on the second connection: ComputeOutput starts first, so that the
-        # server can write the first rows as soon as they are computed
-        drain = (_OutputDrain(output, output_token, self._output_instance, grad, self.timeout)
-                 if output else None)
-        try:
-            call = self._compute(requests, timeout=self.timeout)
-            if drain is not None:
-                drain.watch(call)
-            for msg in call:
-                if isinstance(msg, wire.GradInputView):
-                    if grad is None or drain is not None:
-                        raise FlceError("Compute", grpc.StatusCode.INTERNAL,
-                                        "server sent grad_input that was not asked for here")
-                    _put("Compute", grad, msg.token_offset, msg.data)
-                    continue
-                kind = msg.WhichOneof("msg")
-                if kind == "token_outputs":
-                    chunk = msg.token_outputs
-                    for k, asm in per_token.items():
-                        _put("Compute", asm, chunk.token_offset, getattr(chunk, k))
-                elif kind == "summary":
-                    summary = msg.summary
-        except BaseException:
-            if drain is not None:
-                drain.cancel()
-                if drain.failed_first:  # its error says why; the Compute call was cancelled
-                    raise drain.error from None
-            raise
-        if drain is not None:
-            drain.join()
+        for msg in self._compute(requests, timeout=self.timeout):
+            if isinstance(msg, wire.GradInputView):
+                if grad is None:
+                    raise FlceError("Compute", grpc.StatusCode.INTERNAL,
+                                    "server sent grad_input that was not asked for")
+                _put("Compute", grad, msg.token_offset, msg.data)
+                continue
+            kind = msg.WhichOneof("msg")
+            if kind == "token_outputs":
+                chunk = msg.token_outputs
+                for k, asm in per_token.items():
+                    _put("Compute", asm, chunk.token_offset, getattr(chunk, k))
+            elif kind == "summary":
+                summary = msg.summary
         if summary is None:
             raise FlceError("Compute", grpc.StatusCode.INTERNAL, "stream ended without summary")
         for name, asm in ([("grad_input", grad)] if grad else []) + list(per_token.items()):

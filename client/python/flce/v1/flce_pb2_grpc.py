@@ -44,11 +44,6 @@ class FlceStub(object):
                 request_serializer=flce_dot_v1_dot_flce__pb2.ComputeRequest.SerializeToString,
                 response_deserializer=flce_dot_v1_dot_flce__pb2.ComputeResponse.FromString,
                 )
-        self.ComputeOutput = channel.unary_stream(
-                '/flce.v1.Flce/ComputeOutput',
-                request_serializer=flce_dot_v1_dot_flce__pb2.ComputeOutputRequest.SerializeToString,
-                response_deserializer=flce_dot_v1_dot_flce__pb2.ComputeResponse.FromString,
-                )
         self.Commit = channel.unary_unary(
                 '/flce.v1.Flce/Commit',
                 request_serializer=flce_dot_v1_dot_flce__pb2.CommitRequest.SerializeToString,
@@ -160,12 +155,6 @@ class FlceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Compute(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ComputeOutput(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -292,11 +281,6 @@ def add_FlceServicer_to_server(servicer, server):
             'Compute': grpc.stream_stream_rpc_method_handler(
                     servicer.Compute,
                     request_deserializer=flce_dot_v1_dot_flce__pb2.ComputeRequest.FromString,
-                    response_serializer=flce_dot_v1_dot_flce__pb2.ComputeResponse.SerializeToString,
-            ),
-            'ComputeOutput': grpc.unary_stream_rpc_method_handler(
-                    servicer.ComputeOutput,
-                    request_deserializer=flce_dot_v1_dot_flce__pb2.ComputeOutputRequest.FromString,
                     response_serializer=flce_dot_v1_dot_flce__pb2.ComputeResponse.SerializeToString,
             ),
             'Commit': grpc.unary_unary_rpc_method_handler(
@@ -482,23 +466,6 @@ class Flce(object):
             metadata=None):
         return grpc.experimental.stream_stream(request_iterator, target, '/flce.v1.Flce/Compute',
             flce_dot_v1_dot_flce__pb2.ComputeRequest.SerializeToString,
-            flce_dot_v1_dot_flce__pb2.ComputeResponse.FromString,
-            options, channel_credentials,
-            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
-
-    @staticmethod
-    def ComputeOutput(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(request, target, '/flce.v1.Flce/ComputeOutput',
-            flce_dot_v1_dot_flce__pb2.ComputeOutputRequest.SerializeToString,
             flce_dot_v1_dot_flce__pb2.ComputeResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
