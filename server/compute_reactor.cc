@@ -15,12 +15,9 @@
 namespace flce::server {
 
 namespace {
-// Request messages read ahead of the worker whatever their size: the next one
-// is on its way while the worker feeds the engine. Beyond these, reading
-// ahead stops at --compute-read-ahead-mb: when the engine frees an input slot,
-// the rows of its next token chunk are then on hand instead of still on the
-// wire (each wait for them stalls the GPU).
-constexpr size_t kMinQueuedRequests = 2;
+// Request messages read ahead of the worker. With 2, the next chunk is on
+// its way while the worker feeds the engine, and memory stays bounded.
+constexpr size_t kMaxQueuedRequests = 2;
 }  // namespace
 
 // Shared by the reactor (gRPC's threads), the worker thread and the engine's
@@ -58,7 +55,6 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
         input_closed_ = true;
         return;
       }
-      input_bytes_ += static_cast<int64_t>(request_.ByteSizeLong());
       input_.push_back(std::move(request_));
       request_.Clear();
       read_more = ReserveReadLocked();
@@ -114,7 +110,6 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
       if (input_.empty()) return std::optional<v1::ComputeRequest>();  // client closed
       item.emplace(std::move(input_.front()));
       input_.pop_front();
-      input_bytes_ -= static_cast<int64_t>(item->ByteSizeLong());
       read_more = ReserveReadLocked();
     }
     if (read_more) IssueRead();
@@ -185,8 +180,8 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
   // A read may start when none is outstanding, the queue has room and the
   // call is still going. Marks it as starting, so Finish waits for it.
   bool ReserveReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (read_in_flight_ || input_closed_ || cancelled_ || finish_wanted_) return false;
-    if (input_.size() >= kMinQueuedRequests && input_bytes_ >= ctx_.config.compute_read_ahead_bytes) {
+    if (read_in_flight_ || input_closed_ || cancelled_ || finish_wanted_ ||
+        input_.size() >= kMaxQueuedRequests) {
       return false;
     }
     read_in_flight_ = true;
@@ -243,7 +238,6 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
 
   absl::Mutex mu_;
   std::deque<v1::ComputeRequest> input_ ABSL_GUARDED_BY(mu_);
-  int64_t input_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of the messages in input_
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool read_starting_ ABSL_GUARDED_BY(mu_) = false;
   bool input_closed_ ABSL_GUARDED_BY(mu_) = false;

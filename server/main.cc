@@ -44,9 +44,6 @@ ABSL_FLAG(std::string, gpus, "1",
           "ordinals such as 0,1 (NCCL between them; an ordinal listed twice runs two shards "
           "on one GPU)");
 ABSL_FLAG(int64_t, max_message_mb, 64, "largest gRPC message the server accepts, in MiB");
-ABSL_FLAG(int64_t, compute_read_ahead_mb, 32,
-          "hidden bytes a Compute call reads ahead of its engine, in MiB (at least two "
-          "messages are read ahead whatever this says)");
 ABSL_FLAG(int64_t, max_response_mb, 4,
           "largest message the server sends, in MiB (4 = what a stock gRPC client accepts)");
 ABSL_FLAG(int64_t, max_request_tokens, 1048576, "most tokens in one Compute call");
@@ -168,7 +165,6 @@ int main(int argc, char** argv) {
   config.gpus = absl::GetFlag(FLAGS_gpus);
   config.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
   config.max_response_bytes = absl::GetFlag(FLAGS_max_response_mb) << 20;
-  config.compute_read_ahead_bytes = absl::GetFlag(FLAGS_compute_read_ahead_mb) << 20;
   config.max_request_tokens = absl::GetFlag(FLAGS_max_request_tokens);
   config.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   config.max_pending = absl::GetFlag(FLAGS_max_pending);
@@ -192,10 +188,6 @@ int main(int argc, char** argv) {
                    std::string(transport).c_str());
       return 2;
     }
-  }
-  if (absl::GetFlag(FLAGS_compute_read_ahead_mb) < 0) {
-    std::fprintf(stderr, "flce-server: --compute-read-ahead-mb must be at least 0\n");
-    return 2;
   }
   if (absl::GetFlag(FLAGS_region_lease_s) < 1) {
     std::fprintf(stderr, "flce-server: --region-lease-s must be at least 1\n");

@@ -27,9 +27,6 @@ struct ServerConfig {
   int64_t max_message_bytes = int64_t{64} << 20;  // largest message received
   // Largest message sent: 4 MiB is what a stock gRPC client accepts by default.
   int64_t max_response_bytes = int64_t{4} << 20;
-  // Hidden a Compute call reads ahead of its engine (at least two messages):
-  // enough for the next token chunk to be on hand when the engine frees a slot.
-  int64_t compute_read_ahead_bytes = int64_t{32} << 20;
   int64_t max_request_tokens = 1048576;
   int64_t max_sessions = 1024;
   // Staged (COMMIT_DEFERRED, not yet committed) contributions per session.
