@@ -47,6 +47,17 @@ Errors Compare(const EngineRun& run, const ReferenceOutput& ref) {
   return e;
 }
 
+// The chunked plan's spec for a whole problem, chunks of `chunk_tokens` rows,
+// for tests that drive StartCompute themselves.
+ComputeSpec ChunkedSpecFor(const Problem& problem, int64_t chunk_tokens) {
+  ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
+  spec.num_tokens = problem.spec.num_tokens;
+  spec.hidden_dtype = problem.spec.hidden_dtype;
+  spec.targets = problem.targets;
+  spec.chunk_tokens = chunk_tokens;
+  return spec;
+}
+
 constexpr Strategy kAllStrategies[] = {Strategy::kChunked, Strategy::kVocabSplit,
                                        Strategy::kFuseMN,  Strategy::kSeparate,
                                        Strategy::kNaive,   Strategy::kAuto};
@@ -510,11 +521,7 @@ TEST(CudaEngineTest, ChunkedStreamsGradInputBeforeFinish) {
   Problem problem = MakeProblem(ps);
   auto head = BuildHead(**engine, problem, 2);
   ASSERT_TRUE(head.ok()) << head.status();
-  ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
-  spec.num_tokens = ps.num_tokens;
-  spec.hidden_dtype = ps.hidden_dtype;
-  spec.targets = problem.targets;
-  spec.chunk_tokens = 256;
+  ComputeSpec spec = ChunkedSpecFor(problem, 256);
   std::atomic<int64_t> delivered{0};
   auto call = (*engine)->StartCompute(*head, spec, [&](int64_t, int64_t rows, std::string data) {
     EXPECT_EQ(static_cast<int64_t>(data.size()), rows * ps.hidden_size * 2);
@@ -554,11 +561,7 @@ TEST(CudaEngineTest, StreamedCallsTakeSmallFirstAndLastChunks) {
   Problem problem = MakeProblem(ps);
   auto head = BuildHead(**engine, problem, 2);
   ASSERT_TRUE(head.ok()) << head.status();
-  ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
-  spec.num_tokens = ps.num_tokens;
-  spec.hidden_dtype = ps.hidden_dtype;
-  spec.targets = problem.targets;
-  spec.chunk_tokens = 512;
+  ComputeSpec spec = ChunkedSpecFor(problem, 512);
   spec.streamed_edge_tokens = 128;
   std::mutex mu;
   std::vector<std::pair<int64_t, int64_t>> chunks;  // the sink's (offset, rows)
@@ -630,11 +633,7 @@ TEST(CudaEngineTest, DestroyingACallMidStreamCancelsIt) {
   Problem problem = MakeProblem(ps);
   auto head = BuildHead(**engine, problem, 2);
   ASSERT_TRUE(head.ok()) << head.status();
-  ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
-  spec.num_tokens = ps.num_tokens;
-  spec.hidden_dtype = ps.hidden_dtype;
-  spec.targets = problem.targets;
-  spec.chunk_tokens = 128;
+  ComputeSpec spec = ChunkedSpecFor(problem, 128);
   std::atomic<bool> destroyed{false};
   std::atomic<int> late_calls{0};
   {
