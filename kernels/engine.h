@@ -183,13 +183,6 @@ struct ComputeSpec {
   Strategy strategy = Strategy::kAuto;
   bool deterministic = false;
   int64_t chunk_tokens = 0;  // 0 = engine's choice
-  // For a caller whose hidden rows arrive over time (messages off a network):
-  // the first and the last token chunk hold this many rows (0 = every chunk as
-  // large as the plan's). The engine then starts once a few rows are in
-  // instead of a whole chunk, and the last grad_input rows leave sooner.
-  // Engines may ignore it; ignored with `deterministic`, whose chunk
-  // boundaries (hence bits) depend on nothing but the plan.
-  int64_t streamed_edge_tokens = 0;
   // Where this call's grad_W (and grad_b) is ADDED, already multiplied by
   // grad_scale. nullptr = forward only (no gradient work at all).
   GradBuffer* grad_out = nullptr;

@@ -16,16 +16,6 @@
 namespace flce::server {
 namespace {
 
-// The first and last token chunks of a call whose hidden comes in messages:
-// about 2 MiB of rows (1024 at H = 1024 in bf16), in whole 128-row tiles. The
-// engine starts once these are in rather than a whole chunk (11.5 MB at the
-// seed shape: ~5 ms on the wire), and the last grad_input leaves as soon.
-int64_t StreamedEdgeTokens(int64_t row_bytes) {
-  constexpr int64_t kEdgeBytes = int64_t{2} << 20;
-  constexpr int64_t kTile = 128;
-  return std::max(kTile, kEdgeBytes / row_bytes / kTile * kTile);
-}
-
 std::string AnonymousRequestId(const std::string& instance_id) {
   static std::atomic<uint64_t> counter{0};
   return absl::StrCat("anonymous-", instance_id, "-", counter.fetch_add(1));
@@ -133,8 +123,6 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
       spec_,
       ComputeSpecFromHeader(header_, head_spec, ComputeLimits{ctx_.config.max_request_tokens}));
   row_bytes_ = head_spec.hidden_size * DTypeSize(spec_.hidden_dtype);
-  // Rows in a region are all there at once; messages bring them over time.
-  if (!header_.has_shared()) spec_.streamed_edge_tokens = StreamedEdgeTokens(row_bytes_);
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddReceivedBytes(
         "Compute", static_cast<int64_t>(header.targets().size() + header.token_weights().size() +

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -49,12 +48,6 @@ absl::Status CudaComputeCall::Init() {
 
 absl::Status CudaComputeCall::InitStreaming() {
   const int64_t c = plan_.chunk_tokens;
-  // Only where there are full chunks between the two edges to pay for them.
-  // FLCE_CUDA_STREAMED_EDGES=0 turns them off (for comparisons).
-  const char* edges_env = std::getenv("FLCE_CUDA_STREAMED_EDGES");
-  const bool edges_off = edges_env != nullptr && std::string(edges_env) == "0";
-  const int64_t edge = spec_.deterministic || edges_off ? 0 : spec_.streamed_edge_tokens;
-  edge_tokens_ = edge > 0 && edge < c && spec_.num_tokens >= 2 * c ? edge : 0;
   DeviceHealth* health = engine_->context()->health();
   const int64_t pinned_slot = Carver::Round(c * hidden_row_bytes_) * 2 + Carver::Round(3 * c * 4) +
                               Carver::Round(kRowOutputs * c * 4);
@@ -314,16 +307,8 @@ absl::Status CudaComputeCall::WaitForFreeSlot() {
   return status_;
 }
 
-int64_t CudaComputeCall::ChunkEnd(int64_t begin) const {
-  const int64_t c = plan_.chunk_tokens;
-  const int64_t n = spec_.num_tokens;
-  if (edge_tokens_ == 0) return begin + c;
-  if (begin < edge_tokens_) return edge_tokens_;  // the first chunk
-  const int64_t last = n - edge_tokens_;          // where the last chunk starts
-  return begin < last ? std::min(begin + c, last) : std::min(begin + c, n);
-}
-
 absl::Status CudaComputeCall::AddStreaming(int64_t offset, int64_t rows, const FillSlot& fill) {
+  const int64_t c = plan_.chunk_tokens;
   int64_t first = 0;
   while (rows > 0) {
     if (pending_rows_ > 0 && offset != pending_begin_ + pending_rows_)
@@ -331,16 +316,15 @@ absl::Status CudaComputeCall::AddStreaming(int64_t offset, int64_t rows, const F
     if (pending_rows_ == 0) {
       FLCE_RETURN_IF_ERROR(WaitForFreeSlot());
       pending_begin_ = offset;
-      pending_end_ = ChunkEnd(offset);  // at most one chunk's rows: the slot's size
     }
     Slot& s = slots_[current_];
-    const int64_t n = std::min(rows, pending_end_ - offset);
+    const int64_t n = std::min(rows, c - pending_rows_);
     FLCE_RETURN_IF_ERROR(fill(s, pending_rows_ * hidden_row_bytes_, first, n));
     pending_rows_ += n;
     offset += n;
     first += n;
     rows -= n;
-    if (pending_begin_ + pending_rows_ == pending_end_) FLCE_RETURN_IF_ERROR(Flush());
+    if (pending_rows_ == c) FLCE_RETURN_IF_ERROR(Flush());
   }
   return absl::OkStatus();
 }

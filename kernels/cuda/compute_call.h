@@ -93,8 +93,6 @@ class CudaComputeCall : public ComputeCall {
                                     cudaStream_t stream);
   absl::StatusOr<int64_t> GradInputFirstNonFinite();
   absl::Status WaitForFreeSlot();
-  // Where the token chunk that starts at `begin` ends (ComputeSpec::streamed_edge_tokens).
-  int64_t ChunkEnd(int64_t begin) const;
   absl::Status Flush();
   absl::Status WaitIdle();
   absl::Status FinishBuffered();
@@ -122,8 +120,6 @@ class CudaComputeCall : public ComputeCall {
   int current_ = 0;
   int64_t pending_begin_ = 0;
   int64_t pending_rows_ = 0;
-  int64_t pending_end_ = 0;  // ChunkEnd(pending_begin_)
-  int64_t edge_tokens_ = 0;  // the first and last chunks' rows; 0 = all full
   std::mutex mu_;  // guards slots' busy flags, jobs_, status_, stop_
   std::condition_variable cv_;
   std::deque<int> jobs_;

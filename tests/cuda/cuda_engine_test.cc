@@ -15,9 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <mutex>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -542,80 +540,6 @@ TEST(CudaEngineTest, ChunkedStreamsGradInputBeforeFinish) {
   auto result = (*call)->Finish();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(delivered.load(), ps.num_tokens);
-}
-
-// A call whose rows stream in (ComputeSpec::streamed_edge_tokens): its first
-// and last token chunks are small, the rest full, and the results are those of
-// the float64 reference; with `deterministic` the edges are ignored, so its
-// bits are those of a call without them.
-TEST(CudaEngineTest, StreamedCallsTakeSmallFirstAndLastChunks) {
-  auto engine = MakeEngine();
-  SKIP_WITHOUT_GPU(engine);
-  ProblemSpec ps;
-  ps.vocab_size = 4099;
-  ps.hidden_size = 72;
-  ps.num_tokens = 2048 + 77;
-  ps.head_dtype = DType::kBF16;
-  ps.hidden_dtype = DType::kBF16;
-  ps.has_bias = false;  // the default (Hopper) plan
-  Problem problem = MakeProblem(ps);
-  auto head = BuildHead(**engine, problem, 2);
-  ASSERT_TRUE(head.ok()) << head.status();
-  ComputeSpec spec = ChunkedSpecFor(problem, 512);
-  spec.streamed_edge_tokens = 128;
-  std::mutex mu;
-  std::vector<std::pair<int64_t, int64_t>> chunks;  // the sink's (offset, rows)
-  auto call = (*engine)->StartCompute(*head, spec, [&](int64_t offset, int64_t rows, std::string) {
-    std::lock_guard<std::mutex> lock(mu);
-    chunks.emplace_back(offset, rows);
-  });
-  ASSERT_TRUE(call.ok()) << call.status();
-  const int64_t row_bytes = ps.hidden_size * 2;
-  for (int64_t t = 0; t < ps.num_tokens; t += 300) {  // pieces across chunk boundaries
-    const int64_t rows = std::min<int64_t>(300, ps.num_tokens - t);
-    ASSERT_TRUE((*call)->AddHidden(t, rows, problem.hidden_bytes.data() + t * row_bytes).ok());
-  }
-  ASSERT_TRUE((*call)->Finish().ok());
-  std::sort(chunks.begin(), chunks.end());
-  const int64_t n = ps.num_tokens;
-  EXPECT_EQ(chunks, (std::vector<std::pair<int64_t, int64_t>>{
-                        {0, 128}, {128, 512}, {640, 512}, {1152, 512}, {1664, n - 128 - 1664},
-                        {n - 128, 128}}));
-
-  // Accuracy, rows in shuffled blocks (chunks then start where blocks do).
-  ComputeSpec checked = AllOutputsSpec(Strategy::kChunked);
-  checked.chunk_tokens = 512;
-  checked.streamed_edge_tokens = 128;
-  checked.options.label_smoothing = 0.05f;
-  const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, checked));
-  for (bool shuffle : {false, true}) {
-    SCOPED_TRACE(shuffle ? "shuffled blocks" : "blocks in order");
-    HarnessOptions options;
-    options.rows_per_block = 300;
-    options.shuffle_blocks = shuffle;
-    auto run = RunProblem(**engine, problem, checked, options);
-    ASSERT_TRUE(run.ok()) << run.status();
-    const Errors e = Compare(*run, ref);
-    EXPECT_LE(e.loss, 1e-4);
-    EXPECT_LE(e.per_token, 1e-4);
-    EXPECT_LE(e.grad_input, 5e-3);
-    EXPECT_LE(e.grad_w, 5e-3);
-    EXPECT_LE(e.grad_b, 5e-3);
-  }
-
-  // deterministic: the same bits with and without the edges.
-  checked.deterministic = true;
-  ComputeSpec plain = checked;
-  plain.streamed_edge_tokens = 0;
-  HarnessOptions in_order;
-  in_order.rows_per_block = 300;
-  in_order.shuffle_blocks = false;
-  auto a = RunProblem(**engine, problem, checked, in_order);
-  auto b = RunProblem(**engine, problem, plain, in_order);
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->grad_weight, b->grad_weight);
-  EXPECT_EQ(a->grad_input, b->grad_input);
-  EXPECT_EQ(a->result.loss, b->result.loss);
 }
 
 // Destroying a call mid-stream cancels it: no sink call after the
