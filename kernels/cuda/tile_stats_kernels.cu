@@ -13,6 +13,9 @@ constexpr int kFinishThreads = 128;
 constexpr int kGradThreads = 256;
 constexpr int kGradVec = 8;      // fp16/bf16 elements per 16-byte vector
 constexpr int kGradVectors = 2;  // vectors per thread
+// The grid-stride kernels' grid: a few waves of blocks on the largest GPUs,
+// enough to stream, whatever the rows.
+constexpr int64_t kMaxStrideBlocks = 4096;
 static_assert(kLogitsStatsTileCols % (kGradVec * kGradVectors) == 0,
               "a thread's columns never straddle two tiles");
 
@@ -211,9 +214,8 @@ absl::Status LaunchTileFactors(const TileRowArgs& args, cudaStream_t stream,
                                DeviceHealth* health) {
   if (args.rows <= 0 || args.tiles <= 0) return absl::OkStatus();
   constexpr int kThreads = 128;
-  constexpr int64_t kMaxBlocks = 4096;
   const int64_t blocks = (args.rows * args.tiles + kThreads - 1) / kThreads;
-  const dim3 grid(static_cast<unsigned>(std::min(blocks, kMaxBlocks)));
+  const dim3 grid(static_cast<unsigned>(std::min(blocks, kMaxStrideBlocks)));
   TileFactorsKernel<<<grid, kThreads, 0, stream>>>(args);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
@@ -236,10 +238,8 @@ absl::Status LaunchTileGrad(DType dtype, const TileRowArgs& args, cudaStream_t s
     return absl::InternalError("tile gradient kernel: unsupported shape");
   }
   constexpr int64_t kPerBlock = kGradThreads * kGradVec * kGradVectors;
-  // A few waves of 256-thread blocks on the largest GPUs, enough to stream.
-  constexpr int64_t kMaxBlocks = 4096;
   const int64_t col_blocks = (args.padded_vocab + kPerBlock - 1) / kPerBlock;
-  const dim3 grid(static_cast<unsigned>(std::min(col_blocks * args.rows, kMaxBlocks)));
+  const dim3 grid(static_cast<unsigned>(std::min(col_blocks * args.rows, kMaxStrideBlocks)));
   switch (dtype) {
     case DType::kBF16:
       TileGradKernel<__nv_bfloat16><<<grid, kGradThreads, 0, stream>>>(args, col_blocks);

@@ -131,6 +131,7 @@ ReferenceOutput ComputeReference(const ReferenceInput& in) {
       out.correct_uncertain[t] = CorrectIsUncertain(z, z_err, y, out.correct[t] != 0) ? 1 : 0;
       out.n_correct_uncertain += out.correct_uncertain[t];
       out.loss += a * loss;
+      out.loss_abs += std::abs(a * loss);
       out.z_loss += a * s * lse * lse;
     }
 

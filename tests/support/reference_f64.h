@@ -34,6 +34,9 @@ struct ReferenceInput {
 
 struct ReferenceOutput {
   double loss = 0.0;         // sum_t a_t l_t
+  // sum_t |a_t l_t|: signed token weights (RL-style advantages) make the loss's
+  // terms cancel as the gradients' do (see the *_abs sums below).
+  double loss_abs = 0.0;
   double z_loss = 0.0;       // sum_t a_t s LSE_t^2
   double entropy_sum = 0.0;  // sum_t entropy_t, every token
   int64_t n_valid = 0;
