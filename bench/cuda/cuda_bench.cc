@@ -75,7 +75,10 @@ struct Flags {
   // chunked_cublas_backward / chunked_own_backward: the default plan with
   // both backward GEMMs on cuBLAS / on the own Hopper kernels
   // (FLCE_CUDA_BACKWARD=cublas / own) instead of the default choice.
-  std::vector<std::string> strategies = {"chunked",         "chunked_cublas_backward",
+  // chunked_single_cta_stats: the default plan with the logits-stats GEMM
+  // one CTA per tile instead of CTA pairs sharing W (FLCE_CUDA_STATS_MULTICAST=0).
+  std::vector<std::string> strategies = {"chunked",         "chunked_single_cta_stats",
+                                         "chunked_cublas_backward",
                                          "chunked_own_backward", "chunked_cublas",
                                          "chunked_cluster", "chunked_two_pass",
                                          "chunked_overlap", "vocab_split",
@@ -304,6 +307,11 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
     scaled.row_reference = launch->row_reference;
     out["logits_stats_gemm_row_scaled_ms"] = time_with_setup(
         nullptr, [&]() { return cuda::LaunchLogitsStats(hv.dtype, scaled, stream, health).ok(); });
+    // The same with one CTA per tile (no W shared across CTA pairs).
+    setenv("FLCE_CUDA_STATS_MULTICAST", "0", 1);
+    out["logits_stats_gemm_row_scaled_single_cta_ms"] = time_with_setup(
+        nullptr, [&]() { return cuda::LaunchLogitsStats(hv.dtype, scaled, stream, health).ok(); });
+    unsetenv("FLCE_CUDA_STATS_MULTICAST");
   }
   out["row_finish_ms"] = time_with_setup(stats_gemm, finish);
   out["dlogits_pass_ms"] = time_with_setup(
@@ -577,8 +585,10 @@ int Main(int argc, char** argv) {
       const char* backward = name == "chunked_cublas_backward" ? "cublas"
                              : name == "chunked_own_backward"  ? "own"
                                                                : nullptr;
-      const Strategy strategy =
-          cublas_logits || backward != nullptr ? Strategy::kChunked : ParseStrategy(name);
+      const bool single_cta_stats = name == "chunked_single_cta_stats";
+      const Strategy strategy = cublas_logits || backward != nullptr || single_cta_stats
+                                    ? Strategy::kChunked
+                                    : ParseStrategy(name);
       if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
       nlohmann::json rec = {{"strategy", name},
                             {"BT", sh.bt},
@@ -630,6 +640,7 @@ int Main(int argc, char** argv) {
       if (row_kernel != nullptr) setenv("FLCE_CUDA_ROW_KERNEL", row_kernel, 1);
       if (name == "chunked_overlap") setenv("FLCE_CUDA_OVERLAP", "1", 1);
       if (backward != nullptr) setenv("FLCE_CUDA_BACKWARD", backward, 1);
+      if (single_cta_stats) setenv("FLCE_CUDA_STATS_MULTICAST", "0", 1);
       double ms = TimeMedian(stream, warmup, runs, [&]() {
         run_status = runner->RunOnDevice(*head, *plan, r);
         return run_status.ok();
@@ -638,6 +649,7 @@ int Main(int argc, char** argv) {
       unsetenv("FLCE_CUDA_OVERLAP");
       unsetenv("FLCE_CUDA_LOGITS");
       unsetenv("FLCE_CUDA_BACKWARD");
+      unsetenv("FLCE_CUDA_STATS_MULTICAST");
       if (ms < 0) {
         rec["error"] = run_status.ToString();
         std::printf("  %-12s failed: %s\n", name.c_str(), run_status.ToString().c_str());
