@@ -77,6 +77,8 @@ struct Flags {
   // (FLCE_CUDA_BACKWARD=cublas / own) instead of the default choice.
   // chunked_single_cta_stats: the default plan with the logits-stats GEMM
   // one CTA per tile instead of CTA pairs sharing W (FLCE_CUDA_STATS_MULTICAST=0).
+  // chunked_balanced: the default plan's chunk count with equal chunks (a
+  // multiple of 256 tokens) instead of full chunks and a remainder.
   std::vector<std::string> strategies = {"chunked",         "chunked_single_cta_stats",
                                          "chunked_cublas_backward",
                                          "chunked_own_backward", "chunked_cublas",
@@ -586,7 +588,8 @@ int Main(int argc, char** argv) {
                              : name == "chunked_own_backward"  ? "own"
                                                                : nullptr;
       const bool single_cta_stats = name == "chunked_single_cta_stats";
-      const Strategy strategy = cublas_logits || backward != nullptr || single_cta_stats
+      const bool balanced = name == "chunked_balanced";
+      const Strategy strategy = cublas_logits || backward != nullptr || single_cta_stats || balanced
                                     ? Strategy::kChunked
                                     : ParseStrategy(name);
       if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
@@ -607,6 +610,12 @@ int Main(int argc, char** argv) {
       pr.streaming = true;  // the served plan: room for two upload/download slots
       CudaEngine* runner = engine.get();
       absl::StatusOr<Plan> plan = runner->PlanFor(*head, pr);
+      if (balanced && plan.ok()) {
+        const int64_t chunks = (sh.bt + plan->chunk_tokens - 1) / plan->chunk_tokens;
+        pr.chunk_tokens = ((sh.bt + chunks - 1) / chunks + 255) / 256 * 256;
+        plan = runner->PlanFor(*head, pr);
+        rec["chunk_tokens"] = pr.chunk_tokens;
+      }
       if (!plan.ok() && wall != nullptr &&
           (strategy == Strategy::kNaive || strategy == Strategy::kSeparate)) {
         rec["refused_at_budget"] = std::string(plan.status().message());
