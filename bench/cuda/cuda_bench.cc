@@ -75,11 +75,11 @@ struct Flags {
   // chunked_cublas_backward / chunked_own_backward: the default plan with
   // both backward GEMMs on cuBLAS / on the own Hopper kernels
   // (FLCE_CUDA_BACKWARD=cublas / own) instead of the default choice.
-  // chunked_single_cta_stats: the default plan with the logits-stats GEMM
-  // one CTA per tile instead of CTA pairs sharing W (FLCE_CUDA_STATS_MULTICAST=0).
+  // NAME@VAR=VALUE (e.g. chunked@FLCE_CUDA_STATS_GROUP=16): strategy NAME
+  // with an engine switch set for its runs.
   // chunked_balanced: the default plan's chunk count with equal chunks (a
   // multiple of 256 tokens) instead of full chunks and a remainder.
-  std::vector<std::string> strategies = {"chunked",         "chunked_single_cta_stats",
+  std::vector<std::string> strategies = {"chunked",         "chunked_balanced",
                                          "chunked_cublas_backward",
                                          "chunked_own_backward", "chunked_cublas",
                                          "chunked_cluster", "chunked_two_pass",
@@ -309,11 +309,6 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
     scaled.row_reference = launch->row_reference;
     out["logits_stats_gemm_row_scaled_ms"] = time_with_setup(
         nullptr, [&]() { return cuda::LaunchLogitsStats(hv.dtype, scaled, stream, health).ok(); });
-    // The same with one CTA per tile (no W shared across CTA pairs).
-    setenv("FLCE_CUDA_STATS_MULTICAST", "0", 1);
-    out["logits_stats_gemm_row_scaled_single_cta_ms"] = time_with_setup(
-        nullptr, [&]() { return cuda::LaunchLogitsStats(hv.dtype, scaled, stream, health).ok(); });
-    unsetenv("FLCE_CUDA_STATS_MULTICAST");
   }
   out["row_finish_ms"] = time_with_setup(stats_gemm, finish);
   out["dlogits_pass_ms"] = time_with_setup(
@@ -578,7 +573,17 @@ int Main(int argc, char** argv) {
       }
     }
 
-    for (const std::string& name : flags.strategies) {
+    for (const std::string& spelled : flags.strategies) {
+      // NAME@VAR=VALUE: the variable set around this strategy's runs.
+      const size_t at_sign = spelled.find('@');
+      const std::string name = spelled.substr(0, at_sign);
+      std::string env_name, env_value;
+      if (at_sign != std::string::npos) {
+        const std::string assignment = spelled.substr(at_sign + 1);
+        const size_t eq = assignment.find('=');
+        env_name = assignment.substr(0, eq);
+        env_value = eq == std::string::npos ? "" : assignment.substr(eq + 1);
+      }
       const char* row_kernel = name == "chunked_two_pass"  ? "two_pass"
                                : name == "chunked_cluster" ? "cluster"
                                                            : nullptr;
@@ -587,13 +592,12 @@ int Main(int argc, char** argv) {
       const char* backward = name == "chunked_cublas_backward" ? "cublas"
                              : name == "chunked_own_backward"  ? "own"
                                                                : nullptr;
-      const bool single_cta_stats = name == "chunked_single_cta_stats";
       const bool balanced = name == "chunked_balanced";
-      const Strategy strategy = cublas_logits || backward != nullptr || single_cta_stats || balanced
+      const Strategy strategy = cublas_logits || backward != nullptr || balanced
                                     ? Strategy::kChunked
                                     : ParseStrategy(name);
       if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
-      nlohmann::json rec = {{"strategy", name},
+      nlohmann::json rec = {{"strategy", spelled},
                             {"BT", sh.bt},
                             {"H", sh.h},
                             {"V", sh.v},
@@ -649,7 +653,7 @@ int Main(int argc, char** argv) {
       if (row_kernel != nullptr) setenv("FLCE_CUDA_ROW_KERNEL", row_kernel, 1);
       if (name == "chunked_overlap") setenv("FLCE_CUDA_OVERLAP", "1", 1);
       if (backward != nullptr) setenv("FLCE_CUDA_BACKWARD", backward, 1);
-      if (single_cta_stats) setenv("FLCE_CUDA_STATS_MULTICAST", "0", 1);
+      if (!env_name.empty()) setenv(env_name.c_str(), env_value.c_str(), 1);
       double ms = TimeMedian(stream, warmup, runs, [&]() {
         run_status = runner->RunOnDevice(*head, *plan, r);
         return run_status.ok();
@@ -658,7 +662,7 @@ int Main(int argc, char** argv) {
       unsetenv("FLCE_CUDA_OVERLAP");
       unsetenv("FLCE_CUDA_LOGITS");
       unsetenv("FLCE_CUDA_BACKWARD");
-      unsetenv("FLCE_CUDA_STATS_MULTICAST");
+      if (!env_name.empty()) unsetenv(env_name.c_str());
       if (ms < 0) {
         rec["error"] = run_status.ToString();
         std::printf("  %-12s failed: %s\n", name.c_str(), run_status.ToString().c_str());
@@ -684,7 +688,7 @@ int Main(int argc, char** argv) {
       std::printf(
           "  %-12s %9.2f ms  %6.0f TFLOP/s  %5.2fx bound  workspace %7.1f MiB  (chunk %lld, split "
           "%lld)%s\n",
-          name.c_str(), ms, flops / ms / 1e9, ms / bound_ms, ws / 1048576.0,
+          spelled.c_str(), ms, flops / ms / 1e9, ms / bound_ms, ws / 1048576.0,
           (long long)plan->chunk_tokens, (long long)plan->split_cols,
           scale != 1.0 ? "  [extrapolated]" : "");
       std::fflush(stdout);
