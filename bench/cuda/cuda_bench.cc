@@ -77,10 +77,7 @@ struct Flags {
   // (FLCE_CUDA_BACKWARD=cublas / own) instead of the default choice.
   // NAME@VAR=VALUE (e.g. chunked@FLCE_CUDA_STATS_GROUP=16): strategy NAME
   // with an engine switch set for its runs.
-  // chunked_balanced: the default plan's chunk count with equal chunks (a
-  // multiple of 256 tokens) instead of full chunks and a remainder.
-  std::vector<std::string> strategies = {"chunked",         "chunked_balanced",
-                                         "chunked_cublas_backward",
+  std::vector<std::string> strategies = {"chunked",         "chunked_cublas_backward",
                                          "chunked_own_backward", "chunked_cublas",
                                          "chunked_cluster", "chunked_two_pass",
                                          "chunked_overlap", "vocab_split",
@@ -592,8 +589,7 @@ int Main(int argc, char** argv) {
       const char* backward = name == "chunked_cublas_backward" ? "cublas"
                              : name == "chunked_own_backward"  ? "own"
                                                                : nullptr;
-      const bool balanced = name == "chunked_balanced";
-      const Strategy strategy = cublas_logits || backward != nullptr || balanced
+      const Strategy strategy = cublas_logits || backward != nullptr
                                     ? Strategy::kChunked
                                     : ParseStrategy(name);
       if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
@@ -614,12 +610,6 @@ int Main(int argc, char** argv) {
       pr.streaming = true;  // the served plan: room for two upload/download slots
       CudaEngine* runner = engine.get();
       absl::StatusOr<Plan> plan = runner->PlanFor(*head, pr);
-      if (balanced && plan.ok()) {
-        const int64_t chunks = (sh.bt + plan->chunk_tokens - 1) / plan->chunk_tokens;
-        pr.chunk_tokens = ((sh.bt + chunks - 1) / chunks + 255) / 256 * 256;
-        plan = runner->PlanFor(*head, pr);
-        rec["chunk_tokens"] = pr.chunk_tokens;
-      }
       if (!plan.ok() && wall != nullptr &&
           (strategy == Strategy::kNaive || strategy == Strategy::kSeparate)) {
         rec["refused_at_budget"] = std::string(plan.status().message());

@@ -11,6 +11,18 @@ namespace flce::cuda {
 
 using namespace plan_parts;  // NOLINT(build/namespaces): the plans' shared parts
 
+namespace {
+
+// As many chunks as `chunk` needs for n tokens, of equal size (rounded up to
+// kBalancedAlign, never above `chunk`).
+int64_t BalancedChunk(int64_t chunk, int64_t n) {
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  if (chunks < 2) return chunk;
+  return std::min(chunk, AlignUp((n + chunks - 1) / chunks, ChunkPolicy::kBalancedAlign));
+}
+
+}  // namespace
+
 absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int64_t budget) {
   Plan plan;
   plan.strategy = req.strategy == Strategy::kAuto ? Strategy::kChunked : req.strategy;
@@ -33,6 +45,7 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
         return Exhausted("chunked plan", per_tok * ChunkPolicy::kMinTokens, budget,
                          "Raise --workspace-mb.");
       }
+      chunk = BalancedChunk(chunk, n);
       if (req.chunk_tokens > 0) chunk = std::min(chunk, req.chunk_tokens);
       chunk = std::min(chunk, AlignUp(n, ChunkPolicy::kTokenAlign));
       plan.chunk_tokens = chunk;

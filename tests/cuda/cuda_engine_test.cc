@@ -20,6 +20,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/plans.h"
+#include "kernels/cuda/policy.h"
 #include "kernels/engine_factory.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/support/engine_harness.h"
@@ -378,6 +379,35 @@ TEST(CudaEngineTest, PlannerTakesLogitsStatsOnlyWhereSupported) {
   EXPECT_EQ(plan(DType::kBF16, 1024, false, true).tile_stats, hopper);
   // 2 bytes per logit instead of 4: about twice the tokens per chunk.
   if (hopper) EXPECT_GT(fast.chunk_tokens, cublas.chunk_tokens * 3 / 2);
+}
+
+// Requests of several budget-sized chunks are cut into equal chunks (rounded
+// up to ChunkPolicy::kBalancedAlign) rather than full chunks and a short
+// remainder; a caller's chunk hint is honoured as given. Host-only: the
+// budget allows ChunkPolicy::kMaxTokens here on either logits path.
+TEST(ChunkPlanTest, SeveralChunksComeOutEqual) {
+  cuda::HeadView head;
+  head.dtype = DType::kBF16;
+  head.vocab = 1000;
+  head.padded_vocab = 1024;
+  head.hidden = 64;
+  auto chunk_for = [&](int64_t tokens, int64_t hint) {
+    cuda::PlanRequest req;
+    req.strategy = Strategy::kChunked;
+    req.num_tokens = tokens;
+    req.hidden_dtype = DType::kBF16;
+    req.chunk_tokens = hint;
+    auto p = cuda::MakePlan(head, req, int64_t{2048} << 20);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? p->chunk_tokens : int64_t{-1};
+  };
+  constexpr int64_t kMax = cuda::ChunkPolicy::kMaxTokens;
+  EXPECT_EQ(chunk_for(kMax, 0), kMax);                   // one chunk
+  EXPECT_EQ(chunk_for(kMax + 100, 0), 4352);             // 2 x 4146 rounded up, not 8192 + 100
+  EXPECT_EQ(chunk_for(2 * kMax + 1, 0), 5632);           // 3 x 5462 rounded up
+  EXPECT_EQ(chunk_for(3 * kMax - 5, 0), kMax);           // rounding never exceeds the budget
+  EXPECT_EQ(chunk_for(kMax + 100, 192), 192);            // the hint as given
+  EXPECT_EQ(chunk_for(kMax + 100, 6000), 4352);          // a hint above the balanced size
 }
 
 // Every real logit is about -40 (bias), the padded columns' would be 0: if
