@@ -456,7 +456,10 @@ TEST(CudaEngineTest, WorkspaceDoesNotGrowWithTokens) {
   ps.hidden_dtype = DType::kBF16;
   ps.seed = FreshSeed();
   int64_t peaks[2] = {0, 0};
-  int64_t tokens[2] = {1500, 12000};
+  // Both several chunks at this budget: the second request, four times the
+  // tokens, must not need more (a single-chunk request may need less, its
+  // chunk being cut to its tokens, and the peak is the engine's lifetime's).
+  int64_t tokens[2] = {12000, 48000};
   for (int i = 0; i < 2; ++i) {
     ps.num_tokens = tokens[i];
     Problem problem = MakeProblem(ps);
