@@ -277,8 +277,8 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
 
 // The tile order: groups of m_group token tiles, token tiles fastest within
 // a group, a group's every W tile before the next group. The CTAs in flight
-// then share a few W tiles and the group's hidden rows, which stay in L2
-// while the group sweeps the vocabulary.
+// share a few W tiles and the group's hidden rows (by default the group is
+// the whole chunk: a few MiB at H = 1024).
 struct TileAt {
   int32_t m, n;
   __device__ TileAt(int32_t tile, const KernelArgs& a) {
@@ -396,15 +396,15 @@ absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CU
   return absl::OkStatus();
 }
 
-// Groups of 16 token tiles: 16 x 128 hidden rows are 16 MiB at H = 4096,
-// which stay in L2 beside the W tiles in flight (a whole 5632-token chunk,
-// 44 MiB, does not). Measured 2026-12-02 (H200): -0.4 to -0.8 ms per run at
-// both H = 4096 bench shapes, no change at H = 1024; 12 and 20 no better,
-// 8 worse. FLCE_CUDA_STATS_GROUP=G sets G (0: one group, the whole chunk).
-constexpr int kTokenTilesPerGroup = 16;
+// One group by default (the whole chunk, token tiles fastest).
+// FLCE_CUDA_STATS_GROUP=G: groups of G token tiles, so that G x 128 hidden
+// rows stay in L2 while the group sweeps W (a 5632-token chunk at H = 4096
+// is 44 MiB). Measured 2026-12-02 on two H200 leases: G = 16 was 0.7 ms
+// faster at 16384 x 4096 x 151936 in one and 1.5 ms slower in the other;
+// no robust gain at any bench shape (docs/perf/cuda.md step 21).
 int32_t TokenTilesPerGroup(int32_t m_tiles) {
   const char* env = std::getenv("FLCE_CUDA_STATS_GROUP");
-  const int group = env != nullptr ? std::atoi(env) : kTokenTilesPerGroup;
+  const int group = env != nullptr ? std::atoi(env) : 0;
   return group > 0 && group < m_tiles ? group : m_tiles;
 }
 

@@ -457,8 +457,8 @@ TEST(CudaEngineTest, WorkspaceDoesNotGrowWithTokens) {
   ps.seed = FreshSeed();
   int64_t peaks[2] = {0, 0};
   // Both several chunks at this budget: the second request, four times the
-  // tokens, must not need more (a single-chunk request may need less, its
-  // chunk being cut to its tokens, and the peak is the engine's lifetime's).
+  // tokens, must not need more (a request of a few chunks may take smaller
+  // balanced chunks; the peak is over the engine's lifetime).
   int64_t tokens[2] = {12000, 48000};
   for (int i = 0; i < 2; ++i) {
     ps.num_tokens = tokens[i];
