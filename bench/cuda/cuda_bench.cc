@@ -9,6 +9,9 @@
 // Usage:
 //   flce_cuda_bench --out=bench/results/cuda-2026-11-29.json --commit=$(git rev-parse HEAD)
 //   flce_cuda_bench --shapes=2 --strategies=chunked,vocab_split --runs=5
+//   flce_cuda_bench --stages=0 --strategies=chunked,chunked@FLCE_CUDA_STATS_GROUP=16
+//     (NAME@VAR=VALUE: strategy NAME with an engine switch set for its runs, to
+//     alternate a variant with the default in one process)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
