@@ -592,9 +592,8 @@ int Main(int argc, char** argv) {
       const char* backward = name == "chunked_cublas_backward" ? "cublas"
                              : name == "chunked_own_backward"  ? "own"
                                                                : nullptr;
-      const Strategy strategy = cublas_logits || backward != nullptr
-                                    ? Strategy::kChunked
-                                    : ParseStrategy(name);
+      const Strategy strategy =
+          cublas_logits || backward != nullptr ? Strategy::kChunked : ParseStrategy(name);
       if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
       nlohmann::json rec = {{"strategy", spelled},
                             {"BT", sh.bt},
@@ -626,7 +625,7 @@ int Main(int argc, char** argv) {
         rec["ms"] = nullptr;
         rec["ratio"] = nullptr;
         rec["workspace_peak_mib"] = nullptr;
-        std::printf("  %-12s refused: %s\n", name.c_str(),
+        std::printf("  %-12s refused: %s\n", spelled.c_str(),
                     std::string(plan.status().message()).c_str());
         records.push_back(rec);
         continue;
@@ -658,7 +657,7 @@ int Main(int argc, char** argv) {
       if (!env_name.empty()) unsetenv(env_name.c_str());
       if (ms < 0) {
         rec["error"] = run_status.ToString();
-        std::printf("  %-12s failed: %s\n", name.c_str(), run_status.ToString().c_str());
+        std::printf("  %-12s failed: %s\n", spelled.c_str(), run_status.ToString().c_str());
         records.push_back(rec);
         if (!engine->healthy()) break;
         continue;
