@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cfloat>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +26,12 @@ using namespace sm90;  // NOLINT: the kernel is written in these primitives
 // 128 tokens x 256 vocabulary columns per tile, 64 hidden columns per stage
 // (one 128-byte swizzle row of 16-bit elements). Two consumer warpgroups own
 // 64 rows each; a third warpgroup issues the TMA loads. Four stages of 48 KiB.
+//
+// kPair: CTAs run in clusters of two over the same W tile and adjacent token
+// tiles; each loads its own 128 hidden rows and one half of the W tile, which
+// it multicasts to both. A CTA then pulls 32 KiB per stage from L2 instead of
+// 48 for the same flops (the GPU runs these GEMMs at its power limit, where
+// bytes moved cost clock).
 constexpr int kBM = 128;
 constexpr int kBN = static_cast<int>(kLogitsStatsTileCols);
 constexpr int kBK = 64;
@@ -50,6 +59,9 @@ struct alignas(1024) SharedTiles {
 constexpr size_t kSharedBytes = sizeof(SharedTiles) + 1024;  // + runtime 1 KiB alignment
 static_assert(kSharedBytes <= 227 * 1024, "beyond Hopper's shared memory per block");
 static_assert(kBN == 2 * kOutBoxes * kOutBox, "two halves of two boxes span a tile");
+
+constexpr int kPairCtas = 2;
+constexpr int kPairHalfRows = kBN / kPairCtas;  // W rows each CTA of a pair loads
 
 struct KernelArgs {
   int32_t rows;
@@ -275,23 +287,24 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
 }
 #endif  // FLCE_SM90A
 
-// The tile order: groups of m_group token tiles, token tiles fastest within
-// a group, a group's every W tile before the next group. The CTAs in flight
-// share a few W tiles and the group's hidden rows (by default the group is
-// the whole chunk: a few MiB at H = 1024).
-struct TileAt {
-  int32_t m, n;
-  __device__ TileAt(int32_t tile, const KernelArgs& a) {
-    const int32_t per_group = a.m_group * a.n_tiles;
-    const int32_t group = tile / per_group;
-    const int32_t rest = tile - group * per_group;
-    const int32_t rows = min(a.m_group, a.m_tiles - group * a.m_group);
-    m = group * a.m_group + rest % rows;
-    n = rest / rows;
-  }
+// The tiles a CTA computes: units of `group` adjacent token tiles over one W
+// tile (token tiles fastest, so that the CTAs in flight share a few W tiles
+// and the chunk's hidden rows stay in L2); a pair's CTAs take one unit
+// together, each its own token tile of it.
+struct TileWalk {
+  int32_t m_groups, units, first, step, rank, group;
+  __device__ TileWalk(const KernelArgs& a, int group_ctas, uint32_t cta_rank)
+      : m_groups((a.m_tiles + group_ctas - 1) / group_ctas),
+        units(m_groups * a.n_tiles),
+        first(static_cast<int32_t>(blockIdx.x) / group_ctas),
+        step(static_cast<int32_t>(gridDim.x) / group_ctas),
+        rank(static_cast<int32_t>(cta_rank)),
+        group(group_ctas) {}
+  __device__ int32_t MTile(int32_t unit) const { return (unit % m_groups) * group + rank; }
+  __device__ int32_t NTile(int32_t unit) const { return unit / m_groups; }
 };
 
-template <bool kHalf, bool kSumZ, bool kRowRef>
+template <bool kHalf, bool kSumZ, bool kRowRef, bool kPair>
 __global__ void __launch_bounds__(kThreads, 1)
     LogitsStatsKernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap w_map,
@@ -303,26 +316,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
   const int32_t k_blocks = (a.hidden + kBK - 1) / kBK;
-  const int32_t num_tiles = a.m_tiles * a.n_tiles;
-  InitStageBarriers(sm.full, sm.empty, kConsumers);
+  // A stage of a pair is free once both CTAs' consumers have released it:
+  // either CTA's multicast writes it in both.
+  InitStageBarriers(sm.full, sm.empty, kConsumers * (kPair ? kPairCtas : 1));
+  const uint32_t rank = kPair ? ClusterCtaRank() : 0;
+  if (kPair) ClusterSync();
+  const TileWalk walk(a, kPair ? kPairCtas : 1, rank);
 
   if (wg == 0) {
     // Producer: TMA loads run ahead of the consumers by up to kStages.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (t != 0) return;
     StageCursor<kStages> at;
-    for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      const TileAt at_tile(tile, a);
-      const int32_t m_tile = at_tile.m;
-      const int32_t n_tile = at_tile.n;
+    for (int32_t unit = walk.first; unit < walk.units; unit += walk.step) {
+      const int32_t m_tile = walk.MTile(unit);
+      const int32_t n_tile = walk.NTile(unit);
       for (int32_t kb = 0; kb < k_blocks; ++kb) {
         MbarWait(&sm.empty[at.stage], at.phase ^ 1);
         MbarExpectTx(&sm.full[at.stage], kStageBytes);
+        // A pair's odd last token tile lies past the rows: TMA fills it with
+        // zeros (counted in the bytes) and the epilogue writes none of it.
         TmaLoad(sm.a[at.stage], &x_map, &sm.full[at.stage], kb * kBK, m_tile * kBM);
-        TmaLoad(sm.b[at.stage], &w_map, &sm.full[at.stage], kb * kBK, n_tile * kBN);
+        if (kPair) {
+          TmaLoadMulticast(&sm.b[at.stage][rank * kPairHalfRows * kBK], &w_map,
+                           &sm.full[at.stage], kb * kBK, n_tile * kBN + rank * kPairHalfRows,
+                           (1u << kPairCtas) - 1);
+        } else {
+          TmaLoad(sm.b[at.stage], &w_map, &sm.full[at.stage], kb * kBK, n_tile * kBN);
+        }
         at.Next();
       }
     }
+    if (kPair) DrainStages(at, sm.empty);
     return;
   }
 
@@ -332,10 +357,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = t % 32;
   StageCursor<kStages> at;
   float acc[2][64];
-  for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const TileAt at_tile(tile, a);
-    const int32_t m_tile = at_tile.m;
-    const int32_t n_tile = at_tile.n;
+  for (int32_t unit = walk.first; unit < walk.units; unit += walk.step) {
+    const int32_t m_tile = walk.MTile(unit);
+    const int32_t n_tile = walk.NTile(unit);
+    const auto release = [&](int stage) {
+      MbarArrive(&sm.empty[stage]);
+      if (kPair) MbarArriveInCta(&sm.empty[stage], rank ^ 1);
+    };
+    if (kPair && m_tile >= a.m_tiles) {
+      // A pair's token tile past the rows: its W half still reaches the
+      // peer, and the stages are released as they fill, with no MMAs.
+      for (int32_t kb = 0; kb < k_blocks; ++kb) {
+        MbarWait(&sm.full[at.stage], at.phase);
+        if (t == 0) release(at.stage);
+        at.Next();
+      }
+      continue;
+    }
     // The rows' targets are loaded now: the epilogue would otherwise wait
     // for them.
     const int64_t row0 = static_cast<int64_t>(m_tile) * kBM + c * 64 + warp * 16 + lane / 4;
@@ -352,14 +390,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
     }
-    ConsumeStages(at, sm.full, sm.empty, k_blocks, t == 0, [&](int stage) {
+    ConsumeStages(
+        at, sm.full, k_blocks, t == 0,
+        [&](int stage) {
 #pragma unroll
-      for (int k = 0; k < kBK / 16; ++k) {
-        const uint64_t da = SmemDescK(&sm.a[stage][c * 64 * kBK + k * 16]);
-        Wgmma<kHalf, false, false>(acc[0], da, SmemDescK(&sm.b[stage][k * 16]));
-        Wgmma<kHalf, false, false>(acc[1], da, SmemDescK(&sm.b[stage][128 * kBK + k * 16]));
-      }
-    });
+          for (int k = 0; k < kBK / 16; ++k) {
+            const uint64_t da = SmemDescK(&sm.a[stage][c * 64 * kBK + k * 16]);
+            Wgmma<kHalf, false, false>(acc[0], da, SmemDescK(&sm.b[stage][k * 16]));
+            Wgmma<kHalf, false, false>(acc[1], da, SmemDescK(&sm.b[stage][128 * kBK + k * 16]));
+          }
+        },
+        release);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -382,16 +423,77 @@ absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t row
   return sm90::EncodeMatrix(map, dtype, base, rows, cols, kBK, box_rows);
 }
 
+// W tiles shared by CTA pairs unless FLCE_CUDA_STATS_MULTICAST=0 (one CTA
+// per tile, as before pairs; kept to compare the two).
+bool StatsMulticast() {
+  const char* env = std::getenv("FLCE_CUDA_STATS_MULTICAST");
+  return env == nullptr || std::string(env) != "0";
+}
+
+// How many clusters of `kKernel` fit on the current device at once, asked
+// once per device (0 if none: the caller then runs the single-CTA kernel).
+template <auto kKernel>
+int ResidentPairs() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  static std::mutex mu;
+  static std::map<int, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(kPairCtas * std::max(SmCount(), 1));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSharedBytes;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kPairCtas;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the single-CTA kernel runs instead
+    clusters = 0;
+  }
+  std::fprintf(stderr, "logits-stats GEMM: %d resident CTA pairs\n", clusters);
+  known.emplace(device, clusters);
+  return clusters;
+}
+
 template <bool kHalf, bool kSumZ, bool kRowRef>
-absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CUtensorMap& e_map,
-                    const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
-  const cudaError_t allowed =
-      AllowDynamicShared<LogitsStatsKernel<kHalf, kSumZ, kRowRef>>(kSharedBytes);
-  FLCE_CUDA_RETURN_IF_ERROR(allowed, health);
+absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map_single,
+                    const CUtensorMap& w_map_half, const CUtensorMap& e_map, const KernelArgs& k,
+                    cudaStream_t stream, DeviceHealth* health) {
+  constexpr auto kSingle = LogitsStatsKernel<kHalf, kSumZ, kRowRef, false>;
+  constexpr auto kPaired = LogitsStatsKernel<kHalf, kSumZ, kRowRef, true>;
+  if (StatsMulticast()) {
+    FLCE_CUDA_RETURN_IF_ERROR(AllowDynamicShared<kPaired>(kSharedBytes), health);
+    const int resident = ResidentPairs<kPaired>();
+    if (resident > 0) {
+      const int64_t units = (static_cast<int64_t>(k.m_tiles) + kPairCtas - 1) / kPairCtas * k.n_tiles;
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(static_cast<unsigned>(kPairCtas * std::min<int64_t>(units, resident)));
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = kSharedBytes;
+      config.stream = stream;
+      cudaLaunchAttribute cluster;
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = kPairCtas;
+      cluster.val.clusterDim.y = 1;
+      cluster.val.clusterDim.z = 1;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      FLCE_CUDA_RETURN_IF_ERROR(
+          cudaLaunchKernelEx(&config, kPaired, x_map, w_map_half, e_map, k), health);
+      return absl::OkStatus();
+    }
+  }
+  FLCE_CUDA_RETURN_IF_ERROR(AllowDynamicShared<kSingle>(kSharedBytes), health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  LogitsStatsKernel<kHalf, kSumZ, kRowRef>
-      <<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
+  kSingle<<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map_single, e_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }
@@ -427,9 +529,11 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
     return absl::InternalError("logits-stats GEMM: e buffer not 16-byte aligned");
   }
   static_assert(kBK == kOutBox, "the e boxes reuse the operands' 64-column encoding");
-  CUtensorMap x_map, w_map, e_map;
+  CUtensorMap x_map, w_map, w_half_map, e_map;
   FLCE_RETURN_IF_ERROR(Encode(&x_map, dtype, args.x, args.rows, args.hidden, kBM));
   FLCE_RETURN_IF_ERROR(Encode(&w_map, dtype, args.w, args.padded_vocab, args.hidden, kBN));
+  FLCE_RETURN_IF_ERROR(
+      Encode(&w_half_map, dtype, args.w, args.padded_vocab, args.hidden, kPairHalfRows));
   FLCE_RETURN_IF_ERROR(Encode(&e_map, args.row_reference != nullptr ? DType::kBF16 : DType::kF16,
                               args.exp_out, args.rows, args.padded_vocab, kOutBox));
   KernelArgs k;
@@ -451,14 +555,14 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
     if (dtype != DType::kBF16 || args.sum_z) {
       return absl::InternalError("logits-stats GEMM: row-scaled e needs bf16 and no sum z");
     }
-    return Launch<false, false, true>(x_map, w_map, e_map, k, stream, health);
+    return Launch<false, false, true>(x_map, w_map, w_half_map, e_map, k, stream, health);
   }
   if (dtype == DType::kF16) {
-    return args.sum_z ? Launch<true, true, false>(x_map, w_map, e_map, k, stream, health)
-                      : Launch<true, false, false>(x_map, w_map, e_map, k, stream, health);
+    return args.sum_z ? Launch<true, true, false>(x_map, w_map, w_half_map, e_map, k, stream, health)
+                      : Launch<true, false, false>(x_map, w_map, w_half_map, e_map, k, stream, health);
   }
-  return args.sum_z ? Launch<false, true, false>(x_map, w_map, e_map, k, stream, health)
-                    : Launch<false, false, false>(x_map, w_map, e_map, k, stream, health);
+  return args.sum_z ? Launch<false, true, false>(x_map, w_map, w_half_map, e_map, k, stream, health)
+                    : Launch<false, false, false>(x_map, w_map, w_half_map, e_map, k, stream, health);
 }
 
 }  // namespace flce::cuda
