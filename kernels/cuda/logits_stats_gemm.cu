@@ -23,19 +23,21 @@ namespace {
 
 using namespace sm90;  // NOLINT: the kernel is written in these primitives
 
-// 128 tokens x 256 vocabulary columns per tile, 64 hidden columns per stage
-// (one 128-byte swizzle row of 16-bit elements). Two consumer warpgroups own
-// 64 rows each; a third warpgroup issues the TMA loads. Four stages of 48 KiB.
+// 128 tokens x 128 vocabulary columns per tile, 64 hidden columns per stage
+// (one 128-byte swizzle row of 16-bit elements). The two consumer warpgroups
+// take whole tiles in turns (ping-pong): one issues its tile's MMAs while the
+// other runs the previous tile's epilogue, so the tensor cores do not idle
+// during epilogues. A third warpgroup issues the TMA loads. Six stages of
+// 32 KiB, each consumed by one warpgroup.
 //
 // kPair: CTAs run in clusters of two over the same W tile and adjacent token
 // tiles; each loads its own 128 hidden rows and one half of the W tile, which
-// it multicasts to both. A CTA then pulls 32 KiB per stage from L2 instead of
-// 48 for the same flops (the GPU runs these GEMMs at its power limit, where
-// bytes moved cost clock).
+// it multicasts to both. A CTA then pulls 24 KiB per stage from L2 instead of
+// 32: a 128-column tile's bytes per flop become those of a 256-column one.
 constexpr int kBM = 128;
 constexpr int kBN = static_cast<int>(kLogitsStatsTileCols);
 constexpr int kBK = 64;
-constexpr int kStages = 4;
+constexpr int kStages = 6;
 constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
@@ -43,11 +45,11 @@ constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
 // e leaves through shared memory and TMA stores: written straight from the
 // accumulator layout, each warp store instruction would touch 8 rows (16 bytes
 // each), fill the store queue and stall the epilogue on its own registers. A
-// consumer warpgroup stages half of its 64 x 256 share at a time, as two
+// consumer warpgroup stages one 64-row half of its tile at a time, as two
 // 64 x 64 boxes in the 128-byte swizzle (conflict-free for the fragment
-// layout): 16 KiB per warpgroup, which is what is left beside four stages.
+// layout): 16 KiB per warpgroup.
 constexpr int kOutBox = 64;
-constexpr int kOutBoxes = 2;  // per half of a warpgroup's columns
+constexpr int kOutBoxes = 2;  // the 128 columns of a row half
 
 struct alignas(1024) SharedTiles {
   uint16_t a[kStages][kBM * kBK];
@@ -55,10 +57,13 @@ struct alignas(1024) SharedTiles {
   uint16_t out[kConsumers][kOutBoxes][kOutBox * kOutBox];
   uint64_t full[kStages];
   uint64_t empty[kStages];
+  // A warpgroup has issued every MMA of its current tile: the other's turn.
+  uint64_t issued[kConsumers];
 };
 constexpr size_t kSharedBytes = sizeof(SharedTiles) + 1024;  // + runtime 1 KiB alignment
 static_assert(kSharedBytes <= 227 * 1024, "beyond Hopper's shared memory per block");
-static_assert(kBN == 2 * kOutBoxes * kOutBox, "two halves of two boxes span a tile");
+static_assert(kBN == kOutBoxes * kOutBox, "two boxes span a tile's columns");
+static_assert(kBN == 128, "one m64n128 accumulator set per 64 rows");
 
 constexpr int kPairCtas = 2;
 constexpr int kPairHalfRows = kBN / kPairCtas;  // W rows each CTA of a pair loads
@@ -96,7 +101,7 @@ __device__ __forceinline__ void MaskPadding(float (&acc)[2][64], int32_t real) {
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int v = 0; v < 64; ++v) {
-      const int o = h * 128 + (v / 4) * 8 + (v & 1);
+      const int o = (v / 4) * 8 + (v & 1);
       if (o >= real) acc[h][v] = kMaskedLogit;
     }
   }
@@ -173,33 +178,30 @@ __device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
   }
 }
 
-// One consumer thread's share of the tile epilogue: its two rows (r = 0:
-// row lane/4, r = 1: row lane/4 + 8 of its warp's 16) processed together,
-// so that two independent dependency chains interleave. Fragment layout
-// (m64nNk16): acc[h][i*4 + 2*r + b] is the tile's column h*128 + 8i +
-// 2(lane%4) + b. Per element: one max, an argmax compare and select, one
-// FMA into the exp, one add, one FMA for sez (and the row scale); the target
-// logit is looked for only by the one thread whose columns hold it. The first half's e is on its
-// way out while the second half's is computed. kSumZ: label smoothing's sum z.
+// One consumer thread's share of the epilogue of one 64-row half of its
+// tile: its two rows (r = 0: row lane/4, r = 1: row lane/4 + 8 of its warp's
+// 16) processed together, so that two independent dependency chains
+// interleave. Fragment layout (m64n128k16): acc[i*4 + 2*r + b] is the tile's
+// column 8i + 2(lane%4) + b. Per element: one max, an argmax compare and
+// select, one FMA into the exp, one add, one FMA for sez (and the row
+// scale); the target logit is looked for only by the one thread whose columns
+// hold it. kSumZ: label smoothing's sum z.
 template <bool kSumZ, bool kRowRef>
-__device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0, int32_t n_tile,
-                                         int32_t m_tile, int consumer, const int32_t (&y)[2],
-                                         const float (&reference)[2], const KernelArgs& a,
-                                         const CUtensorMap* e_map,
-                                         uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox]) {
+__device__ __forceinline__ void EpilogueRows(const float (&acc)[64], int64_t row0, int32_t n_tile,
+                                             int32_t box_row, int consumer, const int32_t (&y)[2],
+                                             const float (&reference)[2], const KernelArgs& a,
+                                             const CUtensorMap* e_map,
+                                             uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox]) {
   const int lane = threadIdx.x & 31;
   const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
   float m[2] = {-INFINITY, -INFINITY};
   float m_odd[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int i = 0; i < 16; ++i) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        m[r] = fmaxf(m[r], acc[h][i * 4 + 2 * r]);
-        m_odd[r] = fmaxf(m_odd[r], acc[h][i * 4 + 2 * r + 1]);
-      }
+    for (int r = 0; r < 2; ++r) {
+      m[r] = fmaxf(m[r], acc[i * 4 + 2 * r]);
+      m_odd[r] = fmaxf(m_odd[r], acc[i * 4 + 2 * r + 1]);
     }
   }
 #pragma unroll
@@ -215,13 +217,10 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
     if (y_offset >= 0 && y_offset < kBN && (y_offset & 6) == 0) {
       float zy = 0.0f;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int i = 0; i < 16; ++i) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            if (h * 128 + i * 8 + b == y_offset) zy = acc[h][i * 4 + 2 * r + b];
-          }
+        for (int b = 0; b < 2; ++b) {
+          if (i * 8 + b == y_offset) zy = acc[i * 4 + 2 * r + b];
         }
       }
       a.target_logit[row0 + 8 * r] = zy;
@@ -231,15 +230,12 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
   // down, so a plain select keeps the lowest (two instructions per element).
   int32_t first[2] = {INT_MAX, INT_MAX};
 #pragma unroll
-  for (int h = 1; h >= 0; --h) {
+  for (int i = 15; i >= 0; --i) {
 #pragma unroll
-    for (int i = 15; i >= 0; --i) {
+    for (int b = 1; b >= 0; --b) {
 #pragma unroll
-      for (int b = 1; b >= 0; --b) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          first[r] = acc[h][i * 4 + 2 * r + b] == m[r] ? h * 128 + i * 8 + b : first[r];
-        }
+      for (int r = 0; r < 2; ++r) {
+        first[r] = acc[i * 4 + 2 * r + b] == m[r] ? i * 8 + b : first[r];
       }
     }
   }
@@ -254,13 +250,9 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
       scale[r] = Exp2Approx(fminf(m[r] - reference[r], kRowReferenceCap) * kLog2e);
     }
   }
-  const int box_row = m_tile * kBM + consumer * 64;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    uint32_t packed[32];
-    ExpHalf<kSumZ, kRowRef>(acc[h], m_log2, scale, s, sez, sz, packed);
-    StageAndStore(packed, boxes, e_map, consumer, n_tile * kBN + h * 128, box_row);
-  }
+  uint32_t packed[32];
+  ExpHalf<kSumZ, kRowRef>(acc, m_log2, scale, s, sez, sz, packed);
+  StageAndStore(packed, boxes, e_map, consumer, n_tile * kBN, box_row);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + 8 * r;
@@ -284,6 +276,13 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
       a.stats.argmax[k] = idx;
     }
   }
+}
+
+// Moves a ring cursor past `blocks` stages: the other warpgroup's tile.
+__device__ __forceinline__ void SkipStages(StageCursor<kStages>& at, int32_t blocks) {
+  const int32_t next = at.stage + blocks;
+  at.phase ^= static_cast<uint32_t>(next / kStages) & 1u;
+  at.stage = next % kStages;
 }
 #endif  // FLCE_SM90A
 
@@ -316,9 +315,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
   const int32_t k_blocks = (a.hidden + kBK - 1) / kBK;
-  // A stage of a pair is free once both CTAs' consumers have released it:
-  // either CTA's multicast writes it in both.
-  InitStageBarriers(sm.full, sm.empty, kConsumers * (kPair ? kPairCtas : 1));
+  // A stage is consumed by one warpgroup; in a pair it is free once that
+  // warpgroup of both CTAs has released it: either CTA's multicast writes it in both.
+  if (threadIdx.x == 0) {
+    for (int c = 0; c < kConsumers; ++c) MbarInit(&sm.issued[c], 128);
+  }
+  InitStageBarriers(sm.full, sm.empty, kPair ? kPairCtas : 1);
   const uint32_t rank = kPair ? ClusterCtaRank() : 0;
   if (kPair) ClusterSync();
   const TileWalk walk(a, kPair ? kPairCtas : 1, rank);
@@ -355,15 +357,39 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int c = wg - 1;
   const int warp = t / 32;
   const int lane = t % 32;
+  // Warpgroup c takes the CTA's tiles c, c + 2, ...; the ring carries every
+  // tile's k-blocks in walk order.
   StageCursor<kStages> at;
+  if (c == 1) SkipStages(at, k_blocks);
+  const auto release = [&](int stage) {
+    MbarArrive(&sm.empty[stage]);
+    if (kPair) MbarArriveInCta(&sm.empty[stage], rank ^ 1);
+  };
   float acc[2][64];
-  for (int32_t unit = walk.first; unit < walk.units; unit += walk.step) {
+  int32_t turn = 0;  // this warpgroup's tiles so far
+  for (int32_t unit = walk.first + c * walk.step; unit < walk.units;
+       unit += kConsumers * walk.step, ++turn) {
     const int32_t m_tile = walk.MTile(unit);
     const int32_t n_tile = walk.NTile(unit);
-    const auto release = [&](int stage) {
-      MbarArrive(&sm.empty[stage]);
-      if (kPair) MbarArriveInCta(&sm.empty[stage], rank ^ 1);
-    };
+    // The rows' targets are loaded now: the epilogue would otherwise wait
+    // for them. acc[h] holds rows h * 64 .. h * 64 + 63 of the tile.
+    const int64_t row0 = static_cast<int64_t>(m_tile) * kBM + warp * 16 + lane / 4;
+    int32_t y[2][2];
+    float reference[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t row = row0 + h * 64 + 8 * r;
+        const bool in_chunk = row < a.rows;
+        y[h][r] = in_chunk ? a.target[row] : -1;
+        if (kRowRef && in_chunk) reference[h][r] = a.row_reference[row];
+      }
+    }
+    // Warpgroup 0's tile n follows warpgroup 1's tile n - 1 on the tensor
+    // cores, warpgroup 1's tile n follows warpgroup 0's tile n.
+    if (c == 0 && turn > 0) MbarWait(&sm.issued[1], (turn - 1) & 1);
+    if (c == 1) MbarWait(&sm.issued[0], turn & 1);
     if (kPair && m_tile >= a.m_tiles) {
       // A pair's token tile past the rows: its W half still reaches the
       // peer, and the stages are released as they fill, with no MMAs.
@@ -372,35 +398,35 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (t == 0) release(at.stage);
         at.Next();
       }
+      MbarArrive(&sm.issued[c]);
+      SkipStages(at, k_blocks);
       continue;
-    }
-    // The rows' targets are loaded now: the epilogue would otherwise wait
-    // for them.
-    const int64_t row0 = static_cast<int64_t>(m_tile) * kBM + c * 64 + warp * 16 + lane / 4;
-    int32_t y[2];
-    float reference[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const bool in_chunk = row0 + 8 * r < a.rows;
-      y[r] = in_chunk ? a.target[row0 + 8 * r] : -1;
-      if (kRowRef && in_chunk) reference[r] = a.row_reference[row0 + 8 * r];
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
     }
-    ConsumeStages(
-        at, sm.full, k_blocks, t == 0,
-        [&](int stage) {
+    int prev = -1;
+    for (int32_t kb = 0; kb < k_blocks; ++kb) {
+      MbarWait(&sm.full[at.stage], at.phase);
+      WgmmaFence();
 #pragma unroll
-          for (int k = 0; k < kBK / 16; ++k) {
-            const uint64_t da = SmemDescK(&sm.a[stage][c * 64 * kBK + k * 16]);
-            Wgmma<kHalf, false, false>(acc[0], da, SmemDescK(&sm.b[stage][k * 16]));
-            Wgmma<kHalf, false, false>(acc[1], da, SmemDescK(&sm.b[stage][128 * kBK + k * 16]));
-          }
-        },
-        release);
+      for (int k = 0; k < kBK / 16; ++k) {
+        const uint64_t db = SmemDescK(&sm.b[at.stage][k * 16]);
+        Wgmma<kHalf, false, false>(acc[0], SmemDescK(&sm.a[at.stage][k * 16]), db);
+        Wgmma<kHalf, false, false>(acc[1], SmemDescK(&sm.a[at.stage][64 * kBK + k * 16]), db);
+      }
+      WgmmaCommit();
+      WgmmaWaitOne();
+      if (prev >= 0 && t == 0) release(prev);
+      prev = at.stage;
+      at.Next();
+    }
+    MbarArrive(&sm.issued[c]);
+    WgmmaWaitAll();
+    if (prev >= 0 && t == 0) release(prev);
+    SkipStages(at, k_blocks);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -408,7 +434,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
     if (col0 + kBN - 2 >= a.vocab) MaskPadding(acc, a.vocab - col0);
-    Epilogue<kSumZ, kRowRef>(acc, row0, n_tile, m_tile, c, y, reference, a, &e_map, sm.out[c]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      EpilogueRows<kSumZ, kRowRef>(acc[h], row0 + h * 64, n_tile, m_tile * kBM + h * 64, c, y[h],
+                                   reference[h], a, &e_map, sm.out[c]);
+    }
   }
   // e must be in global memory before the kernel ends.
   if (t == 0) TmaStoreWaitAll();

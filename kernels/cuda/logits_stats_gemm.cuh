@@ -64,7 +64,7 @@ struct LogitsStatsArgs {
 inline constexpr float kRowReferenceCap = 60.0f;
 
 // Vocabulary columns per tile, and tiles per row (the partials' row length).
-inline constexpr int64_t kLogitsStatsTileCols = 256;
+inline constexpr int64_t kLogitsStatsTileCols = 128;
 inline int64_t LogitsStatsTiles(int64_t padded_vocab) {
   return (padded_vocab + kLogitsStatsTileCols - 1) / kLogitsStatsTileCols;
 }
