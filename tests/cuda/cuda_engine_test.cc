@@ -278,12 +278,14 @@ TEST(CudaEngineTest, LogitsStatsAndCublasPathsAgree) {
   }
 }
 
-// The logits-stats GEMM runs in CTA pairs sharing each W tile (multicast)
-// unless FLCE_CUDA_STATS_MULTICAST=0; a pair takes two token tiles at once,
-// so an odd count leaves one CTA a tile past the rows. Both kernels issue the
-// same MMAs per tile: the outputs must agree bit for bit, and with the float64
-// reference. Odd tile counts (333 tokens: 3 tiles; 70: 1), V prime, H not a
-// multiple of 64, bf16 (row-scaled e) and fp16 with label smoothing (sum z).
+// The ping-pong logits-stats GEMM (H <= kPingPongMaxHidden) runs in CTA
+// pairs sharing each token tile's hidden rows (multicast) unless
+// FLCE_CUDA_STATS_MULTICAST=0; a pair takes two W tiles at once, so an odd
+// count (V = 50021: 391 tiles of 128 columns) leaves one CTA a tile past the
+// vocabulary. Both kernels issue the same MMAs per tile: the outputs must
+// agree bit for bit, and with the float64 reference. Partial token tiles (333
+// tokens: 3 tiles; 70: 1), V prime, H not a multiple of 64, bf16 (row-scaled
+// e) and fp16 with label smoothing (sum z).
 TEST(CudaEngineTest, PairedAndSingleStatsGemmsAgreeBitwise) {
   auto engine = MakeEngine();
   SKIP_WITHOUT_GPU(engine);
