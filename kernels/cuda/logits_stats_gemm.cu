@@ -1,27 +1,44 @@
 #include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdint>
+#include <cfloat>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
-#include "kernels/cuda/logits_stats_tile.cuh"
+#include "kernels/cuda/sm90_primitives.cuh"
+#include "kernels/cuda/sm90_support.h"
 #include "kernels/status_macros.h"
 
 namespace flce::cuda {
-namespace logits_stats {
 namespace {
 
-// The cooperative kernel: 128 tokens x 256 vocabulary columns per tile, both
-// consumer warpgroups on one tile (64 rows each), four stages of 48 KiB. Its
-// epilogue leaves the tensor cores idle; at H >= 4096 that is a small share
-// of a tile and its mainloop is the fastest (docs/perf/cuda.md step 22).
-constexpr int kBN = 256;
+using namespace sm90;  // NOLINT: the kernel is written in these primitives
+
+// 128 tokens x 256 vocabulary columns per tile, 64 hidden columns per stage
+// (one 128-byte swizzle row of 16-bit elements). Two consumer warpgroups own
+// 64 rows each; a third warpgroup issues the TMA loads. Four stages of 48 KiB.
+constexpr int kBM = 128;
+constexpr int kBN = static_cast<int>(kLogitsStatsTileCols);
+constexpr int kBK = 64;
 constexpr int kStages = 4;
+constexpr int kConsumers = 2;
+constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
+
+// e leaves through shared memory and TMA stores: written straight from the
+// accumulator layout, each warp store instruction would touch 8 rows (16 bytes
+// each), fill the store queue and stall the epilogue on its own registers. A
+// consumer warpgroup stages half of its 64 x 256 share at a time, as two
+// 64 x 64 boxes in the 128-byte swizzle (conflict-free for the fragment
+// layout): 16 KiB per warpgroup, which is what is left beside four stages.
+constexpr int kOutBox = 64;
+constexpr int kOutBoxes = 2;  // per half of a warpgroup's columns
 
 struct alignas(1024) SharedTiles {
   uint16_t a[kStages][kBM * kBK];
@@ -33,6 +50,230 @@ struct alignas(1024) SharedTiles {
 constexpr size_t kSharedBytes = sizeof(SharedTiles) + 1024;  // + runtime 1 KiB alignment
 static_assert(kSharedBytes <= 227 * 1024, "beyond Hopper's shared memory per block");
 static_assert(kBN == 2 * kOutBoxes * kOutBox, "two halves of two boxes span a tile");
+
+struct KernelArgs {
+  int32_t rows;
+  int32_t hidden;
+  int32_t vocab;
+  int32_t padded_vocab;
+  int32_t m_tiles;
+  int32_t n_tiles;
+  int32_t m_group;  // token tiles per group of the tile order
+  const int32_t* target;
+  float* target_logit;
+  TileStats stats;
+  const float* row_reference;
+  const int32_t* run_if;
+};
+
+#ifdef FLCE_SM90A
+
+__device__ __forceinline__ float Exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Padded columns of the last vocabulary tile (and columns past Vp) become a
+// large negative logit: exp gives exactly 0, e * (z - m) gives 0 (-inf would
+// give NaN), and they never equal the max.
+constexpr float kMaskedLogit = -1e30f;
+
+__device__ __forceinline__ void MaskPadding(float (&acc)[2][64], int32_t real) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int v = 0; v < 64; ++v) {
+      const int o = h * 128 + (v / 4) * 8 + (v & 1);
+      if (o >= real) acc[h][v] = kMaskedLogit;
+    }
+  }
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// e = exp(z - m) for one half (128 columns) of a thread's accumulators,
+// packed as fp16 pairs (kRowRef: e * scale as bf16 pairs), with the row sums,
+// sum e (z - m) and sum z folded in along the way. z - m is taken in log2
+// units, d2 = z log2(e) - m log2(e), one FMA that feeds both the exp and the
+// sez sum (scaled back by ln 2 once per row).
+template <bool kSumZ, bool kRowRef>
+__device__ __forceinline__ void ExpHalf(const float (&acc)[64], const float (&m_log2)[2],
+                                        const float (&scale)[2], float (&s)[2], float (&sez)[2],
+                                        float (&sz)[2], uint32_t (&packed)[32]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float e[2];
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const float z = acc[i * 4 + 2 * r + b];
+        const float d2 = fmaf(z, kLog2e, -m_log2[r]);
+        e[b] = Exp2Approx(d2);
+        s[r] += e[b];
+        sez[r] = fmaf(e[b], d2, sez[r]);
+        if (kSumZ) sz[r] += z > kMaskedLogit ? z : 0.0f;
+      }
+      if (kRowRef) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(e[0] * scale[r], e[1] * scale[r]);
+        packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
+      } else {
+        const __half2 pair = __floats2half2_rn(e[0], e[1]);
+        packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+    }
+  }
+}
+
+// Writes one half's packed e into the warpgroup's two staging boxes and
+// stores them: box i / 8, 16-byte chunk (i % 8) ^ (row % 8) of the row (the
+// 128-byte swizzle; a thread's rows are lane / 4 and lane / 4 + 8 of its
+// warp's 16, so row % 8 = lane / 4).
+__device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
+                                              uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox],
+                                              const CUtensorMap* e_map, int consumer, int col,
+                                              int row) {
+  const int t = threadIdx.x % 128;
+  const int lane = t % 32;
+  const int local_row = (t / 32) * 16 + lane / 4;
+  // The previous stores from these boxes must have read them.
+  if (t == 0) TmaStoreWaitRead();
+  WarpgroupSync(consumer);
+  const uint32_t box0 = SmemAddr(boxes[0]);
+  const uint32_t box1 = SmemAddr(boxes[1]);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t byte =
+          (local_row + 8 * r) * 128 + (((i % 8) ^ (lane / 4)) * 16) + (lane % 4) * 4;
+      StoreShared(((i / 8) == 0 ? box0 : box1) + byte, packed[i * 2 + r]);
+    }
+  }
+  FenceSharedForAsync();
+  WarpgroupSync(consumer);
+  if (t == 0) {
+#pragma unroll
+    for (int x = 0; x < kOutBoxes; ++x) TmaStore(e_map, boxes[x], col + x * kOutBox, row);
+    TmaStoreCommit();
+  }
+}
+
+// One consumer thread's share of the tile epilogue: its two rows (r = 0:
+// row lane/4, r = 1: row lane/4 + 8 of its warp's 16) processed together,
+// so that two independent dependency chains interleave. Fragment layout
+// (m64nNk16): acc[h][i*4 + 2*r + b] is the tile's column h*128 + 8i +
+// 2(lane%4) + b. Per element: one max, an argmax compare and select, one
+// FMA into the exp, one add, one FMA for sez (and the row scale); the target
+// logit is looked for only by the one thread whose columns hold it. The first half's e is on its
+// way out while the second half's is computed. kSumZ: label smoothing's sum z.
+template <bool kSumZ, bool kRowRef>
+__device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0, int32_t n_tile,
+                                         int32_t m_tile, int consumer, const int32_t (&y)[2],
+                                         const float (&reference)[2], const KernelArgs& a,
+                                         const CUtensorMap* e_map,
+                                         uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox]) {
+  const int lane = threadIdx.x & 31;
+  const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
+  float m[2] = {-INFINITY, -INFINITY};
+  float m_odd[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        m[r] = fmaxf(m[r], acc[h][i * 4 + 2 * r]);
+        m_odd[r] = fmaxf(m_odd[r], acc[h][i * 4 + 2 * r + 1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m[r] = fmaxf(m[r], m_odd[r]);
+    m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
+    m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
+  }
+  // The target logit first: the accumulators die as e is computed.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int32_t y_offset = y[r] - col0;
+    if (y_offset >= 0 && y_offset < kBN && (y_offset & 6) == 0) {
+      float zy = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            if (h * 128 + i * 8 + b == y_offset) zy = acc[h][i * 4 + 2 * r + b];
+          }
+        }
+      }
+      a.target_logit[row0 + 8 * r] = zy;
+    }
+  }
+  // The lowest offset holding the max: offsets visited from the highest
+  // down, so a plain select keeps the lowest (two instructions per element).
+  int32_t first[2] = {INT_MAX, INT_MAX};
+#pragma unroll
+  for (int h = 1; h >= 0; --h) {
+#pragma unroll
+    for (int i = 15; i >= 0; --i) {
+#pragma unroll
+      for (int b = 1; b >= 0; --b) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          first[r] = acc[h][i * 4 + 2 * r + b] == m[r] ? h * 128 + i * 8 + b : first[r];
+        }
+      }
+    }
+  }
+  float s[2] = {0.0f, 0.0f}, sez[2] = {0.0f, 0.0f}, sz[2] = {0.0f, 0.0f};
+  const float m_log2[2] = {m[0] * kLog2e, m[1] * kLog2e};
+  // kRowRef: e relative to the row's reference, exp(m_t - M) capped (the
+  // finish sends rows whose max lies further above M to the fallback).
+  float scale[2] = {1.0f, 1.0f};
+  if (kRowRef) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      scale[r] = Exp2Approx(fminf(m[r] - reference[r], kRowReferenceCap) * kLog2e);
+    }
+  }
+  const int box_row = m_tile * kBM + consumer * 64;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t packed[32];
+    ExpHalf<kSumZ, kRowRef>(acc[h], m_log2, scale, s, sez, sz, packed);
+    StageAndStore(packed, boxes, e_map, consumer, n_tile * kBN + h * 128, box_row);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + 8 * r;
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      s[r] += __shfl_xor_sync(0xffffffffu, s[r], off);
+      sez[r] += __shfl_xor_sync(0xffffffffu, sez[r], off);
+      if (kSumZ) sz[r] += __shfl_xor_sync(0xffffffffu, sz[r], off);
+    }
+    // Lowest column holding the max across the quad: offsets of different
+    // lanes interleave, so compare absolute columns.
+    int32_t idx = first[r] == INT_MAX ? INT_MAX : col0 + first[r];
+    idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 1));
+    idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 2));
+    if (row < a.rows && (lane & 3) == 0) {
+      const int64_t k = row * a.n_tiles + n_tile;
+      a.stats.max[k] = m[r];
+      a.stats.sum_exp[k] = s[r];
+      a.stats.sez[k] = sez[r] * kLn2;
+      a.stats.sum_z[k] = sz[r];
+      a.stats.argmax[k] = idx;
+    }
+  }
+}
+#endif  // FLCE_SM90A
 
 // The tile order: groups of m_group token tiles, token tiles fastest within
 // a group, a group's every W tile before the next group. The CTAs in flight
@@ -52,7 +293,7 @@ struct TileAt {
 
 template <bool kHalf, bool kSumZ, bool kRowRef>
 __global__ void __launch_bounds__(kThreads, 1)
-    CooperativeKernel(const __grid_constant__ CUtensorMap x_map,
+    LogitsStatsKernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap e_map, const KernelArgs a) {
 #ifdef FLCE_SM90A
@@ -95,10 +336,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const TileAt at_tile(tile, a);
     const int32_t m_tile = at_tile.m;
     const int32_t n_tile = at_tile.n;
+    // The rows' targets are loaded now: the epilogue would otherwise wait
+    // for them.
     const int64_t row0 = static_cast<int64_t>(m_tile) * kBM + c * 64 + warp * 16 + lane / 4;
     int32_t y[2];
-    float reference[2];
-    LoadRowInputs<kRowRef>(a, row0, y, reference);
+    float reference[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const bool in_chunk = row0 + 8 * r < a.rows;
+      y[r] = in_chunk ? a.target[row0 + 8 * r] : -1;
+      if (kRowRef && in_chunk) reference[r] = a.row_reference[row0 + 8 * r];
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -118,9 +366,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < 64; ++i) KeepInRegisters(acc[h][i]);
     }
     const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
-    if (col0 + kBN - 2 >= a.vocab) MaskPadding<128>(acc, a.vocab - col0);
-    TileEpilogue<2, kSumZ, kRowRef>(acc, row0, n_tile, m_tile * kBM + c * 64, c, y, reference, a,
-                                    &e_map, sm.out[c]);
+    if (col0 + kBN - 2 >= a.vocab) MaskPadding(acc, a.vocab - col0);
+    Epilogue<kSumZ, kRowRef>(acc, row0, n_tile, m_tile, c, y, reference, a, &e_map, sm.out[c]);
   }
   // e must be in global memory before the kernel ends.
   if (t == 0) TmaStoreWaitAll();
@@ -129,16 +376,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// A row-major rows x cols 16-bit tensor in boxes of 64 columns x box_rows.
+absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t rows, int64_t cols,
+                    uint32_t box_rows) {
+  return sm90::EncodeMatrix(map, dtype, base, rows, cols, kBK, box_rows);
+}
+
 template <bool kHalf, bool kSumZ, bool kRowRef>
-absl::Status LaunchCooperative(const Launch& l, cudaStream_t stream, DeviceHealth* health) {
-  const KernelArgs& k = l.k;
+absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CUtensorMap& e_map,
+                    const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
   const cudaError_t allowed =
-      AllowDynamicShared<CooperativeKernel<kHalf, kSumZ, kRowRef>>(kSharedBytes);
+      AllowDynamicShared<LogitsStatsKernel<kHalf, kSumZ, kRowRef>>(kSharedBytes);
   FLCE_CUDA_RETURN_IF_ERROR(allowed, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  CooperativeKernel<kHalf, kSumZ, kRowRef>
-      <<<grid, kThreads, kSharedBytes, stream>>>(l.x_map, l.w_map, l.e_map, k);
+  LogitsStatsKernel<kHalf, kSumZ, kRowRef>
+      <<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }
@@ -156,29 +409,15 @@ int32_t TokenTilesPerGroup(int32_t m_tiles) {
 }
 
 }  // namespace
-}  // namespace logits_stats
-
-int64_t LogitsStatsTileCols(int64_t hidden) {
-  // Read once: the workspace a plan sizes and the partials a launch writes
-  // must agree for the life of the process.
-  static const std::string choice = [] {
-    const char* env = std::getenv("FLCE_CUDA_STATS_KERNEL");
-    return std::string(env != nullptr ? env : "");
-  }();
-  if (choice == "pingpong") return 128;
-  if (choice == "cooperative") return 256;
-  return hidden <= kPingPongMaxHidden ? 128 : 256;
-}
 
 bool LogitsStatsSupported(DType dtype, int64_t hidden) {
   const char* env = std::getenv("FLCE_CUDA_LOGITS");
   if (env != nullptr && std::string(env) == "cublas") return false;
-  return sm90::HeadFitsHopperKernels(dtype, hidden);
+  return HeadFitsHopperKernels(dtype, hidden);
 }
 
 absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStream_t stream,
                                DeviceHealth* health) {
-  using logits_stats::Launch;
   if (args.rows == 0) return absl::OkStatus();
   if (args.hidden % 8 != 0 || args.padded_vocab % 128 != 0 || args.vocab > args.padded_vocab ||
       args.rows > INT32_MAX / 2 || args.padded_vocab > INT32_MAX / 2) {
@@ -187,24 +426,39 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
   if (reinterpret_cast<uintptr_t>(args.exp_out) % 16 != 0) {
     return absl::InternalError("logits-stats GEMM: e buffer not 16-byte aligned");
   }
-  const int64_t tile_cols = LogitsStatsTileCols(args.hidden);
-  if (args.row_reference != nullptr && (dtype != DType::kBF16 || args.sum_z)) {
+  static_assert(kBK == kOutBox, "the e boxes reuse the operands' 64-column encoding");
+  CUtensorMap x_map, w_map, e_map;
+  FLCE_RETURN_IF_ERROR(Encode(&x_map, dtype, args.x, args.rows, args.hidden, kBM));
+  FLCE_RETURN_IF_ERROR(Encode(&w_map, dtype, args.w, args.padded_vocab, args.hidden, kBN));
+  FLCE_RETURN_IF_ERROR(Encode(&e_map, args.row_reference != nullptr ? DType::kBF16 : DType::kF16,
+                              args.exp_out, args.rows, args.padded_vocab, kOutBox));
+  KernelArgs k;
+  k.rows = static_cast<int32_t>(args.rows);
+  k.hidden = static_cast<int32_t>(args.hidden);
+  k.vocab = static_cast<int32_t>(args.vocab);
+  k.padded_vocab = static_cast<int32_t>(args.padded_vocab);
+  k.m_tiles = static_cast<int32_t>((args.rows + kBM - 1) / kBM);
+  k.n_tiles = static_cast<int32_t>(LogitsStatsTiles(args.padded_vocab));
+  k.m_group = TokenTilesPerGroup(k.m_tiles);
+  k.target = args.target;
+  k.target_logit = args.target_logit;
+  k.stats = args.stats;
+  k.row_reference = args.row_reference;
+  k.run_if = args.run_if;
+  if (args.row_reference != nullptr) {
     // Row-scaled e feeds cuBLAS next to W, so it takes W's dtype: bf16 (fp16's
     // range would not hold exp(z - M_t)).
-    return absl::InternalError("logits-stats GEMM: row-scaled e needs bf16 and no sum z");
+    if (dtype != DType::kBF16 || args.sum_z) {
+      return absl::InternalError("logits-stats GEMM: row-scaled e needs bf16 and no sum z");
+    }
+    return Launch<false, false, true>(x_map, w_map, e_map, k, stream, health);
   }
-  absl::StatusOr<Launch> l = logits_stats::PrepareLaunch(dtype, args, tile_cols);
-  if (!l.ok()) return l.status();
-  if (tile_cols == 128) return logits_stats::LaunchPingPong(dtype, args.sum_z, *l, stream, health);
-  l->k.m_group = logits_stats::TokenTilesPerGroup(l->k.m_tiles);
-  using logits_stats::LaunchCooperative;
-  if (args.row_reference != nullptr) return LaunchCooperative<false, false, true>(*l, stream, health);
   if (dtype == DType::kF16) {
-    return args.sum_z ? LaunchCooperative<true, true, false>(*l, stream, health)
-                      : LaunchCooperative<true, false, false>(*l, stream, health);
+    return args.sum_z ? Launch<true, true, false>(x_map, w_map, e_map, k, stream, health)
+                      : Launch<true, false, false>(x_map, w_map, e_map, k, stream, health);
   }
-  return args.sum_z ? LaunchCooperative<false, true, false>(*l, stream, health)
-                    : LaunchCooperative<false, false, false>(*l, stream, health);
+  return args.sum_z ? Launch<false, true, false>(x_map, w_map, e_map, k, stream, health)
+                    : Launch<false, false, false>(x_map, w_map, e_map, k, stream, health);
 }
 
 }  // namespace flce::cuda

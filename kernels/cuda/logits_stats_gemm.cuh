@@ -2,7 +2,7 @@
 // (Hopper, sm_90a: TMA loads and stores, wgmma, warp-specialised
 // producer/consumers).
 //
-// For each (128-token x 128- or 256-column) tile the fp32 accumulators never leave
+// For each (128-token x 256-column) tile the fp32 accumulators never leave
 // registers: the epilogue takes the tile's per-row max m_t, writes
 // e = exp(z - m_t) as fp16 (relative rounding 2^-11, independent of |z|; a
 // 16-bit copy of z itself would round a logit of 30 by 0.06) and the tile's
@@ -63,17 +63,10 @@ struct LogitsStatsArgs {
 // row-scaled backward (its finish raises the fallback).
 inline constexpr float kRowReferenceCap = 60.0f;
 
-// Vocabulary columns per tile (one set of partials per row and tile) of the
-// kernel that runs for a head of `hidden` columns: 128 with the ping-pong
-// kernel (up to kPingPongMaxHidden, where its overlapped epilogue pays), 256
-// with the cooperative kernel above. FLCE_CUDA_STATS_KERNEL=pingpong or
-// cooperative picks one for every head (read once per process).
-inline constexpr int64_t kPingPongMaxHidden = 2048;
-int64_t LogitsStatsTileCols(int64_t hidden);
-
-// Tiles per row: the partials' row length.
-inline int64_t LogitsStatsTiles(int64_t padded_vocab, int64_t tile_cols) {
-  return (padded_vocab + tile_cols - 1) / tile_cols;
+// Vocabulary columns per tile, and tiles per row (the partials' row length).
+inline constexpr int64_t kLogitsStatsTileCols = 256;
+inline int64_t LogitsStatsTiles(int64_t padded_vocab) {
+  return (padded_vocab + kLogitsStatsTileCols - 1) / kLogitsStatsTileCols;
 }
 
 // Whether this device and head can take the kernel (compute capability 9.0,

@@ -61,13 +61,13 @@ Scratch Carve(char* base, int64_t rows, int64_t logits_cols, const TokenBytes& t
 bool RowScaledCapable(const HeadView& head) { return head.dtype == DType::kBF16; }
 
 int64_t TilePerTokenBytes(const HeadView& head) {
-  const int64_t tiles = LogitsStatsTiles(head.padded_vocab, LogitsStatsTileCols(head.hidden));
+  const int64_t tiles = LogitsStatsTiles(head.padded_vocab);
   return head.padded_vocab * 2 + tiles * 5 * 4 + 4 + static_cast<int64_t>(sizeof(RowGrad)) +
          RowScaledPerTokenBytes(head);
 }
 
 int64_t TileScratchBytes(int64_t rows, const HeadView& head, const TokenBytes& tb) {
-  const int64_t tiles = LogitsStatsTiles(head.padded_vocab, LogitsStatsTileCols(head.hidden));
+  const int64_t tiles = LogitsStatsTiles(head.padded_vocab);
   int64_t bytes = Carver::Round(rows * head.padded_vocab * 2) +
                   Carver::Round(rows * tiles * 4) * 5 + Carver::Round(rows * 4) +
                   Carver::Round(rows * static_cast<int64_t>(sizeof(RowGrad)));
@@ -81,7 +81,7 @@ int64_t TileScratchBytes(int64_t rows, const HeadView& head, const TokenBytes& t
 }
 
 TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const TokenBytes& tb) {
-  const int64_t tiles = LogitsStatsTiles(head.padded_vocab, LogitsStatsTileCols(head.hidden));
+  const int64_t tiles = LogitsStatsTiles(head.padded_vocab);
   Carver c(base);
   TileScratch s;
   s.exp_dlogits = c.TakeBytes(rows * head.padded_vocab * 2);
@@ -207,8 +207,7 @@ void TileChunkArgs(const HeadView& head, const DeviceRequest& r, const TileScrat
   g->sum_z = r.params.label_smoothing > 0.0f;
   t->rows = r.rows;
   t->padded_vocab = head.padded_vocab;
-  t->tile_cols = LogitsStatsTileCols(head.hidden);
-  t->tiles = LogitsStatsTiles(head.padded_vocab, t->tile_cols);
+  t->tiles = LogitsStatsTiles(head.padded_vocab);
   t->stats = s.stats;
   t->target_logit = s.target_logit;
   t->in = r.in;

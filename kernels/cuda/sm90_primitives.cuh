@@ -91,33 +91,6 @@ __device__ __forceinline__ void InitStageBarriers(uint64_t (&full)[kStages],
   __syncthreads();
 }
 
-// This CTA's rank in its thread-block cluster.
-__device__ __forceinline__ uint32_t ClusterCtaRank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-
-// Every thread of every CTA of the cluster; the barriers' initialisation
-// (FenceBarrierInit) is visible to the peers after it.
-__device__ __forceinline__ void ClusterSync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// Arrives on the barrier at `bar`'s offset in the shared memory of the
-// cluster's CTA `cta`.
-__device__ __forceinline__ void MbarArriveInCta(uint64_t* bar, uint32_t cta) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(SmemAddr(bar)),
-      "r"(cta)
-      : "memory");
-}
-
 __device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
                "r"(bytes)
@@ -150,18 +123,6 @@ __device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, uint6
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4}], [%2];" ::"r"(SmemAddr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddr(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
-
-// One box into `dst`'s offset in the shared memory of every CTA of the
-// cluster named in `cta_mask`, each CTA's barrier at `bar`'s offset counting
-// the bytes that land there.
-__device__ __forceinline__ void TmaLoadMulticast(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                                 int c0, int c1, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%4, %5}], [%2], %3;" ::"r"(SmemAddr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddr(bar)), "h"(cta_mask), "r"(c0), "r"(c1)
       : "memory");
 }
 
@@ -295,12 +256,10 @@ __device__ __forceinline__ void Wgmma(float* d, uint64_t desc_a, uint64_t desc_b
 // wgmmas that read a stage; one k-block's MMAs stay in flight while the
 // next block's are issued, and a stage is released (by `releaser`, one
 // thread of the warpgroup) once the MMAs that read it have completed.
-// `release(stage)` tells the stage's producers that it is free (by default
-// an arrival on this CTA's `empty` barrier).
-template <int kStages, typename Issue, typename Release>
+template <int kStages, typename Issue>
 __device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t (&full)[kStages],
-                                              int32_t blocks, bool releaser, Issue&& issue,
-                                              Release&& release) {
+                                              uint64_t (&empty)[kStages], int32_t blocks,
+                                              bool releaser, Issue&& issue) {
   int prev = -1;
   for (int32_t kb = 0; kb < blocks; ++kb) {
     MbarWait(&full[at.stage], at.phase);
@@ -308,29 +267,12 @@ __device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t
     issue(at.stage);
     WgmmaCommit();
     WgmmaWaitOne();
-    if (prev >= 0 && releaser) release(prev);
+    if (prev >= 0 && releaser) MbarArrive(&empty[prev]);
     prev = at.stage;
     at.Next();
   }
   WgmmaWaitAll();
-  if (prev >= 0 && releaser) release(prev);
-}
-template <int kStages, typename Issue>
-__device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t (&full)[kStages],
-                                              uint64_t (&empty)[kStages], int32_t blocks,
-                                              bool releaser, Issue&& issue) {
-  ConsumeStages(at, full, blocks, releaser, issue, [&](int stage) { MbarArrive(&empty[stage]); });
-}
-
-// Until every stage's last fill has been released: a CTA whose stages a
-// cluster peer fills or releases must not exit before that peer is done
-// with them.
-template <int kStages>
-__device__ __forceinline__ void DrainStages(StageCursor<kStages>& at, uint64_t (&empty)[kStages]) {
-  for (int s = 0; s < kStages; ++s) {
-    MbarWait(&empty[at.stage], at.phase ^ 1);
-    at.Next();
-  }
+  if (prev >= 0 && releaser) MbarArrive(&empty[prev]);
 }
 #endif  // FLCE_SM90A
 

@@ -16,8 +16,8 @@ constexpr int kGradVectors = 2;  // vectors per thread
 // The grid-stride kernels' grid: a few waves of blocks on the largest GPUs,
 // enough to stream, whatever the rows.
 constexpr int64_t kMaxStrideBlocks = 4096;
-// A thread's columns never straddle two tiles (tiles of 128 or 256 columns).
-static_assert(128 % (kGradVec * kGradVectors) == 0, "a thread's columns span two tiles");
+static_assert(kLogitsStatsTileCols % (kGradVec * kGradVectors) == 0,
+              "a thread's columns never straddle two tiles");
 
 // K_t and the target entry of the row-scaled backward (row_scaled_backward.cuh),
 // label smoothing 0: dz_j = coef (1 + 2 s LSE) p_j for j != y, and
@@ -174,7 +174,6 @@ template <typename T>
 __global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a, int64_t col_blocks) {
   if (a.run_if != nullptr && *a.run_if == 0) return;
   const RowConsts kc = MakeConsts(a.params);
-  const int tile_shift = __ffsll(a.tile_cols) - 1;
   const int64_t work = col_blocks * a.rows;
   for (int64_t w = blockIdx.x; w < work; w += gridDim.x) {
     const int64_t row = w / col_blocks;
@@ -186,7 +185,7 @@ __global__ void __launch_bounds__(kGradThreads) TileGradKernel(TileRowArgs a, in
 #pragma unroll
     for (int v = 0; v < kGradVectors; ++v) raw[v] = slot[v];
     const RowGrad g = a.grad[row];
-    const float f = a.stats.max[row * a.tiles + (j0 >> tile_shift)];
+    const float f = a.stats.max[row * a.tiles + j0 / kLogitsStatsTileCols];
 #pragma unroll
     for (int v = 0; v < kGradVectors; ++v) {
       slot[v] = GradVector<T>(raw[v], j0 + v * kGradVec, f, g, a, kc);
@@ -240,9 +239,6 @@ absl::Status LaunchTileGrad(DType dtype, const TileRowArgs& args, cudaStream_t s
   }
   constexpr int64_t kPerBlock = kGradThreads * kGradVec * kGradVectors;
   const int64_t col_blocks = (args.padded_vocab + kPerBlock - 1) / kPerBlock;
-  if (args.tile_cols != 128 && args.tile_cols != 256) {
-    return absl::InternalError("tile gradient kernel: tiles of 128 or 256 columns only");
-  }
   const dim3 grid(static_cast<unsigned>(std::min(col_blocks * args.rows, kMaxStrideBlocks)));
   switch (dtype) {
     case DType::kBF16:

@@ -21,8 +21,7 @@ namespace flce::cuda {
 struct TileRowArgs {
   int64_t rows = 0;
   int64_t padded_vocab = 0;
-  int64_t tile_cols = 256;  // LogitsStatsTileCols(hidden): a power of two
-  int64_t tiles = 0;        // LogitsStatsTiles(padded_vocab, tile_cols)
+  int64_t tiles = 0;  // LogitsStatsTiles(padded_vocab)
   // From the GEMM. The finish kernel overwrites stats.max with exp(m_t - LSE),
   // the factor the gradient kernel applies to the tile's e.
   TileStats stats;
