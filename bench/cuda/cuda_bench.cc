@@ -25,12 +25,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/cuda/bench_data.cuh"
+#include "bench/cuda/gpu_energy.h"
 #include "kernels/cuda/backward_gemm.cuh"
 #include "kernels/cuda/cluster_row_kernel.cuh"
 #include "kernels/cuda/cuda_engine.h"
@@ -80,12 +82,18 @@ struct Flags {
   // (FLCE_CUDA_BACKWARD=cublas / own) instead of the default choice.
   // NAME@VAR=VALUE (e.g. chunked@FLCE_CUDA_STATS_GROUP=16): strategy NAME
   // with an engine switch set for its runs.
-  std::vector<std::string> strategies = {"chunked",         "chunked_cublas_backward",
-                                         "chunked_own_backward", "chunked_cublas",
-                                         "chunked_cluster", "chunked_two_pass",
-                                         "chunked_overlap", "vocab_split",
-                                         "fuse_mn",         "separate",
-                                         "naive",           "auto"};
+  std::vector<std::string> strategies = {"chunked",
+                                         "chunked_cublas_backward",
+                                         "chunked_own_backward",
+                                         "chunked_cublas",
+                                         "chunked_cluster",
+                                         "chunked_two_pass",
+                                         "chunked_overlap",
+                                         "vocab_split",
+                                         "fuse_mn",
+                                         "separate",
+                                         "naive",
+                                         "auto"};
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -154,12 +162,24 @@ Strategy ParseStrategy(const std::string& s) {
     }                                                                   \
   } while (0)
 
+// ", 12.3 J per run" where the energy was measured, else nothing.
+std::string Joules(double joules) {
+  if (joules < 0) return "";
+  char text[48];
+  std::snprintf(text, sizeof(text), ", %.1f J per run", joules);
+  return text;
+}
+
 // Median of `runs` timed calls of fn (after `warmup` untimed ones), CUDA
-// events on `stream`. fn returns false on failure.
-double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function<bool()>& fn) {
+// events on `stream`. fn returns false on failure. With `energy`, *joules is
+// the GPU's energy per timed call (the counter read around all of them).
+double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function<bool()>& fn,
+                  const GpuEnergy* energy = nullptr, double* joules = nullptr) {
   for (int i = 0; i < warmup; ++i) {
     if (!fn()) return -1.0;
   }
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return -1.0;
+  const std::optional<uint64_t> mj0 = energy != nullptr ? energy->MilliJoules() : std::nullopt;
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
@@ -175,6 +195,10 @@ double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
+  if (joules != nullptr) {
+    const std::optional<uint64_t> mj1 = mj0.has_value() ? energy->MilliJoules() : std::nullopt;
+    *joules = mj1.has_value() ? (*mj1 - *mj0) / 1000.0 / runs : -1.0;
+  }
   std::sort(ms.begin(), ms.end());
   return ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
 }
@@ -432,6 +456,10 @@ int Main(int argc, char** argv) {
   CHECK_CUBLAS(cublasSetStream(cublas, stream));
   nlohmann::json records = nlohmann::json::array();
 
+  std::string energy_why;
+  const std::optional<GpuEnergy> energy = GpuEnergy::ForCurrentDevice(&energy_why);
+  if (!energy.has_value()) std::printf("# GPU energy not measured: %s\n", energy_why.c_str());
+  const GpuEnergy* energy_ptr = energy.has_value() ? &*energy : nullptr;
   for (int si : flags.shapes) {
     const Shape sh = kShapes[si];
     const int64_t vp = cuda::PadVocab(sh.v);
@@ -491,6 +519,7 @@ int Main(int argc, char** argv) {
 
     // The three-GEMM bound.
     double bound_ms;
+    double bound_joules = -1.0;
     {
       constexpr int64_t kChunk = 8192;
       auto lbuf = DeviceBuffer::Allocate(kChunk * vp * 2, engine->context()->health());
@@ -499,7 +528,7 @@ int Main(int argc, char** argv) {
         return 1;
       }
       const void* w = head->view().weight;
-      bound_ms = TimeMedian(stream, flags.warmup, flags.runs, [&]() {
+      const auto bound_step = [&]() {
         const float one = 1.0f, zero = 0.0f;
         for (int64_t c0 = 0; c0 < sh.bt; c0 += kChunk) {
           const int rows = static_cast<int>(std::min(kChunk, sh.bt - c0));
@@ -519,14 +548,17 @@ int Main(int argc, char** argv) {
           }
         }
         return true;
-      });
+      };
+      bound_ms =
+          TimeMedian(stream, flags.warmup, flags.runs, bound_step, energy_ptr, &bound_joules);
       if (bound_ms < 0) {
         std::fprintf(stderr, "bound GEMMs failed\n");
         return 1;
       }
     }
     const double flops = 6.0 * sh.bt * sh.v * sh.h;
-    std::printf("  3-GEMM bound: %.2f ms (%.0f TFLOP/s)\n", bound_ms, flops / bound_ms / 1e9);
+    std::printf("  3-GEMM bound: %.2f ms (%.0f TFLOP/s)%s\n", bound_ms, flops / bound_ms / 1e9,
+                Joules(bound_joules).c_str());
     if (flags.stages) {
       PlanRequest pr;
       pr.strategy = Strategy::kChunked;
@@ -539,20 +571,21 @@ int Main(int argc, char** argv) {
         const double chunks = std::ceil(double(sh.bt) / plan.chunk_tokens);
         std::printf("  %sone chunk of %lld tokens (x%.0f chunks): %s\n", label,
                     (long long)plan.chunk_tokens, chunks, st.dump().c_str());
-        nlohmann::json rec = {{"strategy", strategy},
-                              {"BT", sh.bt},
-                              {"H", sh.h},
-                              {"V", sh.v},
-                              {"dtype", "bf16"},
-                              {"gemm_bound_ms", bound_ms},
-                              {"gpu", gpu},
-                              {"date", date},
-                              {"commit", flags.commit},
-                              {"chunks", chunks},
-                              {std::string(strategy) == "chunked_pipeline_stages"
-                                   ? "stages_total_ms"
-                                   : "stages_per_chunk_ms",
-                               st}};
+        nlohmann::json rec = {
+            {"strategy", strategy},
+            {"BT", sh.bt},
+            {"H", sh.h},
+            {"V", sh.v},
+            {"dtype", "bf16"},
+            {"gemm_bound_ms", bound_ms},
+            {"gemm_bound_joules", bound_joules},
+            {"gpu", gpu},
+            {"date", date},
+            {"commit", flags.commit},
+            {"chunks", chunks},
+            {std::string(strategy) == "chunked_pipeline_stages" ? "stages_total_ms"
+                                                                : "stages_per_chunk_ms",
+             st}};
         records.push_back(rec);
       };
       auto tile_plan = engine->PlanFor(*head, pr);
@@ -601,6 +634,7 @@ int Main(int argc, char** argv) {
                             {"V", sh.v},
                             {"dtype", "bf16"},
                             {"gemm_bound_ms", bound_ms},
+                            {"gemm_bound_joules", bound_joules},
                             {"gpu", gpu},
                             {"date", date},
                             {"commit", flags.commit},
@@ -646,10 +680,14 @@ int Main(int argc, char** argv) {
       if (name == "chunked_overlap") setenv("FLCE_CUDA_OVERLAP", "1", 1);
       if (backward != nullptr) setenv("FLCE_CUDA_BACKWARD", backward, 1);
       if (!env_name.empty()) setenv(env_name.c_str(), env_value.c_str(), 1);
-      double ms = TimeMedian(stream, warmup, runs, [&]() {
-        run_status = runner->RunOnDevice(*head, *plan, r);
-        return run_status.ok();
-      });
+      double joules = -1.0;
+      double ms = TimeMedian(
+          stream, warmup, runs,
+          [&]() {
+            run_status = runner->RunOnDevice(*head, *plan, r);
+            return run_status.ok();
+          },
+          energy_ptr, &joules);
       unsetenv("FLCE_CUDA_ROW_KERNEL");
       unsetenv("FLCE_CUDA_OVERLAP");
       unsetenv("FLCE_CUDA_LOGITS");
@@ -663,6 +701,7 @@ int Main(int argc, char** argv) {
         continue;
       }
       ms *= scale;
+      if (joules >= 0) joules *= scale;
       const int64_t ws = plan->scratch_bytes +
                          (plan->strategy == Strategy::kChunked ? 2 * plan->stream_slot_bytes : 0);
       rec["strategy_used"] = StrategyName(plan->strategy);
@@ -673,15 +712,16 @@ int Main(int argc, char** argv) {
       rec["ms"] = ms;
       rec["ratio"] = ms / bound_ms;
       rec["tflops"] = flops / ms / 1e9;
+      rec["joules"] = joules;
       rec["workspace_peak_mib"] = ws / 1048576.0;
       rec["chunk_tokens"] = plan->chunk_tokens;
       rec["split_cols"] = plan->split_cols;
       rec["runs"] = runs;
       std::printf(
           "  %-12s %9.2f ms  %6.0f TFLOP/s  %5.2fx bound  workspace %7.1f MiB  (chunk %lld, split "
-          "%lld)%s\n",
+          "%lld)%s%s\n",
           spelled.c_str(), ms, flops / ms / 1e9, ms / bound_ms, ws / 1048576.0,
-          (long long)plan->chunk_tokens, (long long)plan->split_cols,
+          (long long)plan->chunk_tokens, (long long)plan->split_cols, Joules(joules).c_str(),
           scale != 1.0 ? "  [extrapolated]" : "");
       std::fflush(stdout);
       records.push_back(rec);
