@@ -559,6 +559,19 @@ int Main(int argc, char** argv) {
     const double flops = 6.0 * sh.bt * sh.v * sh.h;
     std::printf("  3-GEMM bound: %.2f ms (%.0f TFLOP/s)%s\n", bound_ms, flops / bound_ms / 1e9,
                 Joules(bound_joules).c_str());
+    // The fields every record of this shape carries.
+    const auto shape_record = [&](const std::string& strategy) {
+      return nlohmann::json{{"strategy", strategy},
+                            {"BT", sh.bt},
+                            {"H", sh.h},
+                            {"V", sh.v},
+                            {"dtype", "bf16"},
+                            {"gemm_bound_ms", bound_ms},
+                            {"gemm_bound_joules", bound_joules},
+                            {"gpu", gpu},
+                            {"date", date},
+                            {"commit", flags.commit}};
+    };
     if (flags.stages) {
       PlanRequest pr;
       pr.strategy = Strategy::kChunked;
@@ -571,21 +584,10 @@ int Main(int argc, char** argv) {
         const double chunks = std::ceil(double(sh.bt) / plan.chunk_tokens);
         std::printf("  %sone chunk of %lld tokens (x%.0f chunks): %s\n", label,
                     (long long)plan.chunk_tokens, chunks, st.dump().c_str());
-        nlohmann::json rec = {
-            {"strategy", strategy},
-            {"BT", sh.bt},
-            {"H", sh.h},
-            {"V", sh.v},
-            {"dtype", "bf16"},
-            {"gemm_bound_ms", bound_ms},
-            {"gemm_bound_joules", bound_joules},
-            {"gpu", gpu},
-            {"date", date},
-            {"commit", flags.commit},
-            {"chunks", chunks},
-            {std::string(strategy) == "chunked_pipeline_stages" ? "stages_total_ms"
-                                                                : "stages_per_chunk_ms",
-             st}};
+        nlohmann::json rec = shape_record(strategy);
+        rec["chunks"] = chunks;
+        rec[std::string(strategy) == "chunked_pipeline_stages" ? "stages_total_ms"
+                                                               : "stages_per_chunk_ms"] = st;
         records.push_back(rec);
       };
       auto tile_plan = engine->PlanFor(*head, pr);
@@ -628,17 +630,8 @@ int Main(int argc, char** argv) {
       const Strategy strategy =
           cublas_logits || backward != nullptr ? Strategy::kChunked : ParseStrategy(name);
       if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
-      nlohmann::json rec = {{"strategy", spelled},
-                            {"BT", sh.bt},
-                            {"H", sh.h},
-                            {"V", sh.v},
-                            {"dtype", "bf16"},
-                            {"gemm_bound_ms", bound_ms},
-                            {"gemm_bound_joules", bound_joules},
-                            {"gpu", gpu},
-                            {"date", date},
-                            {"commit", flags.commit},
-                            {"workspace_budget_mib", flags.workspace_mb}};
+      nlohmann::json rec = shape_record(spelled);
+      rec["workspace_budget_mib"] = flags.workspace_mb;
       PlanRequest pr;
       pr.strategy = strategy;
       pr.num_tokens = sh.bt;
