@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -162,6 +163,8 @@ Strategy ParseStrategy(const std::string& s) {
     }                                                                   \
   } while (0)
 
+constexpr double kMinEnergyWindowS = 1.0;
+
 // ", 12.3 J per run" where the energy was measured, else nothing.
 std::string Joules(double joules) {
   if (joules < 0) return "";
@@ -172,7 +175,9 @@ std::string Joules(double joules) {
 
 // Median of `runs` timed calls of fn (after `warmup` untimed ones), CUDA
 // events on `stream`. fn returns false on failure. With `energy`, *joules is
-// the GPU's energy per timed call (the counter read around all of them).
+// the GPU's energy per timed call, the counter read around all of them; -1
+// when they took less than kMinEnergyWindowS (the counter moves in steps:
+// the same 0.12 s series read 20 J in one run and 48 J in the next).
 double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function<bool()>& fn,
                   const GpuEnergy* energy = nullptr, double* joules = nullptr) {
   for (int i = 0; i < warmup; ++i) {
@@ -180,6 +185,7 @@ double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function
   }
   if (cudaStreamSynchronize(stream) != cudaSuccess) return -1.0;
   const std::optional<uint64_t> mj0 = energy != nullptr ? energy->MilliJoules() : std::nullopt;
+  const auto start = std::chrono::steady_clock::now();
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
@@ -197,7 +203,9 @@ double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function
   cudaEventDestroy(b);
   if (joules != nullptr) {
     const std::optional<uint64_t> mj1 = mj0.has_value() ? energy->MilliJoules() : std::nullopt;
-    *joules = mj1.has_value() ? (*mj1 - *mj0) / 1000.0 / runs : -1.0;
+    const std::chrono::duration<double> window = std::chrono::steady_clock::now() - start;
+    *joules = mj1.has_value() && window.count() >= kMinEnergyWindowS ? (*mj1 - *mj0) / 1000.0 / runs
+                                                                     : -1.0;
   }
   std::sort(ms.begin(), ms.end());
   return ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
