@@ -297,10 +297,43 @@ nlohmann::json StageBreakdown(CudaEngine& engine, const CudaHead& head, const Pl
   return out;
 }
 
+// fn run back to back for at least kSustainedS (after a quarter of that
+// untimed): time and energy per call once the GPU sits at its power limit,
+// as the kernels of a whole run do. Null where a call fails.
+nlohmann::json Sustained(cudaStream_t stream, const std::function<bool()>& fn,
+                         const GpuEnergy& energy) {
+  constexpr double kSustainedS = 2.0;
+  const double once_ms = TimeStage(stream, 1, nullptr, fn);
+  if (once_ms <= 0) return nullptr;
+  const int calls = static_cast<int>(std::ceil(kSustainedS * 1e3 / once_ms));
+  for (int i = 0; i < calls / 4; ++i) {
+    if (!fn()) return nullptr;
+  }
+  double joules = -1.0;
+  const double ms = TimeMedian(
+      stream, 0, 1,
+      [&]() {
+        for (int i = 0; i < calls; ++i) {
+          if (!fn()) return false;
+        }
+        return true;
+      },
+      &energy, &joules);
+  if (ms < 0) return nullptr;
+  nlohmann::json out = {{"calls", calls}, {"ms_per_call", ms / calls}};
+  if (joules >= 0) {
+    out["joules_per_call"] = joules / calls;
+    out["watts"] = joules / (ms * 1e-3);
+  }
+  return out;
+}
+
 // The same for the logits-stats path: its GEMM (with the row partials in
 // the epilogue), the row finish, the dlogits pass and the two cuBLAS GEMMs.
+// With `energy`, also the stats GEMM and cuBLAS's logits GEMM with a 16-bit
+// output (the bound's first GEMM: the same flops and output bytes) sustained.
 nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, const Plan& plan,
-                                  const DeviceRequest& req, int reps) {
+                                  const DeviceRequest& req, int reps, const GpuEnergy* energy) {
   nlohmann::json out;
   const cuda::HeadView hv = head.view();
   const int64_t rows = std::min(plan.chunk_tokens, req.rows);
@@ -382,6 +415,21 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
         nullptr, [&]() { return cuda::LaunchGradWeightGemm(hv.dtype, gw, stream, health).ok(); });
     out["own_grad_input_gemm_tflops"] = rate("own_grad_input_gemm_ms");
     out["own_grad_weight_gemm_tflops"] = rate("own_grad_weight_gemm_ms");
+  }
+  if (energy != nullptr && hv.dtype == DType::kBF16) {
+    const float one = 1.0f, zero = 0.0f;
+    const int n = static_cast<int>(hv.padded_vocab), m = static_cast<int>(rows),
+              k = static_cast<int>(hv.hidden);
+    if (cublasSetStream(gemm.handle, stream) != CUBLAS_STATUS_SUCCESS) return out;
+    out["sustained_logits_stats_gemm"] = Sustained(stream, stats_gemm, *energy);
+    out["sustained_cublas_logits_gemm_bf16"] = Sustained(
+        stream,
+        [&]() {
+          return cublasGemmEx(gemm.handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, hv.weight,
+                              CUDA_R_16BF, k, g.x, CUDA_R_16BF, k, &zero, e, CUDA_R_16BF, n,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+        },
+        *energy);
   }
   return out;
 }
@@ -601,7 +649,7 @@ int Main(int argc, char** argv) {
       auto tile_plan = engine->PlanFor(*head, pr);
       if (tile_plan.ok() && tile_plan->tile_stats) {
         record_stages("chunked_tile_stats_stage_breakdown", "logits-stats path, ", *tile_plan,
-                      TileStageBreakdown(*engine, *head, *tile_plan, req, 5));
+                      TileStageBreakdown(*engine, *head, *tile_plan, req, 5, energy_ptr));
         for (const char* backward : {"cublas", "own", static_cast<const char*>(nullptr)}) {
           record_stages("chunked_pipeline_stages", "whole runs, stages summed over chunks, ",
                         *tile_plan, PipelineStages(*engine, *head, *tile_plan, req, 3, backward));
