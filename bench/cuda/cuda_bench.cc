@@ -330,8 +330,9 @@ nlohmann::json Sustained(cudaStream_t stream, const std::function<bool()>& fn,
 
 // The same for the logits-stats path: its GEMM (with the row partials in
 // the epilogue), the row finish, the dlogits pass and the two cuBLAS GEMMs.
-// With `energy`, also the stats GEMM and cuBLAS's logits GEMM with a 16-bit
-// output (the bound's first GEMM: the same flops and output bytes) sustained.
+// With `energy`, also every GEMM sustained (Sustained): the stats GEMM,
+// cuBLAS's logits GEMM with a 16-bit output (the bound's first GEMM: the same
+// flops and output bytes) and both backward GEMMs, cuBLAS's and the own ones.
 nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, const Plan& plan,
                                   const DeviceRequest& req, int reps, const GpuEnergy* energy) {
   nlohmann::json out;
@@ -378,18 +379,20 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   out["row_finish_ms"] = time_with_setup(stats_gemm, finish);
   out["dlogits_pass_ms"] = time_with_setup(
       gemm_and_finish, [&]() { return cuda::LaunchTileGrad(hv.dtype, t, stream, health).ok(); });
-  out["grad_input_gemm_ms"] = time_with_setup(nullptr, [&]() {
+  const std::function<bool()> grad_input_gemm = [&]() {
     return gemm
         .GradInput(e, hv.padded_vocab, hv.weight, rows, hv.padded_vocab, hv.hidden, req.grad_input,
                    hv.dtype, 0.0f)
         .ok();
-  });
-  out["grad_weight_gemm_ms"] = time_with_setup(nullptr, [&]() {
+  };
+  const std::function<bool()> grad_weight_gemm = [&]() {
     return gemm
         .GradWeight(e, hv.padded_vocab, req.hidden, rows, hv.padded_vocab, hv.hidden,
                     req.grad_weight)
         .ok();
-  });
+  };
+  out["grad_input_gemm_ms"] = time_with_setup(nullptr, grad_input_gemm);
+  out["grad_weight_gemm_ms"] = time_with_setup(nullptr, grad_weight_gemm);
   // The own Hopper kernels for the same two products (fp32 grad_input slabs,
   // as the row-scaled path takes them), and each GEMM's rate.
   const double tflop = 2.0 * rows * hv.padded_vocab * hv.hidden * 1e-12;
@@ -399,20 +402,25 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   };
   out["grad_input_gemm_tflops"] = rate("grad_input_gemm_ms");
   out["grad_weight_gemm_tflops"] = rate("grad_weight_gemm_ms");
+  std::function<bool()> own_grad_input, own_grad_weight;
+  cuda::GradWeightGemmArgs gw;
   if (cuda::BackwardGemmSupported(hv.dtype, hv.hidden) && launch->own_grad_input.out != nullptr) {
-    const cuda::GradInputGemmArgs& gi = launch->own_grad_input;
-    out["own_grad_input_splits"] = gi.splits;
-    out["own_grad_input_gemm_ms"] = time_with_setup(
-        nullptr, [&]() { return cuda::LaunchGradInputGemm(hv.dtype, gi, stream, health).ok(); });
-    cuda::GradWeightGemmArgs gw;
+    const cuda::GradInputGemmArgs* gi = &launch->own_grad_input;
+    out["own_grad_input_splits"] = gi->splits;
+    own_grad_input = [&, gi]() {
+      return cuda::LaunchGradInputGemm(hv.dtype, *gi, stream, health).ok();
+    };
     gw.d = e;
     gw.x = req.hidden;
     gw.rows = rows;
     gw.cols = hv.padded_vocab;
     gw.hidden = hv.hidden;
     gw.gw = req.grad_weight;
-    out["own_grad_weight_gemm_ms"] = time_with_setup(
-        nullptr, [&]() { return cuda::LaunchGradWeightGemm(hv.dtype, gw, stream, health).ok(); });
+    own_grad_weight = [&]() {
+      return cuda::LaunchGradWeightGemm(hv.dtype, gw, stream, health).ok();
+    };
+    out["own_grad_input_gemm_ms"] = time_with_setup(nullptr, own_grad_input);
+    out["own_grad_weight_gemm_ms"] = time_with_setup(nullptr, own_grad_weight);
     out["own_grad_input_gemm_tflops"] = rate("own_grad_input_gemm_ms");
     out["own_grad_weight_gemm_tflops"] = rate("own_grad_weight_gemm_ms");
   }
@@ -430,6 +438,12 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
         },
         *energy);
+    out["sustained_grad_input_gemm"] = Sustained(stream, grad_input_gemm, *energy);
+    out["sustained_grad_weight_gemm"] = Sustained(stream, grad_weight_gemm, *energy);
+    if (own_grad_input) {
+      out["sustained_own_grad_input_gemm"] = Sustained(stream, own_grad_input, *energy);
+      out["sustained_own_grad_weight_gemm"] = Sustained(stream, own_grad_weight, *energy);
+    }
   }
   return out;
 }
