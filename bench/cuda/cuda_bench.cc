@@ -587,9 +587,13 @@ int Main(int argc, char** argv) {
     req.grad_weight = grad->weight();
     req.params.vocab = sh.v;
 
-    // The three-GEMM bound.
+    // The three-GEMM bound: 8192-token chunks (a 2.9 GB logits buffer at the
+    // first shape), and the same GEMMs at the default plan's chunk size, which
+    // its 2 GiB workspace sets (smaller GEMMs fill the GPU's waves less well).
     double bound_ms;
     double bound_joules = -1.0;
+    double bound_at_plan_chunk_ms = -1.0;
+    int64_t plan_chunk = 0;
     {
       constexpr int64_t kChunk = 8192;
       auto lbuf = DeviceBuffer::Allocate(kChunk * vp * 2, engine->context()->health());
@@ -598,10 +602,10 @@ int Main(int argc, char** argv) {
         return 1;
       }
       const void* w = head->view().weight;
-      const auto bound_step = [&]() {
+      const auto bound_step = [&](int64_t chunk) {
         const float one = 1.0f, zero = 0.0f;
-        for (int64_t c0 = 0; c0 < sh.bt; c0 += kChunk) {
-          const int rows = static_cast<int>(std::min(kChunk, sh.bt - c0));
+        for (int64_t c0 = 0; c0 < sh.bt; c0 += chunk) {
+          const int rows = static_cast<int>(std::min(chunk, sh.bt - c0));
           const char* x = static_cast<const char*>(xbuf->get()) + c0 * sh.h * 2;
           char* gi = static_cast<char*>(gibuf->get()) + c0 * sh.h * 2;
           if (cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, vp, rows, sh.h, &one, w, CUDA_R_16BF,
@@ -619,16 +623,32 @@ int Main(int argc, char** argv) {
         }
         return true;
       };
-      bound_ms =
-          TimeMedian(stream, flags.warmup, flags.runs, bound_step, energy_ptr, &bound_joules);
+      bound_ms = TimeMedian(
+          stream, flags.warmup, flags.runs, [&]() { return bound_step(kChunk); }, energy_ptr,
+          &bound_joules);
       if (bound_ms < 0) {
         std::fprintf(stderr, "bound GEMMs failed\n");
         return 1;
+      }
+      PlanRequest pr;
+      pr.strategy = Strategy::kChunked;
+      pr.num_tokens = sh.bt;
+      pr.hidden_dtype = DType::kBF16;
+      pr.streaming = true;
+      const absl::StatusOr<Plan> plan = engine->PlanFor(*head, pr);
+      if (plan.ok() && plan->chunk_tokens > 0 && plan->chunk_tokens < kChunk) {
+        plan_chunk = plan->chunk_tokens;
+        bound_at_plan_chunk_ms =
+            TimeMedian(stream, flags.warmup, flags.runs, [&]() { return bound_step(plan_chunk); });
       }
     }
     const double flops = 6.0 * sh.bt * sh.v * sh.h;
     std::printf("  3-GEMM bound: %.2f ms (%.0f TFLOP/s)%s\n", bound_ms, flops / bound_ms / 1e9,
                 Joules(bound_joules).c_str());
+    if (bound_at_plan_chunk_ms > 0) {
+      std::printf("  the same GEMMs in the default plan's %lld-token chunks: %.2f ms\n",
+                  static_cast<long long>(plan_chunk), bound_at_plan_chunk_ms);
+    }
     // The fields every record of this shape carries.
     const auto shape_record = [&](const std::string& strategy) {
       return nlohmann::json{{"strategy", strategy},
@@ -638,6 +658,8 @@ int Main(int argc, char** argv) {
                             {"dtype", "bf16"},
                             {"gemm_bound_ms", bound_ms},
                             {"gemm_bound_joules", bound_joules},
+                            {"gemm_bound_at_plan_chunk_ms", bound_at_plan_chunk_ms},
+                            {"plan_chunk_tokens", plan_chunk},
                             {"gpu", gpu},
                             {"date", date},
                             {"commit", flags.commit}};
