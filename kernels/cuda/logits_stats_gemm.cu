@@ -291,31 +291,7 @@ struct TileAt {
   }
 };
 
-#ifdef FLCE_SM90A
-// Measurement only: e = fp16(z), no statistics (a GEMM with a 16-bit output).
-__device__ __forceinline__ void StoreOnly(const float (&acc)[2][64], int32_t n_tile,
-                                          int32_t m_tile, int consumer,
-                                          const CUtensorMap* e_map,
-                                          uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    uint32_t packed[32];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const __half2 pair = __floats2half2_rn(acc[h][i * 4 + 2 * r], acc[h][i * 4 + 2 * r + 1]);
-        packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
-      }
-    }
-    StageAndStore(packed, boxes, e_map, consumer, n_tile * kBN + h * 128,
-                  m_tile * kBM + consumer * 64);
-  }
-}
-
-#endif  // FLCE_SM90A
-
-template <bool kHalf, bool kSumZ, bool kRowRef, bool kStoreOnly = false>
+template <bool kHalf, bool kSumZ, bool kRowRef>
 __global__ void __launch_bounds__(kThreads, 1)
     LogitsStatsKernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap w_map,
@@ -389,10 +365,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) KeepInRegisters(acc[h][i]);
     }
-    if (kStoreOnly) {
-      StoreOnly(acc, n_tile, m_tile, c, &e_map, sm.out[c]);
-      continue;
-    }
     const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
     if (col0 + kBN - 2 >= a.vocab) MaskPadding(acc, a.vocab - col0);
     Epilogue<kSumZ, kRowRef>(acc, row0, n_tile, m_tile, c, y, reference, a, &e_map, sm.out[c]);
@@ -410,15 +382,15 @@ absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t row
   return sm90::EncodeMatrix(map, dtype, base, rows, cols, kBK, box_rows);
 }
 
-template <bool kHalf, bool kSumZ, bool kRowRef, bool kStoreOnly = false>
+template <bool kHalf, bool kSumZ, bool kRowRef>
 absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CUtensorMap& e_map,
                     const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
   const cudaError_t allowed =
-      AllowDynamicShared<LogitsStatsKernel<kHalf, kSumZ, kRowRef, kStoreOnly>>(kSharedBytes);
+      AllowDynamicShared<LogitsStatsKernel<kHalf, kSumZ, kRowRef>>(kSharedBytes);
   FLCE_CUDA_RETURN_IF_ERROR(allowed, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  LogitsStatsKernel<kHalf, kSumZ, kRowRef, kStoreOnly>
+  LogitsStatsKernel<kHalf, kSumZ, kRowRef>
       <<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
@@ -484,10 +456,6 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
   if (dtype == DType::kF16) {
     return args.sum_z ? Launch<true, true, false>(x_map, w_map, e_map, k, stream, health)
                       : Launch<true, false, false>(x_map, w_map, e_map, k, stream, health);
-  }
-  const char* probe = std::getenv("FLCE_CUDA_STATS_EPILOGUE");
-  if (probe != nullptr && std::string(probe) == "store_only" && !args.sum_z) {
-    return Launch<false, false, false, true>(x_map, w_map, e_map, k, stream, health);
   }
   return args.sum_z ? Launch<false, true, false>(x_map, w_map, e_map, k, stream, health)
                     : Launch<false, false, false>(x_map, w_map, e_map, k, stream, health);
