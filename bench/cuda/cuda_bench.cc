@@ -83,18 +83,12 @@ struct Flags {
   // (FLCE_CUDA_BACKWARD=cublas / own) instead of the default choice.
   // NAME@VAR=VALUE (e.g. chunked@FLCE_CUDA_STATS_GROUP=16): strategy NAME
   // with an engine switch set for its runs.
-  std::vector<std::string> strategies = {"chunked",
-                                         "chunked_cublas_backward",
-                                         "chunked_own_backward",
-                                         "chunked_cublas",
-                                         "chunked_cluster",
-                                         "chunked_two_pass",
-                                         "chunked_overlap",
-                                         "vocab_split",
-                                         "fuse_mn",
-                                         "separate",
-                                         "naive",
-                                         "auto"};
+  std::vector<std::string> strategies = {"chunked",         "chunked_cublas_backward",
+                                         "chunked_own_backward", "chunked_cublas",
+                                         "chunked_cluster", "chunked_two_pass",
+                                         "chunked_overlap", "vocab_split",
+                                         "fuse_mn",         "separate",
+                                         "naive",           "auto"};
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -719,8 +713,9 @@ int Main(int argc, char** argv) {
       const char* backward = name == "chunked_cublas_backward" ? "cublas"
                              : name == "chunked_own_backward"  ? "own"
                                                                : nullptr;
-      const Strategy strategy =
-          cublas_logits || backward != nullptr ? Strategy::kChunked : ParseStrategy(name);
+      const Strategy strategy = cublas_logits || backward != nullptr
+                                    ? Strategy::kChunked
+                                    : ParseStrategy(name);
       if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
       nlohmann::json rec = shape_record(spelled);
       rec["workspace_budget_mib"] = flags.workspace_mb;
