@@ -203,7 +203,7 @@ struct ComputeResult {
   double z_loss = 0.0;  // sum_t a_t s LSE_t^2
   double entropy_sum = 0.0;
   int64_t n_valid = 0;
-  int64_t n_correct = 0;
+  int64_t n_correct = 0;  // with OutputSelection::accuracy only (the argmax costs GEMM epilogue time)
   std::string strategy_used;
   double engine_ms = 0.0;
   double wait_ms = 0.0;  // time spent waiting for the engine (its workspace) to be free

@@ -81,9 +81,12 @@ struct Flags {
   // chunked_cublas_backward / chunked_own_backward: the default plan with
   // both backward GEMMs on cuBLAS / on the own Hopper kernels
   // (FLCE_CUDA_BACKWARD=cublas / own) instead of the default choice.
+  // chunked_accuracy: the default plan for a call that asks for accuracy
+  // (the argmax computed; every other entry is a call without it).
   // NAME@VAR=VALUE (e.g. chunked@FLCE_CUDA_STATS_GROUP=16): strategy NAME
   // with an engine switch set for its runs.
-  std::vector<std::string> strategies = {"chunked",         "chunked_cublas_backward",
+  std::vector<std::string> strategies = {"chunked",         "chunked_accuracy",
+                                         "chunked_cublas_backward",
                                          "chunked_own_backward", "chunked_cublas",
                                          "chunked_cluster", "chunked_two_pass",
                                          "chunked_overlap", "vocab_split",
@@ -424,6 +427,19 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
               k = static_cast<int>(hv.hidden);
     if (cublasSetStream(gemm.handle, stream) != CUBLAS_STATUS_SUCCESS) return out;
     out["sustained_logits_stats_gemm"] = Sustained(stream, stats_gemm, *energy);
+    if (launch->row_reference != nullptr) {
+      // The default path's GEMM (row-scaled e), for calls without and with
+      // accuracy (the argmax in the epilogue).
+      cuda::LogitsStatsArgs scaled = g;
+      scaled.row_reference = launch->row_reference;
+      for (bool argmax : {false, true}) {
+        scaled.argmax = argmax;
+        out[argmax ? "sustained_logits_stats_gemm_row_scaled_argmax"
+                   : "sustained_logits_stats_gemm_row_scaled"] = Sustained(
+            stream, [&]() { return cuda::LaunchLogitsStats(hv.dtype, scaled, stream, health).ok(); },
+            *energy);
+      }
+    }
     out["sustained_cublas_logits_gemm_bf16"] = Sustained(
         stream,
         [&]() {
@@ -576,7 +592,9 @@ int Main(int argc, char** argv) {
     req.out.z_loss = outs + sh.bt;
     req.out.logprob = outs + 2 * sh.bt;
     req.out.entropy = outs + 3 * sh.bt;
-    req.out.argmax = reinterpret_cast<int32_t*>(outs + 4 * sh.bt);
+    // A training call that does not ask for accuracy computes no argmax;
+    // chunked_accuracy is the same plan with it.
+    int32_t* argmax = reinterpret_cast<int32_t*>(outs + 4 * sh.bt);
     req.grad_input = gibuf->get();
     req.grad_weight = grad->weight();
     req.params.vocab = sh.v;
@@ -713,7 +731,7 @@ int Main(int argc, char** argv) {
       const char* backward = name == "chunked_cublas_backward" ? "cublas"
                              : name == "chunked_own_backward"  ? "own"
                                                                : nullptr;
-      const Strategy strategy = cublas_logits || backward != nullptr
+      const Strategy strategy = cublas_logits || backward != nullptr || name == "chunked_accuracy"
                                     ? Strategy::kChunked
                                     : ParseStrategy(name);
       if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
@@ -745,6 +763,7 @@ int Main(int argc, char** argv) {
         continue;
       }
       DeviceRequest r = req;
+      if (name == "chunked_accuracy") r.out.argmax = argmax;
       double scale = 1.0;
       int runs = flags.runs, warmup = flags.warmup;
       if (plan->strategy == Strategy::kFuseMN && sh.bt > flags.fuse_mn_tokens) {

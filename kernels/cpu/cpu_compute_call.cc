@@ -227,7 +227,7 @@ absl::StatusOr<ComputeResult> CpuComputeCall::Finish() {
     if (valid) {
       result.loss += token_weights_[t] * st.loss;
       result.z_loss += token_weights_[t] * s * st.lse * st.lse;
-      result.n_correct += st.correct ? 1 : 0;
+      if (want.accuracy) result.n_correct += st.correct ? 1 : 0;
     }
     result.entropy_sum += st.entropy;
     if (want.per_token_loss) result.per_token_loss[t] = static_cast<float>(st.loss);

@@ -10,13 +10,13 @@
 
 namespace flce::cuda {
 
-RowOutputs DeviceRowOutputs(float* outputs, int64_t stride) {
+RowOutputs DeviceRowOutputs(float* outputs, int64_t stride, bool argmax) {
   RowOutputs out;
   out.loss = outputs;
   out.z_loss = outputs + stride;
   out.logprob = outputs + 2 * stride;
   out.entropy = outputs + 3 * stride;
-  out.argmax = reinterpret_cast<int32_t*>(outputs + 4 * stride);
+  if (argmax) out.argmax = reinterpret_cast<int32_t*>(outputs + 4 * stride);
   return out;
 }
 
@@ -163,7 +163,7 @@ void CallRows::FillResult(const OutputSelection& wanted, ComputeResult& result) 
     if (target[t] < 0) continue;
     result.loss += static_cast<double>(token_weight[t]) * loss[t];
     result.z_loss += static_cast<double>(token_weight[t]) * z_loss[t];
-    result.n_correct += argmax[t] == target[t] ? 1 : 0;
+    if (wanted.accuracy) result.n_correct += argmax[t] == target[t] ? 1 : 0;
   }
   result.n_valid = n_valid;
   if (wanted.per_token_loss) result.per_token_loss = loss;

@@ -20,9 +20,10 @@
 namespace flce::cuda {
 
 // Row outputs per token on the device and in downloads: loss, z-loss,
-// logprob, entropy, argmax, each `stride` entries.
+// logprob, entropy, argmax, each `stride` entries. The argmax is left null
+// (not computed) unless the call asked for accuracy.
 constexpr int kRowOutputs = 5;
-RowOutputs DeviceRowOutputs(float* outputs, int64_t stride);
+RowOutputs DeviceRowOutputs(float* outputs, int64_t stride, bool argmax);
 
 // INVALID_ARGUMENT naming the first thing wrong with the spec's per-token
 // inputs and options (grad_out is the engine's to check).
@@ -63,7 +64,8 @@ struct CallRows {
   absl::Status CheckAllGiven() const;
   // Output rows [begin, begin + rows) from a download laid out as above.
   void Store(const float* outputs, int64_t stride, int64_t begin, int64_t rows);
-  // Loss, z-loss, entropy, n_valid, n_correct and the per-token outputs asked for.
+  // Loss, z-loss, entropy, n_valid and the per-token outputs asked for;
+  // n_correct with accuracy.
   void FillResult(const OutputSelection& wanted, ComputeResult& result) const;
 
   std::vector<int32_t> target;  // -1 = ignored

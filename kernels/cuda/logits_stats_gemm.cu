@@ -169,7 +169,9 @@ __device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
 // FMA into the exp, one add, one FMA for sez (and the row scale); the target
 // logit is looked for only by the one thread whose columns hold it. The first half's e is on its
 // way out while the second half's is computed. kSumZ: label smoothing's sum z.
-template <bool kSumZ, bool kRowRef>
+// kArgmax: the argmax (two of those instructions per element) only for calls
+// that asked for accuracy.
+template <bool kSumZ, bool kRowRef, bool kArgmax>
 __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0, int32_t n_tile,
                                          int32_t m_tile, int consumer, const int32_t (&y)[2],
                                          const float (&reference)[2], const KernelArgs& a,
@@ -218,15 +220,17 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
   // The lowest offset holding the max: offsets visited from the highest
   // down, so a plain select keeps the lowest (two instructions per element).
   int32_t first[2] = {INT_MAX, INT_MAX};
+  if (kArgmax) {
 #pragma unroll
-  for (int h = 1; h >= 0; --h) {
+    for (int h = 1; h >= 0; --h) {
 #pragma unroll
-    for (int i = 15; i >= 0; --i) {
+      for (int i = 15; i >= 0; --i) {
 #pragma unroll
-      for (int b = 1; b >= 0; --b) {
+        for (int b = 1; b >= 0; --b) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          first[r] = acc[h][i * 4 + 2 * r + b] == m[r] ? h * 128 + i * 8 + b : first[r];
+          for (int r = 0; r < 2; ++r) {
+            first[r] = acc[h][i * 4 + 2 * r + b] == m[r] ? h * 128 + i * 8 + b : first[r];
+          }
         }
       }
     }
@@ -261,15 +265,17 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
     // Lowest column holding the max across the quad: offsets of different
     // lanes interleave, so compare absolute columns.
     int32_t idx = first[r] == INT_MAX ? INT_MAX : col0 + first[r];
-    idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 1));
-    idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 2));
+    if (kArgmax) {
+      idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 1));
+      idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, 2));
+    }
     if (row < a.rows && (lane & 3) == 0) {
       const int64_t k = row * a.n_tiles + n_tile;
       a.stats.max[k] = m[r];
       a.stats.sum_exp[k] = s[r];
       a.stats.sez[k] = sez[r] * kLn2;
       a.stats.sum_z[k] = sz[r];
-      a.stats.argmax[k] = idx;
+      if (kArgmax) a.stats.argmax[k] = idx;
     }
   }
 }
@@ -291,7 +297,7 @@ struct TileAt {
   }
 };
 
-template <bool kHalf, bool kSumZ, bool kRowRef>
+template <bool kHalf, bool kSumZ, bool kRowRef, bool kArgmax>
 __global__ void __launch_bounds__(kThreads, 1)
     LogitsStatsKernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap w_map,
@@ -367,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
     if (col0 + kBN - 2 >= a.vocab) MaskPadding(acc, a.vocab - col0);
-    Epilogue<kSumZ, kRowRef>(acc, row0, n_tile, m_tile, c, y, reference, a, &e_map, sm.out[c]);
+    Epilogue<kSumZ, kRowRef, kArgmax>(acc, row0, n_tile, m_tile, c, y, reference, a, &e_map, sm.out[c]);
   }
   // e must be in global memory before the kernel ends.
   if (t == 0) TmaStoreWaitAll();
@@ -382,15 +388,15 @@ absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t row
   return sm90::EncodeMatrix(map, dtype, base, rows, cols, kBK, box_rows);
 }
 
-template <bool kHalf, bool kSumZ, bool kRowRef>
+template <bool kHalf, bool kSumZ, bool kRowRef, bool kArgmax>
 absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CUtensorMap& e_map,
                     const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
   const cudaError_t allowed =
-      AllowDynamicShared<LogitsStatsKernel<kHalf, kSumZ, kRowRef>>(kSharedBytes);
+      AllowDynamicShared<LogitsStatsKernel<kHalf, kSumZ, kRowRef, kArgmax>>(kSharedBytes);
   FLCE_CUDA_RETURN_IF_ERROR(allowed, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  LogitsStatsKernel<kHalf, kSumZ, kRowRef>
+  LogitsStatsKernel<kHalf, kSumZ, kRowRef, kArgmax>
       <<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
@@ -451,14 +457,22 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
     if (dtype != DType::kBF16 || args.sum_z) {
       return absl::InternalError("logits-stats GEMM: row-scaled e needs bf16 and no sum z");
     }
-    return Launch<false, false, true>(x_map, w_map, e_map, k, stream, health);
+    return args.argmax ? Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health)
+                       : Launch<false, false, true, false>(x_map, w_map, e_map, k, stream, health);
+  }
+  // With label smoothing the argmax always comes along: two fewer builds of
+  // a kernel that compiles slowly.
+  if (args.sum_z) {
+    return dtype == DType::kF16
+               ? Launch<true, true, false, true>(x_map, w_map, e_map, k, stream, health)
+               : Launch<false, true, false, true>(x_map, w_map, e_map, k, stream, health);
   }
   if (dtype == DType::kF16) {
-    return args.sum_z ? Launch<true, true, false>(x_map, w_map, e_map, k, stream, health)
-                      : Launch<true, false, false>(x_map, w_map, e_map, k, stream, health);
+    return args.argmax ? Launch<true, false, false, true>(x_map, w_map, e_map, k, stream, health)
+                       : Launch<true, false, false, false>(x_map, w_map, e_map, k, stream, health);
   }
-  return args.sum_z ? Launch<false, true, false>(x_map, w_map, e_map, k, stream, health)
-                    : Launch<false, false, false>(x_map, w_map, e_map, k, stream, health);
+  return args.argmax ? Launch<false, false, false, true>(x_map, w_map, e_map, k, stream, health)
+                     : Launch<false, false, false, false>(x_map, w_map, e_map, k, stream, health);
 }
 
 }  // namespace flce::cuda

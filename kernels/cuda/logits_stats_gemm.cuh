@@ -6,7 +6,8 @@
 // registers: the epilogue takes the tile's per-row max m_t, writes
 // e = exp(z - m_t) as fp16 (relative rounding 2^-11, independent of |z|; a
 // 16-bit copy of z itself would round a logit of 30 by 0.06) and the tile's
-// partial statistics (sum e, sum e (z - m_t), sum z, first argmax) in fp32.
+// partial statistics (sum e, sum e (z - m_t), sum z, first argmax when the
+// call asked for accuracy) in fp32.
 // The row's LSE then comes from the partials alone, so the logits are never
 // stored in fp32 nor read twice: half the bytes per logit of the fp32 path
 // and twice the tokens per chunk for the same workspace.
@@ -33,7 +34,7 @@ struct TileStats {
   float* sum_exp = nullptr;   // sum exp(z - m_t)
   float* sez = nullptr;       // sum exp(z - m_t) (z - m_t)
   float* sum_z = nullptr;     // sum z
-  int32_t* argmax = nullptr;  // lowest column index with z == m_t
+  int32_t* argmax = nullptr;  // lowest column index with z == m_t (only with args.argmax)
 };
 
 struct LogitsStatsArgs {
@@ -48,6 +49,7 @@ struct LogitsStatsArgs {
   float* target_logit = nullptr;    // rows: z_y, written by the tile holding y
   TileStats stats;                  // stats.sum_z written as 0 unless sum_z
   bool sum_z = false;               // label smoothing needs sum z
+  bool argmax = true;               // stats.argmax written (the call asked for accuracy)
   // Row-scaled e (row_scaled_backward.cuh): with a reference M_t per row,
   // exp_out holds bf16 exp(z - M_t) instead (the tile's factor exp(m_t - M_t)
   // capped at e^60), one scale per row away from dlogits.

@@ -205,6 +205,7 @@ void TileChunkArgs(const HeadView& head, const DeviceRequest& r, const TileScrat
   g->target_logit = s.target_logit;
   g->stats = s.stats;
   g->sum_z = r.params.label_smoothing > 0.0f;
+  g->argmax = r.out.argmax != nullptr;
   t->rows = r.rows;
   t->padded_vocab = head.padded_vocab;
   t->tiles = LogitsStatsTiles(head.padded_vocab);

@@ -67,7 +67,10 @@ __device__ __forceinline__ RowState MergeRowTiles(const TileRowArgs& a, int64_t 
     part.sum_z = a.stats.sum_z[base + t];
     part.zy = 0.0f;
     part.amax_value = part.m;
-    part.amax_index = static_cast<int32_t>(a.stats.argmax[base + t] + a.first_column);
+    // The GEMM wrote no argmax unless the call asked for accuracy.
+    part.amax_index = a.out.argmax != nullptr
+                          ? static_cast<int32_t>(a.stats.argmax[base + t] + a.first_column)
+                          : INT_MAX;
     part.pad = 0;
     st = MergeStates(st, part);
   }

@@ -285,7 +285,9 @@ TEST(CudaEngineTest, LogitsStatsAndCublasPathsAgree) {
 // tokens; peaked rows whose target is the argmax (the row reference is the
 // max); and logits ~N(0, 30^2) with random targets, many more than 60 nats
 // below the row's max, where the device flag sends each chunk back to the
-// dlogits pass. V prime, H not a multiple of 64, a partial last chunk.
+// dlogits pass. V prime, H not a multiple of 64, a partial last chunk. Each
+// case also without accuracy (the GEMM then computes no argmax): per-token
+// outputs bitwise those of the run with it, gradients within tolerance.
 TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
   auto engine = MakeEngine();
   SKIP_WITHOUT_GPU(engine);
@@ -330,6 +332,19 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
     }
     EXPECT_LE(RelativeError(runs[0].grad_input, runs[1].grad_input), 5e-3);
     EXPECT_LE(RelativeError(runs[0].grad_weight, runs[1].grad_weight), 5e-3);
+
+    ComputeSpec no_accuracy = spec;
+    no_accuracy.outputs.accuracy = false;
+    auto run = RunProblem(**engine, problem, no_accuracy, {});
+    ASSERT_TRUE(run.ok()) << run.status();
+    const Errors e = Compare(*run, ref);
+    EXPECT_LE(e.loss, 1e-4);
+    EXPECT_LE(e.grad_input, 5e-3);
+    EXPECT_LE(e.grad_w, 5e-3);
+    EXPECT_EQ(run->result.n_correct, 0);
+    EXPECT_TRUE(run->result.correct.empty());
+    EXPECT_EQ(run->result.per_token_loss, runs[0].result.per_token_loss);
+    EXPECT_EQ(run->result.entropy, runs[0].result.entropy);
   }
 }
 

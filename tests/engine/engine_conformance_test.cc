@@ -53,6 +53,21 @@ TEST_P(EngineConformanceTest, Temperature) {
   ExpectConforms(ProblemSpec{}, spec);
 }
 
+// Without accuracy no argmax is computed (the logits-stats GEMM's epilogue
+// skips it): everything else as with it, on 16-bit heads too.
+TEST_P(EngineConformanceTest, WithoutAccuracy) {
+  ComputeSpec spec = BaseSpec();
+  spec.outputs.accuracy = false;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    ProblemSpec ps;
+    ps.vocab_size = 1031;  // five 256-column tiles, the last partial
+    ps.head_dtype = dtype;
+    ps.hidden_dtype = dtype;
+    ExpectConforms(ps, spec);
+  }
+}
+
 TEST_P(EngineConformanceTest, GradScale) {
   ComputeSpec spec = BaseSpec();
   spec.options.grad_scale = 0.125f;
