@@ -21,6 +21,7 @@
 #include "server/log.h"
 #include "server/memory_budget.h"
 #include "server/transport_security.h"
+#include "server/unix_socket_path.h"
 #include "server/validation.h"
 
 #ifndef FLCE_VERSION
@@ -29,6 +30,18 @@
 
 namespace flce::server {
 namespace {
+
+// --unix-socket: "auto" picks a private path (unix_socket_path.h) or, where
+// there is none, logs why and leaves the server on TCP; "none" or empty: no
+// socket; anything else is the path.
+std::string ChooseUnixSocket(const std::string& flag) {
+  if (flag.empty() || flag == "none") return "";
+  if (flag != "auto") return flag;
+  absl::StatusOr<std::string> path = AutoUnixSocketPath();
+  if (path.ok()) return *path;
+  LogWarning(absl::StrCat(path.status().message(), "; same-host clients use TCP"));
+  return "";
+}
 
 // Where /metrics listens when --metrics-host is not given: the host of the
 // gRPC address ("127.0.0.1" of "127.0.0.1:50051"). Debian's civetweb (under
@@ -174,6 +187,7 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   pool_ = std::make_unique<ThreadPool>(config.rpc_threads);
 
   ctx_.config = config;
+  ctx_.config.unix_socket = ChooseUnixSocket(config.unix_socket);
   // Handlers see the effective budgets, never the "default" marker.
   ctx_.config.max_head_bytes = budgets.head_bytes;
   ctx_.config.max_upload_bytes = budgets.upload_bytes;
@@ -213,10 +227,11 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.address, credentials, &port_);
   int unix_bound = 0;
-  if (!config.unix_socket.empty()) {
+  const std::string& unix_socket = ctx_.config.unix_socket;
+  if (!unix_socket.empty()) {
     // A stale socket file from a server that died would make the bind fail.
-    unlink(config.unix_socket.c_str());
-    builder.AddListeningPort("unix:" + config.unix_socket, credentials, &unix_bound);
+    unlink(unix_socket.c_str());
+    builder.AddListeningPort("unix:" + unix_socket, credentials, &unix_bound);
   }
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
   // Handlers split what they send to max_response_bytes; a single row wider
@@ -228,12 +243,15 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config.address));
   }
-  if (!config.unix_socket.empty() && unix_bound == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", config.unix_socket));
+  if (!unix_socket.empty() && unix_bound == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", unix_socket));
   }
+  socket_file_ = RememberSocketFile(unix_socket);
   server_->GetHealthCheckService()->SetServingStatus(true);
   LogSecurity(config, auth_->token_count());
-  LogInfo(absl::StrCat("serving flce.v1.Flce on port ", port_, ", instance ", ctx_.instance_id,
+  LogInfo(absl::StrCat("serving flce.v1.Flce on port ", port_,
+                       unix_socket.empty() ? "" : absl::StrCat(" and unix:", unix_socket),
+                       ", instance ", ctx_.instance_id,
                        metrics_->port() != 0 ? absl::StrCat(", /metrics on ", metrics_host,
                                                             " port ", metrics_->port())
                                              : std::string(", metrics not served")));
@@ -341,6 +359,7 @@ void FlceServer::StopServing(absl::Duration drain) {
                             " compute workers still running after the drain; waiting for them"));
     workers_.WaitIdle(absl::InfiniteDuration());
   }
+  RemoveSocketFile(socket_file_);
   LogInfo("stopped");
   absl::MutexLock lock(&mu_);
   stopped_ = true;

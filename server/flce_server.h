@@ -30,6 +30,7 @@
 #include "server/service_context.h"
 #include "server/session_store.h"
 #include "server/thread_pool.h"
+#include "server/unix_socket_path.h"
 #include "server/upload_budget.h"
 
 namespace flce::server {
@@ -94,6 +95,7 @@ class FlceServer {
   std::unique_ptr<FlceService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  SocketFile socket_file_;  // removed at shutdown if still this server's
 
   absl::Mutex shutdown_mu_;  // held for the whole shutdown
   absl::Mutex mu_;

@@ -62,8 +62,11 @@ ABSL_FLAG(std::string, head_root, "",
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "directory of SaveCheckpoint / LoadCheckpoint files, one subdirectory per tenant "
           "(empty = checkpoints refused)");
-ABSL_FLAG(std::string, unix_socket, "",
-          "also listen on this Unix-domain socket path (clients: unix:PATH)");
+ABSL_FLAG(std::string, unix_socket, "auto",
+          "also listen on this Unix-domain socket path (clients: unix:PATH); \"auto\": "
+          "flce-<pid>.sock in a directory private to this user ($XDG_RUNTIME_DIR/flce, "
+          "/run/flce as root, else /tmp/flce-<uid>), named to clients on this host, which send "
+          "their tensors through it; \"none\": TCP only");
 ABSL_FLAG(std::string, local_transports, "",
           "transports beyond messages for clients on this host (loopback or a Unix socket): "
           "\"shm\" (shared-memory regions), \"cuda_ipc\" (their memory on this server's GPU), "

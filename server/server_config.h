@@ -49,8 +49,9 @@ struct ServerConfig {
   absl::Duration session_ttl = absl::Hours(1);
   std::string head_root;       // empty = LoadHeadFromFile refused
   std::string checkpoint_dir;  // empty = SaveCheckpoint / LoadCheckpoint refused
-  // Also listen on this Unix-domain socket (empty = none): same-host clients,
-  // containers included, reach the server as a local peer through it.
+  // Also listen on this Unix-domain socket: same-host clients, containers
+  // included, reach the server as a local peer through it. "auto": a path
+  // private to this user (unix_socket_path.h); empty or "none": no socket.
   std::string unix_socket;
   // --local-transports=shm: clients on this host (loopback, Unix socket) may
   // hand hidden and grad_input over in shared-memory regions (Regions).

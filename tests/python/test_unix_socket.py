@@ -4,6 +4,7 @@ reached it over TCP sends its tensor-carrying calls through the socket the serve
 socket leads to the same server, and keeps TCP when it does not or when told not to."""
 from __future__ import annotations
 
+import os
 import uuid
 import warnings
 
@@ -86,12 +87,36 @@ def test_a_socket_that_leads_to_another_server_is_not_used(real_server_bin, tmp_
         first.stop()
 
 
-def test_without_a_socket_messages_stay_on_tcp(real_target):
-    with flce.Client(real_target, timeout=60) as client:
-        assert client.server_info().unix_socket == ""
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
+def test_without_a_socket_messages_stay_on_tcp(real_server_bin):
+    srv = RealServer(real_server_bin, "--unix-socket=none")
+    try:
+        with flce.Client(srv.target, timeout=60) as client:
+            assert client.server_info().unix_socket == ""
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                head = _head(client)
+                x, y = _batch()
+                client.compute(head, x, y)
+            assert client.messages_target == srv.target
+    finally:
+        srv.stop()
+
+
+def test_a_server_without_flags_has_a_private_socket_its_clients_use(real_server_bin,
+                                                                      tmp_path, monkeypatch):
+    # flce-server's default (--unix-socket=auto): flce-<pid>.sock in a directory of
+    # this user's, used by a client that knows only the TCP address; gone after the stop.
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    srv = RealServer(real_server_bin)
+    path = f"{tmp_path}/flce/flce-{srv.proc.pid}.sock"
+    try:
+        with flce.Client(srv.target, timeout=60) as client:
+            assert client.server_info().unix_socket == path
+            assert (os.stat(f"{tmp_path}/flce").st_mode & 0o777) == 0o700
             head = _head(client)
             x, y = _batch()
             client.compute(head, x, y)
-        assert client.messages_target == real_target
+            assert client.messages_target == f"unix:{path}"
+    finally:
+        srv.stop()
+    assert not os.path.exists(path)

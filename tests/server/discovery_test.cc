@@ -3,6 +3,7 @@
 // and what GetServerInfo tells a client on the server's host about reaching it.
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -123,6 +124,45 @@ TEST_F(DiscoveryTest, TheCppClientSendsItsBulkCallsThroughTheSocket) {
 TEST_F(DiscoveryTest, NoUnixSocketIsToldWithoutOne) {
   StartServer(TestConfig());
   EXPECT_TRUE(Info(stub()).unix_socket().empty());
+}
+
+TEST_F(DiscoveryTest, NoneMeansNoUnixSocket) {
+  ServerConfig config = TestConfig();
+  config.unix_socket = "none";
+  StartServer(config);
+  EXPECT_TRUE(Info(stub()).unix_socket().empty());
+}
+
+// flce-server's default: a socket in a directory private to its user, named
+// to local callers, reaching this server, gone after shutdown.
+TEST_F(DiscoveryTest, AutoUnixSocketIsPrivateReachableAndRemovedAtShutdown) {
+  const std::filesystem::path runtime =
+      std::filesystem::path(::testing::TempDir()) / ("flce-runtime-" + std::to_string(getpid()));
+  std::filesystem::remove_all(runtime);
+  std::filesystem::create_directories(runtime);
+  const char* saved = getenv("XDG_RUNTIME_DIR");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  setenv("XDG_RUNTIME_DIR", runtime.c_str(), 1);
+  ServerConfig config = TestConfig();
+  config.unix_socket = "auto";
+  StartServer(config);
+  if (saved != nullptr) {
+    setenv("XDG_RUNTIME_DIR", saved_value.c_str(), 1);
+  } else {
+    unsetenv("XDG_RUNTIME_DIR");
+  }
+  const v1::ServerInfo info = Info(stub());
+  const std::string expected = (runtime / "flce" / ("flce-" + std::to_string(getpid()) + ".sock"));
+  EXPECT_EQ(info.unix_socket(), expected);
+  struct stat st;
+  ASSERT_EQ(stat((runtime / "flce").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  auto unix_stub = v1::Flce::NewStub(
+      grpc::CreateChannel("unix:" + info.unix_socket(), grpc::InsecureChannelCredentials()));
+  EXPECT_EQ(Info(*unix_stub).instance_id(), info.instance_id());
+  server().Shutdown();
+  EXPECT_FALSE(std::filesystem::exists(expected));
+  std::filesystem::remove_all(runtime);
 }
 
 }  // namespace

@@ -1,0 +1,88 @@
+// The default Unix socket's directory must be private to the server's user:
+// anything else is refused with the reason, and the file is removed at
+// shutdown only while it is still this server's.
+#include "server/unix_socket_path.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace flce::server::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+class UnixSocketPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = std::filesystem::path(::testing::TempDir()) /
+            ("flce-socket-path-" + std::to_string(getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_);
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+  std::filesystem::path root_;
+};
+
+TEST_F(UnixSocketPathTest, CreatesAPrivateDirectoryAndNamesThePidsSocket) {
+  const std::string dir = (root_ / "flce").string();
+  absl::StatusOr<std::string> path = UnixSocketPathIn(dir, 4242);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, dir + "/flce-4242.sock");
+  struct stat st;
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_FALSE(std::filesystem::exists(*path)) << "the trial bind leaves no file behind";
+}
+
+TEST_F(UnixSocketPathTest, RefusesADirectoryOthersMayWriteTo) {
+  const std::string dir = (root_ / "shared").string();
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
+  absl::StatusOr<std::string> path = UnixSocketPathIn(dir, 1);
+  ASSERT_FALSE(path.ok());
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(path.status().message(), HasSubstr("not private to this user"));
+  EXPECT_THAT(path.status().message(), HasSubstr("mode 0777"));
+}
+
+TEST_F(UnixSocketPathTest, RefusesALinkInPlaceOfTheDirectory) {
+  const std::filesystem::path real = root_ / "real";
+  ASSERT_EQ(mkdir(real.c_str(), 0700), 0);
+  const std::filesystem::path link = root_ / "link";
+  std::filesystem::create_directory_symlink(real, link);
+  absl::StatusOr<std::string> path = UnixSocketPathIn(link.string(), 1);
+  ASSERT_FALSE(path.ok());
+  EXPECT_THAT(path.status().message(), HasSubstr("is not a directory"));
+}
+
+TEST_F(UnixSocketPathTest, RefusesAPathTooLongForASocket) {
+  const std::string dir = (root_ / std::string(110, 'd')).string();
+  absl::StatusOr<std::string> path = UnixSocketPathIn(dir, 1);
+  ASSERT_FALSE(path.ok());
+  EXPECT_THAT(path.status().message(), HasSubstr("longer than a socket path may be"));
+}
+
+TEST_F(UnixSocketPathTest, RemovesOnlyTheFileItRemembers) {
+  const std::string path = (root_ / "flce.sock").string();
+  std::ofstream(path) << "first";
+  const SocketFile first = RememberSocketFile(path);
+  // Another server took the path over: a new file there.
+  std::filesystem::remove(path);
+  std::ofstream(root_ / "other") << "x";  // keeps the old inode number from coming back at once
+  std::ofstream(path) << "second";
+  RemoveSocketFile(first);
+  EXPECT_TRUE(std::filesystem::exists(path));
+  RemoveSocketFile(RememberSocketFile(path));
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+}  // namespace
+}  // namespace flce::server::test
