@@ -428,6 +428,9 @@ def test_embed_checks_the_rows_it_receives(client, monkeypatch, pieces, message)
     tensor is the server's fault (INTERNAL), never a silently wrong embedding."""
     header = pb.EmbedResponse(header=pb.EmbedHeader(num_tokens=3, hidden_size=H,
                                                     dtype=pb.DTYPE_FP32, head_version=1))
+    # The first bulk call may move the bulk stubs to the server's Unix socket: let
+    # that happen before the patch, or it would undo it.
+    client._prepare_bulk_call()
 
     def stream(req, timeout=None):
         yield header
