@@ -77,7 +77,7 @@ class RemoteLMHead(nn.Module):
         # stands in for the remote weight in the graph, so that backward (and the grad_W
         # commit) runs even when hidden does not require grad
         self._weight_anchor = torch.empty(0, requires_grad=True)
-        # the latest flce.ComputeSummary (n_valid, accuracy, timings); None after an overflow
+        # the latest flce.ComputeSummary (n_valid, entropy_sum, timings); None after an overflow
         self.last_summary: Optional[ComputeSummary] = None
         # the head's flce.ServerOptimizer, once optimizer() made one
         self._optimizer = None
