@@ -183,18 +183,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
     }
     ConsumeStages(at, sm.full, sm.empty, tile.kb1 - tile.kb0, t == 0, [&](int stage) {
+      // A: this consumer's 64 rows of the tile; k advances 16 columns,
+      // 32 bytes (K-major), or 16 rows of 128 bytes (MN-major).
+      const uint64_t a0 = kWeight ? SmemDescMN(&sm.a[stage][c * kBox * kBK], kBoxBytes)
+                                  : SmemDescK(&sm.a[stage][c * 64 * kBK]);
+      const uint32_t a_step = kWeight ? 16 * kBox * 2 : 32;
+      const uint64_t b0[2] = {SmemDescMN(&sm.b[stage][0], kBoxBytes),
+                              SmemDescMN(&sm.b[stage][2 * kBox * kBK], kBoxBytes)};
 #pragma unroll
       for (int k = 0; k < kBK / 16; ++k) {
-        // A: this consumer's 64 rows of the tile; k advances 16 columns
-        // (K-major) or 16 rows of 128 bytes (MN-major).
-        const uint64_t da = kWeight ? SmemDescMN(&sm.a[stage][c * kBox * kBK + k * 16 * kBox],
-                                                 kBoxBytes)
-                                    : SmemDescK(&sm.a[stage][c * 64 * kBK + k * 16]);
+        const uint64_t da = DescAdvance(a0, k * a_step);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint64_t db =
-              SmemDescMN(&sm.b[stage][h * 2 * kBox * kBK + k * 16 * kBox], kBoxBytes);
-          Wgmma<kHalf, kWeight, true>(acc[h], da, db);
+          Wgmma<kHalf, kWeight, true>(acc[h], da, DescAdvance(b0[h], k * 16 * kBox * 2));
         }
       }
     });

@@ -359,11 +359,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
     }
     ConsumeStages(at, sm.full, sm.empty, k_blocks, t == 0, [&](int stage) {
+      // k advances 16 columns, 32 bytes along the K-major rows.
+      const uint64_t a0 = SmemDescK(&sm.a[stage][c * 64 * kBK]);
+      const uint64_t b0 = SmemDescK(&sm.b[stage][0]);
+      const uint64_t b1 = SmemDescK(&sm.b[stage][128 * kBK]);
 #pragma unroll
       for (int k = 0; k < kBK / 16; ++k) {
-        const uint64_t da = SmemDescK(&sm.a[stage][c * 64 * kBK + k * 16]);
-        Wgmma<kHalf, false, false>(acc[0], da, SmemDescK(&sm.b[stage][k * 16]));
-        Wgmma<kHalf, false, false>(acc[1], da, SmemDescK(&sm.b[stage][128 * kBK + k * 16]));
+        const uint64_t da = DescAdvance(a0, k * 32);
+        Wgmma<kHalf, false, false>(acc[0], da, DescAdvance(b0, k * 32));
+        Wgmma<kHalf, false, false>(acc[1], da, DescAdvance(b1, k * 32));
       }
     });
 #pragma unroll

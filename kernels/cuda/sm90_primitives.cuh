@@ -205,6 +205,16 @@ __device__ __forceinline__ uint64_t SmemDescMN(const void* p, uint32_t mn_group_
   return SmemDesc128B(p, mn_group_bytes);
 }
 
+// A descriptor moved `bytes` further into its tile: only the address field
+// (bits 0-13, 16-byte units) changes, and shared memory ends far below that
+// field's 256 KiB, so the add never carries out of it. Building one
+// descriptor per stage and advancing it per k-step keeps the mainloop to a
+// few integer instructions per wgmma instead of a pointer conversion, masks
+// and shifts for every operand of every wgmma.
+__device__ __forceinline__ uint64_t DescAdvance(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
+
 __device__ __forceinline__ void WgmmaFence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
