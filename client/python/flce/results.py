@@ -185,6 +185,8 @@ class ComputeSummary:
     loss: float
     n_valid: int
     z_loss: float
+    # accuracy and n_correct: only for a call with accuracy=True (0 otherwise: the
+    # server computes no argmax for calls that do not ask)
     accuracy: float
     n_correct: int
     strategy_used: str
