@@ -85,13 +85,19 @@ struct Flags {
   // (the argmax computed; every other entry is a call without it).
   // NAME@VAR=VALUE (e.g. chunked@FLCE_CUDA_STATS_GROUP=16): strategy NAME
   // with an engine switch set for its runs.
-  std::vector<std::string> strategies = {"chunked",         "chunked_accuracy",
+  std::vector<std::string> strategies = {"chunked",
+                                         "chunked_accuracy",
                                          "chunked_cublas_backward",
-                                         "chunked_own_backward", "chunked_cublas",
-                                         "chunked_cluster", "chunked_two_pass",
-                                         "chunked_overlap", "vocab_split",
-                                         "fuse_mn",         "separate",
-                                         "naive",           "auto"};
+                                         "chunked_own_backward",
+                                         "chunked_cublas",
+                                         "chunked_cluster",
+                                         "chunked_two_pass",
+                                         "chunked_overlap",
+                                         "vocab_split",
+                                         "fuse_mn",
+                                         "separate",
+                                         "naive",
+                                         "auto"};
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -353,6 +359,13 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   gemm.health = health;
   gemm.dtype = hv.dtype;
   auto stats_gemm = [&]() { return cuda::LaunchLogitsStats(hv.dtype, g, stream, health).ok(); };
+  // The row-scaled backward's variant (bf16 heads): bf16 exp(z - M_t) after
+  // the reference GEMV; the default path's GEMM.
+  cuda::LogitsStatsArgs row_scaled = g;
+  row_scaled.row_reference = launch->row_reference;
+  auto row_scaled_gemm = [&]() {
+    return cuda::LaunchLogitsStats(hv.dtype, row_scaled, stream, health).ok();
+  };
   auto finish = [&]() { return cuda::LaunchTileFinish(t, stream, health).ok(); };
   auto gemm_and_finish = [&]() { return stats_gemm() && finish(); };
   auto time_with_setup = [&](const std::function<bool()>& setup, const std::function<bool()>& fn) {
@@ -360,18 +373,13 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   };
   out["chunk_tokens"] = rows;
   out["logits_stats_gemm_ms"] = time_with_setup(nullptr, stats_gemm);
-  // The row-scaled backward's variant (bf16 heads): bf16 exp(z - M_t) after
-  // the reference GEMV.
   if (launch->row_reference != nullptr) {
     out["row_reference_ms"] = time_with_setup(nullptr, [&]() {
       return cuda::LaunchRowReference(hv.dtype, g.x, g.w, g.target, rows, hv.hidden,
                                       launch->row_reference, launch->fallback, stream, health)
           .ok();
     });
-    cuda::LogitsStatsArgs scaled = g;
-    scaled.row_reference = launch->row_reference;
-    out["logits_stats_gemm_row_scaled_ms"] = time_with_setup(
-        nullptr, [&]() { return cuda::LaunchLogitsStats(hv.dtype, scaled, stream, health).ok(); });
+    out["logits_stats_gemm_row_scaled_ms"] = time_with_setup(nullptr, row_scaled_gemm);
   }
   out["row_finish_ms"] = time_with_setup(stats_gemm, finish);
   out["dlogits_pass_ms"] = time_with_setup(
@@ -428,16 +436,12 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
     if (cublasSetStream(gemm.handle, stream) != CUBLAS_STATUS_SUCCESS) return out;
     out["sustained_logits_stats_gemm"] = Sustained(stream, stats_gemm, *energy);
     if (launch->row_reference != nullptr) {
-      // The default path's GEMM (row-scaled e), for calls without and with
-      // accuracy (the argmax in the epilogue).
-      cuda::LogitsStatsArgs scaled = g;
-      scaled.row_reference = launch->row_reference;
+      // For calls without and with accuracy (the argmax in the epilogue).
       for (bool argmax : {false, true}) {
-        scaled.argmax = argmax;
+        row_scaled.argmax = argmax;
         out[argmax ? "sustained_logits_stats_gemm_row_scaled_argmax"
-                   : "sustained_logits_stats_gemm_row_scaled"] = Sustained(
-            stream, [&]() { return cuda::LaunchLogitsStats(hv.dtype, scaled, stream, health).ok(); },
-            *energy);
+                   : "sustained_logits_stats_gemm_row_scaled"] =
+            Sustained(stream, row_scaled_gemm, *energy);
       }
     }
     out["sustained_cublas_logits_gemm_bf16"] = Sustained(

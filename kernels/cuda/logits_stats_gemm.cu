@@ -377,7 +377,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
     if (col0 + kBN - 2 >= a.vocab) MaskPadding(acc, a.vocab - col0);
-    Epilogue<kSumZ, kRowRef, kArgmax>(acc, row0, n_tile, m_tile, c, y, reference, a, &e_map, sm.out[c]);
+    Epilogue<kSumZ, kRowRef, kArgmax>(acc, row0, n_tile, m_tile, c, y, reference, a, &e_map,
+                                      sm.out[c]);
   }
   // e must be in global memory before the kernel ends.
   if (t == 0) TmaStoreWaitAll();

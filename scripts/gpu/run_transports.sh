@@ -2,8 +2,8 @@
 # On the device machine (see pack_served.sh; carry .served-dist): a training step at the
 # seed shape (65535 x 1024 x 176245, bf16) from PyTorch with hidden on the GPU, through
 # messages over TCP loopback, messages through the server's Unix socket, shared memory and
-# CUDA IPC (flce-server --device cuda --local-transports=shm,cuda_ipc and its default Unix socket),
-# alternated, next to flce_cuda_bench's default plan at that shape in the same session
+# CUDA IPC (flce-server --device cuda --local-transports=shm,cuda_ipc and its default Unix
+# socket), alternated, next to flce_cuda_bench's default plan at that shape in the same session
 # (the engine alone, inputs already on the device).
 set -u -o pipefail
 # The server's default socket (--unix-socket=auto), as a user who gives no flag gets it.
