@@ -446,11 +446,10 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
         const char* key;
         bool entropy, argmax;
       };
-      for (const Variant& v : {Variant{"sustained_logits_stats_gemm_row_scaled", false, false},
-                               Variant{"sustained_logits_stats_gemm_row_scaled_entropy", true,
-                                       false},
-                               Variant{"sustained_logits_stats_gemm_row_scaled_argmax", true,
-                                       true}}) {
+      for (const Variant& v :
+           {Variant{"sustained_logits_stats_gemm_row_scaled", false, false},
+            Variant{"sustained_logits_stats_gemm_row_scaled_entropy", true, false},
+            Variant{"sustained_logits_stats_gemm_row_scaled_argmax", true, true}}) {
         row_scaled.entropy = v.entropy;
         row_scaled.argmax = v.argmax;
         out[v.key] = Sustained(stream, row_scaled_gemm, *energy);

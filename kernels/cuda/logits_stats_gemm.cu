@@ -299,9 +299,8 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
 // (y < 0; their reference is x . W_0) get e = 0 and neutral partials
 // (m = 0, s = 1): their scale is 0, and 0 times an unbounded e would not
 // be.
-__device__ __forceinline__ void ReferenceExpHalf(const float (&acc)[64],
-                                                 const float (&ref_log2)[2], float (&s)[2],
-                                                 uint32_t (&packed)[32]) {
+__device__ __forceinline__ void ReferenceExpHalf(const float (&acc)[64], const float (&ref_log2)[2],
+                                                 float (&s)[2], uint32_t (&packed)[32]) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
 #pragma unroll
@@ -493,7 +492,8 @@ absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CU
 // rows stay in L2 while the group sweeps W (a 5632-token chunk at H = 4096
 // is 44 MiB). Measured 2026-12-02 on two H200 leases: G = 16 was 0.7 ms
 // faster at 16384 x 4096 x 151936 in one and 1.5 ms slower in the other;
-// no robust gain at any bench shape (docs/perf/cuda.md step 21).
+// two later leases 0.5 and 1-1.6 ms faster: within each lease's spread, no
+// robust gain at any bench shape (docs/perf/cuda.md steps 21, 30 and 32).
 int32_t TokenTilesPerGroup(int32_t m_tiles) {
   const char* env = std::getenv("FLCE_CUDA_STATS_GROUP");
   const int group = env != nullptr ? std::atoi(env) : 0;
@@ -543,7 +543,9 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
     if (dtype != DType::kBF16 || args.sum_z) {
       return absl::InternalError("logits-stats GEMM: row-scaled e needs bf16 and no sum z");
     }
-    if (args.argmax) return Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health);
+    if (args.argmax) {
+      return Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health);
+    }
     if (!args.entropy) {
       return Launch<false, false, true, false, true>(x_map, w_map, e_map, k, stream, health);
     }

@@ -12,8 +12,8 @@
 // holds exp(z - M_t) for any z - M_t in (-87, 88): a row whose LSE lies more
 // than 60 nats above M_t (its loss; then some e may exceed e^60, which the
 // GEMM caps or, for calls without entropy and accuracy, does not), or that
-// needs per-element terms, raises a flag on the device; the chunk then reruns the dlogits-pass path (the launches below
-// that take `fallback` read it), with no host round trip.
+// needs per-element terms, raises a flag on the device; the chunk then reruns the dlogits-pass path
+// (the launches below that take `fallback` read it), with no host round trip.
 #ifndef FLCE_KERNELS_CUDA_ROW_SCALED_BACKWARD_CUH_
 #define FLCE_KERNELS_CUDA_ROW_SCALED_BACKWARD_CUH_
 

@@ -378,9 +378,10 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
     ASSERT_TRUE(lean_run.ok()) << lean_run.status();
     const Errors l = Compare(*lean_run, ref);
     const double logprob = RelativeError(ToDoubles(lean_run->result.logprob), ref.logprob);
-    std::printf("  [%s, no entropy or accuracy] loss %.2e per-token %.2e logprob %.2e "
-                "grad_input %.2e grad_W %.2e\n",
-                c.name, l.loss, l.per_token, logprob, l.grad_input, l.grad_w);
+    std::printf(
+        "  [%s, no entropy or accuracy] loss %.2e per-token %.2e logprob %.2e "
+        "grad_input %.2e grad_W %.2e\n",
+        c.name, l.loss, l.per_token, logprob, l.grad_input, l.grad_w);
     EXPECT_LE(l.loss, 1e-4);
     EXPECT_LE(l.per_token, 1e-4);
     EXPECT_LE(logprob, 1e-4);
