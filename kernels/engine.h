@@ -201,7 +201,7 @@ using GradInputSink = std::function<void(int64_t token_offset, int64_t rows, std
 struct ComputeResult {
   double loss = 0.0;    // sum_t a_t l_t
   double z_loss = 0.0;  // sum_t a_t s LSE_t^2
-  double entropy_sum = 0.0;
+  double entropy_sum = 0.0;  // with OutputSelection::entropy only (the GEMM epilogue skips it)
   int64_t n_valid = 0;
   int64_t n_correct = 0;  // with OutputSelection::accuracy only (the argmax costs GEMM epilogue time)
   std::string strategy_used;

@@ -81,11 +81,14 @@ struct Flags {
   // chunked_cublas_backward / chunked_own_backward: the default plan with
   // both backward GEMMs on cuBLAS / on the own Hopper kernels
   // (FLCE_CUDA_BACKWARD=cublas / own) instead of the default choice.
-  // chunked_accuracy: the default plan for a call that asks for accuracy
-  // (the argmax computed; every other entry is a call without it).
+  // chunked_entropy / chunked_accuracy: the default plan for a call that
+  // asks for per-token entropy / for entropy and accuracy (the GEMM's tile
+  // max and sez sum / and the argmax); every other entry is a call for the
+  // loss, per-token loss and logprob and the gradients only.
   // NAME@VAR=VALUE (e.g. chunked@FLCE_CUDA_STATS_GROUP=16): strategy NAME
   // with an engine switch set for its runs.
   std::vector<std::string> strategies = {"chunked",
+                                         "chunked_entropy",
                                          "chunked_accuracy",
                                          "chunked_cublas_backward",
                                          "chunked_own_backward",
@@ -436,12 +439,20 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
     if (cublasSetStream(gemm.handle, stream) != CUBLAS_STATUS_SUCCESS) return out;
     out["sustained_logits_stats_gemm"] = Sustained(stream, stats_gemm, *energy);
     if (launch->row_reference != nullptr) {
-      // For calls without and with accuracy (the argmax in the epilogue).
-      for (bool argmax : {false, true}) {
-        row_scaled.argmax = argmax;
-        out[argmax ? "sustained_logits_stats_gemm_row_scaled_argmax"
-                   : "sustained_logits_stats_gemm_row_scaled"] =
-            Sustained(stream, row_scaled_gemm, *energy);
+      // For the default call (neither entropy nor accuracy: the statistics
+      // around M_t), one asking for entropy (the tile max and the sez sum)
+      // and one asking for both (the argmax too).
+      struct Variant {
+        const char* key;
+        bool entropy, argmax;
+      };
+      for (const Variant& v :
+           {Variant{"sustained_logits_stats_gemm_row_scaled", false, false},
+            Variant{"sustained_logits_stats_gemm_row_scaled_entropy", true, false},
+            Variant{"sustained_logits_stats_gemm_row_scaled_argmax", true, true}}) {
+        row_scaled.entropy = v.entropy;
+        row_scaled.argmax = v.argmax;
+        out[v.key] = Sustained(stream, row_scaled_gemm, *energy);
       }
     }
     out["sustained_cublas_logits_gemm_bf16"] = Sustained(
@@ -595,9 +606,9 @@ int Main(int argc, char** argv) {
     req.out.loss = outs;
     req.out.z_loss = outs + sh.bt;
     req.out.logprob = outs + 2 * sh.bt;
-    req.out.entropy = outs + 3 * sh.bt;
-    // A training call that does not ask for accuracy computes no argmax;
-    // chunked_accuracy is the same plan with it.
+    // A training call that asks for neither entropy nor accuracy computes
+    // neither; chunked_entropy and chunked_accuracy are the same plan with them.
+    float* entropy_out = outs + 3 * sh.bt;
     int32_t* argmax = reinterpret_cast<int32_t*>(outs + 4 * sh.bt);
     req.grad_input = gibuf->get();
     req.grad_weight = grad->weight();
@@ -735,7 +746,8 @@ int Main(int argc, char** argv) {
       const char* backward = name == "chunked_cublas_backward" ? "cublas"
                              : name == "chunked_own_backward"  ? "own"
                                                                : nullptr;
-      const Strategy strategy = cublas_logits || backward != nullptr || name == "chunked_accuracy"
+      const bool entropy = name == "chunked_entropy" || name == "chunked_accuracy";
+      const Strategy strategy = cublas_logits || backward != nullptr || entropy
                                     ? Strategy::kChunked
                                     : ParseStrategy(name);
       if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
@@ -767,6 +779,7 @@ int Main(int argc, char** argv) {
         continue;
       }
       DeviceRequest r = req;
+      if (entropy) r.out.entropy = entropy_out;
       if (name == "chunked_accuracy") r.out.argmax = argmax;
       double scale = 1.0;
       int runs = flags.runs, warmup = flags.warmup;

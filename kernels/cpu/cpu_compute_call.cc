@@ -229,7 +229,7 @@ absl::StatusOr<ComputeResult> CpuComputeCall::Finish() {
       result.z_loss += token_weights_[t] * s * st.lse * st.lse;
       if (want.accuracy) result.n_correct += st.correct ? 1 : 0;
     }
-    result.entropy_sum += st.entropy;
+    if (want.entropy) result.entropy_sum += st.entropy;
     if (want.per_token_loss) result.per_token_loss[t] = static_cast<float>(st.loss);
     if (want.logprob) result.logprob[t] = static_cast<float>(st.logprob);
     if (want.entropy) result.entropy[t] = static_cast<float>(st.entropy);

@@ -10,13 +10,13 @@
 
 namespace flce::cuda {
 
-RowOutputs DeviceRowOutputs(float* outputs, int64_t stride, bool argmax) {
+RowOutputs DeviceRowOutputs(float* outputs, int64_t stride, const OutputSelection& wanted) {
   RowOutputs out;
   out.loss = outputs;
   out.z_loss = outputs + stride;
   out.logprob = outputs + 2 * stride;
-  out.entropy = outputs + 3 * stride;
-  if (argmax) out.argmax = reinterpret_cast<int32_t*>(outputs + 4 * stride);
+  if (wanted.entropy) out.entropy = outputs + 3 * stride;
+  if (wanted.accuracy) out.argmax = reinterpret_cast<int32_t*>(outputs + 4 * stride);
   return out;
 }
 
@@ -159,7 +159,7 @@ void CallRows::Store(const float* outputs, int64_t stride, int64_t begin, int64_
 void CallRows::FillResult(const OutputSelection& wanted, ComputeResult& result) const {
   const int64_t n = static_cast<int64_t>(target.size());
   for (int64_t t = 0; t < n; ++t) {
-    result.entropy_sum += entropy[t];
+    if (wanted.entropy) result.entropy_sum += entropy[t];
     if (target[t] < 0) continue;
     result.loss += static_cast<double>(token_weight[t]) * loss[t];
     result.z_loss += static_cast<double>(token_weight[t]) * z_loss[t];

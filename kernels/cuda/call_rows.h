@@ -20,10 +20,10 @@
 namespace flce::cuda {
 
 // Row outputs per token on the device and in downloads: loss, z-loss,
-// logprob, entropy, argmax, each `stride` entries. The argmax is left null
-// (not computed) unless the call asked for accuracy.
+// logprob, entropy, argmax, each `stride` entries. The entropy and the
+// argmax are left null (not computed) unless the call asked for them.
 constexpr int kRowOutputs = 5;
-RowOutputs DeviceRowOutputs(float* outputs, int64_t stride, bool argmax);
+RowOutputs DeviceRowOutputs(float* outputs, int64_t stride, const OutputSelection& wanted);
 
 // INVALID_ARGUMENT naming the first thing wrong with the spec's per-token
 // inputs and options (grad_out is the engine's to check).

@@ -369,7 +369,7 @@ absl::Status CudaComputeCall::Flush() {
   r.hidden_dtype = spec_.hidden_dtype;
   r.hidden = s.hidden;
   r.in = DeviceRowInputs(s);
-  r.out = DeviceRowOutputs(s.outputs, c, spec_.outputs.accuracy);
+  r.out = DeviceRowOutputs(s.outputs, c, spec_.outputs);
   r.grad_input = spec_.outputs.grad_input ? s.grad_input : nullptr;
   r.grad_weight = grad != nullptr ? grad->weight() : nullptr;
   r.grad_bias = grad != nullptr ? grad->bias() : nullptr;
@@ -462,7 +462,7 @@ absl::Status CudaComputeCall::FinishBuffered() {
   r.in.target = d_target_;
   r.in.token_weight = d_token_weight_;
   r.in.entropy_weight = d_entropy_weight_;
-  r.out = DeviceRowOutputs(d_outputs_, n, spec_.outputs.accuracy);
+  r.out = DeviceRowOutputs(d_outputs_, n, spec_.outputs);
   r.grad_input = spec_.outputs.grad_input ? d_grad_input_ : nullptr;
   r.grad_weight = grad != nullptr ? grad->weight() : nullptr;
   r.grad_bias = grad != nullptr ? grad->bias() : nullptr;

@@ -161,6 +161,30 @@ __device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
   }
 }
 
+// z_y, written by the one thread whose columns hold the row's target.
+__device__ __forceinline__ void StoreTargetLogit(const float (&acc)[2][64], int64_t row0,
+                                                 int32_t col0, const int32_t (&y)[2],
+                                                 const KernelArgs& a) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int32_t y_offset = y[r] - col0;
+    if (y_offset >= 0 && y_offset < kBN && (y_offset & 6) == 0) {
+      float zy = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            if (h * 128 + i * 8 + b == y_offset) zy = acc[h][i * 4 + 2 * r + b];
+          }
+        }
+      }
+      a.target_logit[row0 + 8 * r] = zy;
+    }
+  }
+}
+
 // One consumer thread's share of the tile epilogue: its two rows (r = 0:
 // row lane/4, r = 1: row lane/4 + 8 of its warp's 16) processed together,
 // so that two independent dependency chains interleave. Fragment layout
@@ -199,24 +223,7 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
     m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
   }
   // The target logit first: the accumulators die as e is computed.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int32_t y_offset = y[r] - col0;
-    if (y_offset >= 0 && y_offset < kBN && (y_offset & 6) == 0) {
-      float zy = 0.0f;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            if (h * 128 + i * 8 + b == y_offset) zy = acc[h][i * 4 + 2 * r + b];
-          }
-        }
-      }
-      a.target_logit[row0 + 8 * r] = zy;
-    }
-  }
+  StoreTargetLogit(acc, row0, col0, y, a);
   // The lowest offset holding the max: offsets visited from the highest
   // down, so a plain select keeps the lowest (two instructions per element).
   int32_t first[2] = {INT_MAX, INT_MAX};
@@ -279,6 +286,72 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
     }
   }
 }
+
+// The row-scaled epilogue for calls that ask for neither entropy nor
+// accuracy: e = exp(z - M_t) straight from the row's reference, its sum the
+// only statistic. LSE needs no tile max when every tile shares M_t
+// (m_t := M_t in the partials, s_t = sum_j exp(z_j - M_t)), and nothing
+// else needs sum e (z - m): per logit one FMA, the exp, one add and half a
+// pack and store, against seven instructions with the max, the row scale and
+// the sez sum. Values are not capped here: the finish sends every row whose
+// LSE lies more than kRowReferenceCap above M_t (its loss above 60 nats) to
+// the fallback, so a stored e that is used is at most e^60. Ignored rows
+// (y < 0; their reference is x . W_0) get e = 0 and neutral partials
+// (m = 0, s = 1): their scale is 0, and 0 times an unbounded e would not
+// be.
+__device__ __forceinline__ void ReferenceExpHalf(const float (&acc)[64], const float (&ref_log2)[2],
+                                                 float (&s)[2], uint32_t (&packed)[32]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float e[2];
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        e[b] = Exp2Approx(fmaf(acc[i * 4 + 2 * r + b], kLog2e, -ref_log2[r]));
+        s[r] += e[b];
+      }
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(e[0], e[1]);
+      packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+  }
+}
+
+__device__ __forceinline__ void ReferenceEpilogue(const float (&acc)[2][64], int64_t row0,
+                                                  int32_t n_tile, int32_t m_tile, int consumer,
+                                                  const int32_t (&y)[2],
+                                                  const float (&reference)[2], const KernelArgs& a,
+                                                  const CUtensorMap* e_map,
+                                                  uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox]) {
+  const int lane = threadIdx.x & 31;
+  const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
+  StoreTargetLogit(acc, row0, col0, y, a);
+  // exp2(z log2(e) - inf) = 0 for ignored rows.
+  const float ref_log2[2] = {y[0] >= 0 ? reference[0] * kLog2e : INFINITY,
+                             y[1] >= 0 ? reference[1] * kLog2e : INFINITY};
+  float s[2] = {0.0f, 0.0f};
+  const int box_row = m_tile * kBM + consumer * 64;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t packed[32];
+    ReferenceExpHalf(acc[h], ref_log2, s, packed);
+    StageAndStore(packed, boxes, e_map, consumer, n_tile * kBN + h * 128, box_row);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + 8 * r;
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) s[r] += __shfl_xor_sync(0xffffffffu, s[r], off);
+    if (row < a.rows && (lane & 3) == 0) {
+      const int64_t k = row * a.n_tiles + n_tile;
+      const bool valid = y[r] >= 0;
+      a.stats.max[k] = valid ? reference[r] : 0.0f;
+      a.stats.sum_exp[k] = valid ? s[r] : 1.0f;
+      a.stats.sez[k] = 0.0f;
+      a.stats.sum_z[k] = 0.0f;
+    }
+  }
+}
 #endif  // FLCE_SM90A
 
 // The tile order: groups of m_group token tiles, token tiles fastest within
@@ -297,7 +370,9 @@ struct TileAt {
   }
 };
 
-template <bool kHalf, bool kSumZ, bool kRowRef, bool kArgmax>
+// kStatsOnReference: ReferenceEpilogue (row-scaled e, no entropy, no
+// accuracy) instead of Epilogue.
+template <bool kHalf, bool kSumZ, bool kRowRef, bool kArgmax, bool kStatsOnReference>
 __global__ void __launch_bounds__(kThreads, 1)
     LogitsStatsKernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap w_map,
@@ -377,8 +452,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
     if (col0 + kBN - 2 >= a.vocab) MaskPadding(acc, a.vocab - col0);
-    Epilogue<kSumZ, kRowRef, kArgmax>(acc, row0, n_tile, m_tile, c, y, reference, a, &e_map,
-                                      sm.out[c]);
+    if (kStatsOnReference) {
+      ReferenceEpilogue(acc, row0, n_tile, m_tile, c, y, reference, a, &e_map, sm.out[c]);
+    } else {
+      Epilogue<kSumZ, kRowRef, kArgmax>(acc, row0, n_tile, m_tile, c, y, reference, a, &e_map,
+                                        sm.out[c]);
+    }
   }
   // e must be in global memory before the kernel ends.
   if (t == 0) TmaStoreWaitAll();
@@ -393,15 +472,16 @@ absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t row
   return sm90::EncodeMatrix(map, dtype, base, rows, cols, kBK, box_rows);
 }
 
-template <bool kHalf, bool kSumZ, bool kRowRef, bool kArgmax>
+template <bool kHalf, bool kSumZ, bool kRowRef, bool kArgmax, bool kStatsOnReference = false>
 absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CUtensorMap& e_map,
                     const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
   const cudaError_t allowed =
-      AllowDynamicShared<LogitsStatsKernel<kHalf, kSumZ, kRowRef, kArgmax>>(kSharedBytes);
+      AllowDynamicShared<LogitsStatsKernel<kHalf, kSumZ, kRowRef, kArgmax, kStatsOnReference>>(
+          kSharedBytes);
   FLCE_CUDA_RETURN_IF_ERROR(allowed, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  LogitsStatsKernel<kHalf, kSumZ, kRowRef, kArgmax>
+  LogitsStatsKernel<kHalf, kSumZ, kRowRef, kArgmax, kStatsOnReference>
       <<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
@@ -412,7 +492,8 @@ absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CU
 // rows stay in L2 while the group sweeps W (a 5632-token chunk at H = 4096
 // is 44 MiB). Measured 2026-12-02 on two H200 leases: G = 16 was 0.7 ms
 // faster at 16384 x 4096 x 151936 in one and 1.5 ms slower in the other;
-// no robust gain at any bench shape (docs/perf/cuda.md step 21).
+// two later leases 0.5 and 1-1.6 ms faster: within each lease's spread, no
+// robust gain at any bench shape (docs/perf/cuda.md steps 21, 30 and 32).
 int32_t TokenTilesPerGroup(int32_t m_tiles) {
   const char* env = std::getenv("FLCE_CUDA_STATS_GROUP");
   const int group = env != nullptr ? std::atoi(env) : 0;
@@ -462,8 +543,13 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
     if (dtype != DType::kBF16 || args.sum_z) {
       return absl::InternalError("logits-stats GEMM: row-scaled e needs bf16 and no sum z");
     }
-    return args.argmax ? Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health)
-                       : Launch<false, false, true, false>(x_map, w_map, e_map, k, stream, health);
+    if (args.argmax) {
+      return Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health);
+    }
+    if (!args.entropy) {
+      return Launch<false, false, true, false, true>(x_map, w_map, e_map, k, stream, health);
+    }
+    return Launch<false, false, true, false>(x_map, w_map, e_map, k, stream, health);
   }
   // With label smoothing the argmax always comes along: two fewer builds of
   // a kernel that compiles slowly.

@@ -50,9 +50,12 @@ struct LogitsStatsArgs {
   TileStats stats;                  // stats.sum_z written as 0 unless sum_z
   bool sum_z = false;               // label smoothing needs sum z
   bool argmax = true;               // stats.argmax written (the call asked for accuracy)
+  bool entropy = true;              // stats.sez needed (the call asked for entropy)
   // Row-scaled e (row_scaled_backward.cuh): with a reference M_t per row,
   // exp_out holds bf16 exp(z - M_t) instead (the tile's factor exp(m_t - M_t)
-  // capped at e^60), one scale per row away from dlogits.
+  // capped at e^60), one scale per row away from dlogits. Without entropy and
+  // argmax the partials are taken around M_t itself (m_t = M_t, sez = 0) and
+  // e is not capped: the finish's fallback bounds it.
   const float* row_reference = nullptr;
   // The launch does nothing unless *run_if != 0 (a fallback decided on the
   // device); null = always run.
@@ -61,8 +64,8 @@ struct LogitsStatsArgs {
 
 // Row-scaled e stores exp(z - M_t) with the tile's factor exp(m_t - M_t)
 // capped at e^kRowReferenceCap: bf16 and fp32 sums of such values stay far
-// from overflow. A row whose max lies further above M_t cannot use the
-// row-scaled backward (its finish raises the fallback).
+// from overflow. A row whose LSE lies further above M_t (a loss above 60
+// nats) cannot use the row-scaled backward (its finish raises the fallback).
 inline constexpr float kRowReferenceCap = 60.0f;
 
 // Vocabulary columns per tile, and tiles per row (the partials' row length).

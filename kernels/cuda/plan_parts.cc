@@ -206,6 +206,7 @@ void TileChunkArgs(const HeadView& head, const DeviceRequest& r, const TileScrat
   g->stats = s.stats;
   g->sum_z = r.params.label_smoothing > 0.0f;
   g->argmax = r.out.argmax != nullptr;
+  g->entropy = r.out.entropy != nullptr;
   t->rows = r.rows;
   t->padded_vocab = head.padded_vocab;
   t->tiles = LogitsStatsTiles(head.padded_vocab);

@@ -9,11 +9,11 @@
 //   grad_input[t] = K_t (E W)[t]        (row scale after the GEMM), and
 //   grad_W       += E^T (K x)           (hidden rows scaled before it),
 // and the two backward GEMMs read E as the logits-stats GEMM wrote it. bf16
-// holds exp(z - M_t) for any z - M_t in (-87, 88): the GEMM caps the factor
-// at e^60 and a row whose max lies further above M_t (a target more than 60
-// nats below the max), or that needs per-element terms, raises a flag on the
-// device; the chunk then reruns the dlogits-pass path (the launches below
-// that take `fallback` read it), with no host round trip.
+// holds exp(z - M_t) for any z - M_t in (-87, 88): a row whose LSE lies more
+// than 60 nats above M_t (its loss; then some e may exceed e^60, which the
+// GEMM caps or, for calls without entropy and accuracy, does not), or that
+// needs per-element terms, raises a flag on the device; the chunk then reruns the dlogits-pass path
+// (the launches below that take `fallback` read it), with no host round trip.
 #ifndef FLCE_KERNELS_CUDA_ROW_SCALED_BACKWARD_CUH_
 #define FLCE_KERNELS_CUDA_ROW_SCALED_BACKWARD_CUH_
 

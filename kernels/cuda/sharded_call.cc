@@ -190,7 +190,7 @@ absl::Status ShardedComputeCall::RunBlock(int64_t begin, int64_t rows) {
     whole.in.target = b.target;
     whole.in.token_weight = b.token_weight;
     whole.in.entropy_weight = b.entropy_weight;
-    whole.out = DeviceRowOutputs(b.outputs, n, spec_.outputs.accuracy);
+    whole.out = DeviceRowOutputs(b.outputs, n, spec_.outputs);
     whole.grad_input = s == 0 && spec_.outputs.grad_input ? b.grad_input : nullptr;
     CudaGradBuffer* part = grad != nullptr ? grad->part(s) : nullptr;
     whole.grad_weight = part != nullptr ? part->weight() : nullptr;

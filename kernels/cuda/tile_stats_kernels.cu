@@ -30,8 +30,11 @@ __device__ __forceinline__ void RowScaledFinish(const TileRowArgs& a, int64_t ro
     const float reference = a.row_reference[row];
     const float zfac = 2.0f * a.params.z_loss_scale * g.lse;
     const float one_zfac = 1.0f + zfac;
-    if (!(st.m - reference <= kRowReferenceCap) || !(fabsf(one_zfac) >= 1e-3f)) {
-      fallback = true;  // e was capped, or K_t would lose the target's term
+    // LSE - M_t >= m_t - M_t for every tile: within the cap, no factor was
+    // capped and no e of the row exceeds e^60 (the partials taken around
+    // M_t itself cap nothing).
+    if (!(g.lse - reference <= kRowReferenceCap) || !(fabsf(one_zfac) >= 1e-3f)) {
+      fallback = true;  // the loss is above 60 nats, or K_t would lose the target's term
     } else {
       const float to_prob = expf(reference - g.lse);  // p_j = e_j to_prob
       scale = g.coef_loss * one_zfac * to_prob;

@@ -278,6 +278,26 @@ TEST(CudaEngineTest, LogitsStatsAndCublasPathsAgree) {
   }
 }
 
+// Over the ignored rows: the largest max_j z_j - x . W_0 (float64).
+double MaxIgnoredRowLead(const Problem& p) {
+  const int64_t H = p.spec.hidden_size, V = p.spec.vocab_size;
+  double lead = -1e300;
+  for (int64_t t = 0; t < p.spec.num_tokens; ++t) {
+    if (p.targets[t] >= 0) continue;
+    auto logit = [&](int64_t j) {
+      double z = 0.0;
+      for (int64_t k = 0; k < H; ++k) {
+        z += static_cast<double>(p.hidden[t * H + k]) * p.weight[j * H + k];
+      }
+      return z;
+    };
+    double z_max = -1e300;
+    for (int64_t j = 0; j < V; ++j) z_max = std::max(z_max, logit(j));
+    lead = std::max(lead, z_max - logit(0));
+  }
+  return lead;
+}
+
 // The row-scaled backward (kernels/cuda/row_scaled_backward.cuh): a bf16 head
 // without label smoothing or entropy weights skips the dlogits pass. Against
 // the float64 reference and against the dlogits-pass path
@@ -287,7 +307,12 @@ TEST(CudaEngineTest, LogitsStatsAndCublasPathsAgree) {
 // below the row's max, where the device flag sends each chunk back to the
 // dlogits pass. V prime, H not a multiple of 64, a partial last chunk. Each
 // case also without accuracy (the GEMM then computes no argmax): per-token
-// outputs bitwise those of the run with it, gradients within tolerance.
+// outputs bitwise those of the run with it, gradients within tolerance; and
+// without entropy and accuracy (the statistics taken around the target's
+// logit, e not capped): within tolerance, no entropy. The logits ~N(0, 30^2)
+// with targets at the argmax keep every valid row on the row-scaled path
+// while ignored rows lie more than 88 nats above their reference x . W_0,
+// where an uncapped exp overflows (0 times inf in the backward GEMMs).
 TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
   auto engine = MakeEngine();
   SKIP_WITHOUT_GPU(engine);
@@ -297,7 +322,8 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
     bool at_argmax;
   };
   for (const Case& c : {Case{"normal", 1.0, false}, Case{"peaked at the argmax", 10.0, true},
-                        Case{"targets far below the max", 30.0, false}}) {
+                        Case{"targets far below the max", 30.0, false},
+                        Case{"wide logits, targets at the argmax", 30.0, true}}) {
     SCOPED_TRACE(c.name);
     ProblemSpec ps;
     ps.vocab_size = 20011;
@@ -345,6 +371,27 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
     EXPECT_TRUE(run->result.correct.empty());
     EXPECT_EQ(run->result.per_token_loss, runs[0].result.per_token_loss);
     EXPECT_EQ(run->result.entropy, runs[0].result.entropy);
+
+    ComputeSpec lean = no_accuracy;
+    lean.outputs.entropy = false;
+    auto lean_run = RunProblem(**engine, problem, lean, {});
+    ASSERT_TRUE(lean_run.ok()) << lean_run.status();
+    const Errors l = Compare(*lean_run, ref);
+    const double logprob = RelativeError(ToDoubles(lean_run->result.logprob), ref.logprob);
+    std::printf(
+        "  [%s, no entropy or accuracy] loss %.2e per-token %.2e logprob %.2e "
+        "grad_input %.2e grad_W %.2e\n",
+        c.name, l.loss, l.per_token, logprob, l.grad_input, l.grad_w);
+    EXPECT_LE(l.loss, 1e-4);
+    EXPECT_LE(l.per_token, 1e-4);
+    EXPECT_LE(logprob, 1e-4);
+    EXPECT_LE(l.grad_input, 5e-3);
+    EXPECT_LE(l.grad_w, 5e-3);
+    EXPECT_TRUE(lean_run->result.entropy.empty());
+    EXPECT_EQ(lean_run->result.entropy_sum, 0.0);
+    if (c.weight_scale == 30.0 && c.at_argmax) {
+      EXPECT_GT(MaxIgnoredRowLead(problem), 88.0) << "the case lost what it is for";
+    }
   }
 }
 

@@ -110,8 +110,13 @@ void ExpectMatchesReference(const EngineRun& run, const ReferenceOutput& ref,
       << "loss " << r.loss << " vs " << ref.loss << ", sum of |terms| " << ref.loss_abs;
   EXPECT_LE(ScalarError(r.z_loss, ref.z_loss), tol.loss)
       << "z_loss " << r.z_loss << " vs " << ref.z_loss;
-  EXPECT_LE(ScalarError(r.entropy_sum, ref.entropy_sum), tol.loss)
-      << "entropy_sum " << r.entropy_sum << " vs " << ref.entropy_sum;
+  if (spec.outputs.entropy) {
+    EXPECT_LE(ScalarError(r.entropy_sum, ref.entropy_sum), tol.loss)
+        << "entropy_sum " << r.entropy_sum << " vs " << ref.entropy_sum;
+  } else {
+    EXPECT_EQ(r.entropy_sum, 0.0) << "entropy_sum without entropy asked for";
+    EXPECT_TRUE(r.entropy.empty());
+  }
   if (spec.outputs.accuracy) {
     EXPECT_LE(std::abs(r.n_correct - ref.n_correct),
               tol.argmax_mismatches + ref.n_correct_uncertain)

@@ -68,6 +68,26 @@ TEST_P(EngineConformanceTest, WithoutAccuracy) {
   }
 }
 
+// A training call that asks for the loss and the gradients only: no entropy
+// (the CUDA engine's GEMM epilogue then takes its statistics around the row's
+// target logit), no accuracy; peaked rows too.
+TEST_P(EngineConformanceTest, WithoutEntropyOrAccuracy) {
+  ComputeSpec spec = BaseSpec();
+  spec.outputs.accuracy = false;
+  spec.outputs.entropy = false;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (double weight_scale : {1.0, 10.0}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << ", W x " << weight_scale);
+      ProblemSpec ps;
+      ps.vocab_size = 1031;  // five 256-column tiles, the last partial
+      ps.head_dtype = dtype;
+      ps.hidden_dtype = dtype;
+      ps.weight_scale = weight_scale;
+      ExpectConforms(ps, spec);
+    }
+  }
+}
+
 TEST_P(EngineConformanceTest, GradScale) {
   ComputeSpec spec = BaseSpec();
   spec.options.grad_scale = 0.125f;

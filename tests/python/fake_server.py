@@ -179,7 +179,8 @@ class FakeFlce(pb_grpc.FlceServicer):
                     setattr(chunk, k, tensors.byte_view(t.contiguous()).tobytes())
             yield pb.ComputeResponse(token_outputs=chunk)
         summary = pb.ComputeSummary(loss=loss, n_valid=n_valid, z_loss=z_loss, engine="fake",
-                                    entropy_sum=float(per_token["entropy"].sum()))
+                                    entropy_sum=float(per_token["entropy"].sum())
+                                    if outs.entropy else 0.0)
         if not outs.forward_only:
             key = (header.head_id, header.session_id)
             contribution = (dw.to(torch.float32), db.to(torch.float32) if db is not None else None)
