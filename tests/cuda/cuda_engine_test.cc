@@ -378,9 +378,11 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
     // Both kernels that serve this call: ping-pong tiles of 128 columns
     // (V = 20011 pads to an odd count of them) and the cooperative 256.
     for (const char* kernel : {"pingpong", "cooperative"}) {
+      HarnessOptions same_blocks;
+      same_blocks.seed = FreshSeed();
       setenv("FLCE_CUDA_STATS_KERNEL", kernel, 1);
-      auto lean_run = RunProblem(**engine, problem, lean, {});
-      auto again = RunProblem(**engine, problem, lean, {});
+      auto lean_run = RunProblem(**engine, problem, lean, same_blocks);
+      auto again = RunProblem(**engine, problem, lean, same_blocks);
       unsetenv("FLCE_CUDA_STATS_KERNEL");
       ASSERT_TRUE(lean_run.ok()) << lean_run.status();
       ASSERT_TRUE(again.ok()) << again.status();
