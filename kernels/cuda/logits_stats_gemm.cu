@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
+#include "kernels/cuda/logits_stats_tile.cuh"
 #include "kernels/cuda/sm90_primitives.cuh"
 #include "kernels/cuda/sm90_support.h"
 #include "kernels/status_macros.h"
@@ -18,27 +19,14 @@
 namespace flce::cuda {
 namespace {
 
-using namespace sm90;  // NOLINT: the kernel is written in these primitives
+using namespace sm90;          // NOLINT: the kernel is written in these primitives
+using namespace logits_stats;  // NOLINT: the tiles' shared pieces
 
-// 128 tokens x 256 vocabulary columns per tile, 64 hidden columns per stage
-// (one 128-byte swizzle row of 16-bit elements). Two consumer warpgroups own
-// 64 rows each; a third warpgroup issues the TMA loads. Four stages of 48 KiB.
-constexpr int kBM = 128;
+// 128 tokens x 256 vocabulary columns per tile, 64 hidden columns per stage;
+// the two consumer warpgroups own 64 rows each. Four stages of 48 KiB.
 constexpr int kBN = static_cast<int>(kLogitsStatsTileCols);
-constexpr int kBK = 64;
 constexpr int kStages = 4;
-constexpr int kConsumers = 2;
-constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
-
-// e leaves through shared memory and TMA stores: written straight from the
-// accumulator layout, each warp store instruction would touch 8 rows (16 bytes
-// each), fill the store queue and stall the epilogue on its own registers. A
-// consumer warpgroup stages half of its 64 x 256 share at a time, as two
-// 64 x 64 boxes in the 128-byte swizzle (conflict-free for the fragment
-// layout): 16 KiB per warpgroup, which is what is left beside four stages.
-constexpr int kOutBox = 64;
-constexpr int kOutBoxes = 2;  // per half of a warpgroup's columns
 
 struct alignas(1024) SharedTiles {
   uint16_t a[kStages][kBM * kBK];
@@ -51,51 +39,11 @@ constexpr size_t kSharedBytes = sizeof(SharedTiles) + 1024;  // + runtime 1 KiB 
 static_assert(kSharedBytes <= 227 * 1024, "beyond Hopper's shared memory per block");
 static_assert(kBN == 2 * kOutBoxes * kOutBox, "two halves of two boxes span a tile");
 
-struct KernelArgs {
-  int32_t rows;
-  int32_t hidden;
-  int32_t vocab;
-  int32_t padded_vocab;
-  int32_t m_tiles;
-  int32_t n_tiles;
-  int32_t m_group;  // token tiles per group of the tile order
-  const int32_t* target;
-  float* target_logit;
-  TileStats stats;
-  const float* row_reference;
-  const int32_t* run_if;
-};
-
 #ifdef FLCE_SM90A
-
-__device__ __forceinline__ float Exp2Approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Padded columns of the last vocabulary tile (and columns past Vp) become a
-// large negative logit: exp gives exactly 0, e * (z - m) gives 0 (-inf would
-// give NaN), and they never equal the max.
-constexpr float kMaskedLogit = -1e30f;
-
-// One m64n128 fragment's columns at or past `real` (offsets from the
-// fragment's first column as this thread holds them).
-__device__ __forceinline__ void MaskColumns(float (&acc)[64], int32_t real) {
-#pragma unroll
-  for (int v = 0; v < 64; ++v) {
-    const int o = (v / 4) * 8 + (v & 1);
-    if (o >= real) acc[v] = kMaskedLogit;
-  }
-}
-
 __device__ __forceinline__ void MaskPadding(float (&acc)[2][64], int32_t real) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) MaskColumns(acc[h], real - h * 128);
 }
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // e = exp(z - m) for one half (128 columns) of a thread's accumulators,
 // packed as fp16 pairs (kRowRef: e * scale as bf16 pairs), with the row sums,
@@ -127,66 +75,6 @@ __device__ __forceinline__ void ExpHalf(const float (&acc)[64], const float (&m_
         const __half2 pair = __floats2half2_rn(e[0], e[1]);
         packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
       }
-    }
-  }
-}
-
-// Writes one half's packed e into the warpgroup's two staging boxes and
-// stores them: box i / 8, 16-byte chunk (i % 8) ^ (row % 8) of the row (the
-// 128-byte swizzle; a thread's rows are lane / 4 and lane / 4 + 8 of its
-// warp's 16, so row % 8 = lane / 4).
-__device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
-                                              uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox],
-                                              const CUtensorMap* e_map, int consumer, int col,
-                                              int row) {
-  const int t = threadIdx.x % 128;
-  const int lane = t % 32;
-  const int local_row = (t / 32) * 16 + lane / 4;
-  // The previous stores from these boxes must have read them.
-  if (t == 0) TmaStoreWaitRead();
-  WarpgroupSync(consumer);
-  const uint32_t box0 = SmemAddr(boxes[0]);
-  const uint32_t box1 = SmemAddr(boxes[1]);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint32_t byte =
-          (local_row + 8 * r) * 128 + (((i % 8) ^ (lane / 4)) * 16) + (lane % 4) * 4;
-      StoreShared(((i / 8) == 0 ? box0 : box1) + byte, packed[i * 2 + r]);
-    }
-  }
-  FenceSharedForAsync();
-  WarpgroupSync(consumer);
-  if (t == 0) {
-#pragma unroll
-    for (int x = 0; x < kOutBoxes; ++x) TmaStore(e_map, boxes[x], col + x * kOutBox, row);
-    TmaStoreCommit();
-  }
-}
-
-// z_y, written by the one thread whose columns hold the row's target.
-// kHalves: m64n128 fragments side by side (128 columns each).
-template <int kHalves>
-__device__ __forceinline__ void StoreTargetLogit(const float (&acc)[kHalves][64], int64_t row0,
-                                                 int32_t col0, const int32_t (&y)[2],
-                                                 const KernelArgs& a) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int32_t y_offset = y[r] - col0;
-    if (y_offset >= 0 && y_offset < kHalves * 128 && (y_offset & 6) == 0) {
-      float zy = 0.0f;
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            if (h * 128 + i * 8 + b == y_offset) zy = acc[h][i * 4 + 2 * r + b];
-          }
-        }
-      }
-      a.target_logit[row0 + 8 * r] = zy;
     }
   }
 }
@@ -305,24 +193,6 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
 // (y < 0; their reference is x . W_0) get e = 0 and neutral partials
 // (m = 0, s = 1): their scale is 0, and 0 times an unbounded e would not
 // be.
-__device__ __forceinline__ void ReferenceExpHalf(const float (&acc)[64], const float (&ref_log2)[2],
-                                                 float (&s)[2], uint32_t (&packed)[32]) {
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float e[2];
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        e[b] = Exp2Approx(fmaf(acc[i * 4 + 2 * r + b], kLog2e, -ref_log2[r]));
-        s[r] += e[b];
-      }
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(e[0], e[1]);
-      packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
-    }
-  }
-}
-
 __device__ __forceinline__ void ReferenceEpilogue(const float (&acc)[2][64], int64_t row0,
                                                   int32_t n_tile, int32_t m_tile, int consumer,
                                                   const int32_t (&y)[2],
@@ -359,22 +229,6 @@ __device__ __forceinline__ void ReferenceEpilogue(const float (&acc)[2][64], int
   }
 }
 #endif  // FLCE_SM90A
-
-// The tile order: groups of m_group token tiles, token tiles fastest within
-// a group, a group's every W tile before the next group. The CTAs in flight
-// share a few W tiles and the group's hidden rows (by default the group is
-// the whole chunk: a few MiB at H = 1024).
-struct TileAt {
-  int32_t m, n;
-  __device__ TileAt(int32_t tile, const KernelArgs& a, int32_t n_tiles) {
-    const int32_t per_group = a.m_group * n_tiles;
-    const int32_t group = tile / per_group;
-    const int32_t rest = tile - group * per_group;
-    const int32_t rows = min(a.m_group, a.m_tiles - group * a.m_group);
-    m = group * a.m_group + rest % rows;
-    n = rest / rows;
-  }
-};
 
 // kStatsOnReference: ReferenceEpilogue (row-scaled e, no entropy, no
 // accuracy) instead of Epilogue.
@@ -472,198 +326,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// The ping-pong kernel, for the default call (row-scaled e around the row
-// reference, neither entropy nor accuracy): 128 tokens x 128 vocabulary
-// columns per tile, each consumer warpgroup owning whole tiles, the two
-// taking the tensor cores in turns. A warpgroup issues its tile's MMAs once
-// the other has issued all of its previous tile's, then runs its epilogue
-// while the other's MMAs run: the tensor cores do not idle through
-// epilogues, which at H = 1024 take a fifth of the cooperative kernel's time.
-// Six stages of 32 KiB, each consumed by one warpgroup. The partials keep
-// the cooperative kernel's 256-column layout: both 128-column halves of a
-// partial add their row sums into it (zeroed before the launch). Two adds
-// onto zero give a + b whichever lands first, so the result is repeatable.
-constexpr int kPingBN = 128;
-constexpr int kPingStages = 6;
-constexpr uint32_t kPingStageBytes = (kBM + kPingBN) * kBK * 2;
-static_assert(kBN == 2 * kPingBN, "two ping-pong tiles make one partial");
-
-struct alignas(1024) PingPongShared {
-  uint16_t a[kPingStages][kBM * kBK];
-  uint16_t b[kPingStages][kPingBN * kBK];
-  uint16_t out[kConsumers][kOutBoxes][kOutBox * kOutBox];
-  uint64_t full[kPingStages];
-  uint64_t empty[kPingStages];
-  // A warpgroup has issued every MMA of its current tile: the other's turn.
-  uint64_t issued[kConsumers];
-};
-constexpr size_t kPingSharedBytes = sizeof(PingPongShared) + 1024;
-static_assert(kPingSharedBytes <= 227 * 1024, "beyond Hopper's shared memory per block");
-static_assert(kPingBN == kOutBoxes * kOutBox, "a row half's two boxes span a tile");
-
-#ifdef FLCE_SM90A
-// Moves a ring cursor past `blocks` stages: the other warpgroup's tile.
-__device__ __forceinline__ void SkipStages(StageCursor<kPingStages>& at, int32_t blocks) {
-  const int32_t next = at.stage + blocks;
-  at.phase ^= static_cast<uint32_t>(next / kPingStages) & 1u;
-  at.stage = next % kPingStages;
-}
-
-// One 64-row half of a ping-pong tile: ReferenceEpilogue's work for 128
-// columns, its row sums added into the 256-column partial (n_tile / 2). The
-// even half also writes the partial's reference fields; an ignored row's
-// neutral sum of 1 comes from the even half alone.
-__device__ __forceinline__ void PingPongEpilogueHalf(
-    const float (&acc)[64], int64_t row0, int32_t n_tile, int32_t box_row, int consumer,
-    const int32_t (&y)[2], const float (&reference)[2], const KernelArgs& a,
-    const CUtensorMap* e_map, uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox]) {
-  const int lane = threadIdx.x & 31;
-  const int32_t col0 = n_tile * kPingBN + (lane & 3) * 2;
-  StoreTargetLogit<1>(*reinterpret_cast<const float(*)[1][64]>(&acc), row0, col0, y, a);
-  const float ref_log2[2] = {y[0] >= 0 ? reference[0] * kLog2e : INFINITY,
-                             y[1] >= 0 ? reference[1] * kLog2e : INFINITY};
-  float s[2] = {0.0f, 0.0f};
-  uint32_t packed[32];
-  ReferenceExpHalf(acc, ref_log2, s, packed);
-  StageAndStore(packed, boxes, e_map, consumer, n_tile * kPingBN, box_row);
-  const bool even = (n_tile & 1) == 0;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = row0 + 8 * r;
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) s[r] += __shfl_xor_sync(0xffffffffu, s[r], off);
-    if (row < a.rows && (lane & 3) == 0) {
-      const int64_t k = row * a.n_tiles + n_tile / 2;
-      const bool valid = y[r] >= 0;
-      if (valid || even) atomicAdd(&a.stats.sum_exp[k], valid ? s[r] : 1.0f);
-      if (even) {
-        a.stats.max[k] = valid ? reference[r] : 0.0f;
-        a.stats.sez[k] = 0.0f;
-        a.stats.sum_z[k] = 0.0f;
-      }
-    }
-  }
-}
-#endif  // FLCE_SM90A
-
-__global__ void __launch_bounds__(kThreads, 1)
-    PingPongReferenceKernel(const __grid_constant__ CUtensorMap x_map,
-                            const __grid_constant__ CUtensorMap w_map,
-                            const __grid_constant__ CUtensorMap e_map, const KernelArgs a) {
-#ifdef FLCE_SM90A
-  extern __shared__ uint8_t raw_shared[];
-  PingPongShared& sm = AlignedShared<PingPongShared>(raw_shared);
-  const int wg = threadIdx.x / 128;
-  const int t = threadIdx.x % 128;
-  const int32_t k_blocks = (a.hidden + kBK - 1) / kBK;
-  const int32_t n_tiles = a.padded_vocab / kPingBN;
-  const int32_t num_tiles = a.m_tiles * n_tiles;
-  if (threadIdx.x == 0) {
-    for (int c = 0; c < kConsumers; ++c) MbarInit(&sm.issued[c], 128);
-  }
-  InitStageBarriers(sm.full, sm.empty, 1);
-
-  if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (t != 0) return;
-    StageCursor<kPingStages> at;
-    for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      const TileAt at_tile(tile, a, n_tiles);
-      for (int32_t kb = 0; kb < k_blocks; ++kb) {
-        MbarWait(&sm.empty[at.stage], at.phase ^ 1);
-        MbarExpectTx(&sm.full[at.stage], kPingStageBytes);
-        TmaLoad(sm.a[at.stage], &x_map, &sm.full[at.stage], kb * kBK, at_tile.m * kBM);
-        TmaLoad(sm.b[at.stage], &w_map, &sm.full[at.stage], kb * kBK, at_tile.n * kPingBN);
-        at.Next();
-      }
-    }
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-  const int c = wg - 1;
-  const int warp = t / 32;
-  const int lane = t % 32;
-  // Warpgroup c takes the CTA's tiles c, c + 2, ...; the ring carries every
-  // tile's k-blocks in the CTA's order.
-  StageCursor<kPingStages> at;
-  if (c == 1) SkipStages(at, k_blocks);
-  float acc[2][64];  // acc[h]: rows h * 64 .. h * 64 + 63 of the tile
-  int32_t turn = 0;
-  for (int32_t tile = blockIdx.x + c * gridDim.x; tile < num_tiles;
-       tile += kConsumers * gridDim.x, ++turn) {
-    const TileAt at_tile(tile, a, n_tiles);
-    const int64_t row0 = static_cast<int64_t>(at_tile.m) * kBM + warp * 16 + lane / 4;
-    int32_t y[2][2];
-    float reference[2][2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t row = row0 + h * 64 + 8 * r;
-        const bool in_chunk = row < a.rows;
-        y[h][r] = in_chunk ? a.target[row] : -1;
-        reference[h][r] = in_chunk ? a.row_reference[row] : 0.0f;
-      }
-    }
-    // Warpgroup 0's tile j follows warpgroup 1's tile j - 1 on the tensor
-    // cores, warpgroup 1's tile j follows warpgroup 0's tile j.
-    if (c == 0 && turn > 0) MbarWait(&sm.issued[1], (turn - 1) & 1);
-    if (c == 1) MbarWait(&sm.issued[0], turn & 1);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
-    }
-    int prev = -1;
-    for (int32_t kb = 0; kb < k_blocks; ++kb) {
-      MbarWait(&sm.full[at.stage], at.phase);
-      WgmmaFence();
-      const uint64_t a0 = SmemDescK(&sm.a[at.stage][0]);
-      const uint64_t a1 = SmemDescK(&sm.a[at.stage][64 * kBK]);
-      const uint64_t b0 = SmemDescK(&sm.b[at.stage][0]);
-#pragma unroll
-      for (int k = 0; k < kBK / 16; ++k) {
-        const uint64_t db = DescAdvance(b0, k * 32);
-        Wgmma<false, false, false>(acc[0], DescAdvance(a0, k * 32), db);
-        Wgmma<false, false, false>(acc[1], DescAdvance(a1, k * 32), db);
-      }
-      WgmmaCommit();
-      WgmmaWaitOne();
-      if (prev >= 0 && t == 0) MbarArrive(&sm.empty[prev]);
-      prev = at.stage;
-      at.Next();
-    }
-    MbarArrive(&sm.issued[c]);
-    WgmmaWaitAll();
-    if (prev >= 0 && t == 0) MbarArrive(&sm.empty[prev]);
-    SkipStages(at, k_blocks);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) KeepInRegisters(acc[h][i]);
-    }
-    const int32_t col0 = at_tile.n * kPingBN + (lane & 3) * 2;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (col0 + kPingBN - 2 >= a.vocab) MaskColumns(acc[h], a.vocab - col0);
-      PingPongEpilogueHalf(acc[h], row0 + h * 64, at_tile.n, at_tile.m * kBM + h * 64, c, y[h],
-                           reference[h], a, &e_map, sm.out[c]);
-    }
-  }
-  // e must be in global memory before the kernel ends.
-  if (t == 0) TmaStoreWaitAll();
-#else
-  __trap();  // built without sm_90a code: LogitsStatsSupported() is false there
-#endif
-}
-
-// A row-major rows x cols 16-bit tensor in boxes of 64 columns x box_rows.
-absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t rows, int64_t cols,
-                    uint32_t box_rows) {
-  return sm90::EncodeMatrix(map, dtype, base, rows, cols, kBK, box_rows);
-}
-
 template <bool kHalf, bool kSumZ, bool kRowRef, bool kArgmax, bool kStatsOnReference = false>
 absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CUtensorMap& e_map,
                     const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
@@ -675,34 +337,6 @@ absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CU
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
   LogitsStatsKernel<kHalf, kSumZ, kRowRef, kArgmax, kStatsOnReference>
       <<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
-  return absl::OkStatus();
-}
-
-// The default call's kernel: FLCE_CUDA_STATS_KERNEL=pingpong or cooperative
-// forces one; otherwise ping-pong where a tile's k-loop is short enough for
-// its epilogue to matter (H <= 2048).
-bool PingPongForDefaultCall(int64_t hidden) {
-  const char* env = std::getenv("FLCE_CUDA_STATS_KERNEL");
-  if (env != nullptr && std::string(env) == "cooperative") return false;
-  if (env != nullptr && std::string(env) == "pingpong") return true;
-  return hidden <= 2048;
-}
-
-absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_map,
-                            const CUtensorMap& e_map, const KernelArgs& k, cudaStream_t stream,
-                            DeviceHealth* health) {
-  CUtensorMap w_map;
-  FLCE_RETURN_IF_ERROR(
-      Encode(&w_map, DType::kBF16, args.w, args.padded_vocab, args.hidden, kPingBN));
-  // Both halves of a partial add into it.
-  const size_t sums = static_cast<size_t>(k.rows) * static_cast<size_t>(k.n_tiles);
-  FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(args.stats.sum_exp, 0, sums * sizeof(float), stream), health);
-  FLCE_CUDA_RETURN_IF_ERROR(AllowDynamicShared<PingPongReferenceKernel>(kPingSharedBytes), health);
-  const int64_t tiles = static_cast<int64_t>(k.m_tiles) * (k.padded_vocab / kPingBN);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  PingPongReferenceKernel<<<grid, kThreads, kPingSharedBytes, stream>>>(x_map, w_map, e_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }
@@ -767,7 +401,7 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
       return Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health);
     }
     if (!args.entropy) {
-      if (args.run_if == nullptr && PingPongForDefaultCall(args.hidden)) {
+      if (args.run_if == nullptr && PingPongServes(args.hidden)) {
         return LaunchPingPong(args, x_map, e_map, k, stream, health);
       }
       return Launch<false, false, true, false, true>(x_map, w_map, e_map, k, stream, health);
