@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "kernels/cuda/logits_stats_gemm.cuh"
@@ -93,73 +91,37 @@ __device__ __forceinline__ void PingPongEpilogueHalf(
 }
 #endif  // FLCE_SM90A
 
-// The tiles a CTA computes, in units of one token tile x kGroup adjacent W
-// tiles (TileAt's order over units); a pair's two CTAs take each unit
-// together, each its own W tile of it.
-template <int kGroup>
-struct UnitWalk {
-  int32_t n_tiles, units, first, step, rank;
-  __device__ UnitWalk(const KernelArgs& a, uint32_t cta_rank)
-      : n_tiles(a.padded_vocab / kBN),
-        units(a.m_tiles * ((a.padded_vocab / kBN + kGroup - 1) / kGroup)),
-        first(static_cast<int32_t>(blockIdx.x) / kGroup),
-        step(static_cast<int32_t>(gridDim.x) / kGroup),
-        rank(static_cast<int32_t>(cta_rank)) {}
-  __device__ TileAt Tile(int32_t unit, const KernelArgs& a) const {
-    TileAt at(unit, a, (n_tiles + kGroup - 1) / kGroup);
-    at.n = at.n * kGroup + rank;
-    return at;
-  }
-};
-
-// kPair: CTAs in clusters of two over one token tile and two adjacent W
-// tiles (the two halves of one 256-column partial); each loads its own W
-// tile and one 64-row half of the hidden rows, which it multicasts to both,
-// so a CTA pulls 24 KiB per stage from L2 instead of 32 (the cooperative
-// kernel's bytes per flop). A stage is free once the warpgroup consuming it
-// in both CTAs has released it.
-template <bool kPair>
 __global__ void __launch_bounds__(kThreads, 1)
     PingPongReferenceKernel(const __grid_constant__ CUtensorMap x_map,
                             const __grid_constant__ CUtensorMap w_map,
                             const __grid_constant__ CUtensorMap e_map, const KernelArgs a) {
 #ifdef FLCE_SM90A
-  constexpr int kGroup = kPair ? 2 : 1;
   extern __shared__ uint8_t raw_shared[];
   SharedTiles& sm = AlignedShared<SharedTiles>(raw_shared);
   const int wg = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
   const int32_t k_blocks = (a.hidden + kBK - 1) / kBK;
+  const int32_t n_tiles = a.padded_vocab / kBN;
+  const int32_t num_tiles = a.m_tiles * n_tiles;
   if (threadIdx.x == 0) {
     for (int c = 0; c < kConsumers; ++c) MbarInit(&sm.issued[c], 128);
   }
-  InitStageBarriers(sm.full, sm.empty, kGroup);
-  const uint32_t rank = kPair ? ClusterCtaRank() : 0;
-  if (kPair) ClusterSync();
-  const UnitWalk<kGroup> walk(a, rank);
+  InitStageBarriers(sm.full, sm.empty, 1);
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (t != 0) return;
     StageCursor<kStages> at;
-    for (int32_t unit = walk.first; unit < walk.units; unit += walk.step) {
-      const TileAt at_tile = walk.Tile(unit, a);
+    for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      const TileAt at_tile(tile, a, n_tiles);
       for (int32_t kb = 0; kb < k_blocks; ++kb) {
         MbarWait(&sm.empty[at.stage], at.phase ^ 1);
         MbarExpectTx(&sm.full[at.stage], kStageBytes);
-        if (kPair) {
-          TmaLoadMulticast(&sm.a[at.stage][rank * 64 * kBK], &x_map, &sm.full[at.stage], kb * kBK,
-                           at_tile.m * kBM + static_cast<int32_t>(rank) * 64, 0x3);
-        } else {
-          TmaLoad(sm.a[at.stage], &x_map, &sm.full[at.stage], kb * kBK, at_tile.m * kBM);
-        }
-        // A pair's W tile past the padded vocabulary (an odd tile count):
-        // TMA fills it with zeros, counted in the bytes; no epilogue writes it.
+        TmaLoad(sm.a[at.stage], &x_map, &sm.full[at.stage], kb * kBK, at_tile.m * kBM);
         TmaLoad(sm.b[at.stage], &w_map, &sm.full[at.stage], kb * kBK, at_tile.n * kBN);
         at.Next();
       }
     }
-    if (kPair) DrainStages(at, sm.empty);
     return;
   }
 
@@ -171,15 +133,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // tile's k-blocks in the CTA's order.
   StageCursor<kStages> at;
   if (c == 1) SkipStages(at, k_blocks);
-  const auto release = [&](int stage) {
-    MbarArrive(&sm.empty[stage]);
-    if (kPair) MbarArriveInCta(&sm.empty[stage], rank ^ 1u);
-  };
   float acc[2][64];  // acc[h]: rows h * 64 .. h * 64 + 63 of the tile
   int32_t turn = 0;
-  for (int32_t unit = walk.first + c * walk.step; unit < walk.units;
-       unit += kConsumers * walk.step, ++turn) {
-    const TileAt at_tile = walk.Tile(unit, a);
+  for (int32_t tile = blockIdx.x + c * gridDim.x; tile < num_tiles;
+       tile += kConsumers * gridDim.x, ++turn) {
+    const TileAt at_tile(tile, a, n_tiles);
     const int64_t row0 = static_cast<int64_t>(at_tile.m) * kBM + warp * 16 + lane / 4;
     int32_t y[2][2];
     float reference[2][2];
@@ -197,18 +155,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // cores, warpgroup 1's tile j follows warpgroup 0's tile j.
     if (c == 0 && turn > 0) MbarWait(&sm.issued[1], (turn - 1) & 1);
     if (c == 1) MbarWait(&sm.issued[0], turn & 1);
-    if (kPair && at_tile.n >= walk.n_tiles) {
-      // Past the vocabulary: the hidden half still reaches the peer, and the
-      // stages are released as they fill, with no MMAs.
-      for (int32_t kb = 0; kb < k_blocks; ++kb) {
-        MbarWait(&sm.full[at.stage], at.phase);
-        if (t == 0) release(at.stage);
-        at.Next();
-      }
-      MbarArrive(&sm.issued[c]);
-      SkipStages(at, k_blocks);
-      continue;
-    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -229,13 +175,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       WgmmaCommit();
       WgmmaWaitOne();
-      if (prev >= 0 && t == 0) release(prev);
+      if (prev >= 0 && t == 0) MbarArrive(&sm.empty[prev]);
       prev = at.stage;
       at.Next();
     }
     MbarArrive(&sm.issued[c]);
     WgmmaWaitAll();
-    if (prev >= 0 && t == 0) release(prev);
+    if (prev >= 0 && t == 0) MbarArrive(&sm.empty[prev]);
     SkipStages(at, k_blocks);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -257,71 +203,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Clusters of the paired kernel resident at once on the current device,
-// asked once per device (0 if none fit: the single-CTA kernel runs instead).
-template <auto kKernel>
-int ResidentPairs() {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  static std::mutex mu;
-  static std::map<int, int> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = known.find(device);
-  if (it != known.end()) return it->second;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(2 * std::max(SmCount(), 1));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSharedBytes;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) {
-    (void)cudaGetLastError();  // not sticky: the single-CTA kernel runs instead
-    clusters = 0;
-  }
-  known.emplace(device, clusters);
-  return clusters;
-}
-
-// CTA pairs sharing the hidden rows: FLCE_CUDA_STATS_PAIRS=1.
-bool PairsFromEnv() {
-  const char* env = std::getenv("FLCE_CUDA_STATS_PAIRS");
-  return env != nullptr && std::string(env) == "1";
-}
-
-absl::Status LaunchPaired(const LogitsStatsArgs& args, const CUtensorMap& w_map,
-                          const CUtensorMap& e_map, const KernelArgs& k, int resident,
-                          cudaStream_t stream, DeviceHealth* health) {
-  constexpr auto kKernel = PingPongReferenceKernel<true>;
-  CUtensorMap x_half_map;
-  FLCE_RETURN_IF_ERROR(Encode(&x_half_map, DType::kBF16, args.x, args.rows, args.hidden, 64));
-  const int64_t units = static_cast<int64_t>(k.m_tiles) * ((k.padded_vocab / kBN + 1) / 2);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(units, resident)));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSharedBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  FLCE_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kKernel, x_half_map, w_map, e_map, k),
-                            health);
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 // Measured on the H200 (docs/perf/cuda.md step 34): -3 ms at H = 1024, about
-// -1 ms at 1536, +1.5 ms at 2048 and +1.4 to +8 ms at 4096 in whole runs.
+// -1 ms at 1536, +1.6 ms at 2048 and +7-10 ms at 4096 in whole runs.
 bool PingPongServes(int64_t hidden) {
   const char* env = std::getenv("FLCE_CUDA_STATS_KERNEL");
   if (env != nullptr && std::string(env) == "cooperative") return false;
@@ -338,17 +223,10 @@ absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_ma
   const size_t sums = static_cast<size_t>(k.rows) * static_cast<size_t>(k.n_tiles);
   FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(args.stats.sum_exp, 0, sums * sizeof(float), stream),
                             health);
-  if (PairsFromEnv()) {
-    constexpr auto kPaired = PingPongReferenceKernel<true>;
-    FLCE_CUDA_RETURN_IF_ERROR(AllowDynamicShared<kPaired>(kSharedBytes), health);
-    const int resident = ResidentPairs<kPaired>();
-    if (resident > 0) return LaunchPaired(args, w_map, e_map, k, resident, stream, health);
-  }
-  constexpr auto kSingle = PingPongReferenceKernel<false>;
-  FLCE_CUDA_RETURN_IF_ERROR(AllowDynamicShared<kSingle>(kSharedBytes), health);
+  FLCE_CUDA_RETURN_IF_ERROR(AllowDynamicShared<PingPongReferenceKernel>(kSharedBytes), health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * (k.padded_vocab / kBN);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  kSingle<<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
+  PingPongReferenceKernel<<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }

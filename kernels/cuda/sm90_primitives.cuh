@@ -91,33 +91,6 @@ __device__ __forceinline__ void InitStageBarriers(uint64_t (&full)[kStages],
   __syncthreads();
 }
 
-// This CTA's rank in its thread-block cluster.
-__device__ __forceinline__ uint32_t ClusterCtaRank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-
-// Every thread of every CTA of the cluster; the barriers' initialisation
-// (FenceBarrierInit) is visible to the peers after it.
-__device__ __forceinline__ void ClusterSync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// Arrives on the barrier at `bar`'s offset in the shared memory of the
-// cluster's CTA `cta`.
-__device__ __forceinline__ void MbarArriveInCta(uint64_t* bar, uint32_t cta) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(SmemAddr(bar)),
-      "r"(cta)
-      : "memory");
-}
-
 __device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
                "r"(bytes)
@@ -153,18 +126,6 @@ __device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, uint6
       : "memory");
 }
 
-// One box into `dst`'s offset in the shared memory of every CTA of the
-// cluster named in `cta_mask`, each CTA's barrier at `bar`'s offset counting
-// the bytes that land there.
-__device__ __forceinline__ void TmaLoadMulticast(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                                 int c0, int c1, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%4, %5}], [%2], %3;" ::"r"(SmemAddr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddr(bar)), "h"(cta_mask), "r"(c0), "r"(c1)
-      : "memory");
-}
-
 // Box stores from shared memory; rows and columns outside the tensor are
 // dropped by the copy engine.
 __device__ __forceinline__ void TmaStore(const CUtensorMap* map, const void* src, int c0, int c1) {
@@ -185,8 +146,8 @@ __device__ __forceinline__ void TmaStore3d(const CUtensorMap* map, const void* s
 __device__ __forceinline__ void TmaReduceAdd(const CUtensorMap* map, const void* src, int c0,
                                              int c1) {
   asm volatile(
-      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%2, %3}], [%1];" ::
-          "l"(reinterpret_cast<uint64_t>(map)),
+      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
       "r"(SmemAddr(src)), "r"(c0), "r"(c1)
       : "memory");
 }
@@ -322,17 +283,6 @@ __device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t
   }
   WgmmaWaitAll();
   if (prev >= 0 && releaser) MbarArrive(&empty[prev]);
-}
-
-// Until every stage's last fill has been released: a CTA whose stages a
-// cluster peer fills or releases must not exit before that peer is done
-// with them.
-template <int kStages>
-__device__ __forceinline__ void DrainStages(StageCursor<kStages>& at, uint64_t (&empty)[kStages]) {
-  for (int s = 0; s < kStages; ++s) {
-    MbarWait(&empty[at.stage], at.phase ^ 1);
-    at.Next();
-  }
 }
 #endif  // FLCE_SM90A
 
