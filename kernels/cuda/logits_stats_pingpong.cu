@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 // Measured on the H200 (docs/perf/cuda.md step 34): -3 ms at H = 1024, about
-// -1 ms at 1536, +1.6 ms at 2048 and +7-10 ms at 4096 in whole runs.
+// -1 ms at 1536, +1.5 ms at 2048 and +1.4 to +8 ms at 4096 in whole runs.
 bool PingPongServes(int64_t hidden) {
   const char* env = std::getenv("FLCE_CUDA_STATS_KERNEL");
   if (env != nullptr && std::string(env) == "cooperative") return false;
