@@ -62,8 +62,11 @@ struct Shape {
 };
 // 0-2: the shapes (the default); 3, 4: heads of H 2048 and 1536, where
 // the default call's logits-stats kernel changes (--shapes=3,4).
-constexpr Shape kShapes[] = {{65535, 1024, 176245}, {16384, 4096, 151936}, {8192, 4096, 128256},
-                             {32768, 2048, 128256}, {32768, 1536, 151936}};
+constexpr Shape kShapes[] = {{65535, 1024, 176245},
+                             {16384, 4096, 151936},
+                             {8192, 4096, 128256},
+                             {32768, 2048, 128256},
+                             {32768, 1536, 151936}};
 constexpr int kShapeCount = static_cast<int>(sizeof(kShapes) / sizeof(kShapes[0]));
 
 struct Flags {
