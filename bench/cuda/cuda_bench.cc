@@ -60,7 +60,14 @@ using cuda::PlanRequest;
 struct Shape {
   int64_t bt, h, v;
 };
-constexpr Shape kShapes[] = {{65535, 1024, 176245}, {16384, 4096, 151936}, {8192, 4096, 128256}};
+// 0-2: the shapes (the default); 3, 4: heads of H 2048 and 1536, where
+// the default call's logits-stats kernel changes (--shapes=3,4).
+constexpr Shape kShapes[] = {{65535, 1024, 176245},
+                             {16384, 4096, 151936},
+                             {8192, 4096, 128256},
+                             {32768, 2048, 128256},
+                             {32768, 1536, 151936}};
+constexpr int kShapeCount = static_cast<int>(sizeof(kShapes) / sizeof(kShapes[0]));
 
 struct Flags {
   std::string out;
@@ -130,7 +137,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->shapes.clear();
       for (absl::string_view s : absl::StrSplit(v, ',')) {
         int x;
-        if (!absl::SimpleAtoi(s, &x) || x < 0 || x > 2) return false;
+        if (!absl::SimpleAtoi(s, &x) || x < 0 || x >= kShapeCount) return false;
         f->shapes.push_back(x);
       }
     } else if (const char* v = val("strategies")) {

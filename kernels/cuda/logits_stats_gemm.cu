@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
+#include "kernels/cuda/logits_stats_tile.cuh"
 #include "kernels/cuda/sm90_primitives.cuh"
 #include "kernels/cuda/sm90_support.h"
 #include "kernels/status_macros.h"
@@ -18,27 +19,14 @@
 namespace flce::cuda {
 namespace {
 
-using namespace sm90;  // NOLINT: the kernel is written in these primitives
+using namespace sm90;          // NOLINT: the kernel is written in these primitives
+using namespace logits_stats;  // NOLINT: the tiles' shared pieces
 
-// 128 tokens x 256 vocabulary columns per tile, 64 hidden columns per stage
-// (one 128-byte swizzle row of 16-bit elements). Two consumer warpgroups own
-// 64 rows each; a third warpgroup issues the TMA loads. Four stages of 48 KiB.
-constexpr int kBM = 128;
+// 128 tokens x 256 vocabulary columns per tile, 64 hidden columns per stage;
+// the two consumer warpgroups own 64 rows each. Four stages of 48 KiB.
 constexpr int kBN = static_cast<int>(kLogitsStatsTileCols);
-constexpr int kBK = 64;
 constexpr int kStages = 4;
-constexpr int kConsumers = 2;
-constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
-
-// e leaves through shared memory and TMA stores: written straight from the
-// accumulator layout, each warp store instruction would touch 8 rows (16 bytes
-// each), fill the store queue and stall the epilogue on its own registers. A
-// consumer warpgroup stages half of its 64 x 256 share at a time, as two
-// 64 x 64 boxes in the 128-byte swizzle (conflict-free for the fragment
-// layout): 16 KiB per warpgroup, which is what is left beside four stages.
-constexpr int kOutBox = 64;
-constexpr int kOutBoxes = 2;  // per half of a warpgroup's columns
 
 struct alignas(1024) SharedTiles {
   uint16_t a[kStages][kBM * kBK];
@@ -51,47 +39,11 @@ constexpr size_t kSharedBytes = sizeof(SharedTiles) + 1024;  // + runtime 1 KiB 
 static_assert(kSharedBytes <= 227 * 1024, "beyond Hopper's shared memory per block");
 static_assert(kBN == 2 * kOutBoxes * kOutBox, "two halves of two boxes span a tile");
 
-struct KernelArgs {
-  int32_t rows;
-  int32_t hidden;
-  int32_t vocab;
-  int32_t padded_vocab;
-  int32_t m_tiles;
-  int32_t n_tiles;
-  int32_t m_group;  // token tiles per group of the tile order
-  const int32_t* target;
-  float* target_logit;
-  TileStats stats;
-  const float* row_reference;
-  const int32_t* run_if;
-};
-
 #ifdef FLCE_SM90A
-
-__device__ __forceinline__ float Exp2Approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Padded columns of the last vocabulary tile (and columns past Vp) become a
-// large negative logit: exp gives exactly 0, e * (z - m) gives 0 (-inf would
-// give NaN), and they never equal the max.
-constexpr float kMaskedLogit = -1e30f;
-
 __device__ __forceinline__ void MaskPadding(float (&acc)[2][64], int32_t real) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int v = 0; v < 64; ++v) {
-      const int o = h * 128 + (v / 4) * 8 + (v & 1);
-      if (o >= real) acc[h][v] = kMaskedLogit;
-    }
-  }
+  for (int h = 0; h < 2; ++h) MaskColumns(acc[h], real - h * 128);
 }
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // e = exp(z - m) for one half (128 columns) of a thread's accumulators,
 // packed as fp16 pairs (kRowRef: e * scale as bf16 pairs), with the row sums,
@@ -123,64 +75,6 @@ __device__ __forceinline__ void ExpHalf(const float (&acc)[64], const float (&m_
         const __half2 pair = __floats2half2_rn(e[0], e[1]);
         packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
       }
-    }
-  }
-}
-
-// Writes one half's packed e into the warpgroup's two staging boxes and
-// stores them: box i / 8, 16-byte chunk (i % 8) ^ (row % 8) of the row (the
-// 128-byte swizzle; a thread's rows are lane / 4 and lane / 4 + 8 of its
-// warp's 16, so row % 8 = lane / 4).
-__device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
-                                              uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox],
-                                              const CUtensorMap* e_map, int consumer, int col,
-                                              int row) {
-  const int t = threadIdx.x % 128;
-  const int lane = t % 32;
-  const int local_row = (t / 32) * 16 + lane / 4;
-  // The previous stores from these boxes must have read them.
-  if (t == 0) TmaStoreWaitRead();
-  WarpgroupSync(consumer);
-  const uint32_t box0 = SmemAddr(boxes[0]);
-  const uint32_t box1 = SmemAddr(boxes[1]);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint32_t byte =
-          (local_row + 8 * r) * 128 + (((i % 8) ^ (lane / 4)) * 16) + (lane % 4) * 4;
-      StoreShared(((i / 8) == 0 ? box0 : box1) + byte, packed[i * 2 + r]);
-    }
-  }
-  FenceSharedForAsync();
-  WarpgroupSync(consumer);
-  if (t == 0) {
-#pragma unroll
-    for (int x = 0; x < kOutBoxes; ++x) TmaStore(e_map, boxes[x], col + x * kOutBox, row);
-    TmaStoreCommit();
-  }
-}
-
-// z_y, written by the one thread whose columns hold the row's target.
-__device__ __forceinline__ void StoreTargetLogit(const float (&acc)[2][64], int64_t row0,
-                                                 int32_t col0, const int32_t (&y)[2],
-                                                 const KernelArgs& a) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int32_t y_offset = y[r] - col0;
-    if (y_offset >= 0 && y_offset < kBN && (y_offset & 6) == 0) {
-      float zy = 0.0f;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            if (h * 128 + i * 8 + b == y_offset) zy = acc[h][i * 4 + 2 * r + b];
-          }
-        }
-      }
-      a.target_logit[row0 + 8 * r] = zy;
     }
   }
 }
@@ -299,24 +193,6 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
 // (y < 0; their reference is x . W_0) get e = 0 and neutral partials
 // (m = 0, s = 1): their scale is 0, and 0 times an unbounded e would not
 // be.
-__device__ __forceinline__ void ReferenceExpHalf(const float (&acc)[64], const float (&ref_log2)[2],
-                                                 float (&s)[2], uint32_t (&packed)[32]) {
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float e[2];
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        e[b] = Exp2Approx(fmaf(acc[i * 4 + 2 * r + b], kLog2e, -ref_log2[r]));
-        s[r] += e[b];
-      }
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(e[0], e[1]);
-      packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
-    }
-  }
-}
-
 __device__ __forceinline__ void ReferenceEpilogue(const float (&acc)[2][64], int64_t row0,
                                                   int32_t n_tile, int32_t m_tile, int consumer,
                                                   const int32_t (&y)[2],
@@ -354,22 +230,6 @@ __device__ __forceinline__ void ReferenceEpilogue(const float (&acc)[2][64], int
 }
 #endif  // FLCE_SM90A
 
-// The tile order: groups of m_group token tiles, token tiles fastest within
-// a group, a group's every W tile before the next group. The CTAs in flight
-// share a few W tiles and the group's hidden rows (by default the group is
-// the whole chunk: a few MiB at H = 1024).
-struct TileAt {
-  int32_t m, n;
-  __device__ TileAt(int32_t tile, const KernelArgs& a) {
-    const int32_t per_group = a.m_group * a.n_tiles;
-    const int32_t group = tile / per_group;
-    const int32_t rest = tile - group * per_group;
-    const int32_t rows = min(a.m_group, a.m_tiles - group * a.m_group);
-    m = group * a.m_group + rest % rows;
-    n = rest / rows;
-  }
-};
-
 // kStatsOnReference: ReferenceEpilogue (row-scaled e, no entropy, no
 // accuracy) instead of Epilogue.
 template <bool kHalf, bool kSumZ, bool kRowRef, bool kArgmax, bool kStatsOnReference>
@@ -393,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t != 0) return;
     StageCursor<kStages> at;
     for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      const TileAt at_tile(tile, a);
+      const TileAt at_tile(tile, a, a.n_tiles);
       const int32_t m_tile = at_tile.m;
       const int32_t n_tile = at_tile.n;
       for (int32_t kb = 0; kb < k_blocks; ++kb) {
@@ -414,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   StageCursor<kStages> at;
   float acc[2][64];
   for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const TileAt at_tile(tile, a);
+    const TileAt at_tile(tile, a, a.n_tiles);
     const int32_t m_tile = at_tile.m;
     const int32_t n_tile = at_tile.n;
     // The rows' targets are loaded now: the epilogue would otherwise wait
@@ -464,12 +324,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   __trap();  // built without sm_90a code: LogitsStatsSupported() is false there
 #endif
-}
-
-// A row-major rows x cols 16-bit tensor in boxes of 64 columns x box_rows.
-absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t rows, int64_t cols,
-                    uint32_t box_rows) {
-  return sm90::EncodeMatrix(map, dtype, base, rows, cols, kBK, box_rows);
 }
 
 template <bool kHalf, bool kSumZ, bool kRowRef, bool kArgmax, bool kStatsOnReference = false>
@@ -547,6 +401,9 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
       return Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health);
     }
     if (!args.entropy) {
+      if (args.run_if == nullptr && PingPongServes(args.hidden)) {
+        return LaunchPingPong(args, x_map, e_map, k, stream, health);
+      }
       return Launch<false, false, true, false, true>(x_map, w_map, e_map, k, stream, health);
     }
     return Launch<false, false, true, false>(x_map, w_map, e_map, k, stream, health);

@@ -12,6 +12,11 @@
 // stored in fp32 nor read twice: half the bytes per logit of the fp32 path
 // and twice the tokens per chunk for the same workspace.
 //
+// Two kernels (logits_stats_tile.cuh): the cooperative one above, and for
+// calls that ask for neither entropy nor accuracy at H <= 1536 a ping-pong
+// one of 128-column tiles whose epilogues run beside the other warpgroup's
+// MMAs (its two halves of a 256-column partial add into it).
+//
 // Only for plain logits (no bias, softcap or temperature), bf16/fp16 heads,
 // H a multiple of 8 (TMA's 16-byte strides), on a device of compute
 // capability 9.0; everything else takes the cuBLAS path.

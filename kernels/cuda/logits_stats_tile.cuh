@@ -1,0 +1,197 @@
+// The logits-stats GEMM's shared pieces (logits_stats_gemm.cuh): the tile
+// geometry, the kernels' arguments and tile order, and the epilogue steps
+// both kernels take, the cooperative 128 x 256 one (logits_stats_gemm.cu) and
+// the ping-pong 128 x 128 one (logits_stats_pingpong.cu). Device code for
+// sm_90a only; included by those two files alone.
+#ifndef FLCE_KERNELS_CUDA_LOGITS_STATS_TILE_CUH_
+#define FLCE_KERNELS_CUDA_LOGITS_STATS_TILE_CUH_
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/logits_stats_gemm.cuh"
+#include "kernels/cuda/sm90_primitives.cuh"
+#include "kernels/cuda/sm90_support.h"
+
+namespace flce::cuda::logits_stats {
+
+// 128 tokens per tile, 64 hidden columns per stage (one 128-byte swizzle row
+// of 16-bit elements). Two consumer warpgroups; a third issues the TMA loads.
+constexpr int kBM = 128;
+constexpr int kBK = 64;
+constexpr int kConsumers = 2;
+constexpr int kThreads = 128 * (kConsumers + 1);
+
+// e leaves through shared memory and TMA stores: written straight from the
+// accumulator layout, each warp store instruction would touch 8 rows (16 bytes
+// each), fill the store queue and stall the epilogue on its own registers. A
+// consumer warpgroup stages 64 rows x 128 columns at a time, as two
+// 64 x 64 boxes in the 128-byte swizzle (conflict-free for the fragment
+// layout): 16 KiB per warpgroup, which is what is left beside the stages.
+constexpr int kOutBox = 64;
+constexpr int kOutBoxes = 2;  // per 128 columns
+
+struct KernelArgs {
+  int32_t rows;
+  int32_t hidden;
+  int32_t vocab;
+  int32_t padded_vocab;
+  int32_t m_tiles;
+  int32_t n_tiles;
+  int32_t m_group;  // token tiles per group of the tile order
+  const int32_t* target;
+  float* target_logit;
+  TileStats stats;
+  const float* row_reference;
+  const int32_t* run_if;
+};
+
+// The tile order: groups of m_group token tiles, token tiles fastest within
+// a group, a group's every W tile before the next group. The CTAs in flight
+// share a few W tiles and the group's hidden rows (by default the group is
+// the whole chunk: a few MiB at H = 1024). n_tiles: W tiles per row of
+// tiles (the kernel's own width).
+struct TileAt {
+  int32_t m, n;
+  __device__ TileAt(int32_t tile, const KernelArgs& a, int32_t n_tiles) {
+    const int32_t per_group = a.m_group * n_tiles;
+    const int32_t group = tile / per_group;
+    const int32_t rest = tile - group * per_group;
+    const int32_t rows = min(a.m_group, a.m_tiles - group * a.m_group);
+    m = group * a.m_group + rest % rows;
+    n = rest / rows;
+  }
+};
+
+// A row-major rows x cols 16-bit tensor in boxes of 64 columns x box_rows.
+inline absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int64_t rows,
+                           int64_t cols, uint32_t box_rows) {
+  return sm90::EncodeMatrix(map, dtype, base, rows, cols, kBK, box_rows);
+}
+
+#ifdef FLCE_SM90A
+__device__ __forceinline__ float Exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Padded columns of the last vocabulary tile (and columns past Vp) become a
+// large negative logit: exp gives exactly 0, e * (z - m) gives 0 (-inf would
+// give NaN), and they never equal the max.
+constexpr float kMaskedLogit = -1e30f;
+
+// One m64n128 fragment's columns at or past `real` (offsets from the
+// fragment's first column as this thread holds them).
+__device__ __forceinline__ void MaskColumns(float (&acc)[64], int32_t real) {
+#pragma unroll
+  for (int v = 0; v < 64; ++v) {
+    const int o = (v / 4) * 8 + (v & 1);
+    if (o >= real) acc[v] = kMaskedLogit;
+  }
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Writes one half's packed e into the warpgroup's two staging boxes and
+// stores them: box i / 8, 16-byte chunk (i % 8) ^ (row % 8) of the row (the
+// 128-byte swizzle; a thread's rows are lane / 4 and lane / 4 + 8 of its
+// warp's 16, so row % 8 = lane / 4).
+__device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
+                                              uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox],
+                                              const CUtensorMap* e_map, int consumer, int col,
+                                              int row) {
+  const int t = threadIdx.x % 128;
+  const int lane = t % 32;
+  const int local_row = (t / 32) * 16 + lane / 4;
+  // The previous stores from these boxes must have read them.
+  if (t == 0) sm90::TmaStoreWaitRead();
+  sm90::WarpgroupSync(consumer);
+  const uint32_t box0 = sm90::SmemAddr(boxes[0]);
+  const uint32_t box1 = sm90::SmemAddr(boxes[1]);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t byte =
+          (local_row + 8 * r) * 128 + (((i % 8) ^ (lane / 4)) * 16) + (lane % 4) * 4;
+      sm90::StoreShared(((i / 8) == 0 ? box0 : box1) + byte, packed[i * 2 + r]);
+    }
+  }
+  sm90::FenceSharedForAsync();
+  sm90::WarpgroupSync(consumer);
+  if (t == 0) {
+#pragma unroll
+    for (int x = 0; x < kOutBoxes; ++x) sm90::TmaStore(e_map, boxes[x], col + x * kOutBox, row);
+    sm90::TmaStoreCommit();
+  }
+}
+
+// z_y, written by the one thread whose columns hold the row's target.
+// kHalves: m64n128 fragments side by side (128 columns each).
+template <int kHalves>
+__device__ __forceinline__ void StoreTargetLogit(const float (&acc)[kHalves][64], int64_t row0,
+                                                 int32_t col0, const int32_t (&y)[2],
+                                                 const KernelArgs& a) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int32_t y_offset = y[r] - col0;
+    if (y_offset >= 0 && y_offset < kHalves * 128 && (y_offset & 6) == 0) {
+      float zy = 0.0f;
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            if (h * 128 + i * 8 + b == y_offset) zy = acc[h][i * 4 + 2 * r + b];
+          }
+        }
+      }
+      a.target_logit[row0 + 8 * r] = zy;
+    }
+  }
+}
+
+// e = exp(z - M_t) for 128 columns of a thread's two rows, packed as bf16
+// pairs, and the rows' sums (the default call's epilogue, ReferenceEpilogue).
+__device__ __forceinline__ void ReferenceExpHalf(const float (&acc)[64], const float (&ref_log2)[2],
+                                                 float (&s)[2], uint32_t (&packed)[32]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float e[2];
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        e[b] = Exp2Approx(fmaf(acc[i * 4 + 2 * r + b], kLog2e, -ref_log2[r]));
+        s[r] += e[b];
+      }
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(e[0], e[1]);
+      packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+  }
+}
+#endif  // FLCE_SM90A
+
+// The default call's kernel (row-scaled e around the row reference, neither
+// entropy nor accuracy): ping-pong where a tile's k-loop is short enough for
+// its epilogue to matter, FLCE_CUDA_STATS_KERNEL=pingpong or cooperative
+// forcing one (logits_stats_pingpong.cu).
+bool PingPongServes(int64_t hidden);
+
+// That call on the ping-pong kernel; x_map and e_map as the cooperative
+// kernel encodes them.
+absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_map,
+                            const CUtensorMap& e_map, const KernelArgs& k, cudaStream_t stream,
+                            DeviceHealth* health);
+
+}  // namespace flce::cuda::logits_stats
+
+#endif  // FLCE_KERNELS_CUDA_LOGITS_STATS_TILE_CUH_
