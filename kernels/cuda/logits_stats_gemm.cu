@@ -26,7 +26,6 @@ using namespace logits_stats;  // NOLINT: the tiles' shared pieces
 // the two consumer warpgroups own 64 rows each. Four stages of 48 KiB.
 constexpr int kBN = static_cast<int>(kLogitsStatsTileCols);
 constexpr int kStages = 4;
-constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
 
 struct alignas(1024) SharedTiles {
   uint16_t a[kStages][kBM * kBK];
@@ -251,19 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Producer: TMA loads run ahead of the consumers by up to kStages.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (t != 0) return;
-    StageCursor<kStages> at;
-    for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      const TileAt at_tile(tile, a, a.n_tiles);
-      const int32_t m_tile = at_tile.m;
-      const int32_t n_tile = at_tile.n;
-      for (int32_t kb = 0; kb < k_blocks; ++kb) {
-        MbarWait(&sm.empty[at.stage], at.phase ^ 1);
-        MbarExpectTx(&sm.full[at.stage], kStageBytes);
-        TmaLoad(sm.a[at.stage], &x_map, &sm.full[at.stage], kb * kBK, m_tile * kBM);
-        TmaLoad(sm.b[at.stage], &w_map, &sm.full[at.stage], kb * kBK, n_tile * kBN);
-        at.Next();
-      }
-    }
+    LoadTiles<kBN, kStages>(sm, &x_map, &w_map, a, a.n_tiles, k_blocks);
     return;
   }
 
@@ -277,17 +264,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const TileAt at_tile(tile, a, a.n_tiles);
     const int32_t m_tile = at_tile.m;
     const int32_t n_tile = at_tile.n;
-    // The rows' targets are loaded now: the epilogue would otherwise wait
-    // for them.
     const int64_t row0 = static_cast<int64_t>(m_tile) * kBM + c * 64 + warp * 16 + lane / 4;
     int32_t y[2];
-    float reference[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const bool in_chunk = row0 + 8 * r < a.rows;
-      y[r] = in_chunk ? a.target[row0 + 8 * r] : -1;
-      if (kRowRef && in_chunk) reference[r] = a.row_reference[row0 + 8 * r];
-    }
+    float reference[2];
+    LoadRowInputs<kRowRef>(a, row0, y, reference);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll

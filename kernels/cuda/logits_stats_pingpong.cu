@@ -30,7 +30,6 @@ using namespace sm90;  // NOLINT: the kernel is written in these primitives
 // onto zero give a + b whichever lands first, so the result is repeatable.
 constexpr int kBN = 128;
 constexpr int kStages = 6;
-constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
 static_assert(kLogitsStatsTileCols == 2 * kBN, "two ping-pong tiles make one partial");
 
 struct alignas(1024) SharedTiles {
@@ -111,17 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (t != 0) return;
-    StageCursor<kStages> at;
-    for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      const TileAt at_tile(tile, a, n_tiles);
-      for (int32_t kb = 0; kb < k_blocks; ++kb) {
-        MbarWait(&sm.empty[at.stage], at.phase ^ 1);
-        MbarExpectTx(&sm.full[at.stage], kStageBytes);
-        TmaLoad(sm.a[at.stage], &x_map, &sm.full[at.stage], kb * kBK, at_tile.m * kBM);
-        TmaLoad(sm.b[at.stage], &w_map, &sm.full[at.stage], kb * kBK, at_tile.n * kBN);
-        at.Next();
-      }
-    }
+    LoadTiles<kBN, kStages>(sm, &x_map, &w_map, a, n_tiles, k_blocks);
     return;
   }
 
@@ -142,15 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int32_t y[2][2];
     float reference[2][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t row = row0 + h * 64 + 8 * r;
-        const bool in_chunk = row < a.rows;
-        y[h][r] = in_chunk ? a.target[row] : -1;
-        reference[h][r] = in_chunk ? a.row_reference[row] : 0.0f;
-      }
-    }
+    for (int h = 0; h < 2; ++h) LoadRowInputs<true>(a, row0 + h * 64, y[h], reference[h]);
     // Warpgroup 0's tile j follows warpgroup 1's tile j - 1 on the tensor
     // cores, warpgroup 1's tile j follows warpgroup 0's tile j.
     if (c == 0 && turn > 0) MbarWait(&sm.issued[1], (turn - 1) & 1);
@@ -160,28 +141,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
     }
-    int prev = -1;
-    for (int32_t kb = 0; kb < k_blocks; ++kb) {
-      MbarWait(&sm.full[at.stage], at.phase);
-      WgmmaFence();
-      const uint64_t a0 = SmemDescK(&sm.a[at.stage][0]);
-      const uint64_t a1 = SmemDescK(&sm.a[at.stage][64 * kBK]);
-      const uint64_t b0 = SmemDescK(&sm.b[at.stage][0]);
+    ConsumeStages(
+        at, sm.full, sm.empty, k_blocks, t == 0,
+        [&](int stage) {
+          const uint64_t a0 = SmemDescK(&sm.a[stage][0]);
+          const uint64_t a1 = SmemDescK(&sm.a[stage][64 * kBK]);
+          const uint64_t b0 = SmemDescK(&sm.b[stage][0]);
 #pragma unroll
-      for (int k = 0; k < kBK / 16; ++k) {
-        const uint64_t db = DescAdvance(b0, k * 32);
-        Wgmma<false, false, false>(acc[0], DescAdvance(a0, k * 32), db);
-        Wgmma<false, false, false>(acc[1], DescAdvance(a1, k * 32), db);
-      }
-      WgmmaCommit();
-      WgmmaWaitOne();
-      if (prev >= 0 && t == 0) MbarArrive(&sm.empty[prev]);
-      prev = at.stage;
-      at.Next();
-    }
-    MbarArrive(&sm.issued[c]);
-    WgmmaWaitAll();
-    if (prev >= 0 && t == 0) MbarArrive(&sm.empty[prev]);
+          for (int k = 0; k < kBK / 16; ++k) {
+            const uint64_t db = DescAdvance(b0, k * 32);
+            Wgmma<false, false, false>(acc[0], DescAdvance(a0, k * 32), db);
+            Wgmma<false, false, false>(acc[1], DescAdvance(a1, k * 32), db);
+          }
+        },
+        [&] { MbarArrive(&sm.issued[c]); });
     SkipStages(at, k_blocks);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

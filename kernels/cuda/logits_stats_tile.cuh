@@ -75,6 +75,43 @@ inline absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int6
 }
 
 #ifdef FLCE_SM90A
+// The producer thread's loop: the CTA's tiles (every gridDim.x-th from
+// blockIdx.x, in TileAt's order over n_tiles W tiles of kBN columns), each
+// as k-blocks of kBM hidden rows and kBN W rows, up to kStages ahead of the
+// consumers.
+template <int kBN, int kStages, typename Tiles>
+__device__ __forceinline__ void LoadTiles(Tiles& sm, const CUtensorMap* x_map,
+                                          const CUtensorMap* w_map, const KernelArgs& a,
+                                          int32_t n_tiles, int32_t k_blocks) {
+  constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
+  const int32_t num_tiles = a.m_tiles * n_tiles;
+  sm90::StageCursor<kStages> at;
+  for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const TileAt at_tile(tile, a, n_tiles);
+    for (int32_t kb = 0; kb < k_blocks; ++kb) {
+      sm90::MbarWait(&sm.empty[at.stage], at.phase ^ 1);
+      sm90::MbarExpectTx(&sm.full[at.stage], kStageBytes);
+      sm90::TmaLoad(sm.a[at.stage], x_map, &sm.full[at.stage], kb * kBK, at_tile.m * kBM);
+      sm90::TmaLoad(sm.b[at.stage], w_map, &sm.full[at.stage], kb * kBK, at_tile.n * kBN);
+      at.Next();
+    }
+  }
+}
+
+// A consumer thread's two rows (row0 and row0 + 8): their targets (-1 past
+// the chunk) and, with kRowRef, their reference logits (0 past the chunk).
+// Loaded before the mainloop: the epilogue would otherwise wait for them.
+template <bool kRowRef>
+__device__ __forceinline__ void LoadRowInputs(const KernelArgs& a, int64_t row0, int32_t (&y)[2],
+                                              float (&reference)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool in_chunk = row0 + 8 * r < a.rows;
+    y[r] = in_chunk ? a.target[row0 + 8 * r] : -1;
+    reference[r] = kRowRef && in_chunk ? a.row_reference[row0 + 8 * r] : 0.0f;
+  }
+}
+
 __device__ __forceinline__ float Exp2Approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -146,8 +146,8 @@ __device__ __forceinline__ void TmaStore3d(const CUtensorMap* map, const void* s
 __device__ __forceinline__ void TmaReduceAdd(const CUtensorMap* map, const void* src, int c0,
                                              int c1) {
   asm volatile(
-      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
-          reinterpret_cast<uint64_t>(map)),
+      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%2, %3}], [%1];" ::
+          "l"(reinterpret_cast<uint64_t>(map)),
       "r"(SmemAddr(src)), "r"(c0), "r"(c1)
       : "memory");
 }
@@ -266,10 +266,13 @@ __device__ __forceinline__ void Wgmma(float* d, uint64_t desc_a, uint64_t desc_b
 // wgmmas that read a stage; one k-block's MMAs stay in flight while the
 // next block's are issued, and a stage is released (by `releaser`, one
 // thread of the warpgroup) once the MMAs that read it have completed.
-template <int kStages, typename Issue>
+// `all_issued()` runs once the last block's MMAs are issued, before they
+// are waited for (a ping-pong kernel hands the tensor cores over there).
+template <int kStages, typename Issue, typename AllIssued>
 __device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t (&full)[kStages],
                                               uint64_t (&empty)[kStages], int32_t blocks,
-                                              bool releaser, Issue&& issue) {
+                                              bool releaser, Issue&& issue,
+                                              AllIssued&& all_issued) {
   int prev = -1;
   for (int32_t kb = 0; kb < blocks; ++kb) {
     MbarWait(&full[at.stage], at.phase);
@@ -281,8 +284,16 @@ __device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t
     prev = at.stage;
     at.Next();
   }
+  all_issued();
   WgmmaWaitAll();
   if (prev >= 0 && releaser) MbarArrive(&empty[prev]);
+}
+
+template <int kStages, typename Issue>
+__device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t (&full)[kStages],
+                                              uint64_t (&empty)[kStages], int32_t blocks,
+                                              bool releaser, Issue&& issue) {
+  ConsumeStages(at, full, empty, blocks, releaser, issue, [] {});
 }
 #endif  // FLCE_SM90A
 
