@@ -12,6 +12,10 @@
 //   flce_cuda_bench --stages=0 --strategies=chunked,chunked@FLCE_CUDA_STATS_GROUP=16
 //     (NAME@VAR=VALUE: strategy NAME with an engine switch set for its runs, to
 //     alternate a variant with the default in one process)
+//   flce_cuda_bench --stages=0 --interleave --runs=9 --strategies=chunked,chunked@VAR=VALUE
+//     (rounds of one call each, bound included, the order rotated per round:
+//     a later place in a series runs on a warmer GPU, which back-to-back
+//     series charge to whichever entry runs later)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -78,6 +82,10 @@ struct Flags {
   int64_t wall_mb = 0;  // > 0: naive/separate refused at the budget also run with this one
   int64_t fuse_mn_tokens = 1024;
   bool stages = true;  // per-stage times of one chunked chunk
+  // Rounds of one call each of the bound and every strategy (the order
+  // rotated per round) instead of each one's runs back to back: the ratio is
+  // then each round's against the bound of the same round.
+  bool interleave = false;
   std::vector<int> shapes = {0, 1, 2};
   // chunked_cluster / chunked_two_pass: the chunked plan with one row
   // kernel forced (FLCE_CUDA_ROW_KERNEL), to compare them.
@@ -133,6 +141,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->fuse_mn_tokens = std::atoll(v);
     else if (const char* v = val("stages"))
       f->stages = std::string(v) != "0";
+    else if (a == "--interleave")
+      f->interleave = true;
     else if (const char* v = val("shapes")) {
       f->shapes.clear();
       for (absl::string_view s : absl::StrSplit(v, ',')) {
@@ -222,6 +232,39 @@ double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function
   }
   std::sort(ms.begin(), ms.end());
   return ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// `runs` rounds (after `warmup` untimed ones) of one call of each fn, round i
+// starting at fn i % n, each call timed with CUDA events: times[f][round].
+// False when a call fails.
+bool TimeRounds(cudaStream_t stream, int warmup, int runs,
+                const std::vector<std::function<bool()>>& fns,
+                std::vector<std::vector<double>>* times) {
+  const size_t n = fns.size();
+  times->assign(n, {});
+  cudaEvent_t a, b;
+  if (cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess) return false;
+  bool ok = true;
+  for (int round = -warmup; round < runs && ok; ++round) {
+    for (size_t j = 0; j < n && ok; ++j) {
+      const size_t f = (static_cast<size_t>(round + warmup) + j) % n;
+      ok = cudaEventRecord(a, stream) == cudaSuccess && fns[f]() &&
+           cudaEventRecord(b, stream) == cudaSuccess && cudaEventSynchronize(b) == cudaSuccess;
+      float t = 0;
+      if (ok && round >= 0) {
+        ok = cudaEventElapsedTime(&t, a, b) == cudaSuccess;
+        (*times)[f].push_back(t);
+      }
+    }
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ok;
 }
 
 // Median of `reps` timed runs of fn after one untimed run, each preceded by
@@ -628,53 +671,51 @@ int Main(int argc, char** argv) {
     double bound_joules = -1.0;
     double bound_at_plan_chunk_ms = -1.0;
     int64_t plan_chunk = 0;
-    {
-      constexpr int64_t kChunk = 8192;
-      auto lbuf = DeviceBuffer::Allocate(kChunk * vp * 2, engine->context()->health());
-      if (!lbuf.ok()) {
-        std::fprintf(stderr, "bound logits buffer: %s\n", lbuf.status().ToString().c_str());
-        return 1;
-      }
-      const void* w = head->view().weight;
-      const auto bound_step = [&](int64_t chunk) {
-        const float one = 1.0f, zero = 0.0f;
-        for (int64_t c0 = 0; c0 < sh.bt; c0 += chunk) {
-          const int rows = static_cast<int>(std::min(chunk, sh.bt - c0));
-          const char* x = static_cast<const char*>(xbuf->get()) + c0 * sh.h * 2;
-          char* gi = static_cast<char*>(gibuf->get()) + c0 * sh.h * 2;
-          if (cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, vp, rows, sh.h, &one, w, CUDA_R_16BF,
-                           sh.h, x, CUDA_R_16BF, sh.h, &zero, lbuf->get(), CUDA_R_16BF, vp,
-                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS ||
-              cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, sh.h, rows, vp, &one, w, CUDA_R_16BF,
-                           sh.h, lbuf->get(), CUDA_R_16BF, vp, &zero, gi, CUDA_R_16BF, sh.h,
-                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS ||
-              cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_T, sh.h, vp, rows, &one, x, CUDA_R_16BF,
-                           sh.h, lbuf->get(), CUDA_R_16BF, vp, &one, grad->weight(), CUDA_R_32F,
-                           sh.h, CUBLAS_COMPUTE_32F,
-                           CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-            return false;
-          }
+    constexpr int64_t kChunk = 8192;
+    auto lbuf = DeviceBuffer::Allocate(kChunk * vp * 2, engine->context()->health());
+    if (!lbuf.ok()) {
+      std::fprintf(stderr, "bound logits buffer: %s\n", lbuf.status().ToString().c_str());
+      return 1;
+    }
+    const void* w = head->view().weight;
+    const auto bound_step = [&](int64_t chunk) {
+      const float one = 1.0f, zero = 0.0f;
+      for (int64_t c0 = 0; c0 < sh.bt; c0 += chunk) {
+        const int rows = static_cast<int>(std::min(chunk, sh.bt - c0));
+        const char* x = static_cast<const char*>(xbuf->get()) + c0 * sh.h * 2;
+        char* gi = static_cast<char*>(gibuf->get()) + c0 * sh.h * 2;
+        if (cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, vp, rows, sh.h, &one, w, CUDA_R_16BF,
+                         sh.h, x, CUDA_R_16BF, sh.h, &zero, lbuf->get(), CUDA_R_16BF, vp,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS ||
+            cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, sh.h, rows, vp, &one, w, CUDA_R_16BF,
+                         sh.h, lbuf->get(), CUDA_R_16BF, vp, &zero, gi, CUDA_R_16BF, sh.h,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS ||
+            cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_T, sh.h, vp, rows, &one, x, CUDA_R_16BF,
+                         sh.h, lbuf->get(), CUDA_R_16BF, vp, &one, grad->weight(), CUDA_R_32F,
+                         sh.h, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+          return false;
         }
-        return true;
-      };
-      bound_ms = TimeMedian(
-          stream, flags.warmup, flags.runs, [&]() { return bound_step(kChunk); }, energy_ptr,
-          &bound_joules);
-      if (bound_ms < 0) {
-        std::fprintf(stderr, "bound GEMMs failed\n");
-        return 1;
       }
-      PlanRequest pr;
-      pr.strategy = Strategy::kChunked;
-      pr.num_tokens = sh.bt;
-      pr.hidden_dtype = DType::kBF16;
-      pr.streaming = true;
-      const absl::StatusOr<Plan> plan = engine->PlanFor(*head, pr);
-      if (plan.ok() && plan->chunk_tokens > 0 && plan->chunk_tokens < kChunk) {
-        plan_chunk = plan->chunk_tokens;
-        bound_at_plan_chunk_ms =
-            TimeMedian(stream, flags.warmup, flags.runs, [&]() { return bound_step(plan_chunk); });
-      }
+      return true;
+    };
+    bound_ms = TimeMedian(
+        stream, flags.warmup, flags.runs, [&]() { return bound_step(kChunk); }, energy_ptr,
+        &bound_joules);
+    if (bound_ms < 0) {
+      std::fprintf(stderr, "bound GEMMs failed\n");
+      return 1;
+    }
+    PlanRequest pr;
+    pr.strategy = Strategy::kChunked;
+    pr.num_tokens = sh.bt;
+    pr.hidden_dtype = DType::kBF16;
+    pr.streaming = true;
+    const absl::StatusOr<Plan> plan = engine->PlanFor(*head, pr);
+    if (plan.ok() && plan->chunk_tokens > 0 && plan->chunk_tokens < kChunk) {
+      plan_chunk = plan->chunk_tokens;
+      bound_at_plan_chunk_ms =
+          TimeMedian(stream, flags.warmup, flags.runs, [&]() { return bound_step(plan_chunk); });
     }
     const double flops = 6.0 * sh.bt * sh.v * sh.h;
     std::printf("  3-GEMM bound: %.2f ms (%.0f TFLOP/s)%s\n", bound_ms, flops / bound_ms / 1e9,
@@ -734,17 +775,33 @@ int Main(int argc, char** argv) {
       }
     }
 
+    // Each strategy's plan and call, the engine switches it names set around
+    // its planning and each of its runs.
+    struct Entry {
+      std::string spelled;
+      nlohmann::json rec;
+      std::vector<std::pair<std::string, std::string>> env;
+      CudaEngine* runner = nullptr;
+      Plan plan;
+      DeviceRequest r;
+      double scale = 1.0;
+      int runs = 0, warmup = 0;
+      absl::Status status;
+    };
+    const auto set_env = [](const Entry& e) {
+      for (const auto& [name, value] : e.env) setenv(name.c_str(), value.c_str(), 1);
+    };
+    const auto clear_env = [](const Entry& e) {
+      for (const auto& kv : e.env) unsetenv(kv.first.c_str());
+    };
+    std::vector<Entry> entries;
+    entries.reserve(flags.strategies.size());
     for (const std::string& spelled : flags.strategies) {
+      Entry e;
+      e.spelled = spelled;
       // NAME@VAR=VALUE: the variable set around this strategy's runs.
       const size_t at_sign = spelled.find('@');
       const std::string name = spelled.substr(0, at_sign);
-      std::string env_name, env_value;
-      if (at_sign != std::string::npos) {
-        const std::string assignment = spelled.substr(at_sign + 1);
-        const size_t eq = assignment.find('=');
-        env_name = assignment.substr(0, eq);
-        env_value = eq == std::string::npos ? "" : assignment.substr(eq + 1);
-      }
       const char* row_kernel = name == "chunked_two_pass"  ? "two_pass"
                                : name == "chunked_cluster" ? "cluster"
                                                            : nullptr;
@@ -757,95 +814,149 @@ int Main(int argc, char** argv) {
       const Strategy strategy = cublas_logits || backward != nullptr || entropy
                                     ? Strategy::kChunked
                                     : ParseStrategy(name);
-      if (cublas_logits) setenv("FLCE_CUDA_LOGITS", "cublas", 1);
-      nlohmann::json rec = shape_record(spelled);
-      rec["workspace_budget_mib"] = flags.workspace_mb;
+      if (cublas_logits) e.env.emplace_back("FLCE_CUDA_LOGITS", "cublas");
+      if (row_kernel != nullptr) e.env.emplace_back("FLCE_CUDA_ROW_KERNEL", row_kernel);
+      if (name == "chunked_overlap") e.env.emplace_back("FLCE_CUDA_OVERLAP", "1");
+      if (backward != nullptr) e.env.emplace_back("FLCE_CUDA_BACKWARD", backward);
+      if (at_sign != std::string::npos) {
+        const std::string assignment = spelled.substr(at_sign + 1);
+        const size_t eq = assignment.find('=');
+        e.env.emplace_back(assignment.substr(0, eq),
+                           eq == std::string::npos ? "" : assignment.substr(eq + 1));
+      }
+      e.rec = shape_record(spelled);
+      e.rec["workspace_budget_mib"] = flags.workspace_mb;
       PlanRequest pr;
       pr.strategy = strategy;
       pr.num_tokens = sh.bt;
       pr.hidden_dtype = DType::kBF16;
       pr.streaming = true;  // the served plan: room for two upload/download slots
-      CudaEngine* runner = engine.get();
-      absl::StatusOr<Plan> plan = runner->PlanFor(*head, pr);
+      e.runner = engine.get();
+      set_env(e);
+      absl::StatusOr<Plan> plan = e.runner->PlanFor(*head, pr);
       if (!plan.ok() && wall != nullptr &&
           (strategy == Strategy::kNaive || strategy == Strategy::kSeparate)) {
-        rec["refused_at_budget"] = std::string(plan.status().message());
-        runner = wall.get();
-        plan = runner->PlanFor(*head, pr);
-        rec["workspace_budget_mib"] = flags.wall_mb;
+        e.rec["refused_at_budget"] = std::string(plan.status().message());
+        e.runner = wall.get();
+        plan = e.runner->PlanFor(*head, pr);
+        e.rec["workspace_budget_mib"] = flags.wall_mb;
       }
+      clear_env(e);
       if (!plan.ok()) {
-        unsetenv("FLCE_CUDA_LOGITS");
-        rec["refused"] = std::string(plan.status().message());
-        rec["ms"] = nullptr;
-        rec["ratio"] = nullptr;
-        rec["workspace_peak_mib"] = nullptr;
+        e.rec["refused"] = std::string(plan.status().message());
+        e.rec["ms"] = nullptr;
+        e.rec["ratio"] = nullptr;
+        e.rec["workspace_peak_mib"] = nullptr;
         std::printf("  %-12s refused: %s\n", spelled.c_str(),
                     std::string(plan.status().message()).c_str());
-        records.push_back(rec);
+        records.push_back(e.rec);
         continue;
       }
-      DeviceRequest r = req;
-      if (entropy) r.out.entropy = entropy_out;
-      if (name == "chunked_accuracy") r.out.argmax = argmax;
-      double scale = 1.0;
-      int runs = flags.runs, warmup = flags.warmup;
-      if (plan->strategy == Strategy::kFuseMN && sh.bt > flags.fuse_mn_tokens) {
+      e.plan = *plan;
+      e.r = req;
+      if (entropy) e.r.out.entropy = entropy_out;
+      if (name == "chunked_accuracy") e.r.out.argmax = argmax;
+      e.runs = flags.runs;
+      e.warmup = flags.warmup;
+      if (e.plan.strategy == Strategy::kFuseMN && sh.bt > flags.fuse_mn_tokens) {
         // Seconds per run at these shapes: time a token slice, scale by BT.
-        r.rows = flags.fuse_mn_tokens;
-        scale = double(sh.bt) / r.rows;
-        runs = 3;
-        warmup = 1;
-        rec["extrapolated_from_tokens"] = r.rows;
+        e.r.rows = flags.fuse_mn_tokens;
+        e.scale = double(sh.bt) / e.r.rows;
+        e.runs = 3;
+        e.warmup = 1;
+        e.rec["extrapolated_from_tokens"] = e.r.rows;
       }
-      absl::Status run_status;
-      if (row_kernel != nullptr) setenv("FLCE_CUDA_ROW_KERNEL", row_kernel, 1);
-      if (name == "chunked_overlap") setenv("FLCE_CUDA_OVERLAP", "1", 1);
-      if (backward != nullptr) setenv("FLCE_CUDA_BACKWARD", backward, 1);
-      if (!env_name.empty()) setenv(env_name.c_str(), env_value.c_str(), 1);
+      entries.push_back(std::move(e));
+    }
+    const auto call = [&](Entry& e) {
+      return [&]() {
+        set_env(e);
+        e.status = e.runner->RunOnDevice(*head, e.plan, e.r);
+        clear_env(e);
+        return e.status.ok();
+      };
+    };
+    // Interleaved: the bound first in the list, each strategy's times and
+    // per-round ratios against the bound of its round.
+    std::vector<std::vector<double>> rounds;
+    bool rounds_ok = true;
+    if (flags.interleave && !entries.empty()) {
+      std::vector<std::function<bool()>> fns = {[&]() { return bound_step(kChunk); }};
+      for (Entry& e : entries) fns.push_back(call(e));
+      rounds_ok = TimeRounds(stream, flags.warmup, flags.runs, fns, &rounds);
+      if (rounds_ok) {
+        std::printf("  interleaved, %d rounds: 3-GEMM bound %.2f ms (median)\n", flags.runs,
+                    Median(rounds[0]));
+      }
+    }
+    for (size_t i = 0; i < entries.size(); ++i) {
+      Entry& e = entries[i];
+      nlohmann::json& rec = e.rec;
       double joules = -1.0;
-      double ms = TimeMedian(
-          stream, warmup, runs,
-          [&]() {
-            run_status = runner->RunOnDevice(*head, *plan, r);
-            return run_status.ok();
-          },
-          energy_ptr, &joules);
-      unsetenv("FLCE_CUDA_ROW_KERNEL");
-      unsetenv("FLCE_CUDA_OVERLAP");
-      unsetenv("FLCE_CUDA_LOGITS");
-      unsetenv("FLCE_CUDA_BACKWARD");
-      if (!env_name.empty()) unsetenv(env_name.c_str());
+      double ms = -1.0;
+      double ratio = -1.0;
+      if (flags.interleave) {
+        if (rounds_ok) {
+          const std::vector<double>& t = rounds[i + 1];
+          std::vector<double> ratios, diffs;
+          for (size_t k = 0; k < t.size(); ++k) {
+            ratios.push_back(t[k] * e.scale / rounds[0][k]);
+            diffs.push_back(t[k] * e.scale - rounds[1][k] * entries[0].scale);
+          }
+          ms = Median(t);
+          ratio = Median(ratios);
+          rec["interleaved"] = true;
+          rec["round_ms"] = t;
+          rec["round_bound_ms"] = rounds[0];
+          rec["round_ratios"] = ratios;
+          rec["bound_ms_interleaved"] = Median(rounds[0]);
+          if (i > 0) {
+            rec["paired_difference_ms_vs"] = entries[0].spelled;
+            rec["paired_difference_ms"] = Median(diffs);
+          }
+        }
+      } else {
+        ms = TimeMedian(stream, e.warmup, e.runs, call(e), energy_ptr, &joules);
+        if (ms >= 0) ratio = ms * e.scale / bound_ms;
+      }
       if (ms < 0) {
-        rec["error"] = run_status.ToString();
-        std::printf("  %-12s failed: %s\n", spelled.c_str(), run_status.ToString().c_str());
+        const std::string why = e.status.ok() ? "another call of the interleaved rounds failed"
+                                              : e.status.ToString();
+        rec["error"] = why;
+        std::printf("  %-12s failed: %s\n", e.spelled.c_str(), why.c_str());
         records.push_back(rec);
         if (!engine->healthy()) break;
         continue;
       }
-      ms *= scale;
-      if (joules >= 0) joules *= scale;
-      const int64_t ws = plan->scratch_bytes +
-                         (plan->strategy == Strategy::kChunked ? 2 * plan->stream_slot_bytes : 0);
-      rec["strategy_used"] = StrategyName(plan->strategy);
-      if (plan->strategy == Strategy::kChunked) {
-        rec["logits_path"] = plan->tile_stats ? "logits_stats_gemm" : "cublas_fp32";
-        rec["chunk_tokens"] = plan->chunk_tokens;
+      ms *= e.scale;
+      if (joules >= 0) joules *= e.scale;
+      const Plan& plan = e.plan;
+      const int64_t ws = plan.scratch_bytes +
+                         (plan.strategy == Strategy::kChunked ? 2 * plan.stream_slot_bytes : 0);
+      rec["strategy_used"] = StrategyName(plan.strategy);
+      if (plan.strategy == Strategy::kChunked) {
+        rec["logits_path"] = plan.tile_stats ? "logits_stats_gemm" : "cublas_fp32";
+        rec["chunk_tokens"] = plan.chunk_tokens;
       }
       rec["ms"] = ms;
-      rec["ratio"] = ms / bound_ms;
+      rec["ratio"] = ratio;
       rec["tflops"] = flops / ms / 1e9;
       rec["joules"] = joules;
       rec["workspace_peak_mib"] = ws / 1048576.0;
-      rec["chunk_tokens"] = plan->chunk_tokens;
-      rec["split_cols"] = plan->split_cols;
-      rec["runs"] = runs;
+      rec["chunk_tokens"] = plan.chunk_tokens;
+      rec["split_cols"] = plan.split_cols;
+      rec["runs"] = flags.interleave ? flags.runs : e.runs;
       std::printf(
-          "  %-12s %9.2f ms  %6.0f TFLOP/s  %5.2fx bound  workspace %7.1f MiB  (chunk %lld, split "
-          "%lld)%s%s\n",
-          spelled.c_str(), ms, flops / ms / 1e9, ms / bound_ms, ws / 1048576.0,
-          (long long)plan->chunk_tokens, (long long)plan->split_cols, Joules(joules).c_str(),
-          scale != 1.0 ? "  [extrapolated]" : "");
+          "  %-12s %9.2f ms  %6.0f TFLOP/s  %5.3fx bound  workspace %7.1f MiB  (chunk %lld, split "
+          "%lld)%s%s",
+          e.spelled.c_str(), ms, flops / ms / 1e9, ratio, ws / 1048576.0,
+          (long long)plan.chunk_tokens, (long long)plan.split_cols, Joules(joules).c_str(),
+          e.scale != 1.0 ? "  [extrapolated]" : "");
+      if (rec.contains("paired_difference_ms")) {
+        std::printf("  %+.2f ms against %s (median of the rounds' differences)",
+                    rec["paired_difference_ms"].get<double>(), entries[0].spelled.c_str());
+      }
+      std::printf("\n");
       std::fflush(stdout);
       records.push_back(rec);
     }
