@@ -691,9 +691,8 @@ int Main(int argc, char** argv) {
                          sh.h, lbuf->get(), CUDA_R_16BF, vp, &zero, gi, CUDA_R_16BF, sh.h,
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS ||
             cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_T, sh.h, vp, rows, &one, x, CUDA_R_16BF,
-                         sh.h, lbuf->get(), CUDA_R_16BF, vp, &one, grad->weight(), CUDA_R_32F,
-                         sh.h, CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+                         sh.h, lbuf->get(), CUDA_R_16BF, vp, &one, grad->weight(), CUDA_R_32F, sh.h,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
           return false;
         }
       }
@@ -920,8 +919,8 @@ int Main(int argc, char** argv) {
         if (ms >= 0) ratio = ms * e.scale / bound_ms;
       }
       if (ms < 0) {
-        const std::string why = e.status.ok() ? "another call of the interleaved rounds failed"
-                                              : e.status.ToString();
+        const std::string why =
+            e.status.ok() ? "another call of the interleaved rounds failed" : e.status.ToString();
         rec["error"] = why;
         std::printf("  %-12s failed: %s\n", e.spelled.c_str(), why.c_str());
         records.push_back(rec);
