@@ -45,6 +45,35 @@ __global__ void __launch_bounds__(kReferenceThreads)
   if (lane == 0) reference[row] = sum;
 }
 
+// Eight adjacent elements as floats, from one or two 16-byte loads.
+__device__ __forceinline__ void Load8(const float* p, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void Load8(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    v[2 * k] = f.x;
+    v[2 * k + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void Store8(float* p, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <typename T>
+__device__ __forceinline__ void Store8(T* p, const float (&v)[8]) {
+  T h[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) h[k] = FromFloat<T>(v[k]);
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(h);
+}
+
+// Elements one at a time: any cols, any alignment.
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kScaleThreads)
     ScaleRowsKernel(const In* in, Out* out, int64_t rows, int64_t cols, const float* scale,
@@ -61,24 +90,64 @@ __global__ void __launch_bounds__(kScaleThreads)
   }
 }
 
+// Eight elements of one row per step (cols % 8 == 0, 16-byte aligned
+// buffers): 16-byte accesses and one row index per eight elements. The same
+// arithmetic in the same order as ScaleRowsKernel, so the same results.
+template <typename In, typename Out>
+__global__ void __launch_bounds__(kScaleThreads)
+    ScaleRowVectorsKernel(const In* in, Out* out, int64_t rows, int64_t cols, const float* scale,
+                          const int32_t* fallback, int parts) {
+  const bool unscaled = *fallback != 0;
+  const int64_t n = rows * cols;
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * 8) {
+    const float f = unscaled ? 1.0f : scale[i / cols];
+    float v[8];
+    Load8(in + i, v);
+    for (int p = 1; p < parts; ++p) {
+      float w[8];
+      Load8(in + p * n + i, w);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] += w[k];
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] *= f;
+    Store8(out + i, v);
+  }
+}
+
+template <typename In, typename Out>
+void LaunchScale(const In* in, Out* out, int64_t rows, int64_t cols, const float* scale,
+                 const int32_t* fallback, int parts, cudaStream_t stream) {
+  const bool vectors = cols % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const int64_t per_thread = vectors ? 8 : 1;
+  const int64_t threads = (rows * cols + per_thread - 1) / per_thread;
+  const int64_t blocks = std::min<int64_t>((threads + kScaleThreads - 1) / kScaleThreads, 2048);
+  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
+  if (vectors) {
+    ScaleRowVectorsKernel<<<grid, kScaleThreads, 0, stream>>>(in, out, rows, cols, scale,
+                                                              fallback, parts);
+  } else {
+    ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, out, rows, cols, scale, fallback,
+                                                        parts);
+  }
+}
+
 template <typename In>
 absl::Status ScaleRowsTo(const In* in, DType out_dtype, void* out, int64_t rows, int64_t cols,
                          const float* scale, const int32_t* fallback, int parts,
                          cudaStream_t stream) {
-  const int64_t blocks = std::min<int64_t>((rows * cols + kScaleThreads - 1) / kScaleThreads, 2048);
-  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
   switch (out_dtype) {
     case DType::kF32:
-      ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, static_cast<float*>(out), rows, cols,
-                                                          scale, fallback, parts);
+      LaunchScale(in, static_cast<float*>(out), rows, cols, scale, fallback, parts, stream);
       return absl::OkStatus();
     case DType::kBF16:
-      ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, static_cast<__nv_bfloat16*>(out),
-                                                          rows, cols, scale, fallback, parts);
+      LaunchScale(in, static_cast<__nv_bfloat16*>(out), rows, cols, scale, fallback, parts,
+                  stream);
       return absl::OkStatus();
     case DType::kF16:
-      ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, static_cast<__half*>(out), rows, cols,
-                                                          scale, fallback, parts);
+      LaunchScale(in, static_cast<__half*>(out), rows, cols, scale, fallback, parts, stream);
       return absl::OkStatus();
   }
   return absl::InternalError("scale rows: unknown output dtype");

@@ -47,22 +47,15 @@ __device__ __forceinline__ void RowScaledFinish(const TileRowArgs& a, int64_t ro
   if (fallback) *a.fallback = 1;
 }
 
-// Contiguous tile ranges in thread order: the block merge keeps lower
-// columns first, so argmax ties go to the lowest index.
-__device__ __forceinline__ void ThreadTiles(const TileRowArgs& a, int64_t* t0, int64_t* t1) {
-  const int64_t per = (a.tiles + kFinishThreads - 1) / kFinishThreads;
-  *t0 = min(threadIdx.x * per, a.tiles);
-  *t1 = min(*t0 + per, a.tiles);
-}
-
 // The row's tiles merged into one state (z_y left 0), in every thread.
+// Thread i takes tiles i, i + kFinishThreads, ...: a warp's loads are
+// adjacent words. MergeStates breaks argmax ties on the index, so the merge
+// order does not decide them.
 __device__ __forceinline__ RowState MergeRowTiles(const TileRowArgs& a, int64_t row,
                                                   RowState* scratch) {
   const int64_t base = row * a.tiles;
-  int64_t t0, t1;
-  ThreadTiles(a, &t0, &t1);
   RowState st = EmptyState();
-  for (int64_t t = t0; t < t1; ++t) {
+  for (int64_t t = threadIdx.x; t < a.tiles; t += kFinishThreads) {
     RowState part;
     part.m = a.stats.max[base + t];
     part.s = a.stats.sum_exp[base + t];
@@ -85,9 +78,6 @@ __global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a
   __shared__ RowState scratch[kFinishThreads / 32];
   __shared__ float row_lse;
   const int64_t row = blockIdx.x;
-  const int64_t base = row * a.tiles;
-  int64_t t0, t1;
-  ThreadTiles(a, &t0, &t1);
   RowState st = MergeRowTiles(a, row, scratch);
   if (threadIdx.x == 0) {
     const int32_t y = a.in.target[row];
@@ -98,9 +88,15 @@ __global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a
     if (a.row_reference != nullptr) RowScaledFinish(a, row, st, g);
     row_lse = g.lse;
   }
+  // The row-scaled backward reads no tile factors: where a chunk falls back
+  // to the dlogits pass, the plain finish runs again and writes them.
+  if (a.row_reference != nullptr) return;
   __syncthreads();
   const float lse = row_lse;
-  for (int64_t t = t0; t < t1; ++t) a.stats.max[base + t] = expf(a.stats.max[base + t] - lse);
+  const int64_t base = row * a.tiles;
+  for (int64_t t = threadIdx.x; t < a.tiles; t += kFinishThreads) {
+    a.stats.max[base + t] = expf(a.stats.max[base + t] - lse);
+  }
 }
 
 __global__ void __launch_bounds__(kFinishThreads) TileReduceKernel(TileRowArgs a,

@@ -22,8 +22,9 @@ struct TileRowArgs {
   int64_t rows = 0;
   int64_t padded_vocab = 0;
   int64_t tiles = 0;  // LogitsStatsTiles(padded_vocab)
-  // From the GEMM. The finish kernel overwrites stats.max with exp(m_t - LSE),
-  // the factor the gradient kernel applies to the tile's e.
+  // From the GEMM. The plain finish overwrites stats.max with exp(m_t - LSE),
+  // the factor the gradient kernel applies to the tile's e (the row-scaled
+  // finish leaves it).
   TileStats stats;
   const float* target_logit = nullptr;
   RowInputs in;
