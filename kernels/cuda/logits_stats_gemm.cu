@@ -380,7 +380,7 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
     if (args.argmax) {
       return Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health);
     }
-    if (!args.entropy) {
+    if (PartialsAroundReference(args)) {
       if (args.run_if == nullptr && PingPongServes(args.hidden)) {
         return LaunchPingPong(args, x_map, e_map, k, stream, health);
       }

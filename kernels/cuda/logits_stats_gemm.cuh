@@ -67,6 +67,13 @@ struct LogitsStatsArgs {
   const int32_t* run_if = nullptr;
 };
 
+// The partials the GEMM writes for `args` are taken around the row reference
+// (m_t = M_t, sez = 0, sum_z = 0 for a valid row): the finish needs only
+// their sums.
+inline bool PartialsAroundReference(const LogitsStatsArgs& args) {
+  return args.row_reference != nullptr && !args.entropy && !args.argmax && !args.sum_z;
+}
+
 // Row-scaled e stores exp(z - M_t) with the tile's factor exp(m_t - M_t)
 // capped at e^kRowReferenceCap: bf16 and fp32 sums of such values stay far
 // from overflow. A row whose LSE lies further above M_t (a loss above 60

@@ -155,6 +155,7 @@ absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const Til
   scaled.row_reference = q.reference;
   scaled.row_scale = q.scale;
   scaled.fallback = q.fallback;
+  scaled.sums_around_reference = PartialsAroundReference(g);
   FLCE_RETURN_IF_ERROR(LaunchTileFinish(scaled, exec.stream, exec.health));
   MarkStage(exec, "row_finish");
   // The fallback: fp16 e per tile, the plain finish, the dlogits pass.

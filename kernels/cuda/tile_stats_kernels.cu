@@ -73,12 +73,36 @@ __device__ __forceinline__ RowState MergeRowTiles(const TileRowArgs& a, int64_t 
   return BlockReduceState<kFinishThreads>(st, scratch);
 }
 
+// Partials around the row reference: every tile's max is the row's M_t (0
+// on an ignored row) and its sez and sum_z are 0, so the merge of
+// MergeRowTiles reduces to a sum of the tiles' sums.
+__device__ __forceinline__ RowState SumRowTiles(const TileRowArgs& a, int64_t row,
+                                                float* scratch) {
+  const int64_t base = row * a.tiles;
+  float s = 0.0f;
+  for (int64_t t = threadIdx.x; t < a.tiles; t += kFinishThreads) s += a.stats.sum_exp[base + t];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x / 32] = s;
+  __syncthreads();
+  RowState st = EmptyState();
+  st.m = a.stats.max[base];
+  st.s = scratch[0];
+#pragma unroll
+  for (int w = 1; w < kFinishThreads / 32; ++w) st.s += scratch[w];
+  st.sez = a.stats.sez[base];
+  st.sum_z = a.stats.sum_z[base];
+  return st;
+}
+
 __global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a) {
   if (a.run_if != nullptr && *a.run_if == 0) return;
   __shared__ RowState scratch[kFinishThreads / 32];
+  __shared__ float sums[kFinishThreads / 32];
   __shared__ float row_lse;
   const int64_t row = blockIdx.x;
-  RowState st = MergeRowTiles(a, row, scratch);
+  RowState st =
+      a.sums_around_reference ? SumRowTiles(a, row, sums) : MergeRowTiles(a, row, scratch);
   if (threadIdx.x == 0) {
     const int32_t y = a.in.target[row];
     st.zy = y >= 0 ? a.target_logit[row] : 0.0f;

@@ -41,6 +41,10 @@ struct TileRowArgs {
   const float* row_reference = nullptr;
   float* row_scale = nullptr;
   int32_t* fallback = nullptr;
+  // The partials are sums around the row reference (PartialsAroundReference
+  // of the GEMM's arguments): the finish adds the sums and reads the other
+  // fields of the row's first tile only.
+  bool sums_around_reference = false;
   // Columns at or past vocab_end are padding (params.vocab on one GPU, a
   // vocabulary shard's real columns when W is split across GPUs); the onehot
   // and argmax compare first_column + column with whole-vocabulary targets.
