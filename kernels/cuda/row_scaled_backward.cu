@@ -126,8 +126,8 @@ void LaunchScale(const In* in, Out* out, int64_t rows, int64_t cols, const float
   const int64_t blocks = std::min<int64_t>((threads + kScaleThreads - 1) / kScaleThreads, 2048);
   const dim3 grid(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
   if (vectors) {
-    ScaleRowVectorsKernel<<<grid, kScaleThreads, 0, stream>>>(in, out, rows, cols, scale,
-                                                              fallback, parts);
+    ScaleRowVectorsKernel<<<grid, kScaleThreads, 0, stream>>>(in, out, rows, cols, scale, fallback,
+                                                              parts);
   } else {
     ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, out, rows, cols, scale, fallback,
                                                         parts);
@@ -143,8 +143,7 @@ absl::Status ScaleRowsTo(const In* in, DType out_dtype, void* out, int64_t rows,
       LaunchScale(in, static_cast<float*>(out), rows, cols, scale, fallback, parts, stream);
       return absl::OkStatus();
     case DType::kBF16:
-      LaunchScale(in, static_cast<__nv_bfloat16*>(out), rows, cols, scale, fallback, parts,
-                  stream);
+      LaunchScale(in, static_cast<__nv_bfloat16*>(out), rows, cols, scale, fallback, parts, stream);
       return absl::OkStatus();
     case DType::kF16:
       LaunchScale(in, static_cast<__half*>(out), rows, cols, scale, fallback, parts, stream);

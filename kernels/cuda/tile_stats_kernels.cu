@@ -76,8 +76,7 @@ __device__ __forceinline__ RowState MergeRowTiles(const TileRowArgs& a, int64_t 
 // Partials around the row reference: every tile's max is the row's M_t (0
 // on an ignored row) and its sez and sum_z are 0, so the merge of
 // MergeRowTiles reduces to a sum of the tiles' sums.
-__device__ __forceinline__ RowState SumRowTiles(const TileRowArgs& a, int64_t row,
-                                                float* scratch) {
+__device__ __forceinline__ RowState SumRowTiles(const TileRowArgs& a, int64_t row, float* scratch) {
   const int64_t base = row * a.tiles;
   float s = 0.0f;
   for (int64_t t = threadIdx.x; t < a.tiles; t += kFinishThreads) s += a.stats.sum_exp[base + t];

@@ -74,9 +74,9 @@ TEST_P(RowScaleTest, MatchesHostArithmetic) {
   ASSERT_EQ(cudaMalloc(&d_out, out_bytes + c.offset_bytes), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_scale, scale.size() * 4), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_fallback, 4), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d_in + c.offset_bytes, in_bytes.data(), in_bytes.size(),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(d_in + c.offset_bytes, in_bytes.data(), in_bytes.size(), cudaMemcpyHostToDevice),
+      cudaSuccess);
   ASSERT_EQ(cudaMemset(d_out, 0xff, out_bytes + c.offset_bytes), cudaSuccess);  // NaN poison
   ASSERT_EQ(cudaMemcpy(d_scale, scale.data(), scale.size() * 4, cudaMemcpyHostToDevice),
             cudaSuccess);
