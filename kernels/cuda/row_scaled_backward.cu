@@ -45,13 +45,18 @@ __global__ void __launch_bounds__(kReferenceThreads)
   if (lane == 0) reference[row] = sum;
 }
 
-// Eight adjacent elements as floats, from one or two 16-byte loads.
-__device__ __forceinline__ void Load8(const float* p, float (&v)[8]) {
+// kVec adjacent elements as floats: one element, or eight from one or two
+// 16-byte loads.
+template <typename T>
+__device__ __forceinline__ void Load(const T* p, float (&v)[1]) {
+  v[0] = ToFloat(*p);
+}
+__device__ __forceinline__ void Load(const float* p, float (&v)[8]) {
   const float4 a = reinterpret_cast<const float4*>(p)[0];
   const float4 b = reinterpret_cast<const float4*>(p)[1];
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
-__device__ __forceinline__ void Load8(const __nv_bfloat16* p, float (&v)[8]) {
+__device__ __forceinline__ void Load(const __nv_bfloat16* p, float (&v)[8]) {
   const uint4 raw = *reinterpret_cast<const uint4*>(p);
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
@@ -61,76 +66,67 @@ __device__ __forceinline__ void Load8(const __nv_bfloat16* p, float (&v)[8]) {
     v[2 * k + 1] = f.y;
   }
 }
-__device__ __forceinline__ void Store8(float* p, const float (&v)[8]) {
+template <typename T>
+__device__ __forceinline__ void Store(T* p, const float (&v)[1]) {
+  *p = FromFloat<T>(v[0]);
+}
+__device__ __forceinline__ void Store(float* p, const float (&v)[8]) {
   reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
   reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 template <typename T>
-__device__ __forceinline__ void Store8(T* p, const float (&v)[8]) {
+__device__ __forceinline__ void Store(T* p, const float (&v)[8]) {
   T h[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) h[k] = FromFloat<T>(v[k]);
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(h);
 }
 
-// Elements one at a time: any cols, any alignment.
-template <typename In, typename Out>
+// kVec elements of one row per step: 8 (cols % 8 == 0, 16-byte aligned
+// buffers: 16-byte accesses, one row index per eight elements) or 1 (any
+// layout). Either way the parts are added in their order, so that the sum is
+// the same on every run and in both paths.
+template <int kVec, typename In, typename Out>
 __global__ void __launch_bounds__(kScaleThreads)
     ScaleRowsKernel(const In* in, Out* out, int64_t rows, int64_t cols, const float* scale,
                     const int32_t* fallback, int parts) {
   const bool unscaled = *fallback != 0;
   const int64_t n = rows * cols;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * kVec) {
     const float f = unscaled ? 1.0f : scale[i / cols];
-    // Parts in their order, so that the sum is the same on every run.
-    float v = ToFloat(in[i]);
-    for (int p = 1; p < parts; ++p) v += ToFloat(in[p * n + i]);
-    out[i] = FromFloat<Out>(v * f);
+    float v[kVec];
+    Load(in + i, v);
+    for (int p = 1; p < parts; ++p) {
+      float w[kVec];
+      Load(in + p * n + i, w);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) v[k] += w[k];
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) v[k] *= f;
+    Store(out + i, v);
   }
 }
 
-// Eight elements of one row per step (cols % 8 == 0, 16-byte aligned
-// buffers): 16-byte accesses and one row index per eight elements. The same
-// arithmetic in the same order as ScaleRowsKernel, so the same results.
-template <typename In, typename Out>
-__global__ void __launch_bounds__(kScaleThreads)
-    ScaleRowVectorsKernel(const In* in, Out* out, int64_t rows, int64_t cols, const float* scale,
-                          const int32_t* fallback, int parts) {
-  const bool unscaled = *fallback != 0;
-  const int64_t n = rows * cols;
-  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x * 8) {
-    const float f = unscaled ? 1.0f : scale[i / cols];
-    float v[8];
-    Load8(in + i, v);
-    for (int p = 1; p < parts; ++p) {
-      float w[8];
-      Load8(in + p * n + i, w);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] += w[k];
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] *= f;
-    Store8(out + i, v);
-  }
+template <int kVec, typename In, typename Out>
+void LaunchScale(const In* in, Out* out, int64_t rows, int64_t cols, const float* scale,
+                 const int32_t* fallback, int parts, cudaStream_t stream) {
+  const int64_t threads = (rows * cols + kVec - 1) / kVec;
+  const int64_t blocks = std::min<int64_t>((threads + kScaleThreads - 1) / kScaleThreads, 2048);
+  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
+  ScaleRowsKernel<kVec>
+      <<<grid, kScaleThreads, 0, stream>>>(in, out, rows, cols, scale, fallback, parts);
 }
 
 template <typename In, typename Out>
 void LaunchScale(const In* in, Out* out, int64_t rows, int64_t cols, const float* scale,
                  const int32_t* fallback, int parts, cudaStream_t stream) {
-  const bool vectors = cols % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  const int64_t per_thread = vectors ? 8 : 1;
-  const int64_t threads = (rows * cols + per_thread - 1) / per_thread;
-  const int64_t blocks = std::min<int64_t>((threads + kScaleThreads - 1) / kScaleThreads, 2048);
-  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
-  if (vectors) {
-    ScaleRowVectorsKernel<<<grid, kScaleThreads, 0, stream>>>(in, out, rows, cols, scale, fallback,
-                                                              parts);
+  if (cols % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+    LaunchScale<8>(in, out, rows, cols, scale, fallback, parts, stream);
   } else {
-    ScaleRowsKernel<<<grid, kScaleThreads, 0, stream>>>(in, out, rows, cols, scale, fallback,
-                                                        parts);
+    LaunchScale<1>(in, out, rows, cols, scale, fallback, parts, stream);
   }
 }
 
