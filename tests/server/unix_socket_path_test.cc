@@ -74,9 +74,10 @@ TEST_F(UnixSocketPathTest, RemovesOnlyTheFileItRemembers) {
   const std::string path = (root_ / "flce.sock").string();
   std::ofstream(path) << "first";
   const SocketFile first = RememberSocketFile(path);
-  // Another server took the path over: a new file there.
-  std::filesystem::remove(path);
-  std::ofstream(root_ / "other") << "x";  // keeps the old inode number from coming back at once
+  // Another server took the path over: a new file there. The first file stays
+  // linked under another name, so that the new one cannot reuse its inode
+  // number (a file system may hand a freed number out again at once).
+  std::filesystem::rename(path, root_ / "taken-over");
   std::ofstream(path) << "second";
   RemoveSocketFile(first);
   EXPECT_TRUE(std::filesystem::exists(path));
