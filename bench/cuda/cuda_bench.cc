@@ -32,6 +32,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -196,6 +197,11 @@ std::string Joules(double joules) {
   return text;
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
 // Median of `runs` timed calls of fn (after `warmup` untimed ones), CUDA
 // events on `stream`. fn returns false on failure. With `energy`, *joules is
 // the GPU's energy per timed call, the counter read around all of them; -1
@@ -230,13 +236,7 @@ double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function
     *joules = mj1.has_value() && window.count() >= kMinEnergyWindowS ? (*mj1 - *mj0) / 1000.0 / runs
                                                                      : -1.0;
   }
-  std::sort(ms.begin(), ms.end());
-  return ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  return Median(std::move(ms));
 }
 
 // `runs` rounds (after `warmup` untimed ones) of one call of each fn, round i
