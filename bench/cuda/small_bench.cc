@@ -10,6 +10,7 @@
 //
 // Usage:
 //   flce_small_bench --plugin=build/kernels/cuda/libflce_cuda.so --runs=21 --out=small.json
+//   flce_small_bench --plugin=... --only=1x896x151937,2048x896x151937   (a subset, e.g. to profile)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,7 +33,14 @@ struct Flags {
   std::string out;
   std::string label = "this build";
   int runs = 21;
+  std::vector<std::string> only;  // BTxHxV; empty: every shape
 };
+
+bool Selected(const Flags& f, int64_t bt, int64_t h, int64_t v) {
+  if (f.only.empty()) return true;
+  const std::string name = std::to_string(bt) + "x" + std::to_string(h) + "x" + std::to_string(v);
+  return std::find(f.only.begin(), f.only.end(), name) != f.only.end();
+}
 
 bool Parse(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
@@ -49,6 +57,13 @@ bool Parse(int argc, char** argv, Flags* f) {
       f->label = v;
     } else if (const char* v = value("runs")) {
       f->runs = std::max(1, std::atoi(v));
+    } else if (const char* v = value("only")) {
+      for (const char* p = v; *p != '\0';) {
+        const char* end = std::strchr(p, ',');
+        const size_t len = end == nullptr ? std::strlen(p) : static_cast<size_t>(end - p);
+        f->only.emplace_back(p, len);
+        p += len + (end == nullptr ? 0 : 1);
+      }
     } else {
       std::fprintf(stderr, "flce_small_bench: unknown flag %s\n", argv[i]);
       return false;
@@ -107,6 +122,10 @@ int main(int argc, char** argv) {
   bool ok = true;
   for (int64_t v : {30011, 151937}) {
     for (int64_t h : {512, 896}) {
+      if (!Selected(flags, 1, h, v) && !Selected(flags, 2048, h, v) &&
+          !Selected(flags, 6144, h, v)) {
+        continue;
+      }
       flce::HeadSpec hs{v, h, DType::kBF16, false};
       auto builder = (*engine)->BeginHead(hs);
       if (!builder.ok()) return 1;
@@ -118,6 +137,7 @@ int main(int argc, char** argv) {
       auto grad = (*engine)->NewGradBuffer(hs);
       if (!head.ok() || !grad.ok()) return 1;
       for (int64_t bt : {1, 2048, 6144}) {
+        if (!Selected(flags, bt, h, v)) continue;
         flce::ComputeSpec spec;
         spec.num_tokens = bt;
         spec.hidden_dtype = DType::kBF16;
