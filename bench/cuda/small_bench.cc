@@ -10,7 +10,7 @@
 //
 // Usage:
 //   flce_small_bench --plugin=build/kernels/cuda/libflce_cuda.so --runs=21 --out=small.json
-//   flce_small_bench --plugin=... --only=1x896x151937,2048x896x151937   (a subset, e.g. to profile)
+//   flce_small_bench --plugin=... --shapes=1x896x151937,4x896x151937   (BTxHxV: these instead)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,13 +33,41 @@ struct Flags {
   std::string out;
   std::string label = "this build";
   int runs = 21;
-  std::vector<std::string> only;  // BTxHxV; empty: every shape
+  std::vector<std::string> shapes;  // BTxHxV; empty: the twelve above
 };
 
-bool Selected(const Flags& f, int64_t bt, int64_t h, int64_t v) {
-  if (f.only.empty()) return true;
-  const std::string name = std::to_string(bt) + "x" + std::to_string(h) + "x" + std::to_string(v);
-  return std::find(f.only.begin(), f.only.end(), name) != f.only.end();
+struct Shape {
+  int64_t bt, h, v;
+};
+
+// The shapes to time, grouped by head (V, H) in order of first appearance.
+bool ShapesToTime(const Flags& f, std::vector<Shape>* out) {
+  if (f.shapes.empty()) {
+    for (int64_t v : {30011, 151937}) {
+      for (int64_t h : {512, 896}) {
+        for (int64_t bt : {1, 2048, 6144}) out->push_back({bt, h, v});
+      }
+    }
+    return true;
+  }
+  std::vector<Shape> given;
+  for (const std::string& name : f.shapes) {
+    long long bt = 0, h = 0, v = 0;
+    if (std::sscanf(name.c_str(), "%lldx%lldx%lld", &bt, &h, &v) != 3 || bt < 1 || h < 1 || v < 1) {
+      std::fprintf(stderr, "flce_small_bench: shape %s is not BTxHxV\n", name.c_str());
+      return false;
+    }
+    given.push_back({bt, h, v});
+  }
+  for (size_t i = 0; i < given.size(); ++i) {
+    bool seen = false;
+    for (size_t j = 0; j < i; ++j) seen |= given[j].h == given[i].h && given[j].v == given[i].v;
+    if (seen) continue;
+    for (const Shape& s : given) {
+      if (s.h == given[i].h && s.v == given[i].v) out->push_back(s);
+    }
+  }
+  return true;
 }
 
 bool Parse(int argc, char** argv, Flags* f) {
@@ -57,11 +85,11 @@ bool Parse(int argc, char** argv, Flags* f) {
       f->label = v;
     } else if (const char* v = value("runs")) {
       f->runs = std::max(1, std::atoi(v));
-    } else if (const char* v = value("only")) {
+    } else if (const char* v = value("shapes")) {
       for (const char* p = v; *p != '\0';) {
         const char* end = std::strchr(p, ',');
         const size_t len = end == nullptr ? std::strlen(p) : static_cast<size_t>(end - p);
-        f->only.emplace_back(p, len);
+        f->shapes.emplace_back(p, len);
         p += len + (end == nullptr ? 0 : 1);
       }
     } else {
@@ -120,46 +148,49 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(12345);
   nlohmann::json results = nlohmann::json::array();
   bool ok = true;
-  for (int64_t v : {30011, 151937}) {
-    for (int64_t h : {512, 896}) {
-      if (!Selected(flags, 1, h, v) && !Selected(flags, 2048, h, v) &&
-          !Selected(flags, 6144, h, v)) {
-        continue;
+  std::vector<Shape> shapes;
+  if (!ShapesToTime(flags, &shapes)) return 2;
+  for (size_t first = 0; first < shapes.size();) {
+    const int64_t v = shapes[first].v, h = shapes[first].h;
+    size_t end = first;
+    while (end < shapes.size() && shapes[end].v == v && shapes[end].h == h) ++end;
+    flce::HeadSpec hs{v, h, DType::kBF16, false};
+    auto builder = (*engine)->BeginHead(hs);
+    if (!builder.ok()) return 1;
+    const std::string weight = RandomBf16(v * h, 0.02f, rng);
+    if (!(*builder)->WriteWeight(0, weight.data(), static_cast<int64_t>(weight.size())).ok()) {
+      return 1;
+    }
+    auto head = (*builder)->Finish();
+    auto grad = (*engine)->NewGradBuffer(hs);
+    if (!head.ok() || !grad.ok()) return 1;
+    for (; first < end; ++first) {
+      const int64_t bt = shapes[first].bt;
+      flce::ComputeSpec spec;
+      spec.num_tokens = bt;
+      spec.hidden_dtype = DType::kBF16;
+      spec.outputs.grad_input = true;
+      spec.grad_out = grad->get();
+      std::uniform_int_distribution<int32_t> target(0, static_cast<int32_t>(v - 1));
+      std::uniform_real_distribution<float> u(0.0f, 1.0f);
+      for (int64_t t = 0; t < bt; ++t) spec.targets.push_back(u(rng) < 0.05f ? -100 : target(rng));
+      const std::string hidden = RandomBf16(bt * h, 1.0f, rng);
+      std::vector<double> ms;
+      for (int r = 0; r < flags.runs + 2; ++r) {
+        const double t = TimeCall(**engine, *head, spec, hidden, &ok);
+        if (r >= 2) ms.push_back(t);  // two warm-up calls
       }
-      flce::HeadSpec hs{v, h, DType::kBF16, false};
-      auto builder = (*engine)->BeginHead(hs);
-      if (!builder.ok()) return 1;
-      const std::string weight = RandomBf16(v * h, 0.02f, rng);
-      if (!(*builder)->WriteWeight(0, weight.data(), static_cast<int64_t>(weight.size())).ok()) {
-        return 1;
-      }
-      auto head = (*builder)->Finish();
-      auto grad = (*engine)->NewGradBuffer(hs);
-      if (!head.ok() || !grad.ok()) return 1;
-      for (int64_t bt : {1, 2048, 6144}) {
-        if (!Selected(flags, bt, h, v)) continue;
-        flce::ComputeSpec spec;
-        spec.num_tokens = bt;
-        spec.hidden_dtype = DType::kBF16;
-        spec.outputs.grad_input = true;
-        spec.grad_out = grad->get();
-        std::uniform_int_distribution<int32_t> target(0, static_cast<int32_t>(v - 1));
-        std::uniform_real_distribution<float> u(0.0f, 1.0f);
-        for (int64_t t = 0; t < bt; ++t) spec.targets.push_back(u(rng) < 0.05f ? -100 : target(rng));
-        const std::string hidden = RandomBf16(bt * h, 1.0f, rng);
-        std::vector<double> ms;
-        for (int r = 0; r < flags.runs + 2; ++r) {
-          const double t = TimeCall(**engine, *head, spec, hidden, &ok);
-          if (r >= 2) ms.push_back(t);  // two warm-up calls
-        }
-        std::sort(ms.begin(), ms.end());
-        const double median = ms[ms.size() / 2];
-        std::printf("  BT=%5lld H=%4lld V=%6lld  median %8.3f ms  (min %.3f, %d runs)\n",
-                    static_cast<long long>(bt), static_cast<long long>(h),
-                    static_cast<long long>(v), median, ms.front(), flags.runs);
-        results.push_back({{"BT", bt}, {"H", h}, {"V", v}, {"median_ms", median},
-                           {"min_ms", ms.front()}, {"runs", flags.runs}});
-      }
+      std::sort(ms.begin(), ms.end());
+      const double median = ms[ms.size() / 2];
+      std::printf("  BT=%5lld H=%4lld V=%6lld  median %8.3f ms  (min %.3f, %d runs)\n",
+                  static_cast<long long>(bt), static_cast<long long>(h), static_cast<long long>(v),
+                  median, ms.front(), flags.runs);
+      results.push_back({{"BT", bt},
+                         {"H", h},
+                         {"V", v},
+                         {"median_ms", median},
+                         {"min_ms", ms.front()},
+                         {"runs", flags.runs}});
     }
   }
   if (!flags.out.empty()) {

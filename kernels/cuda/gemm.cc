@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/thin_grad_weight.cuh"
 #include "kernels/status_macros.h"
 
 namespace flce::cuda {
@@ -74,6 +75,9 @@ absl::Status Gemm::GradWeight(const void* d, int64_t ld_d, const void* x, int64_
                               int64_t cols, int64_t hidden, float* gw) const {
   if (rows == 0 || cols == 0) return absl::OkStatus();
   FLCE_RETURN_IF_ERROR(CheckDims({rows, cols, hidden, ld_d}));
+  if (UseThinGradWeight(rows)) {
+    return LaunchThinGradWeight(dtype, d, ld_d, x, rows, cols, hidden, gw, stream, health);
+  }
   const float alpha = 1.0f, beta = 1.0f;
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream), health);
   // Column-major: gw^T (H x cols) += X_cm (H x rows) . (D_cm (cols x rows))^T.

@@ -1,5 +1,6 @@
 // The plans' three GEMMs (and the bias column sum) through cuBLAS, in
-// row-major terms. Operands are in the head's dtype (bf16/fp16 with fp32
+// row-major terms; grad_W for chunks of a few rows streams the accumulator
+// instead (thin_grad_weight.cuh). Operands are in the head's dtype (bf16/fp16 with fp32
 // accumulation; fp32 heads use plain fp32 GEMMs, no TF32).
 // cuBLAS is deterministic for a fixed configuration: no split-K atomics are
 // enabled.
