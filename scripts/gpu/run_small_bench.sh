@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # On the device machine, with .small-dist carried (pack_small_bench.sh): the small and odd
-# problems, this build and the reference build alternated (ref, this, ref, this), each
-# result in $OUT/small-<which>-<round>.json.
+# problems, this build and the reference build alternated (ref, this, this, ref, ...), each
+# result in $OUT/small-<which>-<round>.json. ROUNDS (default 2) and RUNS (calls per shape,
+# default 21) set the sample.
 set -u -o pipefail
 dist=$(pwd)/.small-dist; [ -d "$dist/this" ] || tar -xJf "$dist/small.tar.xz"
 out=${OUT:-/tmp/flce-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 rc=0
-for round in 1 2; do
-  for which in ref this; do
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  order="ref this"; (( round % 2 == 0 )) && order="this ref"
+  for which in $order; do
     [ -d "$dist/$which" ] || continue
     echo "== $which ($(cat "$dist/$which/COMMIT")), round $round"
-    "$dist/$which/flce_small_bench" --plugin="$dist/$which/libflce_cuda.so" --runs=21 \
+    "$dist/$which/flce_small_bench" --plugin="$dist/$which/libflce_cuda.so" --runs="${RUNS:-21}" \
       --label="$which $(cat "$dist/$which/COMMIT")" --out="$out/small-$which-$round.json" || rc=1
   done
 done
