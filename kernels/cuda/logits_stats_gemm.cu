@@ -381,7 +381,7 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
       return Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health);
     }
     if (PartialsAroundReference(args)) {
-      if (args.run_if == nullptr && PingPongServes(args.hidden)) {
+      if (args.run_if == nullptr && PingPongServes(args.hidden, args.rows)) {
         return LaunchPingPong(args, x_map, e_map, k, stream, health);
       }
       return Launch<false, false, true, false, true>(x_map, w_map, e_map, k, stream, health);

@@ -180,11 +180,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Measured on the H200 (docs/perf/cuda.md step 34): -3 ms at H = 1024, about
 // -1 ms at 1536, +1.5 ms at 2048 and +1.4 to +8 ms at 4096 in whole runs.
-bool PingPongServes(int64_t hidden) {
+// A chunk of one token tile streams W once with nothing to hide behind it:
+// there the cooperative kernel's wider tiles took 10-12 us less per call
+// (step 39).
+bool PingPongServes(int64_t hidden, int64_t rows) {
   const char* env = std::getenv("FLCE_CUDA_STATS_KERNEL");
   if (env != nullptr && std::string(env) == "cooperative") return false;
   if (env != nullptr && std::string(env) == "pingpong") return true;
-  return hidden <= 1536;
+  return hidden <= 1536 && rows > kBM;
 }
 
 absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_map,

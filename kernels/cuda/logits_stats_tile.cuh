@@ -219,9 +219,10 @@ __device__ __forceinline__ void ReferenceExpHalf(const float (&acc)[64], const f
 
 // The default call's kernel (row-scaled e around the row reference, neither
 // entropy nor accuracy): ping-pong where a tile's k-loop is short enough for
-// its epilogue to matter, FLCE_CUDA_STATS_KERNEL=pingpong or cooperative
-// forcing one (logits_stats_pingpong.cu).
-bool PingPongServes(int64_t hidden);
+// its epilogue to matter and the chunk has more than one token tile,
+// FLCE_CUDA_STATS_KERNEL=pingpong or cooperative forcing one
+// (logits_stats_pingpong.cu).
+bool PingPongServes(int64_t hidden, int64_t rows);
 
 // That call on the ping-pong kernel; x_map and e_map as the cooperative
 // kernel encodes them.
