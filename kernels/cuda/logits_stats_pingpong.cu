@@ -180,14 +180,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Measured on the H200 (docs/perf/cuda.md step 34): -3 ms at H = 1024, about
 // -1 ms at 1536, +1.5 ms at 2048 and +1.4 to +8 ms at 4096 in whole runs.
-// A chunk of one token tile streams W once with nothing to hide behind it:
-// there the cooperative kernel's wider tiles took 10-12 us less per call
-// (step 39).
+// Chunks of up to half a token tile only stream W: there the cooperative
+// kernel took 8-12 us less per call at 1, 8 and 64 tokens, the ping-pong
+// kernel 12 us less at 128 (step 39).
 bool PingPongServes(int64_t hidden, int64_t rows) {
   const char* env = std::getenv("FLCE_CUDA_STATS_KERNEL");
   if (env != nullptr && std::string(env) == "cooperative") return false;
   if (env != nullptr && std::string(env) == "pingpong") return true;
-  return hidden <= 1536 && rows > kBM;
+  return hidden <= 1536 && rows > kBM / 2;
 }
 
 absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_map,
