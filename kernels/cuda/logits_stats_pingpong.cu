@@ -180,14 +180,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Measured on the H200 (docs/perf/cuda.md step 34): -3 ms at H = 1024, about
 // -1 ms at 1536, +1.5 ms at 2048 and +1.4 to +8 ms at 4096 in whole runs.
-// Chunks of up to half a token tile only stream W: there the cooperative
-// kernel took 8-12 us less per call at 1, 8 and 64 tokens, the ping-pong
-// kernel 12 us less at 128 (step 39).
+// Chunks of less than one token tile only stream W: the cooperative kernel
+// took 8-12 us less per call at 1, 8, 64 and 65 tokens, the ping-pong kernel
+// 9-12 us less at 96 and 128 (step 39); the crossover lies in between.
 bool PingPongServes(int64_t hidden, int64_t rows) {
   const char* env = std::getenv("FLCE_CUDA_STATS_KERNEL");
   if (env != nullptr && std::string(env) == "cooperative") return false;
   if (env != nullptr && std::string(env) == "pingpong") return true;
-  return hidden <= 1536 && rows > kBM / 2;
+  return hidden <= 1536 && rows >= 3 * kBM / 4;
 }
 
 absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_map,

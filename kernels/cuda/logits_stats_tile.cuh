@@ -219,7 +219,7 @@ __device__ __forceinline__ void ReferenceExpHalf(const float (&acc)[64], const f
 
 // The default call's kernel (row-scaled e around the row reference, neither
 // entropy nor accuracy): ping-pong where a tile's k-loop is short enough for
-// its epilogue to matter and the chunk fills more than half a token tile,
+// its epilogue to matter and the chunk fills at least 3/4 of a token tile,
 // FLCE_CUDA_STATS_KERNEL=pingpong or cooperative forcing one
 // (logits_stats_pingpong.cu).
 bool PingPongServes(int64_t hidden, int64_t rows);
