@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
+#include "tests/cuda/cuda_test_util.h"
 
 namespace flce::test {
 namespace {
@@ -133,10 +134,7 @@ GradWeightGemmArgs WeightArgs(const void* d, const void* x, const Shape& s, floa
 class BackwardGemmTest : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-      GTEST_SKIP() << "no CUDA device";
-    }
+    SKIP_WITHOUT_CUDA_DEVICE();
     if (!BackwardGemmSupported(GetParam(), 64)) {
       GTEST_SKIP() << "the own backward GEMMs need compute capability 9.0 (Hopper)";
     }

@@ -1,7 +1,10 @@
 // What the CUDA test binaries share: an engine with a given workspace, and
-// the skip (with the reason) when this machine has no CUDA device.
+// the skip (with the reason) when this machine has no CUDA device, for tests
+// of the engine and for tests that launch kernels directly.
 #ifndef FLCE_TESTS_CUDA_CUDA_TEST_UTIL_H_
 #define FLCE_TESTS_CUDA_CUDA_TEST_UTIL_H_
+
+#include <cuda_runtime.h>
 
 #include <memory>
 
@@ -27,5 +30,14 @@ inline absl::StatusOr<std::unique_ptr<cuda::CudaEngine>> MakeEngine(int64_t budg
     }                                                                       \
     FAIL() << (engine_or).status();                                         \
   }
+
+// For tests that launch kernels themselves (no engine): skip without a device.
+#define SKIP_WITHOUT_CUDA_DEVICE()                                                 \
+  do {                                                                             \
+    int cuda_devices_ = 0;                                                         \
+    if (cudaGetDeviceCount(&cuda_devices_) != cudaSuccess || cuda_devices_ == 0) { \
+      GTEST_SKIP() << "no CUDA device";                                            \
+    }                                                                              \
+  } while (0)
 
 #endif  // FLCE_TESTS_CUDA_CUDA_TEST_UTIL_H_

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/row_scaled_backward.cuh"
 #include "kernels/dtype.h"
+#include "tests/cuda/cuda_test_util.h"
 
 namespace flce::test {
 namespace {
@@ -26,8 +27,6 @@ struct Case {
   bool fallback;        // *fallback != 0: the sum unscaled
 };
 
-size_t Size(DType d) { return d == DType::kF32 ? 4 : 2; }
-
 // The kernel's arithmetic: parts summed in order in float, times the row's
 // scale, rounded once to the output type.
 std::vector<uint8_t> Expected(const Case& c, const std::vector<float>& in,
@@ -39,19 +38,14 @@ std::vector<uint8_t> Expected(const Case& c, const std::vector<float>& in,
     for (int p = 1; p < c.parts; ++p) s += in[p * n + i];
     v[i] = s * (c.fallback ? 1.0f : scale[i / c.cols]);
   }
-  std::vector<uint8_t> bytes(static_cast<size_t>(n) * Size(c.out));
+  std::vector<uint8_t> bytes(static_cast<size_t>(n) * DTypeSize(c.out));
   FromFloat(c.out, v.data(), bytes.data(), n);
   return bytes;
 }
 
 class RowScaleTest : public ::testing::TestWithParam<Case> {
  protected:
-  void SetUp() override {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-      GTEST_SKIP() << "no CUDA device";
-    }
-  }
+  void SetUp() override { SKIP_WITHOUT_CUDA_DEVICE(); }
 };
 
 TEST_P(RowScaleTest, MatchesHostArithmetic) {
@@ -63,13 +57,13 @@ TEST_P(RowScaleTest, MatchesHostArithmetic) {
   for (float& x : in) x = dist(rng);
   for (float& x : scale) x = std::exp(dist(rng));
   RoundTo(c.in, in.data(), static_cast<int64_t>(in.size()));
-  std::vector<uint8_t> in_bytes(in.size() * Size(c.in));
+  std::vector<uint8_t> in_bytes(in.size() * DTypeSize(c.in));
   FromFloat(c.in, in.data(), in_bytes.data(), static_cast<int64_t>(in.size()));
 
   char *d_in = nullptr, *d_out = nullptr;
   float* d_scale = nullptr;
   int32_t* d_fallback = nullptr;
-  const size_t out_bytes = static_cast<size_t>(n) * Size(c.out);
+  const size_t out_bytes = static_cast<size_t>(n) * DTypeSize(c.out);
   ASSERT_EQ(cudaMalloc(&d_in, in_bytes.size() + c.offset_bytes), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_out, out_bytes + c.offset_bytes), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_scale, scale.size() * 4), cudaSuccess);
@@ -94,7 +88,7 @@ TEST_P(RowScaleTest, MatchesHostArithmetic) {
   const std::vector<uint8_t> want = Expected(c, in, scale);
   int64_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const size_t w = Size(c.out);
+    const size_t w = DTypeSize(c.out);
     if (std::memcmp(&got[i * w], &want[i * w], w) != 0 && bad++ < 5) {
       ADD_FAILURE() << "element " << i << " (row " << i / c.cols << ") differs";
     }

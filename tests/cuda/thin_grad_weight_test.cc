@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
+#include "tests/cuda/cuda_test_util.h"
 
 namespace flce::test {
 namespace {
@@ -30,16 +31,9 @@ struct Case {
   size_t x_offset_elems;  // 1 takes the one-element path
 };
 
-size_t Size(DType d) { return d == DType::kF32 ? 4 : 2; }
-
 class ThinGradWeightTest : public ::testing::TestWithParam<Case> {
  protected:
-  void SetUp() override {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-      GTEST_SKIP() << "no CUDA device";
-    }
-  }
+  void SetUp() override { SKIP_WITHOUT_CUDA_DEVICE(); }
 };
 
 TEST_P(ThinGradWeightTest, MatchesReference) {
@@ -53,13 +47,14 @@ TEST_P(ThinGradWeightTest, MatchesReference) {
   for (float& v : gw) v = dist(rng);
   RoundTo(c.dtype, d.data(), static_cast<int64_t>(d.size()));
   RoundTo(c.dtype, x.data(), static_cast<int64_t>(x.size()));
-  std::vector<uint8_t> d_bytes(d.size() * Size(c.dtype)), x_bytes(x.size() * Size(c.dtype));
+  std::vector<uint8_t> d_bytes(d.size() * DTypeSize(c.dtype)),
+      x_bytes(x.size() * DTypeSize(c.dtype));
   FromFloat(c.dtype, d.data(), d_bytes.data(), static_cast<int64_t>(d.size()));
   FromFloat(c.dtype, x.data(), x_bytes.data(), static_cast<int64_t>(x.size()));
 
   char *dev_d = nullptr, *dev_x = nullptr;
   float* dev_gw = nullptr;
-  const size_t x_off = c.x_offset_elems * Size(c.dtype);
+  const size_t x_off = c.x_offset_elems * DTypeSize(c.dtype);
   ASSERT_EQ(cudaMalloc(&dev_d, d_bytes.size()), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dev_x, x_bytes.size() + x_off), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dev_gw, gw.size() * 4), cudaSuccess);
