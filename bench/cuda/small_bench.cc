@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "kernels/engine.h"
 #include "kernels/engine_factory.h"
 #include "nlohmann/json.hpp"
@@ -86,12 +87,7 @@ bool Parse(int argc, char** argv, Flags* f) {
     } else if (const char* v = value("runs")) {
       f->runs = std::max(1, std::atoi(v));
     } else if (const char* v = value("shapes")) {
-      for (const char* p = v; *p != '\0';) {
-        const char* end = std::strchr(p, ',');
-        const size_t len = end == nullptr ? std::strlen(p) : static_cast<size_t>(end - p);
-        f->shapes.emplace_back(p, len);
-        p += len + (end == nullptr ? 0 : 1);
-      }
+      f->shapes = absl::StrSplit(v, ',', absl::SkipEmpty());
     } else {
       std::fprintf(stderr, "flce_small_bench: unknown flag %s\n", argv[i]);
       return false;
