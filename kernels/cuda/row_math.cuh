@@ -117,6 +117,13 @@ __device__ __forceinline__ RowState MergeStates(const RowState& a, const RowStat
   return out;
 }
 
+// The warp's sum of v, in every lane (a fixed butterfly: the same on every run).
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
 __device__ __forceinline__ RowState ShuffleXor(const RowState& st, int lane_mask) {
   RowState o;
   o.m = __shfl_xor_sync(0xffffffffu, st.m, lane_mask);

@@ -40,8 +40,7 @@ __global__ void __launch_bounds__(kReferenceThreads)
       sum = fmaf(fa.y, fb.y, sum);
     }
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  sum = WarpSum(sum);
   if (lane == 0) reference[row] = sum;
 }
 

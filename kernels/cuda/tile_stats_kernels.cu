@@ -80,8 +80,7 @@ __device__ __forceinline__ RowState SumRowTiles(const TileRowArgs& a, int64_t ro
   const int64_t base = row * a.tiles;
   float s = 0.0f;
   for (int64_t t = threadIdx.x; t < a.tiles; t += kFinishThreads) s += a.stats.sum_exp[base + t];
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  s = WarpSum(s);
   if ((threadIdx.x & 31) == 0) scratch[threadIdx.x / 32] = s;
   __syncthreads();
   RowState st = EmptyState();
