@@ -116,7 +116,8 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
     m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
   }
   // The target logit first: the accumulators die as e is computed.
-  StoreTargetLogit(acc, row0, col0, y, a);
+  StoreTargetLogit(*static_cast<const float(*)[128]>(static_cast<const void*>(&acc)), row0, col0, y,
+                   a);
   // The lowest offset holding the max: offsets visited from the highest
   // down, so a plain select keeps the lowest (two instructions per element).
   int32_t first[2] = {INT_MAX, INT_MAX};
@@ -151,7 +152,8 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
   for (int h = 0; h < 2; ++h) {
     uint32_t packed[32];
     ExpHalf<kSumZ, kRowRef>(acc[h], m_log2, scale, s, sez, sz, packed);
-    StageAndStore(packed, boxes, e_map, consumer, n_tile * kBN + h * 128, box_row);
+    StageAndStore<kOutBoxes>(packed, boxes, e_map, consumer, n_tile * kBN + h * 128, box_row,
+                             a.padded_vocab);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -200,28 +202,30 @@ __device__ __forceinline__ void ReferenceEpilogue(const float (&acc)[2][64], int
                                                   uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox]) {
   const int lane = threadIdx.x & 31;
   const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
-  StoreTargetLogit(acc, row0, col0, y, a);
+  StoreTargetLogit(*static_cast<const float(*)[128]>(static_cast<const void*>(&acc)), row0, col0, y,
+                   a);
   // exp2(z log2(e) - inf) = 0 for ignored rows.
   const float ref_log2[2] = {y[0] >= 0 ? reference[0] * kLog2e : INFINITY,
                              y[1] >= 0 ? reference[1] * kLog2e : INFINITY};
-  float s[2] = {0.0f, 0.0f};
+  float s[1][2] = {{0.0f, 0.0f}};
   const int box_row = m_tile * kBM + consumer * 64;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     uint32_t packed[32];
-    ReferenceExpHalf(acc[h], ref_log2, s, packed);
-    StageAndStore(packed, boxes, e_map, consumer, n_tile * kBN + h * 128, box_row);
+    ReferenceExp<2, 1>(acc[h], ref_log2, s, packed);
+    StageAndStore<kOutBoxes>(packed, boxes, e_map, consumer, n_tile * kBN + h * 128, box_row,
+                             a.padded_vocab);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + 8 * r;
 #pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) s[r] += __shfl_xor_sync(0xffffffffu, s[r], off);
+    for (int off = 1; off <= 2; off <<= 1) s[0][r] += __shfl_xor_sync(0xffffffffu, s[0][r], off);
     if (row < a.rows && (lane & 3) == 0) {
       const int64_t k = row * a.n_tiles + n_tile;
       const bool valid = y[r] >= 0;
       a.stats.max[k] = valid ? reference[r] : 0.0f;
-      a.stats.sum_exp[k] = valid ? s[r] : 1.0f;
+      a.stats.sum_exp[k] = valid ? s[0][r] : 1.0f;
       a.stats.sez[k] = 0.0f;
       a.stats.sum_z[k] = 0.0f;
     }
@@ -381,8 +385,9 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
       return Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health);
     }
     if (PartialsAroundReference(args)) {
-      if (args.run_if == nullptr && PingPongServes(args.hidden, args.rows)) {
-        return LaunchPingPong(args, x_map, e_map, k, stream, health);
+      const int pingpong_cols = PingPongTileCols(args.hidden, args.rows);
+      if (args.run_if == nullptr && pingpong_cols > 0) {
+        return LaunchPingPong(args, x_map, e_map, k, pingpong_cols, stream, health);
       }
       return Launch<false, false, true, false, true>(x_map, w_map, e_map, k, stream, health);
     }

@@ -123,11 +123,12 @@ __device__ __forceinline__ float Exp2Approx(float x) {
 // give NaN), and they never equal the max.
 constexpr float kMaskedLogit = -1e30f;
 
-// One m64n128 fragment's columns at or past `real` (offsets from the
-// fragment's first column as this thread holds them).
-__device__ __forceinline__ void MaskColumns(float (&acc)[64], int32_t real) {
+// One m64nN fragment's columns at or past `real` (offsets from the
+// fragment's first column as this thread holds them; kFloats = N / 2).
+template <int kFloats>
+__device__ __forceinline__ void MaskColumns(float (&acc)[kFloats], int32_t real) {
 #pragma unroll
-  for (int v = 0; v < 64; ++v) {
+  for (int v = 0; v < kFloats; ++v) {
     const int o = (v / 4) * 8 + (v & 1);
     if (o >= real) acc[v] = kMaskedLogit;
   }
@@ -136,59 +137,61 @@ __device__ __forceinline__ void MaskColumns(float (&acc)[64], int32_t real) {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Writes one half's packed e into the warpgroup's two staging boxes and
-// stores them: box i / 8, 16-byte chunk (i % 8) ^ (row % 8) of the row (the
-// 128-byte swizzle; a thread's rows are lane / 4 and lane / 4 + 8 of its
-// warp's 16, so row % 8 = lane / 4).
-__device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[32],
-                                              uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox],
+// Writes packed e for kBoxes 64-column boxes of a consumer's 64 rows into
+// its staging boxes and stores them (boxes starting at or past col_end, the
+// padded vocabulary, hold only masked columns and are not stored): box i / 8,
+// 16-byte chunk (i % 8) ^ (row % 8) of the row (the 128-byte swizzle; a
+// thread's rows are lane / 4 and lane / 4 + 8 of its warp's 16, so
+// row % 8 = lane / 4).
+template <int kBoxes>
+__device__ __forceinline__ void StageAndStore(const uint32_t (&packed)[16 * kBoxes],
+                                              uint16_t (&boxes)[kBoxes][kOutBox * kOutBox],
                                               const CUtensorMap* e_map, int consumer, int col,
-                                              int row) {
+                                              int row, int col_end) {
   const int t = threadIdx.x % 128;
   const int lane = t % 32;
   const int local_row = (t / 32) * 16 + lane / 4;
   // The previous stores from these boxes must have read them.
   if (t == 0) sm90::TmaStoreWaitRead();
   sm90::WarpgroupSync(consumer);
-  const uint32_t box0 = sm90::SmemAddr(boxes[0]);
-  const uint32_t box1 = sm90::SmemAddr(boxes[1]);
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < 8 * kBoxes; ++i) {
+    const uint32_t box = sm90::SmemAddr(boxes[i / 8]);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const uint32_t byte =
           (local_row + 8 * r) * 128 + (((i % 8) ^ (lane / 4)) * 16) + (lane % 4) * 4;
-      sm90::StoreShared(((i / 8) == 0 ? box0 : box1) + byte, packed[i * 2 + r]);
+      sm90::StoreShared(box + byte, packed[i * 2 + r]);
     }
   }
   sm90::FenceSharedForAsync();
   sm90::WarpgroupSync(consumer);
   if (t == 0) {
 #pragma unroll
-    for (int x = 0; x < kOutBoxes; ++x) sm90::TmaStore(e_map, boxes[x], col + x * kOutBox, row);
+    for (int x = 0; x < kBoxes; ++x) {
+      if (col + x * kOutBox < col_end) sm90::TmaStore(e_map, boxes[x], col + x * kOutBox, row);
+    }
     sm90::TmaStoreCommit();
   }
 }
 
 // z_y, written by the one thread whose columns hold the row's target.
-// kHalves: m64n128 fragments side by side (128 columns each).
-template <int kHalves>
-__device__ __forceinline__ void StoreTargetLogit(const float (&acc)[kHalves][64], int64_t row0,
+// acc: a thread's fragments of one row pair side by side, flat (kFloats / 4
+// groups of 8 columns: element 4j + 2r + b is column 8j + b of row r).
+template <int kFloats>
+__device__ __forceinline__ void StoreTargetLogit(const float (&acc)[kFloats], int64_t row0,
                                                  int32_t col0, const int32_t (&y)[2],
                                                  const KernelArgs& a) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int32_t y_offset = y[r] - col0;
-    if (y_offset >= 0 && y_offset < kHalves * 128 && (y_offset & 6) == 0) {
+    if (y_offset >= 0 && y_offset < 2 * kFloats && (y_offset & 6) == 0) {
       float zy = 0.0f;
 #pragma unroll
-      for (int h = 0; h < kHalves; ++h) {
+      for (int j = 0; j < kFloats / 4; ++j) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            if (h * 128 + i * 8 + b == y_offset) zy = acc[h][i * 4 + 2 * r + b];
-          }
+        for (int b = 0; b < 2; ++b) {
+          if (j * 8 + b == y_offset) zy = acc[j * 4 + 2 * r + b];
         }
       }
       a.target_logit[row0 + 8 * r] = zy;
@@ -196,19 +199,25 @@ __device__ __forceinline__ void StoreTargetLogit(const float (&acc)[kHalves][64]
   }
 }
 
-// e = exp(z - M_t) for 128 columns of a thread's two rows, packed as bf16
-// pairs, and the rows' sums (the default call's epilogue, ReferenceEpilogue).
-__device__ __forceinline__ void ReferenceExpHalf(const float (&acc)[64], const float (&ref_log2)[2],
-                                                 float (&s)[2], uint32_t (&packed)[32]) {
+// e = exp(z - M_t) for kGroups 64-column groups of a thread's two rows,
+// packed as bf16 pairs, and the rows' sums over kSums equal runs of groups
+// (the default call's epilogue: ReferenceEpilogue, one sum per row; the
+// ping-pong kernel, one per group, since a 256-column partial may start
+// inside its tile).
+template <int kGroups, int kSums>
+__device__ __forceinline__ void ReferenceExp(const float (&acc)[32 * kGroups],
+                                             const float (&ref_log2)[2], float (&s)[kSums][2],
+                                             uint32_t (&packed)[16 * kGroups]) {
+  static_assert(kGroups % kSums == 0, "whole groups per sum");
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < 8 * kGroups; ++i) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float e[2];
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         e[b] = Exp2Approx(fmaf(acc[i * 4 + 2 * r + b], kLog2e, -ref_log2[r]));
-        s[r] += e[b];
+        s[i / (8 * kGroups / kSums)][r] += e[b];
       }
       const __nv_bfloat162 pair = __floats2bfloat162_rn(e[0], e[1]);
       packed[i * 2 + r] = *reinterpret_cast<const uint32_t*>(&pair);
@@ -218,17 +227,18 @@ __device__ __forceinline__ void ReferenceExpHalf(const float (&acc)[64], const f
 #endif  // FLCE_SM90A
 
 // The default call's kernel (row-scaled e around the row reference, neither
-// entropy nor accuracy): ping-pong where a tile's k-loop is short enough for
-// its epilogue to matter and the chunk fills at least 3/4 of a token tile,
-// FLCE_CUDA_STATS_KERNEL=pingpong or cooperative forcing one
-// (logits_stats_pingpong.cu).
-bool PingPongServes(int64_t hidden, int64_t rows);
+// entropy nor accuracy): the ping-pong kernel's tile width (128 or 192
+// columns) where a tile's k-loop is short enough for its epilogue to matter
+// and the chunk fills at least 3/4 of a token tile, 0 for the cooperative
+// kernel. FLCE_CUDA_STATS_KERNEL=pingpong128, pingpong192 (pingpong: 128)
+// or cooperative forces one (logits_stats_pingpong.cu).
+int PingPongTileCols(int64_t hidden, int64_t rows);
 
-// That call on the ping-pong kernel; x_map and e_map as the cooperative
-// kernel encodes them.
+// That call on the ping-pong kernel of `tile_cols` columns; x_map and e_map
+// as the cooperative kernel encodes them.
 absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_map,
-                            const CUtensorMap& e_map, const KernelArgs& k, cudaStream_t stream,
-                            DeviceHealth* health);
+                            const CUtensorMap& e_map, const KernelArgs& k, int tile_cols,
+                            cudaStream_t stream, DeviceHealth* health);
 
 }  // namespace flce::cuda::logits_stats
 

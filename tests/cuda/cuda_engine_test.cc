@@ -375,9 +375,11 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
 
     ComputeSpec lean = no_accuracy;
     lean.outputs.entropy = false;
-    // Both kernels that serve this call: ping-pong tiles of 128 columns
-    // (V = 20011 pads to an odd count of them) and the cooperative 256.
-    for (const char* kernel : {"pingpong", "cooperative"}) {
+    // Every kernel that serves this call: ping-pong tiles of 128 columns
+    // (V = 20011 pads to an odd count of them), of 192 (tiles straddling
+    // partials; the last one ends past the padded vocabulary) and the
+    // cooperative 256.
+    for (const char* kernel : {"pingpong128", "pingpong192", "cooperative"}) {
       HarnessOptions same_blocks;
       same_blocks.seed = FreshSeed();
       setenv("FLCE_CUDA_STATS_KERNEL", kernel, 1);
