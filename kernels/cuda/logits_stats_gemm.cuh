@@ -13,9 +13,9 @@
 // and twice the tokens per chunk for the same workspace.
 //
 // Two kernels (logits_stats_tile.cuh): the cooperative one above, and for
-// calls that ask for neither entropy nor accuracy at H <= 1536 a ping-pong
-// one of 128-column tiles whose epilogues run beside the other warpgroup's
-// MMAs (its two halves of a 256-column partial add into it).
+// calls that ask for neither entropy nor accuracy a ping-pong one of 128- or
+// 192-column tiles whose epilogues run beside the other warpgroup's MMAs
+// (each tile adds its row sums into the 256-column partials it falls in).
 //
 // Only for plain logits (no bias, softcap or temperature), bf16/fp16 heads,
 // H a multiple of 8 (TMA's 16-byte strides), on a device of compute

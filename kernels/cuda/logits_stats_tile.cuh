@@ -1,7 +1,7 @@
 // The logits-stats GEMM's shared pieces (logits_stats_gemm.cuh): the tile
 // geometry, the kernels' arguments and tile order, and the epilogue steps
 // both kernels take, the cooperative 128 x 256 one (logits_stats_gemm.cu) and
-// the ping-pong 128 x 128 one (logits_stats_pingpong.cu). Device code for
+// the ping-pong 128 x 128 and 128 x 192 ones (logits_stats_pingpong.cu). Device code for
 // sm_90a only; included by those two files alone.
 #ifndef FLCE_KERNELS_CUDA_LOGITS_STATS_TILE_CUH_
 #define FLCE_KERNELS_CUDA_LOGITS_STATS_TILE_CUH_
@@ -230,8 +230,8 @@ __device__ __forceinline__ void ReferenceExp(const float (&acc)[32 * kGroups],
 // entropy nor accuracy): the ping-pong kernel's tile width (128 or 192
 // columns) where a tile's k-loop is short enough for its epilogue to matter
 // and the chunk fills at least 3/4 of a token tile, 0 for the cooperative
-// kernel. FLCE_CUDA_STATS_KERNEL=pingpong128, pingpong192 (pingpong: 128)
-// or cooperative forces one (logits_stats_pingpong.cu).
+// kernel. FLCE_CUDA_STATS_KERNEL=pingpong (the width by H), pingpong128,
+// pingpong192 or cooperative forces one (logits_stats_pingpong.cu).
 int PingPongTileCols(int64_t hidden, int64_t rows);
 
 // That call on the ping-pong kernel of `tile_cols` columns; x_map and e_map
