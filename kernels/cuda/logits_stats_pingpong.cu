@@ -253,23 +253,22 @@ absl::Status Launch(const LogitsStatsArgs& args, const CUtensorMap& x_map, const
 
 }  // namespace
 
-// Measured on the H200 in whole runs, interleaved with the bound: 128-column
-// tiles -3 ms against the cooperative kernel at H = 1024, about -1 ms at 1536,
-// +1.5 ms at 2048 and +1.4 to +9 ms at 4096 (docs/perf/cuda.md steps 34, 41);
-// 192-column tiles even with 128 at H = 1024 and 0.8-1.7 ms ahead of the
-// best of the others at 1536, 2048 and 4096 (step 41).
+// Measured on the H200 in whole runs, interleaved with the bound
+// (docs/perf/cuda.md steps 34, 41): 128-column tiles about 3 ms faster than
+// the cooperative kernel at H = 1024, 1 ms at 1536, and 1.5-9 ms slower from
+// 2048 up (a third more bytes per flop from L2, at the power limit);
+// 192-column tiles 0.8 ms faster than 128 at H = 1024 and than the
+// cooperative kernel at 4096, 1.6 ms at 1536 and 2048.
 // Chunks of less than one token tile only stream W: the cooperative kernel
 // took 8-12 us less per call at 1, 8, 64 and 65 tokens, the ping-pong kernel
 // 9-12 us less at 96 and 128 (step 39); the crossover lies in between.
 int PingPongTileCols(int64_t hidden, int64_t rows) {
   const char* env = std::getenv("FLCE_CUDA_STATS_KERNEL");
   const std::string forced = env != nullptr ? env : "";
-  const int width = hidden <= 1024 ? 128 : 192;
   if (forced == "cooperative") return 0;
-  if (forced == "pingpong") return width;
   if (forced == "pingpong128") return 128;
-  if (forced == "pingpong192") return 192;
-  return rows >= 3 * kBM / 4 ? width : 0;
+  if (forced == "pingpong192" || forced == "pingpong") return 192;
+  return rows >= 3 * kBM / 4 ? 192 : 0;
 }
 
 absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_map,

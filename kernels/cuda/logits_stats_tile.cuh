@@ -227,11 +227,10 @@ __device__ __forceinline__ void ReferenceExp(const float (&acc)[32 * kGroups],
 #endif  // FLCE_SM90A
 
 // The default call's kernel (row-scaled e around the row reference, neither
-// entropy nor accuracy): the ping-pong kernel's tile width (128 or 192
-// columns) where a tile's k-loop is short enough for its epilogue to matter
-// and the chunk fills at least 3/4 of a token tile, 0 for the cooperative
-// kernel. FLCE_CUDA_STATS_KERNEL=pingpong (the width by H), pingpong128,
-// pingpong192 or cooperative forces one (logits_stats_pingpong.cu).
+// entropy nor accuracy): the ping-pong kernel's tile width (192 columns)
+// where the chunk fills at least 3/4 of a token tile, 0 for the cooperative
+// kernel. FLCE_CUDA_STATS_KERNEL=pingpong128, pingpong192 (or pingpong) or
+// cooperative forces one (logits_stats_pingpong.cu).
 int PingPongTileCols(int64_t hidden, int64_t rows);
 
 // That call on the ping-pong kernel of `tile_cols` columns; x_map and e_map
