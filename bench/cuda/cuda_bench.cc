@@ -13,7 +13,8 @@
 //     (NAME@VAR=VALUE: strategy NAME with an engine switch set for its runs, to
 //     alternate a variant with the default in one process)
 //   flce_cuda_bench --stages=0 --interleave --runs=9 --strategies=chunked,chunked@VAR=VALUE
-//     (rounds of one call each, bound included, the order rotated per round:
+//     (rounds of one call each, bound included, in orders that give every
+//     entry every place and every predecessor equally often, bench/round_order.h:
 //     a later place in a series runs on a warmer GPU, which back-to-back
 //     series charge to whichever entry runs later)
 #include <cublas_v2.h>
@@ -39,6 +40,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/cuda/bench_data.cuh"
 #include "bench/cuda/gpu_energy.h"
+#include "bench/round_order.h"
 #include "kernels/cuda/backward_gemm.cuh"
 #include "kernels/cuda/cluster_row_kernel.cuh"
 #include "kernels/cuda/cuda_engine.h"
@@ -239,9 +241,9 @@ double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function
   return Median(std::move(ms));
 }
 
-// `runs` rounds (after `warmup` untimed ones) of one call of each fn, round i
-// starting at fn i % n, each call timed with CUDA events: times[f][round].
-// False when a call fails.
+// `runs` rounds (after `warmup` untimed ones) of one call of each fn, in
+// RoundOrder's balanced orders, each call timed with CUDA events:
+// times[f][round]. False when a call fails.
 bool TimeRounds(cudaStream_t stream, int warmup, int runs,
                 const std::vector<std::function<bool()>>& fns,
                 std::vector<std::vector<double>>* times) {
@@ -251,8 +253,9 @@ bool TimeRounds(cudaStream_t stream, int warmup, int runs,
   if (cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess) return false;
   bool ok = true;
   for (int round = -warmup; round < runs && ok; ++round) {
+    const std::vector<size_t> order = bench::RoundOrder(n, static_cast<size_t>(round + warmup));
     for (size_t j = 0; j < n && ok; ++j) {
-      const size_t f = (static_cast<size_t>(round + warmup) + j) % n;
+      const size_t f = order[j];
       ok = cudaEventRecord(a, stream) == cudaSuccess && fns[f]() &&
            cudaEventRecord(b, stream) == cudaSuccess && cudaEventSynchronize(b) == cudaSuccess;
       float t = 0;
