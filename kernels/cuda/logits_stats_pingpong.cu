@@ -260,8 +260,9 @@ absl::Status Launch(const LogitsStatsArgs& args, const CUtensorMap& x_map, const
 // 192-column tiles 0.8 ms faster than 128 at H = 1024 and than the
 // cooperative kernel at 4096, 1.6 ms at 1536 and 2048.
 // Chunks of less than one token tile only stream W: the cooperative kernel
-// took 8-12 us less per call at 1, 8, 64 and 65 tokens, the ping-pong kernel
-// 9-12 us less at 96 and 128 (step 39); the crossover lies in between.
+// took 8-12 us less per call at 1, 8, 64 and 65 tokens, the 128-column
+// ping-pong kernel 9-12 us less at 96 and 128 (step 39); the crossover lies
+// in between (not measured again with 192 columns).
 int PingPongTileCols(int64_t hidden, int64_t rows) {
   const char* env = std::getenv("FLCE_CUDA_STATS_KERNEL");
   const std::string forced = env != nullptr ? env : "";
