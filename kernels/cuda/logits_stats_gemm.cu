@@ -385,7 +385,7 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
       return Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health);
     }
     if (PartialsAroundReference(args)) {
-      const int pingpong_cols = PingPongTileCols(args.hidden, args.rows);
+      const int pingpong_cols = PingPongTileCols(args.rows);
       if (args.run_if == nullptr && pingpong_cols > 0) {
         return LaunchPingPong(args, x_map, e_map, k, pingpong_cols, stream, health);
       }

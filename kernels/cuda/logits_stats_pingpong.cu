@@ -31,7 +31,7 @@ using namespace sm90;  // NOLINT: the kernel is written in these primitives
 // its last column: at 128 columns two tiles per partial, at 192 four tiles
 // per three partials, the middle two straddling a boundary), and two adds
 // onto zero give a + b whichever lands first: the result is repeatable.
-// 192 columns take an eighth fewer bytes per flop from L2 than 128 and need
+// 192 columns take a sixth fewer bytes per flop from L2 than 128 and need
 // 192 accumulator registers per thread (two m64n192 fragments).
 template <int kBN>
 struct PingPong {
@@ -263,7 +263,7 @@ absl::Status Launch(const LogitsStatsArgs& args, const CUtensorMap& x_map, const
 // took 8-12 us less per call at 1, 8, 64 and 65 tokens, the 128-column
 // ping-pong kernel 9-12 us less at 96 and 128 (step 39); the crossover lies
 // in between (not measured again with 192 columns).
-int PingPongTileCols(int64_t hidden, int64_t rows) {
+int PingPongTileCols(int64_t rows) {
   const char* env = std::getenv("FLCE_CUDA_STATS_KERNEL");
   const std::string forced = env != nullptr ? env : "";
   if (forced == "cooperative") return 0;

@@ -231,7 +231,7 @@ __device__ __forceinline__ void ReferenceExp(const float (&acc)[32 * kGroups],
 // where the chunk fills at least 3/4 of a token tile, 0 for the cooperative
 // kernel. FLCE_CUDA_STATS_KERNEL=pingpong128, pingpong192 (or pingpong) or
 // cooperative forces one (logits_stats_pingpong.cu).
-int PingPongTileCols(int64_t hidden, int64_t rows);
+int PingPongTileCols(int64_t rows);
 
 // That call on the ping-pong kernel of `tile_cols` columns; x_map and e_map
 // as the cooperative kernel encodes them.
