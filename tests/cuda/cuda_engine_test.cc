@@ -413,6 +413,46 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
   }
 }
 
+// The ping-pong kernels' tiles against the 256-column partials at every place
+// the padded vocabulary can end: 192-column tiles repeat their layout every
+// 768 columns (four tiles over three partials, the middle two straddling a
+// boundary), so Vp mod 768 in {128, ..., 640, 0} puts the last tile at each
+// of its phases, among them a tile whose upper part would fall into a
+// partial past the row's last (Vp mod 768 = 256 and 512: its sums must stay
+// out of the next row's partials). The call without entropy or accuracy (the
+// one these kernels serve), ignored tokens included, on each kernel against
+// the float64 reference; H off the 64-column k-blocks.
+TEST(CudaEngineTest, PingPongTilesAtEveryVocabularyPhase) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  for (int64_t padded : {1664, 1792, 1920, 2048, 2176, 2304}) {
+    ProblemSpec ps;
+    ps.vocab_size = padded - 5;
+    ps.hidden_size = 72;
+    ps.num_tokens = 160;
+    ps.head_dtype = DType::kBF16;
+    ps.hidden_dtype = DType::kBF16;
+    Problem problem = MakeProblem(ps);
+    ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
+    spec.outputs.entropy = false;
+    spec.outputs.accuracy = false;
+    const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, spec));
+    for (const char* kernel : {"pingpong192", "pingpong128", "cooperative"}) {
+      SCOPED_TRACE(std::string(kernel) + ", V " + std::to_string(ps.vocab_size) + ", seed " +
+                   std::to_string(problem.seed));
+      setenv("FLCE_CUDA_STATS_KERNEL", kernel, 1);
+      auto run = RunProblem(**engine, problem, spec, {});
+      unsetenv("FLCE_CUDA_STATS_KERNEL");
+      ASSERT_TRUE(run.ok()) << run.status();
+      const Errors e = Compare(*run, ref);
+      EXPECT_LE(e.loss, 1e-4);
+      EXPECT_LE(e.per_token, 1e-4);
+      EXPECT_LE(e.grad_input, 5e-3);
+      EXPECT_LE(e.grad_w, 5e-3);
+    }
+  }
+}
+
 // Which heads and requests the planner sends to the logits-stats GEMM: only
 // plain logits on bf16/fp16 heads without bias, H % 8 == 0, on compute
 // capability 9.0; everything else keeps the cuBLAS path (and its chunk size).
@@ -482,12 +522,12 @@ TEST(ChunkPlanTest, SeveralChunksComeOutEqual) {
     return p.ok() ? p->chunk_tokens : int64_t{-1};
   };
   constexpr int64_t kMax = cuda::ChunkPolicy::kMaxTokens;
-  EXPECT_EQ(chunk_for(kMax, 0), kMax);                   // one chunk
-  EXPECT_EQ(chunk_for(kMax + 100, 0), 4352);             // 2 x 4146 rounded up, not 8192 + 100
-  EXPECT_EQ(chunk_for(2 * kMax + 1, 0), 5632);           // 3 x 5462 rounded up
-  EXPECT_EQ(chunk_for(3 * kMax - 5, 0), kMax);           // rounding never exceeds the budget
-  EXPECT_EQ(chunk_for(kMax + 100, 192), 192);            // the hint as given
-  EXPECT_EQ(chunk_for(kMax + 100, 6000), 4352);          // a hint above the balanced size
+  EXPECT_EQ(chunk_for(kMax, 0), kMax);           // one chunk
+  EXPECT_EQ(chunk_for(kMax + 100, 0), 4352);     // 2 x 4146 rounded up, not 8192 + 100
+  EXPECT_EQ(chunk_for(2 * kMax + 1, 0), 5632);   // 3 x 5462 rounded up
+  EXPECT_EQ(chunk_for(3 * kMax - 5, 0), kMax);   // rounding never exceeds the budget
+  EXPECT_EQ(chunk_for(kMax + 100, 192), 192);    // the hint as given
+  EXPECT_EQ(chunk_for(kMax + 100, 6000), 4352);  // a hint above the balanced size
 }
 
 // Every real logit is about -40 (bias), the padded columns' would be 0: if
@@ -689,7 +729,8 @@ TEST(CudaEngineTest, DestroyingACallMidStreamCancelsIt) {
   EXPECT_TRUE((*engine)->healthy());
   auto run = RunProblem(**engine, problem, AllOutputsSpec(Strategy::kChunked), {});
   ASSERT_TRUE(run.ok()) << run.status();
-  ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, AllOutputsSpec(Strategy::kChunked)));
+  ReferenceOutput ref =
+      ComputeReference(MakeReferenceInput(problem, AllOutputsSpec(Strategy::kChunked)));
   EXPECT_LE(Compare(*run, ref).grad_input, 5e-3);
 }
 
