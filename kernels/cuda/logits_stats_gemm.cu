@@ -39,6 +39,13 @@ static_assert(kSharedBytes <= 227 * 1024, "beyond Hopper's shared memory per blo
 static_assert(kBN == 2 * kOutBoxes * kOutBox, "two halves of two boxes span a tile");
 
 #ifdef FLCE_SM90A
+// A thread's two m64n128 fragments of a row pair as one run of 128 floats
+// (StoreTargetLogit's view: element 4j + 2r + b is column 8j + b).
+using FlatFragments = const float[128];
+__device__ __forceinline__ FlatFragments& Flat(const float (&acc)[2][64]) {
+  return *static_cast<FlatFragments*>(static_cast<const void*>(&acc));
+}
+
 __device__ __forceinline__ void MaskPadding(float (&acc)[2][64], int32_t real) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) MaskColumns(acc[h], real - h * 128);
@@ -116,8 +123,7 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
     m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
   }
   // The target logit first: the accumulators die as e is computed.
-  StoreTargetLogit(*static_cast<const float(*)[128]>(static_cast<const void*>(&acc)), row0, col0, y,
-                   a);
+  StoreTargetLogit(Flat(acc), row0, col0, y, a);
   // The lowest offset holding the max: offsets visited from the highest
   // down, so a plain select keeps the lowest (two instructions per element).
   int32_t first[2] = {INT_MAX, INT_MAX};
@@ -202,8 +208,7 @@ __device__ __forceinline__ void ReferenceEpilogue(const float (&acc)[2][64], int
                                                   uint16_t (&boxes)[kOutBoxes][kOutBox * kOutBox]) {
   const int lane = threadIdx.x & 31;
   const int32_t col0 = n_tile * kBN + (lane & 3) * 2;
-  StoreTargetLogit(*static_cast<const float(*)[128]>(static_cast<const void*>(&acc)), row0, col0, y,
-                   a);
+  StoreTargetLogit(Flat(acc), row0, col0, y, a);
   // exp2(z log2(e) - inf) = 0 for ignored rows.
   const float ref_log2[2] = {y[0] >= 0 ? reference[0] * kLog2e : INFINITY,
                              y[1] >= 0 ? reference[1] * kLog2e : INFINITY};
