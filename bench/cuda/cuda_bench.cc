@@ -67,8 +67,8 @@ using cuda::PlanRequest;
 struct Shape {
   int64_t bt, h, v;
 };
-// 0-2: the shapes (the default); 3, 4: heads of H 2048 and 1536, where
-// the default call's logits-stats kernel changes (--shapes=3,4).
+// 0-2: the shapes (the default); 3, 4: heads of H 2048 and 1536, between
+// the first shape's H and the others' (--shapes=3,4).
 constexpr Shape kShapes[] = {{65535, 1024, 176245},
                              {16384, 4096, 151936},
                              {8192, 4096, 128256},
@@ -85,9 +85,9 @@ struct Flags {
   int64_t wall_mb = 0;  // > 0: naive/separate refused at the budget also run with this one
   int64_t fuse_mn_tokens = 1024;
   bool stages = true;  // per-stage times of one chunked chunk
-  // Rounds of one call each of the bound and every strategy (the order
-  // rotated per round) instead of each one's runs back to back: the ratio is
-  // then each round's against the bound of the same round.
+  // Rounds of one call each of the bound and every strategy (in
+  // RoundOrder's balanced orders) instead of each one's runs back to back:
+  // the ratio is then each round's against the bound of the same round.
   bool interleave = false;
   std::vector<int> shapes = {0, 1, 2};
   // chunked_cluster / chunked_two_pass: the chunked plan with one row
