@@ -164,12 +164,9 @@ __device__ __forceinline__ void Epilogue(const float (&acc)[2][64], int64_t row0
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + 8 * r;
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      s[r] += __shfl_xor_sync(0xffffffffu, s[r], off);
-      sez[r] += __shfl_xor_sync(0xffffffffu, sez[r], off);
-      if (kSumZ) sz[r] += __shfl_xor_sync(0xffffffffu, sz[r], off);
-    }
+    s[r] = QuadSum(s[r]);
+    sez[r] = QuadSum(sez[r]);
+    if (kSumZ) sz[r] = QuadSum(sz[r]);
     // Lowest column holding the max across the quad: offsets of different
     // lanes interleave, so compare absolute columns.
     int32_t idx = first[r] == INT_MAX ? INT_MAX : col0 + first[r];
@@ -224,8 +221,7 @@ __device__ __forceinline__ void ReferenceEpilogue(const float (&acc)[2][64], int
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + 8 * r;
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) s[0][r] += __shfl_xor_sync(0xffffffffu, s[0][r], off);
+    s[0][r] = QuadSum(s[0][r]);
     if (row < a.rows && (lane & 3) == 0) {
       const int64_t k = row * a.n_tiles + n_tile;
       const bool valid = y[r] >= 0;

@@ -120,11 +120,8 @@ __device__ __forceinline__ void PingPongEpilogueHalf(
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + 8 * r;
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      lo[r] += __shfl_xor_sync(0xffffffffu, lo[r], off);
-      if (kGroups > 2) hi[r] += __shfl_xor_sync(0xffffffffu, hi[r], off);
-    }
+    lo[r] = QuadSum(lo[r]);
+    if (kGroups > 2) hi[r] = QuadSum(hi[r]);
     if (row < a.rows && (lane & 3) == 0) {
       const int64_t k = row * a.n_tiles + lo_partial;
       const bool valid = y[r] >= 0;

@@ -118,6 +118,14 @@ __device__ __forceinline__ float Exp2Approx(float x) {
   return y;
 }
 
+// The sum of v over the quad of lanes that hold one accumulator row (lanes
+// 4q .. 4q + 3), in every lane of it: offset 1, then 2 (a fixed order, so the
+// same rounding on every run).
+__device__ __forceinline__ float QuadSum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // Padded columns of the last vocabulary tile (and columns past Vp) become a
 // large negative logit: exp gives exactly 0, e * (z - m) gives 0 (-inf would
 // give NaN), and they never equal the max.
