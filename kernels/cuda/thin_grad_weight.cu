@@ -15,17 +15,17 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// kVec adjacent elements of x as floats.
+// kVec adjacent elements (of x, or of the fp32 accumulator) as floats.
 template <typename T>
-__device__ __forceinline__ void LoadX(const T* p, float (&v)[1]) {
+__device__ __forceinline__ void LoadFloats(const T* p, float (&v)[1]) {
   v[0] = ToFloat(*p);
 }
-__device__ __forceinline__ void LoadX(const float* p, float (&v)[4]) {
+__device__ __forceinline__ void LoadFloats(const float* p, float (&v)[4]) {
   const float4 a = *reinterpret_cast<const float4*>(p);
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
 }
 template <typename T>
-__device__ __forceinline__ void LoadX(const T* p, float (&v)[4]) {
+__device__ __forceinline__ void LoadFloats(const T* p, float (&v)[4]) {
   // 16-bit types: four elements in one 8-byte load.
   const uint2 raw = *reinterpret_cast<const uint2*>(p);
   const T* e = reinterpret_cast<const T*>(&raw);
@@ -45,16 +45,11 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t k = static_cast<int64_t>(i - v * groups) * kVec;
   float* out = gw + static_cast<int64_t>(v) * hidden + k;
   float acc[kVec];
-  if constexpr (kVec == 4) {
-    const float4 a = *reinterpret_cast<const float4*>(out);
-    acc[0] = a.x, acc[1] = a.y, acc[2] = a.z, acc[3] = a.w;
-  } else {
-    acc[0] = *out;
-  }
+  LoadFloats(out, acc);
   for (int t = 0; t < rows; ++t) {
     const float e = ToFloat(d[t * ld_d + v]);
     float xv[kVec];
-    LoadX(x + t * hidden + k, xv);
+    LoadFloats(x + t * hidden + k, xv);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) acc[j] = fmaf(e, xv[j], acc[j]);
   }
