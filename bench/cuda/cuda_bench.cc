@@ -463,8 +463,8 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   };
   out["grad_input_gemm_tflops"] = rate("grad_input_gemm_ms");
   out["grad_weight_gemm_tflops"] = rate("grad_weight_gemm_ms");
-  std::function<bool()> own_grad_input, own_grad_weight;
-  cuda::GradWeightGemmArgs gw;
+  std::function<bool()> own_grad_input, own_grad_weight, own_grad_weight_cooperative;
+  cuda::GradWeightGemmArgs gw, gw_cooperative;
   if (cuda::BackwardGemmSupported(hv.dtype, hv.hidden) && launch->own_grad_input.out != nullptr) {
     const cuda::GradInputGemmArgs* gi = &launch->own_grad_input;
     out["own_grad_input_splits"] = gi->splits;
@@ -480,10 +480,18 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
     own_grad_weight = [&]() {
       return cuda::LaunchGradWeightGemm(hv.dtype, gw, stream, health).ok();
     };
+    gw_cooperative = gw;
+    gw_cooperative.kernel = cuda::GradWeightKernel::kCooperative;
+    own_grad_weight_cooperative = [&]() {
+      return cuda::LaunchGradWeightGemm(hv.dtype, gw_cooperative, stream, health).ok();
+    };
     out["own_grad_input_gemm_ms"] = time_with_setup(nullptr, own_grad_input);
     out["own_grad_weight_gemm_ms"] = time_with_setup(nullptr, own_grad_weight);
+    out["own_grad_weight_cooperative_gemm_ms"] =
+        time_with_setup(nullptr, own_grad_weight_cooperative);
     out["own_grad_input_gemm_tflops"] = rate("own_grad_input_gemm_ms");
     out["own_grad_weight_gemm_tflops"] = rate("own_grad_weight_gemm_ms");
+    out["own_grad_weight_cooperative_gemm_tflops"] = rate("own_grad_weight_cooperative_gemm_ms");
   }
   if (energy != nullptr && hv.dtype == DType::kBF16) {
     const float one = 1.0f, zero = 0.0f;
@@ -521,6 +529,8 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
     if (own_grad_input) {
       out["sustained_own_grad_input_gemm"] = Sustained(stream, own_grad_input, *energy);
       out["sustained_own_grad_weight_gemm"] = Sustained(stream, own_grad_weight, *energy);
+      out["sustained_own_grad_weight_cooperative_gemm"] =
+          Sustained(stream, own_grad_weight_cooperative, *energy);
     }
   }
   return out;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/cuda/backward_gemm.cuh"
+#include "kernels/cuda/grad_weight_pingpong.cuh"
 #include "kernels/cuda/sm90_primitives.cuh"
 #include "kernels/cuda/sm90_support.h"
 #include "kernels/status_macros.h"
@@ -66,18 +67,12 @@ __device__ __forceinline__ Tile TileAt(int32_t index, const KernelArgs& a) {
 
 #ifdef FLCE_SM90A
 // A consumer's 64 x 256 accumulators out through its staging boxes: TMA
-// stores into slab `split` (grad_input) or reduce-adds (grad_W). Fragment
-// layout (m64nNk16): acc[h][i*4 + 2*r + b] is column h*128 + 8i + 2(lane%4)
-// + b of row 16*warp + lane/4 + 8r. In a box (128-byte rows, 128-byte
-// swizzle) that pair lands in 16-byte chunk (2 (i%4) + (lane%4)/2) ^ (row%8).
+// stores into slab `split` (grad_input) or reduce-adds (grad_W).
 template <bool kWeight>
 __device__ __forceinline__ void StoreTile(const float (&acc)[2][64], int consumer, int col0,
                                           int row0, int split, const CUtensorMap* out_map,
                                           float (&boxes)[kOutBoxes][64 * kOutCols]) {
   const int t = threadIdx.x % 128;
-  const int lane = t % 32;
-  const int q = lane % 4;
-  const int local_row = (t / 32) * 16 + lane / 4;
 #pragma unroll
   for (int round = 0; round < kOutRounds; ++round) {
     // The previous stores from these boxes must have read them.
@@ -86,18 +81,7 @@ __device__ __forceinline__ void StoreTile(const float (&acc)[2][64], int consume
 #pragma unroll
     for (int x = 0; x < kOutBoxes; ++x) {
       const int box = round * kOutBoxes + x;  // 32-column box of the 256
-      const int h = box / 4;
-      const uint32_t base = SmemAddr(boxes[x]);
-#pragma unroll
-      for (int ii = 0; ii < 4; ++ii) {
-        const int i = (box % 4) * 4 + ii;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const uint32_t byte =
-              (local_row + 8 * r) * 128 + (((2 * ii + q / 2) ^ (lane / 4)) * 16) + (q % 2) * 8;
-          StoreShared(base + byte, acc[h][i * 4 + 2 * r], acc[h][i * 4 + 2 * r + 1]);
-        }
-      }
+      StageFragmentQuarter(acc[box / 4], box % 4, SmemAddr(boxes[x]));
     }
     FenceSharedForAsync();
     WarpgroupSync(consumer);
@@ -241,6 +225,11 @@ absl::Status CheckLayout(const char* what, DType dtype, const void* d, int64_t r
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+std::string GradWeightEnv() {
+  const char* env = std::getenv("FLCE_CUDA_GRAD_WEIGHT");
+  return env != nullptr ? env : "";
+}
+
 }  // namespace
 
 BackwardGemmChoice BackwardGemmFromEnv() {
@@ -266,10 +255,22 @@ bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, i
   return rows >= 2048 && splits >= 2;
 }
 
-bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t hidden) {
-  // Only when asked for: measured behind cuBLAS at every bench shape
-  // (docs/perf/cuda.md), its epilogue's reduce-adds idling the tensor cores.
-  return choice == BackwardGemmChoice::kOwn && BackwardGemmSupported(dtype, hidden);
+bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden) {
+  if (choice == BackwardGemmChoice::kCublas || !BackwardGemmSupported(dtype, hidden)) return false;
+  if (choice == BackwardGemmChoice::kOwn) return true;
+  const std::string forced = GradWeightEnv();
+  if (forced == "cublas") return false;
+  if (forced == "pingpong" || forced == "cooperative") return true;
+  // The cooperative kernel measured behind cuBLAS at every bench shape
+  // (docs/perf/cuda.md step 16), its epilogue's reduce-adds idling the
+  // tensor cores.
+  (void)rows;
+  return false;
+}
+
+GradWeightKernel GradWeightKernelFromEnv() {
+  return GradWeightEnv() == "cooperative" ? GradWeightKernel::kCooperative
+                                          : GradWeightKernel::kPingPong;
 }
 
 int GradInputSplits(int64_t rows, int64_t hidden, int64_t cols, int max_splits, int sms_given) {
@@ -329,6 +330,9 @@ absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args,
   if (args.rows == 0 || args.hidden == 0) return absl::OkStatus();
   FLCE_RETURN_IF_ERROR(
       CheckLayout("grad_W GEMM", dtype, args.d, args.rows, args.cols, args.hidden));
+  if (args.kernel == GradWeightKernel::kPingPong) {
+    return LaunchGradWeightPingPong(dtype, args, stream, health);
+  }
   CUtensorMap a_map, b_map, out_map;
   FLCE_RETURN_IF_ERROR(EncodeMatrix(&a_map, dtype, args.d, args.rows, args.cols, kBox, kBK));
   FLCE_RETURN_IF_ERROR(EncodeMatrix(&b_map, dtype, args.x, args.rows, args.hidden, kBox, kBK));

@@ -11,7 +11,11 @@
 //               atomics: bitwise repeatable).
 //   grad_W:     gw += D^T . X (both operands MN-major): each tile is added to
 //               gw once by the copy engine (TMA reduce-add), so every element
-//               gets exactly one fp32 add per chunk, in stream order.
+//               gets exactly one fp32 add per chunk, in stream order. Two
+//               kernels: the cooperative one above, and a ping-pong one on
+//               192 x 128 tiles (grad_weight_pingpong.cuh) whose consumer
+//               warpgroups take turns on the tensor cores, one reduce-adding
+//               while the other's MMAs run.
 //
 // bf16/fp16 operands, fp32 accumulation; cols a multiple of 128, hidden a
 // multiple of 8, on a device of compute capability 9.0.
@@ -42,7 +46,14 @@ bool BackwardGemmSupported(DType dtype, int64_t hidden);
 // tokens with the split count GradInputSplits chose; grad_W only under kOwn.
 bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden,
                          int splits);
-bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t hidden);
+// grad_W for `rows` tokens: under kAuto FLCE_CUDA_GRAD_WEIGHT=pingpong |
+// cooperative | cublas decides where it is set.
+bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden);
+
+// The own grad_W GEMM's kernel; FLCE_CUDA_GRAD_WEIGHT=cooperative picks the
+// cooperative one, anything else the ping-pong one.
+enum class GradWeightKernel { kPingPong, kCooperative };
+GradWeightKernel GradWeightKernelFromEnv();
 
 // How many vocabulary splits keep `sms` multiprocessors busy for grad_input
 // of rows x hidden (1..max_splits, at most one per 64 columns of cols): the
@@ -69,6 +80,7 @@ struct GradWeightGemmArgs {
   int64_t cols = 0;
   int64_t hidden = 0;
   float* gw = nullptr;  // cols x hidden fp32, accumulated into
+  GradWeightKernel kernel = GradWeightKernel::kPingPong;
 };
 absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args,
                                   cudaStream_t stream, DeviceHealth* health);

@@ -61,14 +61,6 @@ struct PingPong {
 };
 
 #ifdef FLCE_SM90A
-// Moves a ring cursor past `blocks` stages: the other warpgroup's tile.
-template <int kStages>
-__device__ __forceinline__ void SkipStages(StageCursor<kStages>& at, int32_t blocks) {
-  const int32_t next = at.stage + blocks;
-  at.phase ^= static_cast<uint32_t>(next / kStages) & 1u;
-  at.stage = next % kStages;
-}
-
 // Adds a row's sum into partial k (its m and the other fields written by the
 // tile holding the partial's first column, `owner`); an ignored row's
 // neutral sum of 1 comes from the owner alone.
@@ -182,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Warpgroup c takes the CTA's tiles c, c + 2, ...; the ring carries every
   // tile's k-blocks in the CTA's order.
   StageCursor<kStages> at;
-  if (c == 1) SkipStages(at, k_blocks);
+  if (c == 1) at.Skip(k_blocks);
   float acc[2][P::kFloats];  // acc[h]: rows h * 64 .. h * 64 + 63 of the tile
   int32_t turn = 0;
   for (int32_t tile = blockIdx.x + c * gridDim.x; tile < num_tiles;
@@ -209,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                              SmemDescK(&sm.b[stage][0]));
         },
         [&] { MbarArrive(&sm.issued[c]); });
-    SkipStages(at, k_blocks);
+    at.Skip(k_blocks);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll

@@ -192,8 +192,9 @@ absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const Til
     FLCE_RETURN_IF_ERROR(LaunchScaleRows(head.dtype, x, head.dtype, q.x_scaled, r.rows, head.hidden,
                                          q.scale, q.fallback, exec.stream, exec.health));
     MarkStage(exec, "hidden_scale");
-    if (UseOwnGradWeightGemm(choice, head.dtype, head.hidden)) {
+    if (UseOwnGradWeightGemm(choice, head.dtype, r.rows, head.hidden)) {
       GradWeightGemmArgs a;
+      a.kernel = GradWeightKernelFromEnv();
       a.d = s.exp_dlogits;
       a.x = q.x_scaled;
       a.rows = r.rows;

@@ -42,6 +42,13 @@ struct StageCursor {
       phase ^= 1;
     }
   }
+  // Past `blocks` stages at once: in a ping-pong kernel, the other consumer
+  // warpgroup's tile.
+  __device__ __forceinline__ void Skip(int32_t blocks) {
+    const int32_t next = stage + blocks;
+    phase ^= static_cast<uint32_t>(next / kStages) & 1u;
+    stage = next % kStages;
+  }
 };
 
 // Lets `kKernel` have `bytes` of dynamic shared memory on the current device.
@@ -179,6 +186,28 @@ __device__ __forceinline__ void StoreShared(uint32_t addr, float a, float b) {
 __device__ __forceinline__ void FenceSharedForAsync() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// Columns 32 j .. 32 j + 31 of a warpgroup's m64 x n128 fp32 fragment into a
+// staging box of 64 rows x 32 columns (128-byte rows, 128-byte swizzle) at
+// shared address `box`. Fragment layout (m64nNk16): frag[i*4 + 2*r + b] is
+// column 8i + 2(lane%4) + b of row 16*warp + lane/4 + 8r; in the box that
+// pair lands in 16-byte chunk (2 (i%4) + (lane%4)/2) ^ (row%8).
+__device__ __forceinline__ void StageFragmentQuarter(const float (&frag)[64], int j, uint32_t box) {
+  const int t = threadIdx.x % 128;
+  const int lane = t % 32;
+  const int q = lane % 4;
+  const int local_row = (t / 32) * 16 + lane / 4;
+#pragma unroll
+  for (int ii = 0; ii < 4; ++ii) {
+    const int i = j * 4 + ii;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t byte =
+          (local_row + 8 * r) * 128 + (((2 * ii + q / 2) ^ (lane / 4)) * 16) + (q % 2) * 8;
+      StoreShared(box + byte, frag[i * 4 + 2 * r], frag[i * 4 + 2 * r + 1]);
+    }
+  }
+}
+
 // Barrier of one consumer warpgroup (ids 1 and 2; 0 is __syncthreads).
 __device__ __forceinline__ void WarpgroupSync(int consumer) {
   asm volatile("bar.sync %0, 128;" ::"r"(consumer + 1) : "memory");

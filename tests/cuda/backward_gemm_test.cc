@@ -24,6 +24,13 @@ namespace {
 using cuda::BackwardGemmSupported;
 using cuda::GradInputGemmArgs;
 using cuda::GradWeightGemmArgs;
+using cuda::GradWeightKernel;
+
+constexpr GradWeightKernel kGradWeightKernels[] = {GradWeightKernel::kPingPong,
+                                                   GradWeightKernel::kCooperative};
+const char* Name(GradWeightKernel k) {
+  return k == GradWeightKernel::kPingPong ? "ping-pong" : "cooperative";
+}
 
 struct Shape {
   int64_t rows, cols, hidden;
@@ -120,8 +127,10 @@ GradInputGemmArgs InputArgs(const void* d, const void* w, const Shape& s, float*
   return a;
 }
 
-GradWeightGemmArgs WeightArgs(const void* d, const void* x, const Shape& s, float* gw) {
+GradWeightGemmArgs WeightArgs(const void* d, const void* x, const Shape& s, float* gw,
+                              GradWeightKernel kernel) {
   GradWeightGemmArgs a;
+  a.kernel = kernel;
   a.d = d;
   a.x = x;
   a.rows = s.rows;
@@ -176,12 +185,17 @@ TEST_P(BackwardGemmTest, GradInputMatchesFloat64ForEverySplit) {
   }
 }
 
+// Beyond kShapes (vocabulary rows 2176, 384, 1024, 256: the ping-pong
+// kernel's 192-row tiles end inside the last or fit exactly), more tiles
+// than two per SM, so that each consumer warpgroup takes several turns.
+const Shape kWeightShapes[] = {{130, 8320, 1024}, {70, 40064, 264}};
+
 TEST_P(BackwardGemmTest, GradWeightAddsFloat64ProductOntoExistingValues) {
   const DType dtype = GetParam();
   std::mt19937 rng(11);
-  for (const Shape& s : kShapes) {
-    SCOPED_TRACE(::testing::Message() << "rows " << s.rows << " cols " << s.cols << " hidden "
-                                      << s.hidden);
+  std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+  shapes.insert(shapes.end(), std::begin(kWeightShapes), std::end(kWeightShapes));
+  for (const Shape& s : shapes) {
     const std::vector<float> d = RandomRounded(dtype, s.rows * s.cols, 1.0f, &rng);
     const std::vector<float> x = RandomRounded(dtype, s.rows * s.hidden, 0.5f, &rng);
     std::vector<float> gw0(static_cast<size_t>(s.cols * s.hidden));
@@ -190,14 +204,19 @@ TEST_P(BackwardGemmTest, GradWeightAddsFloat64ProductOntoExistingValues) {
     const Expected expected = Float64Products(d, x, s, /*weight=*/true, gw0);
     void* d_dev = Upload16(dtype, d);
     void* x_dev = Upload16(dtype, x);
-    float* gw = Upload(gw0);
-    ASSERT_TRUE(
-        cuda::LaunchGradWeightGemm(dtype, WeightArgs(d_dev, x_dev, s, gw), nullptr, nullptr).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    ExpectClose(expected.value, expected.abs_sum, Download(gw, gw0.size()), "grad_W");
+    for (GradWeightKernel kernel : kGradWeightKernels) {
+      SCOPED_TRACE(::testing::Message() << Name(kernel) << ", rows " << s.rows << " cols "
+                                        << s.cols << " hidden " << s.hidden);
+      float* gw = Upload(gw0);
+      ASSERT_TRUE(cuda::LaunchGradWeightGemm(dtype, WeightArgs(d_dev, x_dev, s, gw, kernel),
+                                             nullptr, nullptr)
+                      .ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ExpectClose(expected.value, expected.abs_sum, Download(gw, gw0.size()), "grad_W");
+      cudaFree(gw);
+    }
     cudaFree(d_dev);
     cudaFree(x_dev);
-    cudaFree(gw);
   }
 }
 
@@ -213,24 +232,27 @@ TEST_P(BackwardGemmTest, RepeatedRunsAreBitwiseIdentical) {
     ASSERT_EQ(cudaMalloc(&out, s.rows * s.hidden * 3 * sizeof(float)), cudaSuccess);
     ASSERT_TRUE(
         cuda::LaunchGradInputGemm(dtype, InputArgs(d_dev, w_dev, s, out, 3), nullptr, nullptr).ok());
-    float* gw = nullptr;
-    ASSERT_EQ(cudaMalloc(&gw, s.cols * s.hidden * sizeof(float)), cudaSuccess);
-    ASSERT_EQ(cudaMemset(gw, 0, s.cols * s.hidden * sizeof(float)), cudaSuccess);
-    // X: any rows x hidden matrix will do, here the first `rows` rows of W.
-    ASSERT_TRUE(
-        cuda::LaunchGradWeightGemm(dtype, WeightArgs(d_dev, w_dev, s, gw), nullptr, nullptr).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<float> both = Download(out, static_cast<size_t>(s.rows * s.hidden * 3));
-    const std::vector<float> gw_host = Download(gw, static_cast<size_t>(s.cols * s.hidden));
-    both.insert(both.end(), gw_host.begin(), gw_host.end());
+    std::vector<float> all = Download(out, static_cast<size_t>(s.rows * s.hidden * 3));
+    for (GradWeightKernel kernel : kGradWeightKernels) {
+      float* gw = nullptr;
+      ASSERT_EQ(cudaMalloc(&gw, s.cols * s.hidden * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(gw, 0, s.cols * s.hidden * sizeof(float)), cudaSuccess);
+      // X: any rows x hidden matrix will do, here the first `rows` rows of W.
+      ASSERT_TRUE(cuda::LaunchGradWeightGemm(dtype, WeightArgs(d_dev, w_dev, s, gw, kernel),
+                                             nullptr, nullptr)
+                      .ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> gw_host = Download(gw, static_cast<size_t>(s.cols * s.hidden));
+      all.insert(all.end(), gw_host.begin(), gw_host.end());
+      cudaFree(gw);
+    }
     if (run == 0) {
-      first = both;
+      first = all;
     } else {
-      EXPECT_EQ(std::memcmp(first.data(), both.data(), first.size() * sizeof(float)), 0)
+      EXPECT_EQ(std::memcmp(first.data(), all.data(), first.size() * sizeof(float)), 0)
           << "run " << run << " differs from the first";
     }
     cudaFree(out);
-    cudaFree(gw);
   }
   cudaFree(d_dev);
   cudaFree(w_dev);
