@@ -47,8 +47,10 @@ bool BackwardGemmSupported(DType dtype, int64_t hidden);
 bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden,
                          int splits);
 // grad_W for `rows` tokens: under kAuto FLCE_CUDA_GRAD_WEIGHT=pingpong |
-// cooperative | cublas decides where it is set.
+// cooperative | cublas decides where it is set, else OwnGradWeightByDefault.
 bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden);
+// The default's choice on a device that has the own kernels (host logic).
+bool OwnGradWeightByDefault(int64_t rows, int64_t hidden);
 
 // The own grad_W GEMM's kernel; FLCE_CUDA_GRAD_WEIGHT=cooperative picks the
 // cooperative one, anything else the ping-pong one.

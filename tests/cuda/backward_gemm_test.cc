@@ -258,6 +258,16 @@ TEST_P(BackwardGemmTest, RepeatedRunsAreBitwiseIdentical) {
   cudaFree(w_dev);
 }
 
+// Where the default takes the own (ping-pong) grad_W kernel: chunks of 2048
+// tokens and more at H >= 2048. Host logic, runs everywhere.
+TEST(GradWeightDefaultTest, OwnKernelForLargeChunksOfWideHeads) {
+  EXPECT_TRUE(cuda::OwnGradWeightByDefault(5632, 4096));
+  EXPECT_TRUE(cuda::OwnGradWeightByDefault(2048, 2048));
+  EXPECT_FALSE(cuda::OwnGradWeightByDefault(5632, 1024));  // cuBLAS ahead at H = 1024
+  EXPECT_FALSE(cuda::OwnGradWeightByDefault(2047, 4096));
+  EXPECT_FALSE(cuda::OwnGradWeightByDefault(8, 4096));  // the thin streaming pass
+}
+
 // The split count decides where the vocabulary is cut; host logic, runs
 // everywhere. An H200 has 132 SMs.
 TEST(GradInputSplitsTest, FillsTheLastWaveWithinTheRoomGiven) {
