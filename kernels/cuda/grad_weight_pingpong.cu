@@ -1,10 +1,9 @@
 // The ping-pong grad_W kernel (grad_weight_pingpong.cuh) and its launch.
-#include "kernels/cuda/grad_weight_pingpong.cuh"
-
 #include <cuda.h>
 
 #include <algorithm>
 
+#include "kernels/cuda/grad_weight_pingpong.cuh"
 #include "kernels/cuda/sm90_primitives.cuh"
 #include "kernels/cuda/sm90_support.h"
 #include "kernels/status_macros.h"

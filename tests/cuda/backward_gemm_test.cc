@@ -205,8 +205,8 @@ TEST_P(BackwardGemmTest, GradWeightAddsFloat64ProductOntoExistingValues) {
     void* d_dev = Upload16(dtype, d);
     void* x_dev = Upload16(dtype, x);
     for (GradWeightKernel kernel : kGradWeightKernels) {
-      SCOPED_TRACE(::testing::Message() << Name(kernel) << ", rows " << s.rows << " cols "
-                                        << s.cols << " hidden " << s.hidden);
+      SCOPED_TRACE(::testing::Message() << Name(kernel) << ", rows " << s.rows << " cols " << s.cols
+                                        << " hidden " << s.hidden);
       float* gw = Upload(gw0);
       ASSERT_TRUE(cuda::LaunchGradWeightGemm(dtype, WeightArgs(d_dev, x_dev, s, gw, kernel),
                                              nullptr, nullptr)
