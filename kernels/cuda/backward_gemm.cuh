@@ -1,7 +1,7 @@
 // The chunked plan's two backward GEMMs as Hopper (sm_90a) kernels: TMA
 // loads, wgmma, a producer warpgroup and two consumer warpgroups on
 // 128 x 256 fp32 tiles, as in the logits-stats GEMM. How they compare with
-// cuBLAS, alone and in whole runs: docs/perf/cuda.md, step 16.
+// cuBLAS, alone and in whole runs: docs/perf/cuda.md, steps 16 and 42.
 //
 //   grad_input: out = D . W   (D rows x cols, K-major; W cols x hidden, read
 //               MN-major). With `splits` > 1 the vocabulary (K) is split into

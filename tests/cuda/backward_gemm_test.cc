@@ -259,10 +259,10 @@ TEST_P(BackwardGemmTest, RepeatedRunsAreBitwiseIdentical) {
 }
 
 // Where the default takes the own (ping-pong) grad_W kernel: chunks of 2048
-// tokens and more at H >= 2048. Host logic, runs everywhere.
+// tokens and more at H >= 1536. Host logic, runs everywhere.
 TEST(GradWeightDefaultTest, OwnKernelForLargeChunksOfWideHeads) {
   EXPECT_TRUE(cuda::OwnGradWeightByDefault(5632, 4096));
-  EXPECT_TRUE(cuda::OwnGradWeightByDefault(2048, 2048));
+  EXPECT_TRUE(cuda::OwnGradWeightByDefault(2048, 1536));
   EXPECT_FALSE(cuda::OwnGradWeightByDefault(5632, 1024));  // cuBLAS ahead at H = 1024
   EXPECT_FALSE(cuda::OwnGradWeightByDefault(2047, 4096));
   EXPECT_FALSE(cuda::OwnGradWeightByDefault(8, 4096));  // the thin streaming pass
