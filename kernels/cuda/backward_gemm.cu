@@ -31,7 +31,6 @@ constexpr uint32_t kBoxBytes = kBox * kBK * 2;
 // 128-byte swizzle row) x 64 rows; a consumer stages two at a time.
 constexpr int kOutCols = 32;
 constexpr int kOutBoxes = 2;
-constexpr int kOutRounds = kBN / (kOutCols * kOutBoxes);
 
 struct alignas(1024) SharedTiles {
   uint16_t a[kStages][kBM * kBK];
@@ -66,38 +65,20 @@ __device__ __forceinline__ Tile TileAt(int32_t index, const KernelArgs& a) {
 }
 
 #ifdef FLCE_SM90A
-// A consumer's 64 x 256 accumulators out through its staging boxes: TMA
-// stores into slab `split` (grad_input) or reduce-adds (grad_W).
+// A consumer's 64 x 256 accumulators (two n128 fragments side by side)
+// out through its staging boxes: TMA stores into slab `split` (grad_input)
+// or reduce-adds (grad_W).
 template <bool kWeight>
 __device__ __forceinline__ void StoreTile(const float (&acc)[2][64], int consumer, int col0,
                                           int row0, int split, const CUtensorMap* out_map,
                                           float (&boxes)[kOutBoxes][64 * kOutCols]) {
-  const int t = threadIdx.x % 128;
-#pragma unroll
-  for (int round = 0; round < kOutRounds; ++round) {
-    // The previous stores from these boxes must have read them.
-    if (t == 0) TmaStoreWaitRead();
-    WarpgroupSync(consumer);
-#pragma unroll
-    for (int x = 0; x < kOutBoxes; ++x) {
-      const int box = round * kOutBoxes + x;  // 32-column box of the 256
-      StageFragmentQuarter(acc[box / 4], box % 4, SmemAddr(boxes[x]));
+  StoreFragments(acc, consumer, boxes, [&](const float* box, int b) {
+    if constexpr (kWeight) {
+      TmaReduceAdd(out_map, box, col0 + b * kOutCols, row0);
+    } else {
+      TmaStore3d(out_map, box, col0 + b * kOutCols, row0, split);
     }
-    FenceSharedForAsync();
-    WarpgroupSync(consumer);
-    if (t == 0) {
-#pragma unroll
-      for (int x = 0; x < kOutBoxes; ++x) {
-        const int col = col0 + (round * kOutBoxes + x) * kOutCols;
-        if constexpr (kWeight) {
-          TmaReduceAdd(out_map, boxes[x], col, row0);
-        } else {
-          TmaStore3d(out_map, boxes[x], col, row0, split);
-        }
-      }
-      TmaStoreCommit();
-    }
-  }
+  });
 }
 #endif  // FLCE_SM90A
 
@@ -146,8 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           TmaLoad(sm.a[at.stage], &a_map, full, kb * kBK, tile.m * kBM);
         }
         for (int x = 0; x < kBN / kBox; ++x) {
-          TmaLoad(&sm.b[at.stage][x * kBox * kBK], &b_map, full, tile.n * kBN + x * kBox,
-                  kb * kBK);
+          TmaLoad(&sm.b[at.stage][x * kBox * kBK], &b_map, full, tile.n * kBN + x * kBox, kb * kBK);
         }
         at.Next();
       }
@@ -205,8 +185,8 @@ absl::Status Launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const CU
   FLCE_CUDA_RETURN_IF_ERROR(allowed, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles * k.splits;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  BackwardGemmKernel<kHalf, kWeight><<<grid, kThreads, kSharedBytes, stream>>>(a_map, b_map,
-                                                                              out_map, k);
+  BackwardGemmKernel<kHalf, kWeight>
+      <<<grid, kThreads, kSharedBytes, stream>>>(a_map, b_map, out_map, k);
   FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
   return absl::OkStatus();
 }
@@ -330,8 +310,8 @@ absl::Status LaunchGradInputGemm(DType dtype, const GradInputGemmArgs& args, cud
                               : Launch<false, false>(a_map, b_map, out_map, k, stream, health);
 }
 
-absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args,
-                                  cudaStream_t stream, DeviceHealth* health) {
+absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args, cudaStream_t stream,
+                                  DeviceHealth* health) {
   if (args.rows == 0 || args.hidden == 0) return absl::OkStatus();
   FLCE_RETURN_IF_ERROR(
       CheckLayout("grad_W GEMM", dtype, args.d, args.rows, args.cols, args.hidden));

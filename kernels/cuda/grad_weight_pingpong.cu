@@ -34,8 +34,6 @@ constexpr int kThreads = 128 * (kConsumers + 1);
 // row), three staging slots per warpgroup, 12 boxes per tile.
 constexpr int kOutCols = 32;
 constexpr int kOutSlots = 3;
-constexpr int kOutBoxes = kFragments * kTileCols / kOutCols;
-static_assert(kOutBoxes % kOutSlots == 0, "whole rounds of staging slots");
 // 192 accumulators and the descriptors fit 232 registers per consumer
 // thread; the producer's loop 40. 40 x 128 + 232 x 256 = 64512 of 65536.
 constexpr int kProducerRegisters = 40;
@@ -107,28 +105,9 @@ __device__ __forceinline__ void LoadTiles(SharedTiles& sm, const CUtensorMap* a_
 __device__ __forceinline__ void ReduceAddTile(const float (&acc)[kFragments][64], int consumer,
                                               int col0, int row0, const CUtensorMap* out_map,
                                               float (&slots)[kOutSlots][64 * kOutCols]) {
-  const int t = threadIdx.x % 128;
-#pragma unroll
-  for (int round = 0; round < kOutBoxes / kOutSlots; ++round) {
-    // The previous reduce-adds from these slots must have read them.
-    if (t == 0) TmaStoreWaitRead();
-    WarpgroupSync(consumer);
-#pragma unroll
-    for (int x = 0; x < kOutSlots; ++x) {
-      const int box = round * kOutSlots + x;  // fragment box / 4, columns 32 (box % 4)
-      StageFragmentQuarter(acc[box / 4], box % 4, SmemAddr(slots[x]));
-    }
-    FenceSharedForAsync();
-    WarpgroupSync(consumer);
-    if (t == 0) {
-#pragma unroll
-      for (int x = 0; x < kOutSlots; ++x) {
-        const int box = round * kOutSlots + x;
-        TmaReduceAdd(out_map, slots[x], col0 + (box % 4) * kOutCols, row0 + (box / 4) * 64);
-      }
-      TmaStoreCommit();
-    }
-  }
+  StoreFragments(acc, consumer, slots, [&](const float* box, int b) {
+    TmaReduceAdd(out_map, box, col0 + (b % 4) * kOutCols, row0 + (b / 4) * 64);
+  });
 }
 #endif  // FLCE_SM90A
 

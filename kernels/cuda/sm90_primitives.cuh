@@ -213,6 +213,36 @@ __device__ __forceinline__ void WarpgroupSync(int consumer) {
   asm volatile("bar.sync %0, 128;" ::"r"(consumer + 1) : "memory");
 }
 
+// A consumer warpgroup's m64 x n128 fp32 fragments out through its kSlots
+// staging boxes of 64 x 32 in rounds: box b holds columns 32 (b % 4) of
+// fragment b / 4, and `flush(slot, b)` (called on thread 0) issues its TMA
+// store or reduce-add. A round first waits until the previous round's
+// stores have read the slots.
+template <int kFragments, int kSlots, typename Flush>
+__device__ __forceinline__ void StoreFragments(const float (&acc)[kFragments][64], int consumer,
+                                               float (&slots)[kSlots][64 * 32], Flush&& flush) {
+  constexpr int kBoxes = kFragments * 4;
+  static_assert(kBoxes % kSlots == 0, "whole rounds of staging slots");
+  const int t = threadIdx.x % 128;
+#pragma unroll
+  for (int round = 0; round < kBoxes / kSlots; ++round) {
+    if (t == 0) TmaStoreWaitRead();
+    WarpgroupSync(consumer);
+#pragma unroll
+    for (int x = 0; x < kSlots; ++x) {
+      const int box = round * kSlots + x;
+      StageFragmentQuarter(acc[box / 4], box % 4, SmemAddr(slots[x]));
+    }
+    FenceSharedForAsync();
+    WarpgroupSync(consumer);
+    if (t == 0) {
+#pragma unroll
+      for (int x = 0; x < kSlots; ++x) flush(slots[x], round * kSlots + x);
+      TmaStoreCommit();
+    }
+  }
+}
+
 // Operand descriptors for the 128-byte swizzle as TMA writes it (boxes of
 // 64 16-bit elements per 128-byte row, 1024-byte aligned): the stride offset
 // is 1024 bytes (8 rows of 128 bytes) in both majors.
