@@ -2,7 +2,11 @@
 # On the device machine, from the repo root, with .gpu-dist carried (see
 # pack_cuda.sh): CUDA tests, the engine conformance suite's CUDA cases, then
 # the benchmark. Logs and the benchmark JSON go to $OUT.
-#   scripts/gpu/run_cuda.sh tests|bench|optimizer|shard|all [extra bench flags...]
+#   scripts/gpu/run_cuda.sh tests|bench|statistic|optimizer|shard|all [extra bench flags...]
+# statistic: issue 14's statistic, INVOCATIONS (default 5) bench processes of 11
+# interleaved rounds of the bound and the default call at the three shapes, each
+# process's ratio the median of its rounds', then per shape the median over the
+# processes; everything packed into $OUT/statistic.tgz (one file to bring back).
 set -u -o pipefail
 mode=${1:-all}
 shift || true
@@ -51,6 +55,24 @@ if [[ $mode == shard ]]; then
   "$dist/flce_shard_bench" --out="$out/shard-bench.json" --commit="$(cat "$dist/COMMIT")" "$@" 2>&1 |
     tee "$out/shard-bench.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+fi
+if [[ $mode == statistic ]]; then
+  stat=$out/statistic
+  mkdir -p "$stat"
+  for i in $(seq 1 "${INVOCATIONS:-5}"); do
+    "$dist/flce_cuda_bench" --shapes=0,1,2 --stages=0 --interleave --runs=11 --strategies=chunked \
+      --out="$stat/invocation-$i.json" --commit="$(cat "$dist/COMMIT")" "$@" >"$stat/invocation-$i.log" 2>&1 || rc=1
+  done
+  # "== BT=... H=... V=..." names the shape of the "<ratio>x bound" lines that follow.
+  cat "$stat"/invocation-*.log |
+    awk '/^== BT=/ { shape = $2 "_" $3 "_" $4 }
+         / chunked .*x bound/ { for (i = 1; i <= NF; ++i) if ($i ~ /x$/ && $(i + 1) == "bound") print shape, substr($i, 1, length($i) - 1) }' |
+    sort -k1,1 -k2,2n |
+    awk '{ v[$1] = v[$1] " " $2 }
+         END { for (s in v) { k = split(v[s], a, " "); m = (k % 2) ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2;
+                              printf "%s: median %.3f over %d invocations (%s )\n", s, m, k, v[s] } }' |
+    sort | tee "$stat/summary.txt"
+  tar -C "$out" -czf "$out/statistic.tgz" statistic && rm -rf "$stat"
 fi
 if [[ $mode == bench || $mode == all ]]; then
   "$dist/flce_cuda_bench" --out="$out/cuda-bench.json" --commit="$(cat "$dist/COMMIT")" "$@" 2>&1 |
