@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/cuda/backward_gemm.cuh"
+#include "kernels/cuda/backward_gemm_tile.cuh"
 #include "kernels/cuda/grad_weight_pingpong.cuh"
 #include "kernels/cuda/sm90_primitives.cuh"
 #include "kernels/cuda/sm90_support.h"
@@ -13,23 +14,18 @@
 namespace flce::cuda {
 namespace {
 
-using namespace sm90;  // NOLINT: the kernel is written in these primitives
+using namespace sm90;           // NOLINT: the kernel is written in these primitives
+using namespace backward_tile;  // NOLINT: and this geometry
 
-// The logits-stats GEMM's tile and stages: 128 x 256 outputs, 64 k per
-// stage (one 128-byte swizzle row of 16-bit elements), four 48 KiB stages.
+// The logits-stats GEMM's tile and stages: 128 x 256 outputs, kBK = 64 k
+// per stage, four 48 KiB stages.
 constexpr int kBM = 128;
 constexpr int kBN = 256;
-constexpr int kBK = 64;
 constexpr int kStages = 4;
 constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
-// MN-major operands arrive as boxes of 64 M/N elements x 64 k (8 KiB).
-constexpr int kBox = 64;
-constexpr uint32_t kBoxBytes = kBox * kBK * 2;
-// fp32 outputs leave through shared memory in boxes of 32 columns (one
-// 128-byte swizzle row) x 64 rows; a consumer stages two at a time.
-constexpr int kOutCols = 32;
+// A consumer stages two fp32 output boxes at a time.
 constexpr int kOutBoxes = 2;
 
 struct alignas(1024) SharedTiles {
@@ -106,13 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
       const Tile tile = TileAt(index, a);
       if constexpr (kWeight) {
-        // The tile's grad_W rows go to L2 while the mainloop runs: the
-        // epilogue's reduce-adds then find them there instead of in DRAM.
-        for (int y = 0; y < kBM; y += 64) {
-          for (int x = 0; x < kBN; x += kOutCols) {
-            TmaPrefetchL2(&out_map, tile.n * kBN + x, tile.m * kBM + y);
-          }
-        }
+        PrefetchOutTile<kBM, kBN>(&out_map, tile.n * kBN, tile.m * kBM);
       }
       for (int32_t kb = tile.kb0; kb < tile.kb1; ++kb) {
         uint64_t* full = &sm.full[at.stage];

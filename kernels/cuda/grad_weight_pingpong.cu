@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/backward_gemm_tile.cuh"
 #include "kernels/cuda/grad_weight_pingpong.cuh"
 #include "kernels/cuda/sm90_primitives.cuh"
 #include "kernels/cuda/sm90_support.h"
@@ -11,7 +12,8 @@
 namespace flce::cuda {
 namespace {
 
-using namespace sm90;  // NOLINT: the kernel is written in these primitives
+using namespace sm90;           // NOLINT: the kernel is written in these primitives
+using namespace backward_tile;  // NOLINT: and this geometry
 
 // A tile: 192 vocabulary rows x 128 hidden columns of grad_W, three m64n128
 // fragments (192 fp32 accumulators per thread). 192 x 128 moves as many
@@ -23,16 +25,12 @@ using namespace sm90;  // NOLINT: the kernel is written in these primitives
 constexpr int kTileRows = 192;
 constexpr int kTileCols = 128;
 constexpr int kFragments = kTileRows / 64;
-constexpr int kBK = 64;
-constexpr int kBox = 64;  // MN-major operand boxes: 64 M/N elements x 64 k (8 KiB)
-constexpr uint32_t kBoxBytes = kBox * kBK * 2;
 constexpr int kStages = 4;
 constexpr uint32_t kStageBytes = (kTileRows + kTileCols) * kBK * 2;  // 40 KiB
 constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
-// fp32 results leave in boxes of 64 rows x 32 columns (one 128-byte swizzle
-// row), three staging slots per warpgroup, 12 boxes per tile.
-constexpr int kOutCols = 32;
+// fp32 results leave in boxes of 64 rows x kOutCols, three staging slots
+// per warpgroup, 12 boxes per tile.
 constexpr int kOutSlots = 3;
 // 192 accumulators and the descriptors fit 232 registers per consumer
 // thread; the producer's loop 40. 40 x 128 + 232 x 256 = 64512 of 65536.
@@ -76,13 +74,7 @@ __device__ __forceinline__ void LoadTiles(SharedTiles& sm, const CUtensorMap* a_
   StageCursor<kStages> at;
   for (int32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
     const Tile tile = TileAt(index, a);
-    // The tile's grad_W rows go to L2 while the mainloop runs: the
-    // epilogue's reduce-adds then find them there instead of in DRAM.
-    for (int y = 0; y < kTileRows; y += 64) {
-      for (int x = 0; x < kTileCols; x += kOutCols) {
-        TmaPrefetchL2(out_map, tile.n * kTileCols + x, tile.m * kTileRows + y);
-      }
-    }
+    PrefetchOutTile<kTileRows, kTileCols>(out_map, tile.n * kTileCols, tile.m * kTileRows);
     for (int32_t kb = 0; kb < a.k_blocks; ++kb) {
       uint64_t* full = &sm.full[at.stage];
       MbarWait(&sm.empty[at.stage], at.phase ^ 1);
