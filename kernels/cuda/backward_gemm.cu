@@ -94,6 +94,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int t = threadIdx.x % 128;
   const int32_t num_tiles = a.m_tiles * a.n_tiles * a.splits;
   InitStageBarriers(sm.full, sm.empty, kConsumers);
+  // Every CTA is resident: a grad_W GEMM launched beside this one may take
+  // the SMs of CTAs that finish (GradWeightGemmArgs::beside_grad_input).
+  if constexpr (!kWeight) LetDependentGridStart();
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
@@ -216,13 +219,24 @@ bool BackwardGemmSupported(DType dtype, int64_t hidden) {
 }
 
 bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden,
-                         int splits) {
+                         int splits, bool grad_weight_beside) {
   if (choice == BackwardGemmChoice::kCublas || !BackwardGemmSupported(dtype, hidden)) return false;
   if (choice == BackwardGemmChoice::kOwn) return true;
+  return OwnGradInputByDefault(rows, splits, grad_weight_beside);
+}
+
+bool OwnGradInputByDefault(int64_t rows, int splits, bool grad_weight_beside) {
   // Measured (docs/perf/cuda.md): ahead of cuBLAS where the vocabulary split
-  // fills the waves that rows x H alone leaves part empty; behind it on one
-  // split. Below a few thousand tokens cuBLAS's thin-product kernels fit.
-  return rows >= 2048 && splits >= 2;
+  // fills the waves that rows x H alone leaves part empty, or where grad_W
+  // fills them beside it (step 43); behind it on one split alone. Below a
+  // few thousand tokens cuBLAS's thin-product kernels fit.
+  return rows >= 2048 && (splits >= 2 || grad_weight_beside);
+}
+
+bool GradWeightBesideGradInput() {
+  const char* env = std::getenv("FLCE_CUDA_BACKWARD_OVERLAP");
+  if (env != nullptr && std::string(env) == "0") return false;
+  return GradWeightKernelFromEnv() == GradWeightKernel::kPingPong;
 }
 
 bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden) {
@@ -306,7 +320,13 @@ absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args, c
   FLCE_RETURN_IF_ERROR(
       CheckLayout("grad_W GEMM", dtype, args.d, args.rows, args.cols, args.hidden));
   if (args.kernel == GradWeightKernel::kPingPong) {
+    if (args.beside_grad_input && args.tile_counter == nullptr) {
+      return absl::InternalError("grad_W GEMM beside grad_input needs a tile counter");
+    }
     return LaunchGradWeightPingPong(dtype, args, stream, health);
+  }
+  if (args.tile_counter != nullptr || args.beside_grad_input) {
+    return absl::InternalError("grad_W GEMM: tile counter and overlap are the ping-pong kernel's");
   }
   CUtensorMap a_map, b_map, out_map;
   FLCE_RETURN_IF_ERROR(EncodeMatrix(&a_map, dtype, args.d, args.rows, args.cols, kBox, kBK));

@@ -43,9 +43,17 @@ BackwardGemmChoice BackwardGemmFromEnv();
 bool BackwardGemmSupported(DType dtype, int64_t hidden);
 
 // Whether the own kernels take a chunk under `choice`: grad_input for `rows`
-// tokens with the split count GradInputSplits chose; grad_W only under kOwn.
+// tokens with the split count GradInputSplits chose, `grad_weight_beside`
+// when the own grad_W GEMM would run beside it (GradWeightBesideGradInput).
 bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden,
-                         int splits);
+                         int splits, bool grad_weight_beside);
+// The default's choice for grad_input on a device that has the own kernels
+// (host logic).
+bool OwnGradInputByDefault(int64_t rows, int splits, bool grad_weight_beside);
+// Whether an own ping-pong grad_W GEMM may start beside the own grad_input
+// GEMM, on the SMs of its last wave (GradWeightGemmArgs::beside_grad_input):
+// yes unless FLCE_CUDA_BACKWARD_OVERLAP=0 or FLCE_CUDA_GRAD_WEIGHT=cooperative.
+bool GradWeightBesideGradInput();
 // grad_W for `rows` tokens: under kAuto FLCE_CUDA_GRAD_WEIGHT=pingpong |
 // cooperative | cublas decides where it is set, else OwnGradWeightByDefault.
 bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden);
@@ -83,9 +91,17 @@ struct GradWeightGemmArgs {
   int64_t hidden = 0;
   float* gw = nullptr;  // cols x hidden fp32, accumulated into
   GradWeightKernel kernel = GradWeightKernel::kPingPong;
+  // Ping-pong kernel only. Zero at launch (the kernel counts on it): CTAs
+  // take tiles as they ask for them, so CTAs that start late take fewer.
+  // Null: each CTA takes every gridDim-th tile.
+  int32_t* tile_counter = nullptr;
+  // Ping-pong kernel only, with tile_counter: launched as a programmatic
+  // dependent of the own grad_input GEMM just before it on the stream, its
+  // CTAs start on the SMs that GEMM's last wave leaves idle.
+  bool beside_grad_input = false;
 };
-absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args,
-                                  cudaStream_t stream, DeviceHealth* health);
+absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args, cudaStream_t stream,
+                                  DeviceHealth* health);
 
 }  // namespace flce::cuda
 

@@ -45,6 +45,10 @@ struct alignas(1024) SharedTiles {
   uint64_t empty[kStages];
   // A warpgroup has issued every MMA of its current tile: the other's turn.
   uint64_t issued[kConsumers];
+  // The producer hands warpgroup c each of its tiles in slot c (-1: no more).
+  uint64_t tile_full[kConsumers];
+  uint64_t tile_empty[kConsumers];
+  int32_t tile_index[kConsumers];
 };
 constexpr size_t kSharedBytes = sizeof(SharedTiles) + 1024;  // + runtime 1 KiB alignment
 static_assert(kSharedBytes <= 227 * 1024, "beyond Hopper's shared memory per block");
@@ -53,6 +57,9 @@ struct KernelArgs {
   int32_t m_tiles;   // along the vocabulary
   int32_t n_tiles;   // along the hidden size
   int32_t k_blocks;  // 64 tokens each
+  // Zero at launch: CTAs take tiles as they ask (atomicAdd). Null: CTA b
+  // takes tiles b, b + gridDim.x, ...
+  int32_t* tile_counter;
 };
 
 // Hidden tiles fastest: the CTAs in flight share D's columns (the tile's
@@ -65,14 +72,38 @@ __device__ __forceinline__ Tile TileAt(int32_t index, const KernelArgs& a) {
 }
 
 #ifdef FLCE_SM90A
-// One thread of the producer warpgroup: every tile of the CTA in order, its
-// k-blocks into the ring (the two consumers take alternate tiles).
+// The CTA's tile for its `turn`-th turn (turns alternate between the
+// consumer warpgroups).
+__device__ __forceinline__ int32_t NextTile(const KernelArgs& a, int32_t turn) {
+  if (a.tile_counter != nullptr) return atomicAdd(a.tile_counter, 1);
+  return static_cast<int32_t>(blockIdx.x + static_cast<int64_t>(turn) * gridDim.x);
+}
+
+// Gives turn `turn`'s tile (-1: none) to the warpgroup whose turn it is,
+// once that warpgroup has read the tile of its previous turn.
+__device__ __forceinline__ void HandOut(SharedTiles& sm, int32_t turn, int32_t index) {
+  const int c = turn % kConsumers;
+  MbarWait(&sm.tile_empty[c], ((turn / kConsumers) & 1) ^ 1);
+  sm.tile_index[c] = index;
+  MbarArrive(&sm.tile_full[c]);
+}
+
+// One thread of the producer warpgroup: the CTA's tiles in turn, each handed
+// to its consumer and its k-blocks put into the ring; after the last, both
+// consumers are told there is no more.
 __device__ __forceinline__ void LoadTiles(SharedTiles& sm, const CUtensorMap* a_map,
                                           const CUtensorMap* b_map, const CUtensorMap* out_map,
                                           const KernelArgs& a) {
   const int32_t num_tiles = a.m_tiles * a.n_tiles;
   StageCursor<kStages> at;
-  for (int32_t index = blockIdx.x; index < num_tiles; index += gridDim.x) {
+  for (int32_t turn = 0;; ++turn) {
+    const int32_t index = NextTile(a, turn);
+    if (index >= num_tiles) {
+      HandOut(sm, turn, -1);
+      HandOut(sm, turn + 1, -1);
+      return;
+    }
+    HandOut(sm, turn, index);
     const Tile tile = TileAt(index, a);
     PrefetchOutTile<kTileRows, kTileCols>(out_map, tile.n * kTileCols, tile.m * kTileRows);
     for (int32_t kb = 0; kb < a.k_blocks; ++kb) {
@@ -120,28 +151,39 @@ __global__ void __launch_bounds__(kThreads, 1)
   SharedTiles& sm = AlignedShared<SharedTiles>(raw_shared);
   const int wg = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
-  const int32_t num_tiles = a.m_tiles * a.n_tiles;
   if (threadIdx.x == 0) {
-    for (int c = 0; c < kConsumers; ++c) MbarInit(&sm.issued[c], 128);
+    for (int c = 0; c < kConsumers; ++c) {
+      MbarInit(&sm.issued[c], 128);
+      MbarInit(&sm.tile_full[c], 1);
+      MbarInit(&sm.tile_empty[c], 128);
+    }
   }
   InitStageBarriers(sm.full, sm.empty, 1);
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
-    if (t == 0) LoadTiles(sm, &a_map, &b_map, &out_map, a);
+    if (t == 0) {
+      LoadTiles(sm, &a_map, &b_map, &out_map, a);
+      // Launched beside the grad_input GEMM (programmatic dependent launch):
+      // this grid does not complete before that one, so the stream's next
+      // work may rely on both.
+      WaitForPrerequisiteGrids();
+    }
     return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
   const int c = wg - 1;
-  // Warpgroup c takes the CTA's tiles c, c + 2, ...; the ring carries every
+  // Warpgroup c takes the CTA's turns c, c + 2, ...; the ring carries every
   // tile's k-blocks in the CTA's order.
   StageCursor<kStages> at;
   if (c == 1) at.Skip(a.k_blocks);
-  float acc[kFragments][64];  // acc[f]: vocabulary rows f * 64 .. f * 64 + 63 of the tile
-  int32_t turn = 0;
-  for (int32_t index = blockIdx.x + c * gridDim.x; index < num_tiles;
-       index += kConsumers * gridDim.x, ++turn) {
+  float acc[kFragments][64];         // acc[f]: vocabulary rows f * 64 .. f * 64 + 63 of the tile
+  for (int32_t turn = 0;; ++turn) {  // this warpgroup's turns
+    MbarWait(&sm.tile_full[c], turn & 1);
+    const int32_t index = sm.tile_index[c];
+    MbarArrive(&sm.tile_empty[c]);
+    if (index < 0) break;
     const Tile tile = TileAt(index, a);
     // Warpgroup 0's tile j follows warpgroup 1's tile j - 1 on the tensor
     // cores, warpgroup 1's tile j follows warpgroup 0's tile j.
@@ -189,16 +231,28 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// `beside_previous`: a programmatic dependent of the kernel before it on the
+// stream, whose CTAs let it start (LetDependentGridStart).
 template <bool kHalf>
 absl::Status Launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const CUtensorMap& out_map,
-                    const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
+                    const KernelArgs& k, bool beside_previous, cudaStream_t stream,
+                    DeviceHealth* health) {
   FLCE_CUDA_RETURN_IF_ERROR(AllowDynamicShared<GradWeightPingPongKernel<kHalf>>(kSharedBytes),
                             health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
-  const int64_t ctas = std::min<int64_t>(tiles, std::max(SmCount(), 1));
-  GradWeightPingPongKernel<kHalf>
-      <<<static_cast<unsigned>(ctas), kThreads, kSharedBytes, stream>>>(a_map, b_map, out_map, k);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1))));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSharedBytes;
+  config.stream = stream;
+  cudaLaunchAttribute beside;
+  beside.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  beside.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &beside;
+  config.numAttrs = beside_previous ? 1 : 0;
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaLaunchKernelEx(&config, GradWeightPingPongKernel<kHalf>, a_map, b_map, out_map, k),
+      health);
   return absl::OkStatus();
 }
 
@@ -215,8 +269,10 @@ absl::Status LaunchGradWeightPingPong(DType dtype, const GradWeightGemmArgs& arg
   k.m_tiles = static_cast<int32_t>(CeilDiv(args.cols, kTileRows));
   k.n_tiles = static_cast<int32_t>(CeilDiv(args.hidden, kTileCols));
   k.k_blocks = static_cast<int32_t>(CeilDiv(args.rows, kBK));
-  return dtype == DType::kF16 ? Launch<true>(a_map, b_map, out_map, k, stream, health)
-                              : Launch<false>(a_map, b_map, out_map, k, stream, health);
+  k.tile_counter = args.tile_counter;
+  const bool beside = args.beside_grad_input;
+  return dtype == DType::kF16 ? Launch<true>(a_map, b_map, out_map, k, beside, stream, health)
+                              : Launch<false>(a_map, b_map, out_map, k, beside, stream, health);
 }
 
 }  // namespace flce::cuda

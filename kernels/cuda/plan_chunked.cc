@@ -135,11 +135,123 @@ GradInputGemmArgs OwnGradInputArgs(const HeadView& head, const TileScratch& s, i
   return a;
 }
 
+// The row-scaled chunk's backward GEMMs over E and the row scales around
+// them. Where both GEMMs are the own kernels the ping-pong grad_W starts
+// beside grad_input, on the SMs its last wave leaves idle
+// (GradWeightGemmArgs::beside_grad_input); otherwise one after the other.
+struct RowScaledGemms {
+  bool own_grad_input = false;
+  bool own_grad_weight = false;
+  bool beside = false;  // grad_W launched beside grad_input
+  GradInputGemmArgs grad_input;
+};
+
+RowScaledGemms ChooseRowScaledGemms(const HeadView& head, const TileScratch& s,
+                                    const DeviceRequest& r) {
+  const BackwardGemmChoice choice = BackwardGemmFromEnv();
+  RowScaledGemms g;
+  g.own_grad_weight =
+      r.grad_weight != nullptr && UseOwnGradWeightGemm(choice, head.dtype, r.rows, head.hidden);
+  const bool may_be_beside = g.own_grad_weight && GradWeightBesideGradInput();
+  if (r.grad_input != nullptr) {
+    g.grad_input = OwnGradInputArgs(head, s, r.rows);
+    g.own_grad_input = UseOwnGradInputGemm(choice, head.dtype, r.rows, head.hidden,
+                                           g.grad_input.splits, may_be_beside);
+  }
+  g.beside = may_be_beside && g.own_grad_input;
+  return g;
+}
+
+// grad_input = E W into q.grad_input (or the split slabs); returns the slabs' count.
+absl::StatusOr<int> GradInputGemm(const Exec& exec, const HeadView& head, const TileScratch& s,
+                                  const DeviceRequest& r, const RowScaledGemms& g) {
+  if (g.own_grad_input) {
+    FLCE_RETURN_IF_ERROR(LaunchGradInputGemm(head.dtype, g.grad_input, exec.stream, exec.health));
+    return g.grad_input.splits;
+  }
+  FLCE_RETURN_IF_ERROR(MakeGemm(exec, head)
+                           .GradInput(s.exp_dlogits, head.padded_vocab, head.weight, r.rows,
+                                      head.padded_vocab, head.hidden, s.scaled.grad_input,
+                                      DType::kF32, 0.0f));
+  return 1;
+}
+
+absl::Status GradWeightGemm(const Exec& exec, const HeadView& head, const TileScratch& s,
+                            const DeviceRequest& r, const RowScaledGemms& g) {
+  if (!g.own_grad_weight) {
+    return MakeGemm(exec, head)
+        .GradWeight(s.exp_dlogits, head.padded_vocab, s.scaled.x_scaled, r.rows, head.padded_vocab,
+                    head.hidden, r.grad_weight);
+  }
+  GradWeightGemmArgs a;
+  a.kernel = GradWeightKernelFromEnv();
+  a.d = s.exp_dlogits;
+  a.x = s.scaled.x_scaled;
+  a.rows = r.rows;
+  a.cols = head.padded_vocab;
+  a.hidden = head.hidden;
+  a.gw = r.grad_weight;
+  if (g.beside) {
+    a.tile_counter = s.scaled.tile_counter;  // zeroed before grad_input
+    a.beside_grad_input = true;
+  }
+  return LaunchGradWeightGemm(head.dtype, a, exec.stream, exec.health);
+}
+
+// grad_input: the slabs summed and scaled by K_t into the request's dtype.
+absl::Status ScaleGradInput(const Exec& exec, const HeadView& head, const TileScratch& s,
+                            const DeviceRequest& r, int parts) {
+  const RowScaledScratch& q = s.scaled;
+  const float* slabs = parts > 1 ? static_cast<const float*>(s.partials) : q.grad_input;
+  return LaunchScaleRows(DType::kF32, slabs, r.hidden_dtype, r.grad_input, r.rows, head.hidden,
+                         q.scale, q.fallback, exec.stream, exec.health, parts);
+}
+
+// grad_W's second operand: the hidden rows scaled by K_t.
+absl::Status ScaleHidden(const Exec& exec, const HeadView& head, const TileScratch& s,
+                         const DeviceRequest& r, const void* x) {
+  const RowScaledScratch& q = s.scaled;
+  return LaunchScaleRows(head.dtype, x, head.dtype, q.x_scaled, r.rows, head.hidden, q.scale,
+                         q.fallback, exec.stream, exec.health);
+}
+
+absl::Status RowScaledBackward(const Exec& exec, const HeadView& head, const TileScratch& s,
+                               const DeviceRequest& r, const void* x) {
+  const RowScaledGemms g = ChooseRowScaledGemms(head, s, r);
+  if (g.beside) {
+    // Nothing may stand between the two GEMMs on the stream: grad_W starts
+    // beside grad_input only as the kernel right after it.
+    FLCE_RETURN_IF_ERROR(ScaleHidden(exec, head, s, r, x));
+    MarkStage(exec, "hidden_scale");
+    FLCE_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(s.scaled.tile_counter, 0, sizeof(int32_t), exec.stream), exec.health);
+    FLCE_ASSIGN_OR_RETURN(const int parts, GradInputGemm(exec, head, s, r, g));
+    FLCE_RETURN_IF_ERROR(GradWeightGemm(exec, head, s, r, g));
+    MarkStage(exec, "grad_input_and_grad_weight_gemms");
+    FLCE_RETURN_IF_ERROR(ScaleGradInput(exec, head, s, r, parts));
+    MarkStage(exec, "grad_input_scale");
+    return absl::OkStatus();
+  }
+  if (r.grad_input != nullptr) {
+    FLCE_ASSIGN_OR_RETURN(const int parts, GradInputGemm(exec, head, s, r, g));
+    MarkStage(exec, "grad_input_gemm");
+    FLCE_RETURN_IF_ERROR(ScaleGradInput(exec, head, s, r, parts));
+    MarkStage(exec, "grad_input_scale");
+  }
+  if (r.grad_weight != nullptr) {
+    FLCE_RETURN_IF_ERROR(ScaleHidden(exec, head, s, r, x));
+    MarkStage(exec, "hidden_scale");
+    FLCE_RETURN_IF_ERROR(GradWeightGemm(exec, head, s, r, g));
+    MarkStage(exec, "grad_weight_gemm");
+  }
+  return absl::OkStatus();
+}
+
 // The same chunk without the dlogits pass (row_scaled_backward.cuh): e
 // relative to M_t = x_t . W_y, one scale per row applied around the two
-// backward GEMMs (own or cuBLAS: backward_gemm.cuh). Rows it cannot serve raise a device flag; the launches after
-// the finish then redo the chunk on the dlogits-pass path (each reads the
-// flag and returns at once in the common case).
+// backward GEMMs (own or cuBLAS: backward_gemm.cuh). Rows it cannot serve raise a device flag; the
+// launches after the finish then redo the chunk on the dlogits-pass path (each reads the flag and
+// returns at once in the common case).
 absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const TileScratch& s,
                                const DeviceRequest& r, const void* x, LogitsStatsArgs g,
                                TileRowArgs t) {
@@ -168,47 +280,7 @@ absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const Til
   MarkStage(exec, "fallback_checks");
   // E is now either row-scaled e (with the target entries rewritten) or
   // dlogits; the scale kernels apply K_t or 1 accordingly.
-  const BackwardGemmChoice choice = BackwardGemmFromEnv();
-  const Gemm gemm = MakeGemm(exec, head);
-  if (r.grad_input != nullptr) {
-    int parts = 1;
-    const GradInputGemmArgs own = OwnGradInputArgs(head, s, r.rows);
-    if (UseOwnGradInputGemm(choice, head.dtype, r.rows, head.hidden, own.splits)) {
-      FLCE_RETURN_IF_ERROR(LaunchGradInputGemm(head.dtype, own, exec.stream, exec.health));
-      parts = own.splits;
-    } else {
-      FLCE_RETURN_IF_ERROR(gemm.GradInput(s.exp_dlogits, head.padded_vocab, head.weight, r.rows,
-                                          head.padded_vocab, head.hidden, q.grad_input,
-                                          DType::kF32, 0.0f));
-    }
-    MarkStage(exec, "grad_input_gemm");
-    const float* slabs = parts > 1 ? static_cast<const float*>(s.partials) : q.grad_input;
-    FLCE_RETURN_IF_ERROR(LaunchScaleRows(DType::kF32, slabs, r.hidden_dtype, r.grad_input, r.rows,
-                                         head.hidden, q.scale, q.fallback, exec.stream,
-                                         exec.health, parts));
-    MarkStage(exec, "grad_input_scale");
-  }
-  if (r.grad_weight != nullptr) {
-    FLCE_RETURN_IF_ERROR(LaunchScaleRows(head.dtype, x, head.dtype, q.x_scaled, r.rows, head.hidden,
-                                         q.scale, q.fallback, exec.stream, exec.health));
-    MarkStage(exec, "hidden_scale");
-    if (UseOwnGradWeightGemm(choice, head.dtype, r.rows, head.hidden)) {
-      GradWeightGemmArgs a;
-      a.kernel = GradWeightKernelFromEnv();
-      a.d = s.exp_dlogits;
-      a.x = q.x_scaled;
-      a.rows = r.rows;
-      a.cols = head.padded_vocab;
-      a.hidden = head.hidden;
-      a.gw = r.grad_weight;
-      FLCE_RETURN_IF_ERROR(LaunchGradWeightGemm(head.dtype, a, exec.stream, exec.health));
-    } else {
-      FLCE_RETURN_IF_ERROR(gemm.GradWeight(s.exp_dlogits, head.padded_vocab, q.x_scaled, r.rows,
-                                           head.padded_vocab, head.hidden, r.grad_weight));
-    }
-    MarkStage(exec, "grad_weight_gemm");
-  }
-  return absl::OkStatus();
+  return RowScaledBackward(exec, head, s, r, x);
 }
 
 // One chunk on the logits-stats path: GEMM + partials, row finish, dlogits

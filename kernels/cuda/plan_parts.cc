@@ -75,7 +75,7 @@ int64_t TileScratchBytes(int64_t rows, const HeadView& head, const TokenBytes& t
       Carver::Round(rows * tb.conv) + Carver::Round(rows * tb.gi32) + Carver::Round(rows * tb.ones);
   if (RowScaledCapable(head)) {
     bytes += Carver::Round(rows * 4) * 2 + Carver::Round(rows * head.hidden * 2) +
-             Carver::Round(rows * head.hidden * 4) + Carver::Round(4);
+             Carver::Round(rows * head.hidden * 4) + Carver::Round(4) * 2;
   }
   return bytes + 4096;
 }
@@ -104,6 +104,7 @@ TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const Toke
     s.scaled.x_scaled = c.TakeBytes(rows * head.hidden * 2);
     s.scaled.grad_input = c.Take<float>(rows * head.hidden);
     s.scaled.fallback = c.Take<int32_t>(1);
+    s.scaled.tile_counter = c.Take<int32_t>(1);
   }
   return s;
 }

@@ -46,6 +46,7 @@ struct RowScaledScratch {
   void* x_scaled = nullptr;     // K_t x_t, head dtype
   float* grad_input = nullptr;  // E W, fp32
   int32_t* fallback = nullptr;
+  int32_t* tile_counter = nullptr;  // the grad_W GEMM's, beside grad_input
 };
 
 struct TileScratch {

@@ -182,6 +182,17 @@ __device__ __forceinline__ void StoreShared(uint32_t addr, uint32_t v) {
 __device__ __forceinline__ void StoreShared(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
+// Programmatic dependent launch: once every CTA of this grid has said so,
+// a kernel launched after it with programmatic stream serialization may
+// start its CTAs on SMs this grid leaves (no-op without such a dependent).
+__device__ __forceinline__ void LetDependentGridStart() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// In such a dependent: until the grids it depends on have completed and
+// their writes are visible (returns at once in a kernel launched normally).
+__device__ __forceinline__ void WaitForPrerequisiteGrids() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
 // Makes this thread's shared-memory writes visible to the copy engine.
 __device__ __forceinline__ void FenceSharedForAsync() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");

@@ -26,11 +26,17 @@ using cuda::GradInputGemmArgs;
 using cuda::GradWeightGemmArgs;
 using cuda::GradWeightKernel;
 
-constexpr GradWeightKernel kGradWeightKernels[] = {GradWeightKernel::kPingPong,
-                                                   GradWeightKernel::kCooperative};
-const char* Name(GradWeightKernel k) {
-  return k == GradWeightKernel::kPingPong ? "ping-pong" : "cooperative";
-}
+// The grad_W kernels and the ping-pong one's two ways of handing out
+// tiles: fixed (every gridDim-th tile) or to whichever CTA asks next.
+struct GradWeightVariant {
+  GradWeightKernel kernel;
+  bool counted;
+  const char* name;
+};
+constexpr GradWeightVariant kGradWeightVariants[] = {
+    {GradWeightKernel::kPingPong, false, "ping-pong"},
+    {GradWeightKernel::kPingPong, true, "ping-pong, counted tiles"},
+    {GradWeightKernel::kCooperative, false, "cooperative"}};
 
 struct Shape {
   int64_t rows, cols, hidden;
@@ -77,7 +83,8 @@ void ExpectClose(const std::vector<double>& ref, const std::vector<double>& abs_
     const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
     const double tol = 1e-4 * abs_sum[i] + 1e-6;
     if (!(err <= tol)) {
-      if (bad++ < 5) ADD_FAILURE() << what << " element " << i << ": " << got[i] << " vs " << ref[i];
+      if (bad++ < 5)
+        ADD_FAILURE() << what << " element " << i << ": " << got[i] << " vs " << ref[i];
     }
     if (abs_sum[i] > 0) worst = std::max(worst, err / abs_sum[i]);
   }
@@ -128,7 +135,7 @@ GradInputGemmArgs InputArgs(const void* d, const void* w, const Shape& s, float*
 }
 
 GradWeightGemmArgs WeightArgs(const void* d, const void* x, const Shape& s, float* gw,
-                              GradWeightKernel kernel) {
+                              GradWeightKernel kernel = GradWeightKernel::kPingPong) {
   GradWeightGemmArgs a;
   a.kernel = kernel;
   a.d = d;
@@ -147,7 +154,22 @@ class BackwardGemmTest : public ::testing::TestWithParam<DType> {
     if (!BackwardGemmSupported(GetParam(), 64)) {
       GTEST_SKIP() << "the own backward GEMMs need compute capability 9.0 (Hopper)";
     }
+    ASSERT_EQ(cudaMalloc(&counter_, sizeof(int32_t)), cudaSuccess);
   }
+  void TearDown() override {
+    if (counter_ != nullptr) cudaFree(counter_);
+  }
+  // Arguments for `v`, with its tile counter zeroed where it counts tiles.
+  GradWeightGemmArgs VariantArgs(const GradWeightVariant& v, const void* d, const void* x,
+                                 const Shape& s, float* gw) {
+    GradWeightGemmArgs a = WeightArgs(d, x, s, gw, v.kernel);
+    if (v.counted) {
+      EXPECT_EQ(cudaMemset(counter_, 0, sizeof(int32_t)), cudaSuccess);
+      a.tile_counter = counter_;
+    }
+    return a;
+  }
+  int32_t* counter_ = nullptr;
 };
 
 const Shape kShapes[] = {{300, 2048 + 128, 136}, {5, 384, 264}, {1000, 1024, 520}, {129, 256, 8}};
@@ -204,13 +226,13 @@ TEST_P(BackwardGemmTest, GradWeightAddsFloat64ProductOntoExistingValues) {
     const Expected expected = Float64Products(d, x, s, /*weight=*/true, gw0);
     void* d_dev = Upload16(dtype, d);
     void* x_dev = Upload16(dtype, x);
-    for (GradWeightKernel kernel : kGradWeightKernels) {
-      SCOPED_TRACE(::testing::Message() << Name(kernel) << ", rows " << s.rows << " cols " << s.cols
+    for (const GradWeightVariant& v : kGradWeightVariants) {
+      SCOPED_TRACE(::testing::Message() << v.name << ", rows " << s.rows << " cols " << s.cols
                                         << " hidden " << s.hidden);
       float* gw = Upload(gw0);
-      ASSERT_TRUE(cuda::LaunchGradWeightGemm(dtype, WeightArgs(d_dev, x_dev, s, gw, kernel),
-                                             nullptr, nullptr)
-                      .ok());
+      ASSERT_TRUE(
+          cuda::LaunchGradWeightGemm(dtype, VariantArgs(v, d_dev, x_dev, s, gw), nullptr, nullptr)
+              .ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       ExpectClose(expected.value, expected.abs_sum, Download(gw, gw0.size()), "grad_W");
       cudaFree(gw);
@@ -231,16 +253,17 @@ TEST_P(BackwardGemmTest, RepeatedRunsAreBitwiseIdentical) {
     float* out = nullptr;
     ASSERT_EQ(cudaMalloc(&out, s.rows * s.hidden * 3 * sizeof(float)), cudaSuccess);
     ASSERT_TRUE(
-        cuda::LaunchGradInputGemm(dtype, InputArgs(d_dev, w_dev, s, out, 3), nullptr, nullptr).ok());
+        cuda::LaunchGradInputGemm(dtype, InputArgs(d_dev, w_dev, s, out, 3), nullptr, nullptr)
+            .ok());
     std::vector<float> all = Download(out, static_cast<size_t>(s.rows * s.hidden * 3));
-    for (GradWeightKernel kernel : kGradWeightKernels) {
+    for (const GradWeightVariant& v : kGradWeightVariants) {
       float* gw = nullptr;
       ASSERT_EQ(cudaMalloc(&gw, s.cols * s.hidden * sizeof(float)), cudaSuccess);
       ASSERT_EQ(cudaMemset(gw, 0, s.cols * s.hidden * sizeof(float)), cudaSuccess);
       // X: any rows x hidden matrix will do, here the first `rows` rows of W.
-      ASSERT_TRUE(cuda::LaunchGradWeightGemm(dtype, WeightArgs(d_dev, w_dev, s, gw, kernel),
-                                             nullptr, nullptr)
-                      .ok());
+      ASSERT_TRUE(
+          cuda::LaunchGradWeightGemm(dtype, VariantArgs(v, d_dev, w_dev, s, gw), nullptr, nullptr)
+              .ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const std::vector<float> gw_host = Download(gw, static_cast<size_t>(s.cols * s.hidden));
       all.insert(all.end(), gw_host.begin(), gw_host.end());
@@ -256,6 +279,101 @@ TEST_P(BackwardGemmTest, RepeatedRunsAreBitwiseIdentical) {
   }
   cudaFree(d_dev);
   cudaFree(w_dev);
+}
+
+// grad_W launched beside grad_input (programmatic dependent launch, tiles
+// counted) on one stream, as the row-scaled plan runs them, with a third
+// kernel after both that reads grad_input: every output against float64,
+// bitwise equal to the two GEMMs run one after the other. grad_input has
+// more tiles than SMs (a last wave part full) so grad_W's CTAs start while
+// some of its CTAs still run.
+TEST_P(BackwardGemmTest, GradWeightBesideGradInputMatchesBothAlone) {
+  const DType dtype = GetParam();
+  std::mt19937 rng(5);
+  const Shape s{1100, 384, 4000};  // 9 x 16 = 144 grad_input tiles of 128 x 256
+  const std::vector<float> d = RandomRounded(dtype, s.rows * s.cols, 1.0f, &rng);
+  const std::vector<float> w = RandomRounded(dtype, s.cols * s.hidden, 0.5f, &rng);
+  const std::vector<float> x = RandomRounded(dtype, s.rows * s.hidden, 0.5f, &rng);
+  std::vector<float> gw0(static_cast<size_t>(s.cols * s.hidden));
+  std::uniform_real_distribution<float> uni(-3.0f, 3.0f);
+  for (float& g : gw0) g = uni(rng);
+  const Expected gi_expected = Float64Products(d, w, s, /*weight=*/false, {});
+  const Expected gw_expected = Float64Products(d, x, s, /*weight=*/true, gw0);
+  void* d_dev = Upload16(dtype, d);
+  void* w_dev = Upload16(dtype, w);
+  void* x_dev = Upload16(dtype, x);
+  const size_t gi_n = static_cast<size_t>(s.rows * s.hidden);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<float> results[2];
+  for (bool beside : {false, true}) {
+    SCOPED_TRACE(beside ? "beside" : "one after the other");
+    float* gi = nullptr;
+    float* gi_copy = nullptr;
+    ASSERT_EQ(cudaMalloc(&gi, gi_n * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&gi_copy, gi_n * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(gi, 0xFF, gi_n * sizeof(float)), cudaSuccess);  // NaN
+    ASSERT_EQ(cudaMemset(gi_copy, 0xFF, gi_n * sizeof(float)), cudaSuccess);
+    float* gw = Upload(gw0);
+    ASSERT_EQ(cudaMemsetAsync(counter_, 0, sizeof(int32_t), stream), cudaSuccess);
+    ASSERT_TRUE(
+        cuda::LaunchGradInputGemm(dtype, InputArgs(d_dev, w_dev, s, gi, 1), stream, nullptr).ok());
+    GradWeightGemmArgs a = WeightArgs(d_dev, x_dev, s, gw);
+    a.tile_counter = counter_;
+    a.beside_grad_input = beside;
+    ASSERT_TRUE(cuda::LaunchGradWeightGemm(dtype, a, stream, nullptr).ok());
+    // Stream order after grad_W must cover grad_input too.
+    ASSERT_EQ(cudaMemcpyAsync(gi_copy, gi, gi_n * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const std::vector<float> gi_host = Download(gi_copy, gi_n);
+    const std::vector<float> gw_host = Download(gw, gw0.size());
+    ExpectClose(gi_expected.value, gi_expected.abs_sum, gi_host, "grad_input");
+    ExpectClose(gw_expected.value, gw_expected.abs_sum, gw_host, "grad_W");
+    results[beside] = gi_host;
+    results[beside].insert(results[beside].end(), gw_host.begin(), gw_host.end());
+    cudaFree(gi);
+    cudaFree(gi_copy);
+    cudaFree(gw);
+  }
+  EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)),
+            0);
+  cudaStreamDestroy(stream);
+  cudaFree(d_dev);
+  cudaFree(w_dev);
+  cudaFree(x_dev);
+}
+
+// What only the ping-pong kernel takes is refused elsewhere, and beside
+// grad_input needs the counter; checked before any launch (runs everywhere).
+TEST(GradWeightArgsTest, RefusesOverlapWithoutItsCounterOrKernel) {
+  GradWeightGemmArgs a;
+  a.d = reinterpret_cast<const void*>(uintptr_t{256});
+  a.x = a.d;
+  a.rows = 64;
+  a.cols = 128;
+  a.hidden = 128;
+  a.gw = reinterpret_cast<float*>(uintptr_t{256});
+  a.beside_grad_input = true;
+  absl::Status st = cuda::LaunchGradWeightGemm(DType::kBF16, a, nullptr, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(st.message().find("tile counter"), std::string::npos) << st.message();
+  a.beside_grad_input = false;
+  a.kernel = GradWeightKernel::kCooperative;
+  a.tile_counter = reinterpret_cast<int32_t*>(uintptr_t{256});
+  st = cuda::LaunchGradWeightGemm(DType::kBF16, a, nullptr, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(st.message().find("ping-pong"), std::string::npos) << st.message();
+}
+
+// Where the default takes the own grad_input kernel: where splits fill the
+// waves, or where grad_W fills them beside it; chunks of 2048 tokens and
+// more. Host logic, runs everywhere.
+TEST(GradInputDefaultTest, OwnKernelWhereItsWavesAreFilled) {
+  EXPECT_TRUE(cuda::OwnGradInputByDefault(5632, 3, false));   // first bench shape
+  EXPECT_FALSE(cuda::OwnGradInputByDefault(5462, 1, false));  // H = 4096 alone: cuBLAS
+  EXPECT_TRUE(cuda::OwnGradInputByDefault(5462, 1, true));    // with grad_W beside
+  EXPECT_FALSE(cuda::OwnGradInputByDefault(2047, 3, true));
 }
 
 // Where the default takes the own (ping-pong) grad_W kernel: chunks of 2048
@@ -291,8 +409,7 @@ TEST(GradInputSplitsTest, FillsTheLastWaveWithinTheRoomGiven) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, BackwardGemmTest,
-                         ::testing::Values(DType::kBF16, DType::kF16),
+INSTANTIATE_TEST_SUITE_P(Dtypes, BackwardGemmTest, ::testing::Values(DType::kBF16, DType::kF16),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });
