@@ -15,7 +15,9 @@
 //               kernels: the cooperative one above, and a ping-pong one on
 //               192 x 128 tiles (grad_weight_pingpong.cuh) whose consumer
 //               warpgroups take turns on the tensor cores, one reduce-adding
-//               while the other's MMAs run.
+//               while the other's MMAs run. The ping-pong kernel can start
+//               beside the grad_input kernel (a programmatic dependent
+//               launch), taking the SMs of its last wave as they free up.
 //
 // bf16/fp16 operands, fp32 accumulation; cols a multiple of 128, hidden a
 // multiple of 8, on a device of compute capability 9.0.
