@@ -222,15 +222,19 @@ bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, i
                          int splits, bool grad_weight_beside) {
   if (choice == BackwardGemmChoice::kCublas || !BackwardGemmSupported(dtype, hidden)) return false;
   if (choice == BackwardGemmChoice::kOwn) return true;
-  return OwnGradInputByDefault(rows, splits, grad_weight_beside);
+  return OwnGradInputByDefault(rows, hidden, splits, grad_weight_beside);
 }
 
-bool OwnGradInputByDefault(int64_t rows, int splits, bool grad_weight_beside) {
-  // Measured (docs/perf/cuda.md): ahead of cuBLAS where the vocabulary split
-  // fills the waves that rows x H alone leaves part empty, or where grad_W
-  // fills them beside it (step 43); behind it on one split alone. Below a
-  // few thousand tokens cuBLAS's thin-product kernels fit.
-  return rows >= 2048 && (splits >= 2 || grad_weight_beside);
+bool OwnGradInputByDefault(int64_t rows, int64_t hidden, int splits, bool grad_weight_beside) {
+  // Measured in whole runs (docs/perf/cuda.md steps 16, 43): ahead of cuBLAS
+  // where the vocabulary split fills the waves that rows x H alone leaves
+  // part empty; on one split behind it alone, but with grad_W beside it
+  // 0.9-1.8 ms per run ahead at H = 1536 and 2048. At H = 4096, where
+  // cuBLAS's grad_input is 8% faster than the own one alone, grad_W beside
+  // only evens that out, so cuBLAS keeps it. Below a few thousand tokens
+  // cuBLAS's thin-product kernels fit.
+  if (rows < 2048) return false;
+  return splits >= 2 || (grad_weight_beside && hidden <= 2048);
 }
 
 bool GradWeightBesideGradInput() {

@@ -51,7 +51,7 @@ bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, i
                          int splits, bool grad_weight_beside);
 // The default's choice for grad_input on a device that has the own kernels
 // (host logic).
-bool OwnGradInputByDefault(int64_t rows, int splits, bool grad_weight_beside);
+bool OwnGradInputByDefault(int64_t rows, int64_t hidden, int splits, bool grad_weight_beside);
 // Whether an own ping-pong grad_W GEMM may start beside the own grad_input
 // GEMM, on the SMs of its last wave (GradWeightGemmArgs::beside_grad_input):
 // yes unless FLCE_CUDA_BACKWARD_OVERLAP=0 or FLCE_CUDA_GRAD_WEIGHT=cooperative.

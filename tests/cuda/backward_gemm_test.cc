@@ -367,13 +367,16 @@ TEST(GradWeightArgsTest, RefusesOverlapWithoutItsCounterOrKernel) {
 }
 
 // Where the default takes the own grad_input kernel: where splits fill the
-// waves, or where grad_W fills them beside it; chunks of 2048 tokens and
-// more. Host logic, runs everywhere.
+// waves, or, up to H = 2048, where grad_W runs beside it; chunks of 2048
+// tokens and more. Host logic, runs everywhere.
 TEST(GradInputDefaultTest, OwnKernelWhereItsWavesAreFilled) {
-  EXPECT_TRUE(cuda::OwnGradInputByDefault(5632, 3, false));   // first bench shape
-  EXPECT_FALSE(cuda::OwnGradInputByDefault(5462, 1, false));  // H = 4096 alone: cuBLAS
-  EXPECT_TRUE(cuda::OwnGradInputByDefault(5462, 1, true));    // with grad_W beside
-  EXPECT_FALSE(cuda::OwnGradInputByDefault(2047, 3, true));
+  EXPECT_TRUE(cuda::OwnGradInputByDefault(5632, 1024, 3, false));  // first bench shape
+  EXPECT_TRUE(cuda::OwnGradInputByDefault(6554, 2048, 1, true));   // grad_W beside it
+  EXPECT_TRUE(cuda::OwnGradInputByDefault(5462, 1536, 1, true));
+  EXPECT_FALSE(cuda::OwnGradInputByDefault(6554, 2048, 1, false));  // one split alone: cuBLAS
+  EXPECT_FALSE(cuda::OwnGradInputByDefault(5462, 4096, 1, true));   // cuBLAS ahead at H = 4096
+  EXPECT_TRUE(cuda::OwnGradInputByDefault(5462, 4096, 2, true));
+  EXPECT_FALSE(cuda::OwnGradInputByDefault(2047, 1024, 3, true));
 }
 
 // Where the default takes the own (ping-pong) grad_W kernel: chunks of 2048
