@@ -468,7 +468,6 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   if (cuda::BackwardGemmSupported(hv.dtype, hv.hidden) && launch->own_grad_input.out != nullptr) {
     const cuda::GradInputGemmArgs* gi = &launch->own_grad_input;
     out["own_grad_input_splits"] = gi->splits;
-    out["own_grad_input_splits_added"] = gi->splits_added;
     own_grad_input = [&, gi]() {
       return cuda::LaunchGradInputGemm(hv.dtype, *gi, stream, health).ok();
     };

@@ -43,7 +43,6 @@ struct KernelArgs {
   int32_t n_tiles;
   int32_t splits;
   int32_t k_blocks;
-  int32_t splits_added;  // grad_input: every split reduce-adds onto one slab
 };
 
 // A work unit: N fastest, then M, then the split, so that the CTAs in
@@ -64,13 +63,13 @@ __device__ __forceinline__ Tile TileAt(int32_t index, const KernelArgs& a) {
 #ifdef FLCE_SM90A
 // A consumer's 64 x 256 accumulators (two n128 fragments side by side)
 // out through its staging boxes: TMA stores into slab `split` (grad_input)
-// or reduce-adds (grad_W, and grad_input with its splits added).
+// or reduce-adds (grad_W).
 template <bool kWeight>
 __device__ __forceinline__ void StoreTile(const float (&acc)[2][64], int consumer, int col0,
-                                          int row0, int split, bool add, const CUtensorMap* out_map,
+                                          int row0, int split, const CUtensorMap* out_map,
                                           float (&boxes)[kOutBoxes][64 * kOutCols]) {
   StoreFragments(acc, consumer, boxes, [&](const float* box, int b) {
-    if (kWeight || add) {
+    if constexpr (kWeight) {
       TmaReduceAdd(out_map, box, col0 + b * kOutCols, row0);
     } else {
       TmaStore3d(out_map, box, col0 + b * kOutCols, row0, split);
@@ -162,8 +161,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) KeepInRegisters(acc[h][i]);
     }
-    StoreTile<kWeight>(acc, c, tile.n * kBN, tile.m * kBM + c * 64, tile.split, a.splits_added != 0,
-                       &out_map, sm.out[c]);
+    StoreTile<kWeight>(acc, c, tile.n * kBN, tile.m * kBM + c * 64, tile.split, &out_map,
+                       sm.out[c]);
   }
   // The outputs must be in global memory before the kernel ends.
   if (t == 0) TmaStoreWaitAll();
@@ -288,22 +287,6 @@ int GradInputSplits(int64_t rows, int64_t hidden, int64_t cols, int max_splits, 
   return best;
 }
 
-GradInputSplitting ChooseGradInputSplitting(int64_t rows, int64_t hidden, int64_t cols,
-                                            int slab_room, bool may_add, int sms) {
-  GradInputSplitting g;
-  g.splits = GradInputSplits(rows, hidden, cols, slab_room, sms);
-  if (g.splits == 1 && may_add && GradInputSplits(rows, hidden, cols, 2, sms) == 2) {
-    g.splits = 2;
-    g.added = true;
-  }
-  return g;
-}
-
-bool GradInputSplitsMayAdd() {
-  const char* env = std::getenv("FLCE_CUDA_SPLITS_ADDED");
-  return env == nullptr || std::string(env) != "0";
-}
-
 absl::Status LaunchGradInputGemm(DType dtype, const GradInputGemmArgs& args, cudaStream_t stream,
                                  DeviceHealth* health) {
   if (args.rows == 0 || args.hidden == 0) return absl::OkStatus();
@@ -312,38 +295,25 @@ absl::Status LaunchGradInputGemm(DType dtype, const GradInputGemmArgs& args, cud
   if (args.splits < 1 || args.splits > args.cols / kBK) {
     return absl::InternalError("grad_input GEMM: bad split count");
   }
-  if (args.splits_added && args.splits != 2) {
-    return absl::InternalError(
-        "grad_input GEMM: only two splits add onto one slab repeatably (a + b is b + a)");
-  }
   CUtensorMap a_map, b_map, out_map;
   FLCE_RETURN_IF_ERROR(EncodeMatrix(&a_map, dtype, args.d, args.rows, args.cols, kBK, kBM));
   FLCE_RETURN_IF_ERROR(EncodeMatrix(&b_map, dtype, args.w, args.cols, args.hidden, kBox, kBK));
-  if (args.splits_added) {
-    FLCE_RETURN_IF_ERROR(
-        EncodeMatrix(&out_map, DType::kF32, args.out, args.rows, args.hidden, kOutCols, 64));
-    FLCE_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(args.out, 0, static_cast<size_t>(args.rows * args.hidden) * 4, stream),
-        health);
-  } else {
-    TensorMapShape slabs;
-    slabs.rank = 3;
-    slabs.dims[0] = static_cast<uint64_t>(args.hidden);
-    slabs.dims[1] = static_cast<uint64_t>(args.rows);
-    slabs.dims[2] = static_cast<uint64_t>(args.splits);
-    slabs.row_bytes[0] = static_cast<uint64_t>(args.hidden) * 4;
-    slabs.row_bytes[1] = static_cast<uint64_t>(args.rows * args.hidden) * 4;
-    slabs.box[0] = kOutCols;
-    slabs.box[1] = 64;
-    slabs.box[2] = 1;
-    FLCE_RETURN_IF_ERROR(EncodeTensorMap(&out_map, DType::kF32, args.out, slabs));
-  }
+  TensorMapShape slabs;
+  slabs.rank = 3;
+  slabs.dims[0] = static_cast<uint64_t>(args.hidden);
+  slabs.dims[1] = static_cast<uint64_t>(args.rows);
+  slabs.dims[2] = static_cast<uint64_t>(args.splits);
+  slabs.row_bytes[0] = static_cast<uint64_t>(args.hidden) * 4;
+  slabs.row_bytes[1] = static_cast<uint64_t>(args.rows * args.hidden) * 4;
+  slabs.box[0] = kOutCols;
+  slabs.box[1] = 64;
+  slabs.box[2] = 1;
+  FLCE_RETURN_IF_ERROR(EncodeTensorMap(&out_map, DType::kF32, args.out, slabs));
   KernelArgs k;
   k.m_tiles = static_cast<int32_t>(CeilDiv(args.rows, kBM));
   k.n_tiles = static_cast<int32_t>(CeilDiv(args.hidden, kBN));
   k.splits = args.splits;
   k.k_blocks = static_cast<int32_t>(args.cols / kBK);
-  k.splits_added = args.splits_added ? 1 : 0;
   return dtype == DType::kF16 ? Launch<true, false>(a_map, b_map, out_map, k, stream, health)
                               : Launch<false, false>(a_map, b_map, out_map, k, stream, health);
 }
@@ -372,7 +342,6 @@ absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args, c
   k.n_tiles = static_cast<int32_t>(CeilDiv(args.hidden, kBN));
   k.splits = 1;
   k.k_blocks = static_cast<int32_t>(CeilDiv(args.rows, kBK));
-  k.splits_added = 0;
   return dtype == DType::kF16 ? Launch<true, true>(a_map, b_map, out_map, k, stream, health)
                               : Launch<false, true>(a_map, b_map, out_map, k, stream, health);
 }

@@ -8,10 +8,7 @@
 //               contiguous ranges, each written to its own fp32 slab: more
 //               tiles than SMs where rows x hidden alone would leave SMs idle,
 //               and the slabs are summed in a fixed order afterwards (no
-//               atomics: bitwise repeatable). Where the workspace holds no
-//               second slab, two splits reduce-add onto one zeroed slab
-//               instead: 0 + a + b is the same sum in either order, so that
-//               too is bitwise repeatable (three would not be).
+//               atomics: bitwise repeatable).
 //   grad_W:     gw += D^T . X (both operands MN-major): each tile is added to
 //               gw once by the copy engine (TMA reduce-add), so every element
 //               gets exactly one fp32 add per chunk, in stream order. Two
@@ -76,20 +73,6 @@ GradWeightKernel GradWeightKernelFromEnv();
 // more than 2 points. sms defaults to the current device's.
 int GradInputSplits(int64_t rows, int64_t hidden, int64_t cols, int max_splits, int sms = 0);
 
-// The vocabulary splits of a chunk's grad_input: as many slabs as
-// GradInputSplits fits into `slab_room` (slabs of rows x hidden fp32 beside
-// the output), or, where that is one and two would fill the waves better,
-// two splits added onto the output (`added`; only if `may_add`).
-struct GradInputSplitting {
-  int splits = 1;
-  bool added = false;
-};
-GradInputSplitting ChooseGradInputSplitting(int64_t rows, int64_t hidden, int64_t cols,
-                                            int slab_room, bool may_add, int sms = 0);
-// Whether two splits may add onto one slab: yes unless
-// FLCE_CUDA_SPLITS_ADDED=0.
-bool GradInputSplitsMayAdd();
-
 struct GradInputGemmArgs {
   const void* d = nullptr;  // rows x cols, row stride cols
   const void* w = nullptr;  // cols x hidden
@@ -98,9 +81,6 @@ struct GradInputGemmArgs {
   int64_t hidden = 0;
   float* out = nullptr;  // splits slabs of rows x hidden fp32, one after another
   int splits = 1;
-  // Two splits, both reduce-added onto one slab at out, which the launch
-  // zeroes first on the stream.
-  bool splits_added = false;
 };
 absl::Status LaunchGradInputGemm(DType dtype, const GradInputGemmArgs& args, cudaStream_t stream,
                                  DeviceHealth* health);

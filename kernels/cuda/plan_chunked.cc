@@ -120,22 +120,18 @@ bool UseRowScaled(const HeadView& head, const DeviceRequest& r) {
 
 // The own grad_input GEMM's arguments for a chunk of `rows`: where rows x H
 // leaves SMs idle the vocabulary is split, each range into its own slab in
-// the partials region (dead after the finish), or, where that has no room
-// for two, two ranges added onto q.grad_input; one split writes q.grad_input.
+// the partials region (dead after the finish); one split writes q.grad_input.
 GradInputGemmArgs OwnGradInputArgs(const HeadView& head, const TileScratch& s, int64_t rows) {
   const int64_t slab_bytes = std::max<int64_t>(rows * head.hidden * 4, 1);
   const int room = static_cast<int>(std::min<int64_t>(s.partials_bytes / slab_bytes, 4));
-  const GradInputSplitting split =
-      ChooseGradInputSplitting(rows, head.hidden, head.padded_vocab, room, GradInputSplitsMayAdd());
   GradInputGemmArgs a;
   a.d = s.exp_dlogits;
   a.w = head.weight;
   a.rows = rows;
   a.cols = head.padded_vocab;
   a.hidden = head.hidden;
-  a.splits = split.splits;
-  a.splits_added = split.added;
-  a.out = a.splits > 1 && !a.splits_added ? static_cast<float*>(s.partials) : s.scaled.grad_input;
+  a.splits = GradInputSplits(rows, head.hidden, head.padded_vocab, room);
+  a.out = a.splits > 1 ? static_cast<float*>(s.partials) : s.scaled.grad_input;
   return a;
 }
 
@@ -171,7 +167,7 @@ absl::StatusOr<int> GradInputGemm(const Exec& exec, const HeadView& head, const 
                                   const DeviceRequest& r, const RowScaledGemms& g) {
   if (g.own_grad_input) {
     FLCE_RETURN_IF_ERROR(LaunchGradInputGemm(head.dtype, g.grad_input, exec.stream, exec.health));
-    return g.grad_input.splits_added ? 1 : g.grad_input.splits;
+    return g.grad_input.splits;
   }
   FLCE_RETURN_IF_ERROR(MakeGemm(exec, head)
                            .GradInput(s.exp_dlogits, head.padded_vocab, head.weight, r.rows,

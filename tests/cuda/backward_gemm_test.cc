@@ -200,22 +200,6 @@ TEST_P(BackwardGemmTest, GradInputMatchesFloat64ForEverySplit) {
         for (size_t i = 0; i < slab; ++i) sum[i] += slabs[p * slab + i];
       }
       ExpectClose(expected.value, expected.abs_sum, sum, "grad_input");
-      if (splits == 2) {
-        // The same two splits added onto one slab: slab 0 + slab 1, bit for
-        // bit (one fp32 add per element, in either order the same).
-        float* added = nullptr;
-        ASSERT_EQ(cudaMalloc(&added, slab * sizeof(float)), cudaSuccess);
-        ASSERT_EQ(cudaMemset(added, 0xFF, slab * sizeof(float)), cudaSuccess);  // NaN
-        GradInputGemmArgs a = InputArgs(d_dev, w_dev, s, added, 2);
-        a.splits_added = true;
-        ASSERT_TRUE(cuda::LaunchGradInputGemm(dtype, a, nullptr, nullptr).ok());
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const std::vector<float> got = Download(added, slab);
-        ExpectClose(expected.value, expected.abs_sum, got, "grad_input, splits added");
-        EXPECT_EQ(std::memcmp(got.data(), sum.data(), slab * sizeof(float)), 0)
-            << "splits added differ from the two slabs summed";
-        cudaFree(added);
-      }
       cudaFree(out);
     }
     cudaFree(d_dev);
@@ -267,15 +251,11 @@ TEST_P(BackwardGemmTest, RepeatedRunsAreBitwiseIdentical) {
   std::vector<float> first;
   for (int run = 0; run < 3; ++run) {
     float* out = nullptr;
-    ASSERT_EQ(cudaMalloc(&out, s.rows * s.hidden * 4 * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&out, s.rows * s.hidden * 3 * sizeof(float)), cudaSuccess);
     ASSERT_TRUE(
         cuda::LaunchGradInputGemm(dtype, InputArgs(d_dev, w_dev, s, out, 3), nullptr, nullptr)
             .ok());
-    // And two splits added onto the fourth slab.
-    GradInputGemmArgs added = InputArgs(d_dev, w_dev, s, out + s.rows * s.hidden * 3, 2);
-    added.splits_added = true;
-    ASSERT_TRUE(cuda::LaunchGradInputGemm(dtype, added, nullptr, nullptr).ok());
-    std::vector<float> all = Download(out, static_cast<size_t>(s.rows * s.hidden * 4));
+    std::vector<float> all = Download(out, static_cast<size_t>(s.rows * s.hidden * 3));
     for (const GradWeightVariant& v : kGradWeightVariants) {
       float* gw = nullptr;
       ASSERT_EQ(cudaMalloc(&gw, s.cols * s.hidden * sizeof(float)), cudaSuccess);
@@ -386,23 +366,6 @@ TEST(GradWeightArgsTest, RefusesOverlapWithoutItsCounterOrKernel) {
   EXPECT_NE(st.message().find("ping-pong"), std::string::npos) << st.message();
 }
 
-// Splits added onto one slab are repeatable only for two; refused before
-// any launch otherwise (runs everywhere).
-TEST(GradInputArgsTest, RefusesMoreThanTwoSplitsAdded) {
-  GradInputGemmArgs a;
-  a.d = reinterpret_cast<const void*>(uintptr_t{256});
-  a.w = a.d;
-  a.rows = 64;
-  a.cols = 1024;
-  a.hidden = 128;
-  a.out = reinterpret_cast<float*>(uintptr_t{256});
-  a.splits = 3;
-  a.splits_added = true;
-  const absl::Status st = cuda::LaunchGradInputGemm(DType::kBF16, a, nullptr, nullptr);
-  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
-  EXPECT_NE(st.message().find("two splits"), std::string::npos) << st.message();
-}
-
 // Where the default takes the own grad_input kernel: where splits fill the
 // waves, or, up to H = 2048, where grad_W runs beside it; chunks of 2048
 // tokens and more. Host logic, runs everywhere.
@@ -447,31 +410,6 @@ TEST(GradInputSplitsTest, FillsTheLastWaveWithinTheRoomGiven) {
       EXPECT_LE(s, room);
     }
   }
-}
-
-// Slabs where the workspace holds them; two splits added where it holds no
-// second one and two fill the waves better. Host logic, runs everywhere.
-TEST(GradInputSplittingTest, AddsTwoSplitsOnlyWhereSlabsDoNotFit) {
-  // First bench shape: room for three slabs, which fill 4 waves.
-  cuda::GradInputSplitting g = cuda::ChooseGradInputSplitting(5462, 1024, 176256, 4, true, 132);
-  EXPECT_EQ(g.splits, 3);
-  EXPECT_FALSE(g.added);
-  // Second: 43 x 16 = 688 tiles (5.21 waves), no room for a slab; two
-  // splits added make 1376 (10.4 waves).
-  g = cuda::ChooseGradInputSplitting(5462, 4096, 151936, 0, true, 132);
-  EXPECT_EQ(g.splits, 2);
-  EXPECT_TRUE(g.added);
-  g = cuda::ChooseGradInputSplitting(5462, 4096, 151936, 0, false, 132);
-  EXPECT_EQ(g.splits, 1);
-  EXPECT_FALSE(g.added);
-  // Third: 32 x 16 = 512 tiles, 97% of 4 waves already: one split.
-  g = cuda::ChooseGradInputSplitting(4096, 4096, 128256, 0, true, 132);
-  EXPECT_EQ(g.splits, 1);
-  EXPECT_FALSE(g.added);
-  // Room for exactly two slabs: slabs, not the adds.
-  g = cuda::ChooseGradInputSplitting(5462, 4096, 151936, 2, true, 132);
-  EXPECT_EQ(g.splits, 2);
-  EXPECT_FALSE(g.added);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, BackwardGemmTest, ::testing::Values(DType::kBF16, DType::kF16),
