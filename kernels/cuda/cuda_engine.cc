@@ -22,18 +22,11 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineConfi
   FLCE_ASSIGN_OR_RETURN(auto ctx, DeviceContext::Create(config.device_ordinal));
   std::unique_ptr<CudaEngine> e(new CudaEngine(ctx, config.workspace_bytes));
   DeviceHealth* health = ctx->health();
-  // The compute stream outranks the side stream: where the side stream runs
-  // a GEMM beside one on the compute stream, the block scheduler gives it
-  // only the SMs the compute stream's GEMM has no more CTAs for.
-  int least = 0, greatest = 0;
-  FLCE_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest), health);
-  FLCE_CUDA_RETURN_IF_ERROR(
-      cudaStreamCreateWithPriority(&e->compute_, cudaStreamNonBlocking, greatest), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->compute_, cudaStreamNonBlocking), health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->upload_, cudaStreamNonBlocking), health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->download_, cudaStreamNonBlocking),
                             health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&e->side_, cudaStreamNonBlocking, least),
-                            health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->side_, cudaStreamNonBlocking), health);
   for (cudaEvent_t& ev : e->events_) {
     FLCE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), health);
   }
@@ -102,7 +95,7 @@ absl::StatusOr<std::shared_ptr<const PeerMemory>> CudaEngine::OpenPeerMemory(
 }
 
 absl::StatusOr<std::shared_ptr<const PeerMemory>> CudaEngine::RegisterHostMemory(void* base,
-                                                                                 int64_t bytes) {
+                                                                              int64_t bytes) {
   FLCE_ASSIGN_OR_RETURN(auto memory, CudaPeerMemory::RegisterHost(ctx_, base, bytes));
   return std::shared_ptr<const PeerMemory>(std::move(memory));
 }

@@ -136,21 +136,17 @@ GradInputGemmArgs OwnGradInputArgs(const HeadView& head, const TileScratch& s, i
 }
 
 // The row-scaled chunk's backward GEMMs over E and the row scales around
-// them. Where the own ping-pong grad_W may run beside grad_input it takes
-// the SMs grad_input's last wave leaves idle: after the own grad_input as
-// its programmatic dependent (GradWeightGemmArgs::beside_grad_input), after
-// cuBLAS's on the lower-priority side stream, whose CTAs the block
-// scheduler places only once grad_input has none left to place. Otherwise
-// one after the other.
+// them. Where both GEMMs are the own kernels the ping-pong grad_W starts
+// beside grad_input, on the SMs its last wave leaves idle
+// (GradWeightGemmArgs::beside_grad_input); otherwise one after the other.
 struct RowScaledGemms {
   bool own_grad_input = false;
   bool own_grad_weight = false;
-  bool beside = false;          // grad_W launched beside the own grad_input
-  bool beside_on_side = false;  // grad_W on exec.side beside cuBLAS's grad_input
+  bool beside = false;  // grad_W launched beside grad_input
   GradInputGemmArgs grad_input;
 };
 
-RowScaledGemms ChooseRowScaledGemms(const Exec& exec, const HeadView& head, const TileScratch& s,
+RowScaledGemms ChooseRowScaledGemms(const HeadView& head, const TileScratch& s,
                                     const DeviceRequest& r) {
   const BackwardGemmChoice choice = BackwardGemmFromEnv();
   RowScaledGemms g;
@@ -163,8 +159,6 @@ RowScaledGemms ChooseRowScaledGemms(const Exec& exec, const HeadView& head, cons
                                            g.grad_input.splits, may_be_beside);
   }
   g.beside = may_be_beside && g.own_grad_input;
-  g.beside_on_side = may_be_beside && r.grad_input != nullptr && !g.own_grad_input &&
-                     exec.side != nullptr && exec.events[0] != nullptr && exec.events[1] != nullptr;
   return g;
 }
 
@@ -182,11 +176,8 @@ absl::StatusOr<int> GradInputGemm(const Exec& exec, const HeadView& head, const 
   return 1;
 }
 
-// grad_W += E^T X_scaled; `tile_counter` (zeroed) lets the own kernel's
-// CTAs take tiles as they start, wherever they start late.
 absl::Status GradWeightGemm(const Exec& exec, const HeadView& head, const TileScratch& s,
-                            const DeviceRequest& r, const RowScaledGemms& g,
-                            int32_t* tile_counter = nullptr) {
+                            const DeviceRequest& r, const RowScaledGemms& g) {
   if (!g.own_grad_weight) {
     return MakeGemm(exec, head)
         .GradWeight(s.exp_dlogits, head.padded_vocab, s.scaled.x_scaled, r.rows, head.padded_vocab,
@@ -200,7 +191,6 @@ absl::Status GradWeightGemm(const Exec& exec, const HeadView& head, const TileSc
   a.cols = head.padded_vocab;
   a.hidden = head.hidden;
   a.gw = r.grad_weight;
-  a.tile_counter = tile_counter;
   if (g.beside) {
     a.tile_counter = s.scaled.tile_counter;  // zeroed before grad_input
     a.beside_grad_input = true;
@@ -225,40 +215,9 @@ absl::Status ScaleHidden(const Exec& exec, const HeadView& head, const TileScrat
                          q.fallback, exec.stream, exec.health);
 }
 
-// cuBLAS's grad_input on the stream, the own grad_W (tiles counted, since
-// its CTAs start as SMs free up) on the side stream from the same point,
-// joined before the grad_input scale.
-absl::Status GradInputAndGradWeightOnTwoStreams(const Exec& exec, const HeadView& head,
-                                                const TileScratch& s, const DeviceRequest& r,
-                                                const RowScaledGemms& g) {
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(s.scaled.tile_counter, 0, sizeof(int32_t), exec.stream),
-                            exec.health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(exec.events[0], exec.stream), exec.health);
-  FLCE_ASSIGN_OR_RETURN(const int parts, GradInputGemm(exec, head, s, r, g));
-  if (parts != 1) return absl::InternalError("cuBLAS's grad_input writes one slab");
-  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(exec.side, exec.events[0], 0), exec.health);
-  Exec side = exec;
-  side.stream = exec.side;
-  RowScaledGemms counted = g;
-  counted.beside = false;
-  FLCE_RETURN_IF_ERROR(GradWeightGemm(side, head, s, r, counted, s.scaled.tile_counter));
-  FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(exec.events[1], exec.side), exec.health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(exec.stream, exec.events[1], 0), exec.health);
-  return absl::OkStatus();
-}
-
 absl::Status RowScaledBackward(const Exec& exec, const HeadView& head, const TileScratch& s,
                                const DeviceRequest& r, const void* x) {
-  const RowScaledGemms g = ChooseRowScaledGemms(exec, head, s, r);
-  if (g.beside_on_side) {
-    FLCE_RETURN_IF_ERROR(ScaleHidden(exec, head, s, r, x));
-    MarkStage(exec, "hidden_scale");
-    FLCE_RETURN_IF_ERROR(GradInputAndGradWeightOnTwoStreams(exec, head, s, r, g));
-    MarkStage(exec, "grad_input_and_grad_weight_gemms");
-    FLCE_RETURN_IF_ERROR(ScaleGradInput(exec, head, s, r, 1));
-    MarkStage(exec, "grad_input_scale");
-    return absl::OkStatus();
-  }
+  const RowScaledGemms g = ChooseRowScaledGemms(head, s, r);
   if (g.beside) {
     // Nothing may stand between the two GEMMs on the stream: grad_W starts
     // beside grad_input only as the kernel right after it.

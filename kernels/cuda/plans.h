@@ -90,9 +90,8 @@ struct Exec {
   cublasHandle_t cublas = nullptr;
   cudaStream_t stream = nullptr;
   DeviceHealth* health = nullptr;
-  // Optional: a second stream, of lower priority than `stream`, and four
-  // events that let the chunked plan run grad_W beside cuBLAS's grad_input,
-  // or the row kernel of one half-chunk beside the GEMMs of the other
+  // Optional: a second stream and four events that let the chunked plan run
+  // the row kernel of one half-chunk beside the GEMMs of the other
   // (FLCE_CUDA_OVERLAP=1). Everything still completes on `stream`.
   cudaStream_t side = nullptr;
   cudaEvent_t events[4] = {nullptr, nullptr, nullptr, nullptr};

@@ -436,48 +436,6 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
   }
 }
 
-// The own grad_W on the side stream beside cuBLAS's grad_input (the own
-// ping-pong grad_W forced; below 2048 tokens grad_input stays on cuBLAS):
-// four chunks, so that each chunk's logits GEMM must wait for the previous
-// chunk's grad_W on the other stream, against float64 and bitwise equal to
-// the two GEMMs one after the other on one stream.
-TEST(CudaEngineTest, GradWeightBesideCublasGradInputMatchesReference) {
-  auto engine = MakeEngine();
-  SKIP_WITHOUT_GPU(engine);
-  ProblemSpec ps;
-  ps.vocab_size = 20011;
-  ps.hidden_size = 264;
-  ps.num_tokens = 700;
-  ps.head_dtype = DType::kBF16;
-  ps.hidden_dtype = DType::kBF16;
-  Problem problem = MakeProblem(ps);
-  ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
-  spec.chunk_tokens = 192;
-  spec.outputs.entropy = false;
-  spec.outputs.accuracy = false;
-  const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, spec));
-  ScopedEnv grad_weight("FLCE_CUDA_GRAD_WEIGHT", "pingpong");
-  HarnessOptions same_blocks;
-  same_blocks.seed = FreshSeed();
-  EngineRun runs[2];
-  for (int i = 0; i < 2; ++i) {
-    SCOPED_TRACE(i == 0 ? "beside each other" : "one after the other");
-    auto run = [&] {
-      ScopedEnv overlap("FLCE_CUDA_BACKWARD_OVERLAP", i == 1 ? "0" : nullptr);
-      return RunProblem(**engine, problem, spec, same_blocks);
-    }();
-    ASSERT_TRUE(run.ok()) << run.status();
-    const Errors e = Compare(*run, ref);
-    std::printf("  [%s] loss %.2e grad_input %.2e grad_W %.2e\n",
-                i == 0 ? "beside" : "one after the other", e.loss, e.grad_input, e.grad_w);
-    ExpectWithin(e);
-    runs[i] = *run;
-  }
-  EXPECT_EQ(runs[0].result.loss, runs[1].result.loss);
-  EXPECT_TRUE(runs[0].grad_input == runs[1].grad_input);
-  EXPECT_TRUE(runs[0].grad_weight == runs[1].grad_weight);
-}
-
 // The ping-pong kernels' tiles against the 256-column partials at every place
 // the padded vocabulary can end: 192-column tiles repeat their layout every
 // 768 columns (four tiles over three partials, the middle two straddling a
