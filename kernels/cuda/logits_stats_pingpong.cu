@@ -32,7 +32,10 @@ using namespace sm90;  // NOLINT: the kernel is written in these primitives
 // per three partials, the middle two straddling a boundary), and two adds
 // onto zero give a + b whichever lands first: the result is repeatable.
 // 192 columns take a sixth fewer bytes per flop from L2 than 128 and need
-// 192 accumulator registers per thread (two m64n192 fragments).
+// 192 accumulator registers per thread (two m64n192 fragments). In CTA
+// pairs (kPair = 2, a cluster of two over adjacent token tiles of one W
+// tile: CtaTiles) each CTA loads half of every W tile into both by TMA
+// multicast: 30% fewer bytes from L2 per flop at 192 columns.
 template <int kBN>
 struct PingPong {
   static constexpr int kFloats = kBN / 2;  // a thread's accumulators per 64-row half
@@ -140,7 +143,7 @@ __device__ __forceinline__ void IssueTileMmas(float (&acc)[2][kBN / 2], uint64_t
 }
 #endif  // FLCE_SM90A
 
-template <int kBN>
+template <int kBN, int kPair>
 __global__ void __launch_bounds__(kThreads, 1)
     PingPongReferenceKernel(const __grid_constant__ CUtensorMap x_map,
                             const __grid_constant__ CUtensorMap w_map,
@@ -154,16 +157,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int t = threadIdx.x % 128;
   const int32_t k_blocks = (a.hidden + kBK - 1) / kBK;
   const int32_t n_tiles = (a.padded_vocab + kBN - 1) / kBN;
-  const int32_t num_tiles = a.m_tiles * n_tiles;
+  const CtaTiles<kPair> tiles(a, n_tiles);
   if (threadIdx.x == 0) {
     for (int c = 0; c < kConsumers; ++c) MbarInit(&sm.issued[c], 128);
   }
-  InitStageBarriers(sm.full, sm.empty, 1);
+  // A stage is consumed by one warpgroup in each CTA of the pair.
+  InitStageBarriers(sm.full, sm.empty, kPair);
+  if constexpr (kPair > 1) ClusterSync();  // the peer's barriers before its loads and releases
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(P::kProducerRegisters));
     if (t != 0) return;
-    LoadTiles<kBN, kStages>(sm, &x_map, &w_map, a, n_tiles, k_blocks);
+    LoadTiles<kBN, kStages, kPair>(sm, &x_map, &w_map, a, n_tiles, k_blocks);
     return;
   }
 
@@ -177,9 +182,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (c == 1) at.Skip(k_blocks);
   float acc[2][P::kFloats];  // acc[h]: rows h * 64 .. h * 64 + 63 of the tile
   int32_t turn = 0;
-  for (int32_t tile = blockIdx.x + c * gridDim.x; tile < num_tiles;
-       tile += kConsumers * gridDim.x, ++turn) {
-    const TileAt at_tile(tile, a, n_tiles);
+  for (int32_t index = tiles.unit + c * tiles.units; index < tiles.count;
+       index += kConsumers * tiles.units, ++turn) {
+    const TileAt at_tile = tiles.At(index);
     const int64_t row0 = static_cast<int64_t>(at_tile.m) * kBM + warp * 16 + lane / 4;
     int32_t y[2][2];
     float reference[2][2];
@@ -194,13 +199,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < P::kFloats; ++i) acc[h][i] = 0.0f;
     }
-    ConsumeStages(
-        at, sm.full, sm.empty, k_blocks, t == 0,
+    ConsumeStagesReleasing(
+        at, sm.full, k_blocks, t == 0,
         [&](int stage) {
           IssueTileMmas<kBN>(acc, SmemDescK(&sm.a[stage][0]), SmemDescK(&sm.a[stage][64 * kBK]),
                              SmemDescK(&sm.b[stage][0]));
         },
-        [&] { MbarArrive(&sm.issued[c]); });
+        [&] { MbarArrive(&sm.issued[c]); },
+        [&](int stage) {
+          MbarArrive(&sm.empty[stage]);
+          if constexpr (kPair > 1) MbarArriveInCta(&sm.empty[stage], tiles.rank ^ 1u);
+        });
     at.Skip(k_blocks);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -222,21 +231,36 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kBN>
+template <int kBN, int kPair>
 absl::Status Launch(const LogitsStatsArgs& args, const CUtensorMap& x_map, const CUtensorMap& e_map,
                     const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
   constexpr size_t kSharedBytes = PingPong<kBN>::kSharedBytes;
   CUtensorMap w_map;
-  FLCE_RETURN_IF_ERROR(Encode(&w_map, DType::kBF16, args.w, args.padded_vocab, args.hidden, kBN));
+  FLCE_RETURN_IF_ERROR(
+      Encode(&w_map, DType::kBF16, args.w, args.padded_vocab, args.hidden, kBN / kPair));
   // Every tile adds into its partials.
   const size_t sums = static_cast<size_t>(k.rows) * static_cast<size_t>(k.n_tiles);
   FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(args.stats.sum_exp, 0, sums * sizeof(float), stream),
                             health);
-  FLCE_CUDA_RETURN_IF_ERROR(AllowDynamicShared<PingPongReferenceKernel<kBN>>(kSharedBytes), health);
-  const int64_t tiles = static_cast<int64_t>(k.m_tiles) * ((k.padded_vocab + kBN - 1) / kBN);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  PingPongReferenceKernel<kBN><<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  constexpr auto kernel = PingPongReferenceKernel<kBN, kPair>;
+  FLCE_CUDA_RETURN_IF_ERROR(AllowDynamicShared<kernel>(kSharedBytes), health);
+  // Units: single tiles, or pairs of token tiles each taken by a cluster.
+  const int64_t units =
+      (static_cast<int64_t>(k.m_tiles) + kPair - 1) / kPair * ((k.padded_vocab + kBN - 1) / kBN);
+  const int64_t slots = std::max(SmCount() / kPair, 1);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(std::min(units, slots) * kPair));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSharedBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kPair;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = kPair > 1 ? 1 : 0;
+  FLCE_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, x_map, w_map, e_map, k), health);
   return absl::OkStatus();
 }
 
@@ -261,11 +285,20 @@ int PingPongTileCols(int64_t rows) {
   return rows >= 3 * kBM / 4 ? 192 : 0;
 }
 
+bool PingPongPairs(int64_t rows) {
+  const char* env = std::getenv("FLCE_CUDA_STATS_PAIRS");
+  if (env != nullptr && std::string(env) == "0") return false;
+  return rows > kBM;
+}
+
 absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_map,
                             const CUtensorMap& e_map, const KernelArgs& k, int tile_cols,
                             cudaStream_t stream, DeviceHealth* health) {
-  if (tile_cols == 192) return Launch<192>(args, x_map, e_map, k, stream, health);
-  return Launch<128>(args, x_map, e_map, k, stream, health);
+  if (tile_cols == 192) {
+    if (PingPongPairs(args.rows)) return Launch<192, 2>(args, x_map, e_map, k, stream, health);
+    return Launch<192, 1>(args, x_map, e_map, k, stream, health);
+  }
+  return Launch<128, 1>(args, x_map, e_map, k, stream, health);
 }
 
 }  // namespace flce::cuda::logits_stats

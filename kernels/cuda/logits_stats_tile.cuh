@@ -58,13 +58,41 @@ struct KernelArgs {
 // tiles (the kernel's own width).
 struct TileAt {
   int32_t m, n;
-  __device__ TileAt(int32_t tile, const KernelArgs& a, int32_t n_tiles) {
-    const int32_t per_group = a.m_group * n_tiles;
+  __device__ TileAt(int32_t tile, const KernelArgs& a, int32_t n_tiles)
+      : TileAt(tile, a.m_tiles, a.m_group, n_tiles) {}
+  __device__ TileAt(int32_t tile, int32_t m_tiles, int32_t m_group, int32_t n_tiles) {
+    const int32_t per_group = m_group * n_tiles;
     const int32_t group = tile / per_group;
     const int32_t rest = tile - group * per_group;
-    const int32_t rows = min(a.m_group, a.m_tiles - group * a.m_group);
-    m = group * a.m_group + rest % rows;
+    const int32_t rows = min(m_group, m_tiles - group * m_group);
+    m = group * m_group + rest % rows;
     n = rest / rows;
+  }
+};
+
+// The tiles a CTA takes. Alone (kPair = 1): every gridDim.x-th from
+// blockIdx.x in TileAt's order. In a cluster of two (kPair = 2): the pair
+// takes every (gridDim.x / 2)-th pair of adjacent token tiles over one W
+// tile, in TileAt's order over pairs, and the CTA of rank r its token tile
+// 2 m + r; with an odd count the last pair's second tile lies past the
+// chunk (no rows: computed, nothing written), so that both CTAs of a pair
+// always go through the same stages.
+template <int kPair>
+struct CtaTiles {
+  int32_t m_pairs, m_group, n_tiles, count, unit, units;
+  uint32_t rank;
+  __device__ CtaTiles(const KernelArgs& a, int32_t n_tiles_per_row)
+      : m_pairs((a.m_tiles + kPair - 1) / kPair),
+        m_group((a.m_group + kPair - 1) / kPair),
+        n_tiles(n_tiles_per_row),
+        count(m_pairs * n_tiles_per_row),
+        unit(static_cast<int32_t>(blockIdx.x) / kPair),
+        units(static_cast<int32_t>(gridDim.x) / kPair),
+        rank(kPair == 1 ? 0u : blockIdx.x % kPair) {}
+  __device__ TileAt At(int32_t index) const {
+    TileAt t(index, m_pairs, m_group, n_tiles);
+    t.m = t.m * kPair + static_cast<int32_t>(rank);
+    return t;
   }
 };
 
@@ -75,27 +103,37 @@ inline absl::Status Encode(CUtensorMap* map, DType dtype, const void* base, int6
 }
 
 #ifdef FLCE_SM90A
-// The producer thread's loop: the CTA's tiles (every gridDim.x-th from
-// blockIdx.x, in TileAt's order over n_tiles W tiles of kBN columns), each
-// as k-blocks of kBM hidden rows and kBN W rows, up to kStages ahead of the
-// consumers.
-template <int kBN, int kStages, typename Tiles>
+// The producer thread's loop: the CTA's tiles (CtaTiles), each as k-blocks
+// of kBM hidden rows and kBN W rows, up to kStages ahead of the consumers.
+// In a pair each CTA loads half the W rows into both CTAs (TMA multicast,
+// w_map's boxes kBN / 2 rows), a stage is free once both CTAs' consumers
+// have released it, and the producer waits for the last releases before
+// its CTA may exit.
+template <int kBN, int kStages, int kPair = 1, typename Tiles>
 __device__ __forceinline__ void LoadTiles(Tiles& sm, const CUtensorMap* x_map,
                                           const CUtensorMap* w_map, const KernelArgs& a,
                                           int32_t n_tiles, int32_t k_blocks) {
   constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;
-  const int32_t num_tiles = a.m_tiles * n_tiles;
+  constexpr int kHalfRows = kBN / kPair;
+  const CtaTiles<kPair> tiles(a, n_tiles);
   sm90::StageCursor<kStages> at;
-  for (int32_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const TileAt at_tile(tile, a, n_tiles);
+  for (int32_t index = tiles.unit; index < tiles.count; index += tiles.units) {
+    const TileAt at_tile = tiles.At(index);
     for (int32_t kb = 0; kb < k_blocks; ++kb) {
       sm90::MbarWait(&sm.empty[at.stage], at.phase ^ 1);
       sm90::MbarExpectTx(&sm.full[at.stage], kStageBytes);
       sm90::TmaLoad(sm.a[at.stage], x_map, &sm.full[at.stage], kb * kBK, at_tile.m * kBM);
-      sm90::TmaLoad(sm.b[at.stage], w_map, &sm.full[at.stage], kb * kBK, at_tile.n * kBN);
+      if constexpr (kPair == 1) {
+        sm90::TmaLoad(sm.b[at.stage], w_map, &sm.full[at.stage], kb * kBK, at_tile.n * kBN);
+      } else {
+        const int half = static_cast<int>(tiles.rank) * kHalfRows;
+        sm90::TmaLoadMulticast(&sm.b[at.stage][half * kBK], w_map, &sm.full[at.stage], kb * kBK,
+                               at_tile.n * kBN + half, (1u << kPair) - 1);
+      }
       at.Next();
     }
   }
+  if constexpr (kPair > 1) sm90::DrainStages(at, sm.empty);
 }
 
 // A consumer thread's two rows (row0 and row0 + 8): their targets (-1 past
@@ -240,6 +278,11 @@ __device__ __forceinline__ void ReferenceExp(const float (&acc)[32 * kGroups],
 // kernel. FLCE_CUDA_STATS_KERNEL=pingpong128, pingpong192 (or pingpong) or
 // cooperative forces one (logits_stats_pingpong.cu).
 int PingPongTileCols(int64_t rows);
+
+// Whether the 192-column ping-pong kernel runs in CTA pairs sharing W
+// (CtaTiles): for chunks of more than one token tile, unless
+// FLCE_CUDA_STATS_PAIRS=0.
+bool PingPongPairs(int64_t rows);
 
 // That call on the ping-pong kernel of `tile_cols` columns; x_map and e_map
 // as the cooperative kernel encodes them.

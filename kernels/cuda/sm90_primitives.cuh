@@ -98,6 +98,34 @@ __device__ __forceinline__ void InitStageBarriers(uint64_t (&full)[kStages],
   __syncthreads();
 }
 
+// This CTA's rank in its thread-block cluster.
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// Every thread of every CTA of the cluster; the barriers' initialisation
+// (FenceBarrierInit) is visible to the peers after it.
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// Arrives on the barrier at `bar`'s offset in the shared memory of the
+// cluster's CTA `cta` (CTA-scope semantics: a cluster-scope release per
+// stage made CTA pairs 23-40% slower, docs/perf/cuda.md steps 19, 22).
+__device__ __forceinline__ void MbarArriveInCta(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(cta)
+      : "memory");
+}
+
 __device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
                "r"(bytes)
@@ -130,6 +158,18 @@ __device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, uint6
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4}], [%2];" ::"r"(SmemAddr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// One box into `dst`'s offset in the shared memory of every CTA of the
+// cluster named in `cta_mask`, each CTA's barrier at `bar`'s offset counting
+// the bytes that land there.
+__device__ __forceinline__ void TmaLoadMulticast(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                                 int c0, int c1, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%4, %5}], [%2], %3;" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(SmemAddr(bar)), "h"(cta_mask), "r"(c0), "r"(c1)
       : "memory");
 }
 
@@ -368,11 +408,12 @@ __device__ __forceinline__ void WgmmaBf16N192(float* d, uint64_t desc_a, uint64_
 // thread of the warpgroup) once the MMAs that read it have completed.
 // `all_issued()` runs once the last block's MMAs are issued, before they
 // are waited for (a ping-pong kernel hands the tensor cores over there).
-template <int kStages, typename Issue, typename AllIssued>
-__device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t (&full)[kStages],
-                                              uint64_t (&empty)[kStages], int32_t blocks,
-                                              bool releaser, Issue&& issue,
-                                              AllIssued&& all_issued) {
+// `release(stage)` tells the stage's producers it is free.
+template <int kStages, typename Issue, typename AllIssued, typename Release>
+__device__ __forceinline__ void ConsumeStagesReleasing(StageCursor<kStages>& at,
+                                                       uint64_t (&full)[kStages], int32_t blocks,
+                                                       bool releaser, Issue&& issue,
+                                                       AllIssued&& all_issued, Release&& release) {
   int prev = -1;
   for (int32_t kb = 0; kb < blocks; ++kb) {
     MbarWait(&full[at.stage], at.phase);
@@ -380,13 +421,22 @@ __device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t
     issue(at.stage);
     WgmmaCommit();
     WgmmaWaitOne();
-    if (prev >= 0 && releaser) MbarArrive(&empty[prev]);
+    if (prev >= 0 && releaser) release(prev);
     prev = at.stage;
     at.Next();
   }
   all_issued();
   WgmmaWaitAll();
-  if (prev >= 0 && releaser) MbarArrive(&empty[prev]);
+  if (prev >= 0 && releaser) release(prev);
+}
+
+template <int kStages, typename Issue, typename AllIssued>
+__device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t (&full)[kStages],
+                                              uint64_t (&empty)[kStages], int32_t blocks,
+                                              bool releaser, Issue&& issue,
+                                              AllIssued&& all_issued) {
+  ConsumeStagesReleasing(at, full, blocks, releaser, issue, all_issued,
+                         [&](int stage) { MbarArrive(&empty[stage]); });
 }
 
 template <int kStages, typename Issue>
@@ -394,6 +444,17 @@ __device__ __forceinline__ void ConsumeStages(StageCursor<kStages>& at, uint64_t
                                               uint64_t (&empty)[kStages], int32_t blocks,
                                               bool releaser, Issue&& issue) {
   ConsumeStages(at, full, empty, blocks, releaser, issue, [] {});
+}
+
+// Until every stage's last fill has been released: a CTA whose stages a
+// cluster peer fills or releases must not exit before that peer is done
+// with them.
+template <int kStages>
+__device__ __forceinline__ void DrainStages(StageCursor<kStages>& at, uint64_t (&empty)[kStages]) {
+  for (int s = 0; s < kStages; ++s) {
+    MbarWait(&empty[at.stage], at.phase ^ 1);
+    at.Next();
+  }
 }
 #endif  // FLCE_SM90A
 

@@ -471,6 +471,55 @@ TEST(CudaEngineTest, PingPongTilesAtEveryVocabularyPhase) {
   }
 }
 
+// The 192-column ping-pong kernel in CTA pairs sharing each W tile (TMA
+// multicast) against the same kernel one CTA per tile: bitwise equal, both
+// within tolerance of float64. Odd token-tile counts (the last pair's second
+// tile past the chunk), a chunk boundary, H off the 64-column k-blocks, the
+// vocabulary ending at several tile phases, and more pairs of tiles than
+// clusters (each warpgroup takes several turns).
+TEST(CudaEngineTest, PingPongPairsMatchSingleCtasBitwise) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  struct Case {
+    int64_t vocab, hidden, tokens, chunk;
+  };
+  for (const Case& c : {Case{1915, 72, 300, 0}, Case{2299, 136, 700, 384},
+                        Case{20011, 264, 1100, 0}, Case{1659, 64, 129, 0}}) {
+    ProblemSpec ps;
+    ps.vocab_size = c.vocab;
+    ps.hidden_size = c.hidden;
+    ps.num_tokens = c.tokens;
+    ps.head_dtype = DType::kBF16;
+    ps.hidden_dtype = DType::kBF16;
+    Problem problem = MakeProblem(ps);
+    ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
+    spec.outputs.entropy = false;
+    spec.outputs.accuracy = false;
+    if (c.chunk > 0) spec.chunk_tokens = c.chunk;
+    const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, spec));
+    ScopedEnv stats_kernel("FLCE_CUDA_STATS_KERNEL", "pingpong192");
+    HarnessOptions same_blocks;
+    same_blocks.seed = FreshSeed();
+    EngineRun runs[2];
+    for (int i = 0; i < 2; ++i) {
+      SCOPED_TRACE(::testing::Message()
+                   << (i == 0 ? "pairs" : "single CTAs") << ", V " << c.vocab << " H " << c.hidden
+                   << " BT " << c.tokens << ", seed " << problem.seed);
+      auto run = [&] {
+        ScopedEnv pairs("FLCE_CUDA_STATS_PAIRS", i == 1 ? "0" : nullptr);
+        return RunProblem(**engine, problem, spec, same_blocks);
+      }();
+      ASSERT_TRUE(run.ok()) << run.status();
+      ExpectWithin(Compare(*run, ref));
+      runs[i] = *run;
+    }
+    EXPECT_EQ(runs[0].result.loss, runs[1].result.loss);
+    EXPECT_EQ(runs[0].result.per_token_loss, runs[1].result.per_token_loss);
+    EXPECT_TRUE(runs[0].grad_input == runs[1].grad_input);
+    EXPECT_TRUE(runs[0].grad_weight == runs[1].grad_weight);
+  }
+}
+
 // Which heads and requests the planner sends to the logits-stats GEMM: only
 // plain logits on bf16/fp16 heads without bias, H % 8 == 0, on compute
 // capability 9.0; everything else keeps the cuBLAS path (and its chunk size).
