@@ -261,6 +261,11 @@ bool OwnGradWeightByDefault(int64_t rows, int64_t hidden) {
   return rows >= 2048 && hidden >= 1536;
 }
 
+bool GradWeightPairs() {
+  const char* env = std::getenv("FLCE_CUDA_GRAD_WEIGHT_PAIRS");
+  return env == nullptr || std::string(env) != "0";
+}
+
 GradWeightKernel GradWeightKernelFromEnv() {
   return GradWeightEnv() == "cooperative" ? GradWeightKernel::kCooperative
                                           : GradWeightKernel::kPingPong;
@@ -327,10 +332,14 @@ absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args, c
     if (args.beside_grad_input && args.tile_counter == nullptr) {
       return absl::InternalError("grad_W GEMM beside grad_input needs a tile counter");
     }
+    if (args.cta_pairs && args.tile_counter != nullptr) {
+      return absl::InternalError("grad_W GEMM: CTA pairs take static tiles, not a tile counter");
+    }
     return LaunchGradWeightPingPong(dtype, args, stream, health);
   }
-  if (args.tile_counter != nullptr || args.beside_grad_input) {
-    return absl::InternalError("grad_W GEMM: tile counter and overlap are the ping-pong kernel's");
+  if (args.tile_counter != nullptr || args.beside_grad_input || args.cta_pairs) {
+    return absl::InternalError(
+        "grad_W GEMM: tile counter, overlap and CTA pairs are the ping-pong kernel's");
   }
   CUtensorMap a_map, b_map, out_map;
   FLCE_RETURN_IF_ERROR(EncodeMatrix(&a_map, dtype, args.d, args.rows, args.cols, kBox, kBK));

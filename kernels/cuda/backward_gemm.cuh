@@ -66,6 +66,9 @@ bool OwnGradWeightByDefault(int64_t rows, int64_t hidden);
 // cooperative one, anything else the ping-pong one.
 enum class GradWeightKernel { kPingPong, kCooperative };
 GradWeightKernel GradWeightKernelFromEnv();
+// Whether the plans run the ping-pong grad_W kernel in CTA pairs where its
+// tiles are not counted: yes unless FLCE_CUDA_GRAD_WEIGHT_PAIRS=0.
+bool GradWeightPairs();
 
 // How many vocabulary splits keep `sms` multiprocessors busy for grad_input
 // of rows x hidden (1..max_splits, at most one per 64 columns of cols): the
@@ -101,6 +104,9 @@ struct GradWeightGemmArgs {
   // dependent of the own grad_input GEMM just before it on the stream, its
   // CTAs start on the SMs that GEMM's last wave leaves idle.
   bool beside_grad_input = false;
+  // Ping-pong kernel only, without tile_counter: CTA pairs over adjacent
+  // hidden tiles, sharing each D^T tile by TMA multicast (from H > 128).
+  bool cta_pairs = false;
 };
 absl::Status LaunchGradWeightGemm(DType dtype, const GradWeightGemmArgs& args, cudaStream_t stream,
                                   DeviceHealth* health);

@@ -194,6 +194,8 @@ absl::Status GradWeightGemm(const Exec& exec, const HeadView& head, const TileSc
   if (g.beside) {
     a.tile_counter = s.scaled.tile_counter;  // zeroed before grad_input
     a.beside_grad_input = true;
+  } else {
+    a.cta_pairs = a.kernel == GradWeightKernel::kPingPong && GradWeightPairs();
   }
   return LaunchGradWeightGemm(head.dtype, a, exec.stream, exec.health);
 }

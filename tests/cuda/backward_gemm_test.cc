@@ -26,17 +26,20 @@ using cuda::GradInputGemmArgs;
 using cuda::GradWeightGemmArgs;
 using cuda::GradWeightKernel;
 
-// The grad_W kernels and the ping-pong one's two ways of handing out
-// tiles: fixed (every gridDim-th tile) or to whichever CTA asks next.
+// The grad_W kernels and the ping-pong one's three ways of taking tiles:
+// fixed (every gridDim-th tile), to whichever CTA asks next, or fixed in
+// CTA pairs sharing D^T.
 struct GradWeightVariant {
   GradWeightKernel kernel;
   bool counted;
+  bool pairs;
   const char* name;
 };
 constexpr GradWeightVariant kGradWeightVariants[] = {
-    {GradWeightKernel::kPingPong, false, "ping-pong"},
-    {GradWeightKernel::kPingPong, true, "ping-pong, counted tiles"},
-    {GradWeightKernel::kCooperative, false, "cooperative"}};
+    {GradWeightKernel::kPingPong, false, false, "ping-pong"},
+    {GradWeightKernel::kPingPong, true, false, "ping-pong, counted tiles"},
+    {GradWeightKernel::kPingPong, false, true, "ping-pong, CTA pairs"},
+    {GradWeightKernel::kCooperative, false, false, "cooperative"}};
 
 struct Shape {
   int64_t rows, cols, hidden;
@@ -163,6 +166,7 @@ class BackwardGemmTest : public ::testing::TestWithParam<DType> {
   GradWeightGemmArgs VariantArgs(const GradWeightVariant& v, const void* d, const void* x,
                                  const Shape& s, float* gw) {
     GradWeightGemmArgs a = WeightArgs(d, x, s, gw, v.kernel);
+    a.cta_pairs = v.pairs;
     if (v.counted) {
       EXPECT_EQ(cudaMemset(counter_, 0, sizeof(int32_t)), cudaSuccess);
       a.tile_counter = counter_;
@@ -364,6 +368,12 @@ TEST(GradWeightArgsTest, RefusesOverlapWithoutItsCounterOrKernel) {
   st = cuda::LaunchGradWeightGemm(DType::kBF16, a, nullptr, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
   EXPECT_NE(st.message().find("ping-pong"), std::string::npos) << st.message();
+  // CTA pairs go through their tiles in a fixed order, never counted ones.
+  a.kernel = GradWeightKernel::kPingPong;
+  a.cta_pairs = true;
+  st = cuda::LaunchGradWeightGemm(DType::kBF16, a, nullptr, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(st.message().find("static tiles"), std::string::npos) << st.message();
 }
 
 // Where the default takes the own grad_input kernel: where splits fill the
