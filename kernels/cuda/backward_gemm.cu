@@ -262,8 +262,9 @@ bool OwnGradWeightByDefault(int64_t rows, int64_t hidden) {
 }
 
 bool GradWeightPairs() {
+  // Opt-in until measured in whole runs (docs/perf/cuda.md step 44).
   const char* env = std::getenv("FLCE_CUDA_GRAD_WEIGHT_PAIRS");
-  return env == nullptr || std::string(env) != "0";
+  return env != nullptr && std::string(env) == "1";
 }
 
 GradWeightKernel GradWeightKernelFromEnv() {
