@@ -269,27 +269,10 @@ absl::Status Launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const CU
   constexpr auto kernel = GradWeightPingPongKernel<kHalf, kPair>;
   FLCE_CUDA_RETURN_IF_ERROR(AllowDynamicShared<kernel>(kSharedBytes), health);
   const int64_t units = static_cast<int64_t>(k.m_tiles) * CeilDiv(k.n_tiles, kPair);
-  const int64_t slots = std::max(SmCount() / kPair, 1);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(std::min(units, slots) * kPair));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSharedBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  int n = 0;
-  if (beside_previous) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (kPair > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = kPair;
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n++].val.clusterDim.z = 1;
-  }
-  config.attrs = attrs;
-  config.numAttrs = n;
-  FLCE_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a_map, b_map, out_map, k), health);
+  PersistentLaunch launch(units, kPair, kThreads, kSharedBytes, stream);
+  if (beside_previous) launch.StartBesidePrevious();
+  FLCE_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(launch.config(), kernel, a_map, b_map, out_map, k),
+                            health);
   return absl::OkStatus();
 }
 

@@ -247,20 +247,9 @@ absl::Status Launch(const LogitsStatsArgs& args, const CUtensorMap& x_map, const
   // Units: single tiles, or pairs of token tiles each taken by a cluster.
   const int64_t units =
       (static_cast<int64_t>(k.m_tiles) + kPair - 1) / kPair * ((k.padded_vocab + kBN - 1) / kBN);
-  const int64_t slots = std::max(SmCount() / kPair, 1);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(std::min(units, slots) * kPair));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSharedBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kPair;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = kPair > 1 ? 1 : 0;
-  FLCE_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, x_map, w_map, e_map, k), health);
+  PersistentLaunch launch(units, kPair, kThreads, kSharedBytes, stream);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(launch.config(), kernel, x_map, w_map, e_map, k),
+                            health);
   return absl::OkStatus();
 }
 

@@ -1,8 +1,9 @@
 #include "kernels/cuda/sm90_support.h"
 
-#include <cuda_runtime.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -72,10 +73,9 @@ absl::Status EncodeTensorMap(CUtensorMap* map, DType dtype, const void* base,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed (CUresult ", r,
-                                            ") for a rank-", shape.rank, " tensor of ",
-                                            shape.dims[0], " x ", shape.dims[1], " x ",
-                                            shape.dims[2]));
+    return absl::InternalError(
+        absl::StrCat("cuTensorMapEncodeTiled failed (CUresult ", r, ") for a rank-", shape.rank,
+                     " tensor of ", shape.dims[0], " x ", shape.dims[1], " x ", shape.dims[2]));
   }
   return absl::OkStatus();
 }
@@ -120,6 +120,34 @@ bool DeviceIsSm90() {
     }
     return major == 9 && minor == 0 && EncodeFunction() != nullptr;
   });
+}
+
+PersistentLaunch::PersistentLaunch(int64_t units, int cluster, int threads, size_t shared_bytes,
+                                   cudaStream_t stream) {
+  const int64_t slots = std::max(SmCount() / cluster, 1);
+  config_.gridDim = dim3(static_cast<unsigned>(std::min(units, slots) * cluster));
+  config_.blockDim = dim3(static_cast<unsigned>(threads));
+  config_.dynamicSmemBytes = shared_bytes;
+  config_.stream = stream;
+  if (cluster > 1) {
+    cudaLaunchAttribute& a = attrs_[num_attrs_++];
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = static_cast<unsigned>(cluster);
+    a.val.clusterDim.y = 1;
+    a.val.clusterDim.z = 1;
+  }
+}
+
+void PersistentLaunch::StartBesidePrevious() {
+  cudaLaunchAttribute& a = attrs_[num_attrs_++];
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+}
+
+const cudaLaunchConfig_t* PersistentLaunch::config() {
+  config_.attrs = attrs_;
+  config_.numAttrs = static_cast<unsigned>(num_attrs_);
+  return &config_;
 }
 
 }  // namespace flce::cuda::sm90

@@ -4,7 +4,9 @@
 #define FLCE_KERNELS_CUDA_SM90_SUPPORT_H_
 
 #include <cuda.h>
+#include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -38,6 +40,25 @@ bool DeviceIsSm90();
 // (TMA's 16-byte strides), on a compute capability 9.0 device, unless
 // FLCE_CUDA_GENERIC=1 asks for the other GPUs' plans.
 bool HeadFitsHopperKernels(DType dtype, int64_t hidden);
+
+// The launch of a persistent kernel: `units` of work, each taken by a cluster
+// of `cluster` CTAs (1: plain CTAs), as many clusters as the SMs hold
+// (SmCount() / cluster) and no more than there are units. Optionally a
+// programmatic dependent of the kernel before it on the stream.
+class PersistentLaunch {
+ public:
+  PersistentLaunch(int64_t units, int cluster, int threads, size_t shared_bytes,
+                   cudaStream_t stream);
+  PersistentLaunch(const PersistentLaunch&) = delete;
+  PersistentLaunch& operator=(const PersistentLaunch&) = delete;
+  void StartBesidePrevious();
+  const cudaLaunchConfig_t* config();
+
+ private:
+  cudaLaunchConfig_t config_ = {};
+  cudaLaunchAttribute attrs_[2] = {};
+  int num_attrs_ = 0;
+};
 
 }  // namespace flce::cuda::sm90
 
