@@ -105,6 +105,26 @@ ComputeSpec ChunkedSpecFor(const Problem& problem, int64_t chunk_tokens) {
   return spec;
 }
 
+// A bf16 head and bf16 hidden states of the given shape, fresh random data.
+Problem Bf16Problem(int64_t vocab, int64_t hidden, int64_t tokens) {
+  ProblemSpec ps;
+  ps.vocab_size = vocab;
+  ps.hidden_size = hidden;
+  ps.num_tokens = tokens;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kBF16;
+  return MakeProblem(ps);
+}
+
+// The chunked plan's call without entropy or accuracy (a trainer's usual
+// call: the one the ping-pong logits kernels serve).
+ComputeSpec LeanChunkedSpec() {
+  ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
+  spec.outputs.entropy = false;
+  spec.outputs.accuracy = false;
+  return spec;
+}
+
 constexpr Strategy kAllStrategies[] = {Strategy::kChunked, Strategy::kVocabSplit,
                                        Strategy::kFuseMN,  Strategy::kSeparate,
                                        Strategy::kNaive,   Strategy::kAuto};
@@ -449,19 +469,11 @@ TEST(CudaEngineTest, PingPongTilesAtEveryVocabularyPhase) {
   auto engine = MakeEngine();
   SKIP_WITHOUT_GPU(engine);
   for (int64_t padded : {1664, 1792, 1920, 2048, 2176, 2304}) {
-    ProblemSpec ps;
-    ps.vocab_size = padded - 5;
-    ps.hidden_size = 72;
-    ps.num_tokens = 160;
-    ps.head_dtype = DType::kBF16;
-    ps.hidden_dtype = DType::kBF16;
-    Problem problem = MakeProblem(ps);
-    ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
-    spec.outputs.entropy = false;
-    spec.outputs.accuracy = false;
+    const Problem problem = Bf16Problem(padded - 5, 72, 160);
+    const ComputeSpec spec = LeanChunkedSpec();
     const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, spec));
     for (const char* kernel : {"pingpong192", "pingpong128", "cooperative"}) {
-      SCOPED_TRACE(std::string(kernel) + ", V " + std::to_string(ps.vocab_size) + ", seed " +
+      SCOPED_TRACE(std::string(kernel) + ", V " + std::to_string(padded - 5) + ", seed " +
                    std::to_string(problem.seed));
       ScopedEnv stats_kernel("FLCE_CUDA_STATS_KERNEL", kernel);
       auto run = RunProblem(**engine, problem, spec, {});
@@ -485,16 +497,8 @@ TEST(CudaEngineTest, PingPongPairsMatchSingleCtasBitwise) {
   };
   for (const Case& c : {Case{1915, 72, 300, 0}, Case{2299, 136, 700, 384},
                         Case{20011, 264, 1100, 0}, Case{1659, 64, 129, 0}}) {
-    ProblemSpec ps;
-    ps.vocab_size = c.vocab;
-    ps.hidden_size = c.hidden;
-    ps.num_tokens = c.tokens;
-    ps.head_dtype = DType::kBF16;
-    ps.hidden_dtype = DType::kBF16;
-    Problem problem = MakeProblem(ps);
-    ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
-    spec.outputs.entropy = false;
-    spec.outputs.accuracy = false;
+    const Problem problem = Bf16Problem(c.vocab, c.hidden, c.tokens);
+    ComputeSpec spec = LeanChunkedSpec();
     if (c.chunk > 0) spec.chunk_tokens = c.chunk;
     const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, spec));
     ScopedEnv stats_kernel("FLCE_CUDA_STATS_KERNEL", "pingpong192");
