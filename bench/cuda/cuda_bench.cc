@@ -11,7 +11,7 @@
 //   flce_cuda_bench --shapes=2 --strategies=chunked,vocab_split --runs=5
 //   flce_cuda_bench --stages=0 --strategies=chunked,chunked@FLCE_CUDA_STATS_GROUP=16
 //     (NAME@VAR=VALUE: strategy NAME with an engine switch set for its runs, to
-//     alternate a variant with the default in one process)
+//     alternate a variant with the default in one process; NAME@A=1@B=2 sets two)
 //   flce_cuda_bench --stages=0 --interleave --runs=9 --strategies=chunked,chunked@VAR=VALUE
 //     (rounds of one call each, bound included, in orders that give every
 //     entry every place and every predecessor equally often, bench/round_order.h:
@@ -104,7 +104,7 @@ struct Flags {
   // max and sez sum / and the argmax); every other entry is a call for the
   // loss, per-token loss and logprob and the gradients only.
   // NAME@VAR=VALUE (e.g. chunked@FLCE_CUDA_STATS_GROUP=16): strategy NAME
-  // with an engine switch set for its runs.
+  // with an engine switch set for its runs; NAME@A=1@B=2 sets two.
   std::vector<std::string> strategies = {"chunked",
                                          "chunked_entropy",
                                          "chunked_accuracy",
@@ -811,7 +811,7 @@ int Main(int argc, char** argv) {
     for (const std::string& spelled : flags.strategies) {
       Entry e;
       e.spelled = spelled;
-      // NAME@VAR=VALUE: the variable set around this strategy's runs.
+      // NAME@VAR=VALUE[@VAR=VALUE...]: the variables set around this strategy's runs.
       const size_t at_sign = spelled.find('@');
       const std::string name = spelled.substr(0, at_sign);
       const char* row_kernel = name == "chunked_two_pass"  ? "two_pass"
@@ -831,10 +831,13 @@ int Main(int argc, char** argv) {
       if (name == "chunked_overlap") e.env.emplace_back("FLCE_CUDA_OVERLAP", "1");
       if (backward != nullptr) e.env.emplace_back("FLCE_CUDA_BACKWARD", backward);
       if (at_sign != std::string::npos) {
-        const std::string assignment = spelled.substr(at_sign + 1);
-        const size_t eq = assignment.find('=');
-        e.env.emplace_back(assignment.substr(0, eq),
-                           eq == std::string::npos ? "" : assignment.substr(eq + 1));
+        for (const absl::string_view assignment :
+             absl::StrSplit(absl::string_view(spelled).substr(at_sign + 1), '@')) {
+          const size_t eq = assignment.find('=');
+          e.env.emplace_back(
+              std::string(assignment.substr(0, eq)),
+              eq == absl::string_view::npos ? "" : std::string(assignment.substr(eq + 1)));
+        }
       }
       e.rec = shape_record(spelled);
       e.rec["workspace_budget_mib"] = flags.workspace_mb;

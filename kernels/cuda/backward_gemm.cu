@@ -177,10 +177,10 @@ absl::Status Launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const CU
   const cudaError_t allowed = AllowDynamicShared<BackwardGemmKernel<kHalf, kWeight>>(kSharedBytes);
   FLCE_CUDA_RETURN_IF_ERROR(allowed, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles * k.splits;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  BackwardGemmKernel<kHalf, kWeight>
-      <<<grid, kThreads, kSharedBytes, stream>>>(a_map, b_map, out_map, k);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  PersistentLaunch launch(tiles, /*cluster=*/1, kThreads, kSharedBytes, stream);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(launch.config(), BackwardGemmKernel<kHalf, kWeight>,
+                                               a_map, b_map, out_map, k),
+                            health);
   return absl::OkStatus();
 }
 

@@ -319,10 +319,12 @@ absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CU
           kSharedBytes);
   FLCE_CUDA_RETURN_IF_ERROR(allowed, health);
   const int64_t tiles = static_cast<int64_t>(k.m_tiles) * k.n_tiles;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(SmCount(), 1)));
-  LogitsStatsKernel<kHalf, kSumZ, kRowRef, kArgmax, kStatsOnReference>
-      <<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, e_map, k);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaGetLastError(), health);
+  PersistentLaunch launch(tiles, /*cluster=*/1, kThreads, kSharedBytes, stream);
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaLaunchKernelEx(launch.config(),
+                         LogitsStatsKernel<kHalf, kSumZ, kRowRef, kArgmax, kStatsOnReference>,
+                         x_map, w_map, e_map, k),
+      health);
   return absl::OkStatus();
 }
 
