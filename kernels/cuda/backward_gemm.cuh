@@ -67,7 +67,7 @@ bool OwnGradWeightByDefault(int64_t rows, int64_t hidden);
 enum class GradWeightKernel { kPingPong, kCooperative };
 GradWeightKernel GradWeightKernelFromEnv();
 // Whether the plans run the ping-pong grad_W kernel in CTA pairs where its
-// tiles are not counted: with FLCE_CUDA_GRAD_WEIGHT_PAIRS=1.
+// tiles are not counted: unless FLCE_CUDA_GRAD_WEIGHT_PAIRS=0.
 bool GradWeightPairs();
 
 // How many vocabulary splits keep `sms` multiprocessors busy for grad_input
