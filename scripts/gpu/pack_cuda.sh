@@ -8,13 +8,13 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build-cuda}
 dist=$root/.gpu-dist
 cmake -S "$root" -B "$build" -G Ninja >/dev/null
-ninja -C "$build" -j2 flce_cuda flce_cuda_tests flce_cuda_peer_tests flce_sharded_tests flce_shard_bench flce_cuda_bench flce_optimizer_bench flce_engine_tests
+ninja -C "$build" -j2 flce_cuda flce_cuda_tests flce_cuda_peer_tests flce_sharded_tests flce_shard_bench flce_cuda_bench flce_optimizer_bench flce_gemm_algo_bench flce_engine_tests
 rm -rf "$dist"
 mkdir -p "$dist/lib"
 cp "$build/kernels/cuda/libflce_cuda.so" "$build/tests/cuda/flce_cuda_tests" \
    "$build/tests/cuda/flce_cuda_peer_tests" "$build/tests/cuda/flce_sharded_tests" \
    "$build/bench/cuda/flce_cuda_bench" "$build/bench/cuda/flce_optimizer_bench" \
-   "$build/bench/cuda/flce_shard_bench" \
+   "$build/bench/cuda/flce_shard_bench" "$build/bench/cuda/flce_gemm_algo_bench" \
    "$build/tests/engine/flce_engine_tests" "$dist/"
 for bin in "$dist"/flce_* "$dist"/libflce_cuda.so; do
   ldd "$bin" | awk '/=>/{print $3}'
