@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "bench/cuda/bench_data.cuh"
 #include "nlohmann/json.hpp"
 
@@ -221,16 +221,16 @@ nlohmann::json RunProblem(const Flags& flags, const Problem& p, cublasHandle_t b
         {"algo_id", AlgoAttr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID)},
         {"tile", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID)},
         {"stages", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID)},
-        {"splitk", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)},
+        {"splitk", AlgoAttr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)},
         {"reduction", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)},
-        {"cluster", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)},
+        {"cluster", AlgoAttr<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)},
         {"swizzle", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)},
         {"workspace_bytes", found[i].workspaceSize},
         {"ms", med},
         {"ratio_to_default", med / base},
         {"round_ms", ms[i + 1]}};
     std::printf(
-        "  heuristic #%-2d id %3d tile %3u stages %3u cluster %2u splitk %u  %8.3f ms  %5.0f "
+        "  heuristic #%-2d id %3d tile %3u stages %3u cluster %2u splitk %d  %8.3f ms  %5.0f "
         "TFLOP/s  %.3fx default\n",
         i, a_rec["algo_id"].get<int>(), a_rec["tile"].get<unsigned>(),
         a_rec["stages"].get<unsigned>(), a_rec["cluster"].get<unsigned>(),
