@@ -234,7 +234,7 @@ nlohmann::json RunProblem(const Flags& flags, const Problem& p, cublasHandle_t b
         "TFLOP/s  %.3fx default\n",
         i, a_rec["algo_id"].get<int>(), a_rec["tile"].get<unsigned>(),
         a_rec["stages"].get<unsigned>(), a_rec["cluster"].get<unsigned>(),
-        a_rec["splitk"].get<unsigned>(), med, flop / med * 1e-9, med / base);
+        a_rec["splitk"].get<int>(), med, flop / med * 1e-9, med / base);
     algos.push_back(a_rec);
   }
   rec["algos"] = algos;
