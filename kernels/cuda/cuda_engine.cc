@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineConfi
   }
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&e->cublas_), health);
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(e->cublas_, e->compute_), health);
+  FLCE_ASSIGN_OR_RETURN(e->gemm_algos_, GemmAlgos::Create(health));
   return e;
 }
 
@@ -95,7 +96,7 @@ absl::StatusOr<std::shared_ptr<const PeerMemory>> CudaEngine::OpenPeerMemory(
 }
 
 absl::StatusOr<std::shared_ptr<const PeerMemory>> CudaEngine::RegisterHostMemory(void* base,
-                                                                              int64_t bytes) {
+                                                                                 int64_t bytes) {
   FLCE_ASSIGN_OR_RETURN(auto memory, CudaPeerMemory::RegisterHost(ctx_, base, bytes));
   return std::shared_ptr<const PeerMemory>(std::move(memory));
 }
@@ -125,6 +126,7 @@ absl::StatusOr<std::unique_ptr<ComputeCall>> CudaEngine::StartCompute(
 Exec CudaEngine::exec() const {
   Exec e;
   e.cublas = cublas_;
+  e.gemm_algos = gemm_algos_.get();
   e.stream = compute_;
   e.health = ctx_->health();
   e.side = side_;

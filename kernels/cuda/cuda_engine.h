@@ -84,6 +84,7 @@ class CudaEngine : public Engine {
   std::shared_ptr<DeviceContext> ctx_;
   Workspace workspace_;
   cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<GemmAlgos> gemm_algos_;
   cudaStream_t compute_ = nullptr;
   cudaStream_t upload_ = nullptr;
   cudaStream_t download_ = nullptr;

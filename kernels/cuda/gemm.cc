@@ -11,9 +11,12 @@ namespace {
 
 cudaDataType_t CudaType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kF16: return CUDA_R_16F;
-    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
   }
   return CUDA_R_32F;
 }
@@ -36,36 +39,54 @@ absl::Status CheckDims(std::initializer_list<int64_t> dims) {
 
 }  // namespace
 
-absl::Status Gemm::Logits(const void* x, const void* w, int64_t rows, int64_t cols,
-                          int64_t hidden, float* logits, int64_t ld) const {
+bool Gemm::UsePreferredAlgo(int64_t rows) const {
+  return algos != nullptr && dtype != DType::kF32 && rows >= kPreferredAlgoMinRows;
+}
+
+absl::Status Gemm::Logits(const void* x, const void* w, int64_t rows, int64_t cols, int64_t hidden,
+                          float* logits, int64_t ld) const {
   if (rows == 0 || cols == 0) return absl::OkStatus();
   FLCE_RETURN_IF_ERROR(CheckDims({rows, cols, hidden, ld}));
   const float alpha = 1.0f, beta = 0.0f;
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream), health);
   // Column-major: logits^T (cols x rows, ld) = W_cm^T (cols x H) . X_cm (H x rows).
   FLCE_CUBLAS_RETURN_IF_ERROR(
-      cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(cols),
-                   static_cast<int>(rows), static_cast<int>(hidden), &alpha, w, CudaType(dtype),
-                   static_cast<int>(hidden), x, CudaType(dtype), static_cast<int>(hidden), &beta,
-                   logits, CUDA_R_32F, static_cast<int>(ld), ComputeType(dtype),
-                   CUBLAS_GEMM_DEFAULT),
+      cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(rows),
+                   static_cast<int>(hidden), &alpha, w, CudaType(dtype), static_cast<int>(hidden),
+                   x, CudaType(dtype), static_cast<int>(hidden), &beta, logits, CUDA_R_32F,
+                   static_cast<int>(ld), ComputeType(dtype), CUBLAS_GEMM_DEFAULT),
       health);
   return absl::OkStatus();
 }
 
-absl::Status Gemm::GradInput(const void* d, int64_t ld_d, const void* w, int64_t rows,
-                             int64_t cols, int64_t hidden, void* out, DType out_dtype,
-                             float beta) const {
+absl::Status Gemm::GradInput(const void* d, int64_t ld_d, const void* w, int64_t rows, int64_t cols,
+                             int64_t hidden, void* out, DType out_dtype, float beta) const {
   if (rows == 0) return absl::OkStatus();
   FLCE_RETURN_IF_ERROR(CheckDims({rows, cols, hidden, ld_d}));
   const float alpha = 1.0f;
-  FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream), health);
   // Column-major: out^T (H x rows) = W_cm (H x cols) . D_cm (cols x rows).
+  if (UsePreferredAlgo(rows)) {
+    LtProduct p;
+    p.ab_type = CudaType(dtype);
+    p.op_a = CUBLAS_OP_N;
+    p.op_b = CUBLAS_OP_N;
+    p.m = hidden;
+    p.n = rows;
+    p.k = cols;
+    p.lda = hidden;
+    p.ldb = ld_d;
+    p.ldc = hidden;
+    p.c_type = CudaType(out_dtype);
+    p.beta = beta;
+    FLCE_ASSIGN_OR_RETURN(const bool ran, algos->Run(p, w, d, out, stream, health));
+    if (ran) return absl::OkStatus();
+  }
+  FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream), health);
   FLCE_CUBLAS_RETURN_IF_ERROR(
       cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(hidden),
                    static_cast<int>(rows), static_cast<int>(cols), &alpha, w, CudaType(dtype),
-                   static_cast<int>(hidden), d, CudaType(dtype), static_cast<int>(ld_d), &beta,
-                   out, CudaType(out_dtype), static_cast<int>(hidden), ComputeType(dtype),
+                   static_cast<int>(hidden), d, CudaType(dtype), static_cast<int>(ld_d), &beta, out,
+                   CudaType(out_dtype), static_cast<int>(hidden), ComputeType(dtype),
                    CUBLAS_GEMM_DEFAULT),
       health);
   return absl::OkStatus();
@@ -79,14 +100,29 @@ absl::Status Gemm::GradWeight(const void* d, int64_t ld_d, const void* x, int64_
     return LaunchThinGradWeight(dtype, d, ld_d, x, rows, cols, hidden, gw, stream, health);
   }
   const float alpha = 1.0f, beta = 1.0f;
-  FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream), health);
   // Column-major: gw^T (H x cols) += X_cm (H x rows) . (D_cm (cols x rows))^T.
+  if (UsePreferredAlgo(rows)) {
+    LtProduct p;
+    p.ab_type = CudaType(dtype);
+    p.op_a = CUBLAS_OP_N;
+    p.op_b = CUBLAS_OP_T;
+    p.m = hidden;
+    p.n = cols;
+    p.k = rows;
+    p.lda = hidden;
+    p.ldb = ld_d;
+    p.ldc = hidden;
+    p.c_type = CUDA_R_32F;
+    p.beta = beta;
+    FLCE_ASSIGN_OR_RETURN(const bool ran, algos->Run(p, x, d, gw, stream, health));
+    if (ran) return absl::OkStatus();
+  }
+  FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream), health);
   FLCE_CUBLAS_RETURN_IF_ERROR(
       cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(hidden),
                    static_cast<int>(cols), static_cast<int>(rows), &alpha, x, CudaType(dtype),
-                   static_cast<int>(hidden), d, CudaType(dtype), static_cast<int>(ld_d), &beta,
-                   gw, CUDA_R_32F, static_cast<int>(hidden), ComputeType(dtype),
-                   CUBLAS_GEMM_DEFAULT),
+                   static_cast<int>(hidden), d, CudaType(dtype), static_cast<int>(ld_d), &beta, gw,
+                   CUDA_R_32F, static_cast<int>(hidden), ComputeType(dtype), CUBLAS_GEMM_DEFAULT),
       health);
   return absl::OkStatus();
 }
@@ -100,8 +136,8 @@ absl::Status Gemm::GradBias(const void* d, int64_t ld_d, const void* ones, int64
   // Column-major: gb (cols x 1) += D_cm (cols x rows) . ones (rows x 1).
   FLCE_CUBLAS_RETURN_IF_ERROR(
       cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(cols), 1,
-                   static_cast<int>(rows), &alpha, d, CudaType(dtype), static_cast<int>(ld_d),
-                   ones, CudaType(dtype), static_cast<int>(rows), &beta, gb, CUDA_R_32F,
+                   static_cast<int>(rows), &alpha, d, CudaType(dtype), static_cast<int>(ld_d), ones,
+                   CudaType(dtype), static_cast<int>(rows), &beta, gb, CUDA_R_32F,
                    static_cast<int>(cols), ComputeType(dtype), CUBLAS_GEMM_DEFAULT),
       health);
   return absl::OkStatus();

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/gemm_algos.h"
 #include "kernels/dtype.h"
 
 namespace flce::cuda {
@@ -23,6 +24,11 @@ struct Gemm {
   cudaStream_t stream = nullptr;
   DeviceHealth* health = nullptr;
   DType dtype = DType::kBF16;  // of W, X and dlogits
+  // Optional: the backward GEMMs of chunks of kPreferredAlgoMinRows tokens and
+  // more run on cuBLAS's algorithm of a preferred tile where it has one
+  // (gemm_algos.h); without it, or for other products, cublasGemmEx's default.
+  GemmAlgos* algos = nullptr;
+  static constexpr int64_t kPreferredAlgoMinRows = 2048;
 
   // logits[rows x cols] (fp32, row stride ld) = X[rows x H] . W[cols x H]^T
   absl::Status Logits(const void* x, const void* w, int64_t rows, int64_t cols, int64_t hidden,
@@ -35,8 +41,11 @@ struct Gemm {
   absl::Status GradWeight(const void* d, int64_t ld_d, const void* x, int64_t rows, int64_t cols,
                           int64_t hidden, float* gw) const;
   // gb[cols] (fp32) += column sums of D, via D^T . ones.
-  absl::Status GradBias(const void* d, int64_t ld_d, const void* ones, int64_t rows,
-                        int64_t cols, float* gb) const;
+  absl::Status GradBias(const void* d, int64_t ld_d, const void* ones, int64_t rows, int64_t cols,
+                        float* gb) const;
+
+ private:
+  bool UsePreferredAlgo(int64_t rows) const;
 };
 
 }  // namespace flce::cuda

@@ -91,8 +91,8 @@ TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const Toke
   s.stats.sum_z = c.Take<float>(rows * tiles);
   s.stats.argmax = c.Take<int32_t>(rows * tiles);
   s.partials = s.stats.max;
-  s.partials_bytes = reinterpret_cast<char*>(s.stats.argmax + rows * tiles) -
-                     reinterpret_cast<char*>(s.stats.max);
+  s.partials_bytes =
+      reinterpret_cast<char*>(s.stats.argmax + rows * tiles) - reinterpret_cast<char*>(s.stats.max);
   s.target_logit = c.Take<float>(rows);
   s.grad = c.Take<RowGrad>(rows);
   if (tb.conv) s.rest.conv = c.TakeBytes(rows * tb.conv);
@@ -116,6 +116,7 @@ bool UseTileStats(const HeadView& head, const PlanRequest& req) {
 Gemm MakeGemm(const Exec& exec, const HeadView& head) {
   Gemm g;
   g.handle = exec.cublas;
+  g.algos = exec.gemm_algos;
   g.stream = exec.stream;
   g.health = exec.health;
   g.dtype = head.dtype;

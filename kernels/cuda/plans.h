@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/backward_gemm.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/gemm_algos.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
 #include "kernels/cuda/row_types.h"
 #include "kernels/cuda/stage_timer.h"
@@ -88,6 +89,7 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& request,
 
 struct Exec {
   cublasHandle_t cublas = nullptr;
+  GemmAlgos* gemm_algos = nullptr;  // optional: the backward GEMMs' preferred algorithms
   cudaStream_t stream = nullptr;
   DeviceHealth* health = nullptr;
   // Optional: a second stream and four events that let the chunked plan run

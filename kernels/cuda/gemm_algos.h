@@ -1,0 +1,89 @@
+// The backward GEMMs' cuBLAS algorithm, where cublasGemmEx's default is not
+// the fastest one cuBLAS has: at flce's chunk sizes the default heuristic
+// takes 256 x 128 and larger tiles where 128 x 128 / 128 x 160 ones measured
+// 3-10% faster on the H200 (docs/perf/cuda.md step 45). A product runs on
+// cublasLt with the first algorithm of cublasLt's own heuristic list whose
+// tile is preferred; none offered, it is left to cublasGemmEx. The choice
+// depends on the heuristic's list alone (never on timings), so results are
+// bitwise the same in every process on the same GPU and cuBLAS.
+#ifndef FLCE_KERNELS_CUDA_GEMM_ALGOS_H_
+#define FLCE_KERNELS_CUDA_GEMM_ALGOS_H_
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_memory.h"
+
+namespace flce::cuda {
+
+// FLCE_CUDA_GEMM_TILES: unset = the measured preference ("128x128,128x160"),
+// "cublas" = cublasGemmEx's default everywhere, else a comma-separated list of
+// tiles in order of preference. Unknown names are an InvalidArgumentError (at
+// engine creation, and at a call if the variable has changed since).
+absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env);
+
+// A column-major product C (m x n, fp32) = alpha op_a(A) op_b(B) + beta C with
+// 16-bit A and B, as kernels/cuda/gemm.cc spells the plans' GEMMs.
+struct LtProduct {
+  cudaDataType_t ab_type = CUDA_R_16BF;
+  cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  cudaDataType_t c_type = CUDA_R_32F;
+  float beta = 0.0f;
+  auto Key() const {
+    return std::make_tuple(static_cast<int>(ab_type), static_cast<int>(op_a),
+                           static_cast<int>(op_b), m, n, k, lda, ldb, ldc, static_cast<int>(c_type),
+                           beta != 0.0f);
+  }
+};
+
+// One per engine: its GEMMs run on one stream at a time (the workspace is shared).
+class GemmAlgos {
+ public:
+  static absl::StatusOr<std::unique_ptr<GemmAlgos>> Create(DeviceHealth* health);
+  ~GemmAlgos();
+  GemmAlgos(const GemmAlgos&) = delete;
+  GemmAlgos& operator=(const GemmAlgos&) = delete;
+
+  // Runs p with the preferred algorithm and returns true, or returns false
+  // without running anything where cublasLt offers no preferred tile for p.
+  absl::StatusOr<bool> Run(const LtProduct& p, const void* a, const void* b, void* c,
+                           cudaStream_t stream, DeviceHealth* health);
+  // The preferred tile Run takes for p; none where it leaves p to cublasGemmEx.
+  absl::StatusOr<std::optional<cublasLtMatmulTile_t>> TileFor(const LtProduct& p,
+                                                              DeviceHealth* health);
+
+ private:
+  GemmAlgos() = default;
+  struct Choice {
+    bool found = false;
+    cublasLtMatmulAlgo_t algo{};
+    cublasLtMatmulTile_t tile = CUBLASLT_MATMUL_TILE_UNDEFINED;
+  };
+  absl::StatusOr<Choice> Choose(const LtProduct& p, DeviceHealth* health);
+  // The variable's current list (read at every product, so that a benchmark
+  // can alternate preferences in one engine); mu_ held.
+  absl::StatusOr<const std::vector<cublasLtMatmulTile_t>*> Preferred();
+
+  cublasLtHandle_t handle_ = nullptr;
+  DeviceBuffer workspace_;
+  std::mutex mu_;
+  std::map<std::string, std::vector<cublasLtMatmulTile_t>> preferences_;  // by spelling
+  std::map<std::pair<std::string, decltype(LtProduct().Key())>, Choice> chosen_;
+};
+
+}  // namespace flce::cuda
+
+#endif  // FLCE_KERNELS_CUDA_GEMM_ALGOS_H_
