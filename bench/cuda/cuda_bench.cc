@@ -312,6 +312,7 @@ nlohmann::json StageBreakdown(CudaEngine& engine, const CudaHead& head, const Pl
   cudaStream_t stream = engine.compute_stream();
   cuda::Gemm gemm;
   gemm.handle = engine.exec().cublas;
+  gemm.algos = engine.exec().gemm_algos;  // as the plans run them
   gemm.stream = stream;
   gemm.health = engine.context()->health();
   gemm.dtype = hv.dtype;
@@ -411,6 +412,7 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   cuda::DeviceHealth* health = engine.context()->health();
   cuda::Gemm gemm;
   gemm.handle = engine.exec().cublas;
+  gemm.algos = engine.exec().gemm_algos;  // as the plans run them
   gemm.stream = stream;
   gemm.health = health;
   gemm.dtype = hv.dtype;
