@@ -65,22 +65,6 @@ absl::Status Gemm::GradInput(const void* d, int64_t ld_d, const void* w, int64_t
   FLCE_RETURN_IF_ERROR(CheckDims({rows, cols, hidden, ld_d}));
   const float alpha = 1.0f;
   // Column-major: out^T (H x rows) = W_cm (H x cols) . D_cm (cols x rows).
-  if (UsePreferredAlgo(rows)) {
-    LtProduct p;
-    p.ab_type = CudaType(dtype);
-    p.op_a = CUBLAS_OP_N;
-    p.op_b = CUBLAS_OP_N;
-    p.m = hidden;
-    p.n = rows;
-    p.k = cols;
-    p.lda = hidden;
-    p.ldb = ld_d;
-    p.ldc = hidden;
-    p.c_type = CudaType(out_dtype);
-    p.beta = beta;
-    FLCE_ASSIGN_OR_RETURN(const bool ran, algos->Run(p, w, d, out, stream, health));
-    if (ran) return absl::OkStatus();
-  }
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream), health);
   FLCE_CUBLAS_RETURN_IF_ERROR(
       cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(hidden),

@@ -24,9 +24,10 @@ struct Gemm {
   cudaStream_t stream = nullptr;
   DeviceHealth* health = nullptr;
   DType dtype = DType::kBF16;  // of W, X and dlogits
-  // Optional: the backward GEMMs of chunks of kPreferredAlgoMinRows tokens and
-  // more run on cuBLAS's algorithm of a preferred tile where it has one
-  // (gemm_algos.h); without it, or for other products, cublasGemmEx's default.
+  // Optional: grad_W of chunks of kPreferredAlgoMinRows tokens and more runs
+  // on cuBLAS's algorithm of a preferred tile where it has one (gemm_algos.h);
+  // without it, and for the other products, cublasGemmEx's default (grad_input
+  // on the preferred tiles measured 1.3 ms per run slower at H = 4096).
   GemmAlgos* algos = nullptr;
   static constexpr int64_t kPreferredAlgoMinRows = 2048;
 

@@ -1,11 +1,12 @@
-// The backward GEMMs' cuBLAS algorithm, where cublasGemmEx's default is not
-// the fastest one cuBLAS has: at flce's chunk sizes the default heuristic
-// takes 256 x 128 and larger tiles where 128 x 128 / 128 x 160 ones measured
-// 3-10% faster on the H200 (docs/perf/cuda.md step 45). A product runs on
-// cublasLt with the first algorithm of cublasLt's own heuristic list whose
-// tile is preferred; none offered, it is left to cublasGemmEx. The choice
-// depends on the heuristic's list alone (never on timings), so results are
-// bitwise the same in every process on the same GPU and cuBLAS.
+// grad_W's cuBLAS algorithm where cublasGemmEx's default is not the fastest
+// one cuBLAS has: at H = 1024 and 5632-token chunks the default heuristic
+// takes a 256 x 128 tile where its 128 x 128 one measured 10% faster alone and
+// 0.8 ms per run faster in whole runs on the H200 (docs/perf/cuda.md step 45).
+// A product runs on cublasLt with the first algorithm of cublasLt's own
+// heuristic list whose tile is preferred; none offered, it is left to
+// cublasGemmEx. The choice depends on the heuristic's list alone (never on
+// timings), so results are bitwise the same in every process on the same GPU
+// and cuBLAS version.
 #ifndef FLCE_KERNELS_CUDA_GEMM_ALGOS_H_
 #define FLCE_KERNELS_CUDA_GEMM_ALGOS_H_
 
