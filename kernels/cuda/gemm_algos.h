@@ -2,11 +2,10 @@
 // one cuBLAS has: at H = 1024 and 5632-token chunks the default heuristic
 // takes a 256 x 128 tile where its 128 x 128 one measured 10% faster alone and
 // 0.8 ms per run faster in whole runs on the H200 (docs/perf/cuda.md step 45).
-// A product runs on cublasLt with the first algorithm of cublasLt's own
-// heuristic list whose tile is preferred; none offered, it is left to
-// cublasGemmEx. The choice depends on the heuristic's list alone (never on
-// timings), so results are bitwise the same in every process on the same GPU
-// and cuBLAS version.
+// With FLCE_CUDA_GEMM_TILES set, a product runs on cublasLt with the first algorithm of cublasLt's
+// own heuristic list whose tile is preferred; none offered, it is left to cublasGemmEx. The choice
+// depends on the heuristic's list alone (never on timings), so results are bitwise the same in
+// every process on the same GPU and cuBLAS version.
 #ifndef FLCE_KERNELS_CUDA_GEMM_ALGOS_H_
 #define FLCE_KERNELS_CUDA_GEMM_ALGOS_H_
 
@@ -28,9 +27,9 @@
 
 namespace flce::cuda {
 
-// FLCE_CUDA_GEMM_TILES: unset = the measured preference ("128x128,128x160"),
-// "cublas" = cublasGemmEx's default everywhere, else a comma-separated list of
-// tiles in order of preference. Unknown names are an InvalidArgumentError (at
+// FLCE_CUDA_GEMM_TILES: unset or "cublas" = cublasGemmEx's default everywhere,
+// else a comma-separated list of tiles in order of preference (the measured
+// one: "128x128,128x160"). Unknown names are an InvalidArgumentError (at
 // engine creation, and at a call if the variable has changed since).
 absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env);
 

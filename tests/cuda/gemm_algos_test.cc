@@ -27,11 +27,14 @@ namespace {
 using cuda::GemmAlgos;
 using cuda::PreferredGemmTiles;
 
-TEST(PreferredGemmTilesTest, MeasuredPreferenceByDefaultAndListsAsSpelled) {
+TEST(PreferredGemmTilesTest, OffByDefaultAndListsAsSpelled) {
   auto unset = PreferredGemmTiles(nullptr);
   ASSERT_TRUE(unset.ok());
-  EXPECT_EQ(*unset, (std::vector<cublasLtMatmulTile_t>{CUBLASLT_MATMUL_TILE_128x128,
-                                                       CUBLASLT_MATMUL_TILE_128x160}));
+  EXPECT_TRUE(unset->empty());
+  auto measured = PreferredGemmTiles("128x128,128x160");
+  ASSERT_TRUE(measured.ok());
+  EXPECT_EQ(*measured, (std::vector<cublasLtMatmulTile_t>{CUBLASLT_MATMUL_TILE_128x128,
+                                                          CUBLASLT_MATMUL_TILE_128x160}));
   auto off = PreferredGemmTiles("cublas");
   ASSERT_TRUE(off.ok());
   EXPECT_TRUE(off->empty());
@@ -188,14 +191,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmAlgosTest,
                                            Case{DType::kBF16, 2304, 576, 1024}));
 
 // Where the preference was measured (docs/perf/cuda.md step 45): the H200's
-// cuBLAS offers a preferred tile for grad_W at the bench's first shape (5632-
-// token chunks, H = 1024, V = 176256), so the cublasLt path is what runs there.
+// cuBLAS offers one of the measured tiles for grad_W at the bench's first shape
+// (5632-token chunks, H = 1024, V = 176256), so the cublasLt path is what runs
+// there when FLCE_CUDA_GEMM_TILES names them.
 TEST(GemmAlgosOnHopperTest, PreferredTileForGradWeightAtTheFirstBenchShape) {
   SKIP_WITHOUT_CUDA_DEVICE();
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   if (major != 9) GTEST_SKIP() << "the preference was measured on Hopper (compute capability 9.0)";
-  unsetenv("FLCE_CUDA_GEMM_TILES");
+  setenv("FLCE_CUDA_GEMM_TILES", "128x128,128x160", 1);
   auto algos = GemmAlgos::Create(nullptr);
   ASSERT_TRUE(algos.ok()) << algos.status();
   cuda::LtProduct grad_weight;
@@ -209,6 +213,7 @@ TEST(GemmAlgosOnHopperTest, PreferredTileForGradWeightAtTheFirstBenchShape) {
   ASSERT_TRUE(tile->has_value()) << "no preferred tile offered";
   EXPECT_TRUE(**tile == CUBLASLT_MATMUL_TILE_128x128 || **tile == CUBLASLT_MATMUL_TILE_128x160)
       << static_cast<int>(**tile);
+  unsetenv("FLCE_CUDA_GEMM_TILES");
 }
 
 }  // namespace
