@@ -20,6 +20,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/dtype.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/product_test_util.h"
 
 namespace flce::test {
 namespace {
@@ -54,48 +55,8 @@ TEST(PreferredGemmTilesTest, UnknownTileIsRefusedByName) {
 
 struct Case {
   DType dtype;
-  int64_t rows, cols, hidden;
+  Shape shape;
 };
-
-std::vector<float> RandomRounded(DType dtype, size_t n, float scale, std::mt19937* rng) {
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(*rng);
-  RoundTo(dtype, v.data(), static_cast<int64_t>(n));
-  return v;
-}
-
-void* Upload16(DType dtype, const std::vector<float>& v) {
-  std::vector<uint16_t> bits(v.size());
-  FromFloat(dtype, v.data(), bits.data(), static_cast<int64_t>(v.size()));
-  void* dev = nullptr;
-  EXPECT_EQ(cudaMalloc(&dev, bits.size() * 2), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(dev, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  return dev;
-}
-
-std::vector<float> Download(const float* dev, size_t n) {
-  std::vector<float> host(n);
-  EXPECT_EQ(cudaMemcpy(host.data(), dev, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  return host;
-}
-
-// Within fp32 accumulation error of sum |terms|; a wrong layout or an
-// unwritten (NaN) element is off by the order of the terms.
-void ExpectClose(const std::vector<double>& ref, const std::vector<double>& abs_sum,
-                 const std::vector<float>& got, const char* what) {
-  int64_t bad = 0;
-  double worst = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
-    if (!(err <= 1e-4 * abs_sum[i] + 1e-6) && bad++ < 5) {
-      ADD_FAILURE() << what << " element " << i << ": " << got[i] << " vs " << ref[i];
-    }
-    if (abs_sum[i] > 0) worst = std::max(worst, err / abs_sum[i]);
-  }
-  EXPECT_EQ(bad, 0) << what;
-  std::printf("  %s: worst error / sum|terms| %.2e\n", what, worst);
-}
 
 constexpr const char* kEveryTile =
     "128x128,128x160,128x192,128x256,192x128,192x192,256x64,256x128,320x128,64x128,64x256,128x64";
@@ -131,51 +92,36 @@ void ExpectPreferredTile(GemmAlgos* algos, const cuda::LtProduct& p, const char*
   std::printf("  %s: cublasLt tile id %d\n", what, static_cast<int>(**tile));
 }
 
-cudaDataType_t Type16(DType dtype) { return dtype == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF; }
-
 TEST_P(GemmAlgosTest, GradWeightAddsFloat64ProductAndRepeatsBitwise) {
-  const Case c = GetParam();
+  const DType dtype = GetParam().dtype;
+  const Shape s = GetParam().shape;
   std::mt19937 rng(static_cast<uint32_t>(std::random_device{}()));
-  const auto d = RandomRounded(c.dtype, c.rows * c.cols, 0.05f, &rng);
-  const auto x = RandomRounded(c.dtype, c.rows * c.hidden, 1.0f, &rng);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> gw0(c.cols * c.hidden);
-  for (float& v : gw0) v = dist(rng);
-  void* dev_d = Upload16(c.dtype, d);
-  void* dev_x = Upload16(c.dtype, x);
-  float* gw = nullptr;
-  ASSERT_EQ(cudaMalloc(&gw, gw0.size() * 4), cudaSuccess);
+  const auto d = RandomRounded(dtype, s.rows * s.cols, 0.05f, &rng);
+  const auto x = RandomRounded(dtype, s.rows * s.hidden, 1.0f, &rng);
+  const auto gw0 = RandomRounded(DType::kF32, s.cols * s.hidden, 1.0f, &rng);
+  void* dev_d = Upload16(dtype, d);
+  void* dev_x = Upload16(dtype, x);
+  float* gw = Upload(gw0);
   std::vector<float> runs[2];
   for (auto& got : runs) {
     ASSERT_EQ(cudaMemcpy(gw, gw0.data(), gw0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_TRUE(gemm_.GradWeight(dev_d, c.cols, dev_x, c.rows, c.cols, c.hidden, gw).ok());
+    ASSERT_TRUE(gemm_.GradWeight(dev_d, s.cols, dev_x, s.rows, s.cols, s.hidden, gw).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     got = Download(gw, gw0.size());
   }
-  std::vector<double> ref(gw0.begin(), gw0.end()), mag(gw0.size());
-  for (size_t i = 0; i < gw0.size(); ++i) mag[i] = std::fabs(gw0[i]);
-  for (int64_t t = 0; t < c.rows; ++t) {
-    for (int64_t v = 0; v < c.cols; ++v) {
-      const double a = d[t * c.cols + v];
-      for (int64_t k = 0; k < c.hidden; ++k) {
-        const double term = a * x[t * c.hidden + k];
-        ref[v * c.hidden + k] += term;
-        mag[v * c.hidden + k] += std::fabs(term);
-      }
-    }
-  }
-  ExpectClose(ref, mag, runs[0], "grad_W");
+  const Expected expected = Float64Products(d, x, s, /*weight=*/true, gw0);
+  ExpectClose(expected.value, expected.abs_sum, runs[0], "grad_W");
   EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0)
       << "grad_W differs between two identical runs";
   cuda::LtProduct p;
-  p.ab_type = Type16(c.dtype);
+  p.ab_type = dtype == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
   p.op_b = CUBLAS_OP_T;
-  p.m = c.hidden;
-  p.n = c.cols;
-  p.k = c.rows;
-  p.lda = c.hidden;
-  p.ldb = c.cols;
-  p.ldc = c.hidden;
+  p.m = s.hidden;
+  p.n = s.cols;
+  p.k = s.rows;
+  p.lda = s.hidden;
+  p.ldb = s.cols;
+  p.ldc = s.hidden;
   p.beta = 1.0f;
   ExpectPreferredTile(algos_.get(), p, "grad_W");
   cudaFree(dev_d);
@@ -186,9 +132,9 @@ TEST_P(GemmAlgosTest, GradWeightAddsFloat64ProductAndRepeatsBitwise) {
 // Rows off every tile (2053 = 16 x 128 + 5), the vocabulary padded to 64 as
 // the plans pad it, H = 264 off the 128/160-wide tiles, and H = 1024.
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmAlgosTest,
-                         ::testing::Values(Case{DType::kBF16, 2053, 1088, 264},
-                                           Case{DType::kF16, 2048, 1024, 136},
-                                           Case{DType::kBF16, 2304, 576, 1024}));
+                         ::testing::Values(Case{DType::kBF16, {2053, 1088, 264}},
+                                           Case{DType::kF16, {2048, 1024, 136}},
+                                           Case{DType::kBF16, {2304, 576, 1024}}));
 
 // Where the preference was measured (docs/perf/cuda.md step 45): the H200's
 // cuBLAS offers one of the measured tiles for grad_W at the bench's first shape
