@@ -107,9 +107,14 @@ GemmAlgos::~GemmAlgos() {
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
+std::string GemmAlgos::Spelling() {
+  const char* env = std::getenv("FLCE_CUDA_GEMM_TILES");
+  return env == nullptr ? "" : std::string("=") + env;  // unset apart from set to ""
+}
+
 absl::StatusOr<const std::vector<cublasLtMatmulTile_t>*> GemmAlgos::Preferred() {
   const char* env = std::getenv("FLCE_CUDA_GEMM_TILES");
-  const std::string spelled = env == nullptr ? "" : std::string("=") + env;
+  const std::string spelled = Spelling();
   auto it = preferences_.find(spelled);
   if (it == preferences_.end()) {
     FLCE_ASSIGN_OR_RETURN(auto tiles, PreferredGemmTiles(env));
@@ -121,8 +126,7 @@ absl::StatusOr<const std::vector<cublasLtMatmulTile_t>*> GemmAlgos::Preferred() 
 absl::StatusOr<GemmAlgos::Choice> GemmAlgos::Choose(const LtProduct& p, DeviceHealth* health) {
   std::lock_guard<std::mutex> lock(mu_);
   FLCE_ASSIGN_OR_RETURN(const std::vector<cublasLtMatmulTile_t>* preferred, Preferred());
-  const char* env = std::getenv("FLCE_CUDA_GEMM_TILES");
-  const auto key = std::make_pair(std::string(env == nullptr ? "" : env), p.Key());
+  const auto key = std::make_pair(Spelling(), p.Key());
   if (auto it = chosen_.find(key); it != chosen_.end()) return it->second;
   Choice choice;
   if (preferred->empty()) {

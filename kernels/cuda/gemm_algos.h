@@ -76,6 +76,7 @@ class GemmAlgos {
   // The variable's current list (read at every product, so that a benchmark
   // can alternate preferences in one engine); mu_ held.
   absl::StatusOr<const std::vector<cublasLtMatmulTile_t>*> Preferred();
+  static std::string Spelling();  // the variable as the caches key it
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
