@@ -64,8 +64,8 @@ absl::Status Gemm::GradInput(const void* d, int64_t ld_d, const void* w, int64_t
   if (rows == 0) return absl::OkStatus();
   FLCE_RETURN_IF_ERROR(CheckDims({rows, cols, hidden, ld_d}));
   const float alpha = 1.0f;
-  // Column-major: out^T (H x rows) = W_cm (H x cols) . D_cm (cols x rows).
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream), health);
+  // Column-major: out^T (H x rows) = W_cm (H x cols) . D_cm (cols x rows).
   FLCE_CUBLAS_RETURN_IF_ERROR(
       cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(hidden),
                    static_cast<int>(rows), static_cast<int>(cols), &alpha, w, CudaType(dtype),
