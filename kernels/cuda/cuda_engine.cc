@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineConfi
   }
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&e->cublas_), health);
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(e->cublas_, e->compute_), health);
-  FLCE_ASSIGN_OR_RETURN(e->gemm_algos_, GemmAlgos::Create(health));
+  FLCE_ASSIGN_OR_RETURN(e->gemm_algos_, GemmAlgos::Create());
   return e;
 }
 

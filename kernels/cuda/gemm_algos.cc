@@ -92,14 +92,12 @@ absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char*
   return tiles;
 }
 
-absl::StatusOr<std::unique_ptr<GemmAlgos>> GemmAlgos::Create(DeviceHealth* health) {
+absl::StatusOr<std::unique_ptr<GemmAlgos>> GemmAlgos::Create() {
   std::unique_ptr<GemmAlgos> g(new GemmAlgos());
   {
     std::lock_guard<std::mutex> lock(g->mu_);
     FLCE_RETURN_IF_ERROR(g->Preferred().status());
   }
-  FLCE_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&g->handle_), health);
-  FLCE_ASSIGN_OR_RETURN(g->workspace_, DeviceBuffer::Allocate(kWorkspaceBytes, health));
   return g;
 }
 
@@ -132,6 +130,10 @@ absl::StatusOr<GemmAlgos::Choice> GemmAlgos::Choose(const LtProduct& p, DeviceHe
   if (preferred->empty()) {
     chosen_[key] = choice;
     return choice;
+  }
+  if (handle_ == nullptr) {  // first use: engines that never prefer a tile hold neither
+    FLCE_ASSIGN_OR_RETURN(workspace_, DeviceBuffer::Allocate(kWorkspaceBytes, health));
+    FLCE_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle_), health);
   }
   LtDescriptors d;
   FLCE_RETURN_IF_ERROR(Describe(p, &d, health));

@@ -52,7 +52,9 @@ struct LtProduct {
 // One per engine: its GEMMs run on one stream at a time (the workspace is shared).
 class GemmAlgos {
  public:
-  static absl::StatusOr<std::unique_ptr<GemmAlgos>> Create(DeviceHealth* health);
+  // Checks FLCE_CUDA_GEMM_TILES; the cublasLt handle and workspace are made
+  // at the first product a tile is preferred for.
+  static absl::StatusOr<std::unique_ptr<GemmAlgos>> Create();
   ~GemmAlgos();
   GemmAlgos(const GemmAlgos&) = delete;
   GemmAlgos& operator=(const GemmAlgos&) = delete;
@@ -78,7 +80,7 @@ class GemmAlgos {
   absl::StatusOr<const std::vector<cublasLtMatmulTile_t>*> Preferred();
   static std::string Spelling();  // the variable as the caches key it
 
-  cublasLtHandle_t handle_ = nullptr;
+  cublasLtHandle_t handle_ = nullptr;  // with workspace_, made at the first preferred product
   DeviceBuffer workspace_;
   std::mutex mu_;
   std::map<std::string, std::vector<cublasLtMatmulTile_t>> preferences_;  // by spelling

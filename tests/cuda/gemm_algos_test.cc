@@ -66,7 +66,7 @@ class GemmAlgosTest : public ::testing::TestWithParam<Case> {
   void SetUp() override {
     SKIP_WITHOUT_CUDA_DEVICE();
     setenv("FLCE_CUDA_GEMM_TILES", kEveryTile, 1);
-    auto algos = GemmAlgos::Create(nullptr);
+    auto algos = GemmAlgos::Create();
     ASSERT_TRUE(algos.ok()) << algos.status();
     algos_ = std::move(*algos);
     ASSERT_EQ(cublasCreate(&blas_), CUBLAS_STATUS_SUCCESS);
@@ -146,7 +146,7 @@ TEST(GemmAlgosOnHopperTest, PreferredTileForGradWeightAtTheFirstBenchShape) {
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   if (major != 9) GTEST_SKIP() << "the preference was measured on Hopper (compute capability 9.0)";
   setenv("FLCE_CUDA_GEMM_TILES", "128x128,128x160", 1);
-  auto algos = GemmAlgos::Create(nullptr);
+  auto algos = GemmAlgos::Create();
   ASSERT_TRUE(algos.ok()) << algos.status();
   cuda::LtProduct grad_weight;
   grad_weight.op_b = CUBLAS_OP_T;
