@@ -208,9 +208,9 @@ TEST(PeerRowKernelsTest, ChecksAndFingerprintMatchTheHostReference) {
       const cuda::RowCheckWords fresh = cuda::RowCheckWords::Fresh();
       ASSERT_EQ(cudaMemcpy(words, &fresh, sizeof(fresh), cudaMemcpyHostToDevice), cudaSuccess);
       cuda::DeviceHealth health;
-      ASSERT_TRUE(
-          cuda::LaunchCheckRows(dtype, device, n, hidden, 1000, 7, true, words, nullptr, &health)
-              .ok());
+      ASSERT_TRUE(cuda::LaunchCheckRows(dtype, device, n, hidden, 1000, 7, true, words, nullptr,
+                                        &health)
+                      .ok());
       cuda::RowCheckWords got;
       ASSERT_EQ(cudaMemcpy(&got, words, sizeof(got), cudaMemcpyDeviceToHost), cudaSuccess);
       EXPECT_EQ(got.first_non_finite, static_cast<unsigned long long>(7 + first_bad));
@@ -277,8 +277,9 @@ TEST(PeerMemoryTest, PeerHiddenEqualsHostHiddenBitForBit) {
     EXPECT_EQ(result->per_token_loss, by_host->result.per_token_loss);
     const std::string region = exporter.Read();
     ASSERT_EQ(static_cast<int64_t>(region.size()), 16 + 2 * hidden_bytes);
-    const std::vector<double> peer_grad_input = WidenToDoubles(
-        ps.hidden_dtype, region.data() + 16 + hidden_bytes, ps.num_tokens * ps.hidden_size);
+    const std::vector<double> peer_grad_input =
+        WidenToDoubles(ps.hidden_dtype, region.data() + 16 + hidden_bytes,
+                       ps.num_tokens * ps.hidden_size);
     EXPECT_EQ(peer_grad_input, by_host->grad_input);
     auto host_w = ReadGradWeight(**host_grad, DType::kF32, 4096);
     auto peer_w = ReadGradWeight(**peer_grad, DType::kF32, 4096);
@@ -330,9 +331,10 @@ TEST(PeerMemoryTest, OpeningRefusesWhatItShould) {
 
   auto wrong_key = (*engine)->OpenPeerMemory(exporter.Handle(uuid, "fedcba9876543210"));
   EXPECT_EQ(wrong_key.status().code(), absl::StatusCode::kPermissionDenied) << wrong_key.status();
-  auto other_gpu =
-      (*engine)->OpenPeerMemory(exporter.Handle("GPU-00000000-0000-0000-0000-000000000000", kKey));
-  EXPECT_EQ(other_gpu.status().code(), absl::StatusCode::kFailedPrecondition) << other_gpu.status();
+  auto other_gpu = (*engine)->OpenPeerMemory(
+      exporter.Handle("GPU-00000000-0000-0000-0000-000000000000", kKey));
+  EXPECT_EQ(other_gpu.status().code(), absl::StatusCode::kFailedPrecondition)
+      << other_gpu.status();
   PeerMemoryHandle too_big = exporter.Handle(uuid, kKey);
   too_big.bytes += int64_t{64} << 20;
   auto beyond = (*engine)->OpenPeerMemory(too_big);

@@ -22,7 +22,7 @@ using cuda::ShardedEngine;
 using cuda::VocabShards;
 
 absl::StatusOr<std::unique_ptr<ShardedEngine>> MakeSharded(std::vector<int> devices,
-                                                           int64_t budget_mb = 256) {
+                                                          int64_t budget_mb = 256) {
   EngineConfig config;
   config.workspace_bytes = budget_mb << 20;
   config.devices = std::move(devices);
@@ -56,18 +56,15 @@ TEST(ShardedEngineTest, NaiveIsRefusedAndFuseMNRunsVocabSplit) {
   ProblemSpec ps;
   ps.vocab_size = 517;
   Problem problem = MakeProblem(ps);
-  absl::StatusOr<EngineRun> naive =
-      RunProblem(**engine, problem, AllOutputsSpec(Strategy::kNaive), {});
+  absl::StatusOr<EngineRun> naive = RunProblem(**engine, problem, AllOutputsSpec(Strategy::kNaive), {});
   ASSERT_FALSE(naive.ok());
   EXPECT_EQ(naive.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(naive.status().message()).find("one GPU only"), std::string::npos)
       << naive.status();
-  absl::StatusOr<EngineRun> fuse =
-      RunProblem(**engine, problem, AllOutputsSpec(Strategy::kFuseMN), {});
+  absl::StatusOr<EngineRun> fuse = RunProblem(**engine, problem, AllOutputsSpec(Strategy::kFuseMN), {});
   ASSERT_TRUE(fuse.ok()) << fuse.status();
   EXPECT_EQ(fuse->result.strategy_used, "vocab_split");
-  const ReferenceOutput ref =
-      ComputeReference(MakeReferenceInput(problem, AllOutputsSpec(Strategy::kFuseMN)));
+  const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, AllOutputsSpec(Strategy::kFuseMN)));
   EXPECT_LE(RelativeError({fuse->result.loss}, {ref.loss}), 1e-4);
 }
 
@@ -173,9 +170,8 @@ TEST(ShardedEngineTest, ACollectiveFailureFailsTheCallAndTheEngineGoesOn) {
   config.workspace_bytes = int64_t{256} << 20;
   config.devices = {0, 0};
   auto engine = ShardedEngine::Create(
-      config,
-      [&](const std::vector<cuda::ShardLane>& lanes)
-          -> absl::StatusOr<std::unique_ptr<cuda::ShardCollective>> {
+      config, [&](const std::vector<cuda::ShardLane>& lanes)
+                  -> absl::StatusOr<std::unique_ptr<cuda::ShardCollective>> {
         auto f = std::make_unique<FailingCollective>(cuda::CreateDeviceCopyCollective(lanes), 2);
         failing = f.get();
         return std::unique_ptr<cuda::ShardCollective>(std::move(f));
