@@ -47,6 +47,7 @@
 #include "kernels/cuda/fused_row_kernel.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/logits_stats_gemm.cuh"
+#include "kernels/cuda/plan_parts.h"
 #include "kernels/cuda/policy.h"
 #include "kernels/cuda/row_scaled_backward.cuh"
 #include "kernels/cuda/stage_timer.h"
@@ -310,12 +311,7 @@ nlohmann::json StageBreakdown(CudaEngine& engine, const CudaHead& head, const Pl
   if (!scratch.ok()) return out;
   float* logits = reinterpret_cast<float*>(*scratch);
   cudaStream_t stream = engine.compute_stream();
-  cuda::Gemm gemm;
-  gemm.handle = engine.exec().cublas;
-  gemm.algos = engine.exec().gemm_algos;  // as the plans run them
-  gemm.stream = stream;
-  gemm.health = engine.context()->health();
-  gemm.dtype = hv.dtype;
+  const cuda::Gemm gemm = cuda::plan_parts::MakeGemm(engine.exec(), hv);  // as the plans run them
   cuda::FusedRowArgs args;
   args.logits = logits;
   args.ld_logits = hv.padded_vocab;
@@ -410,12 +406,7 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
   void* e = g.exp_out;
   cudaStream_t stream = engine.compute_stream();
   cuda::DeviceHealth* health = engine.context()->health();
-  cuda::Gemm gemm;
-  gemm.handle = engine.exec().cublas;
-  gemm.algos = engine.exec().gemm_algos;  // as the plans run them
-  gemm.stream = stream;
-  gemm.health = health;
-  gemm.dtype = hv.dtype;
+  const cuda::Gemm gemm = cuda::plan_parts::MakeGemm(engine.exec(), hv);  // as the plans run them
   auto stats_gemm = [&]() { return cuda::LaunchLogitsStats(hv.dtype, g, stream, health).ok(); };
   // The row-scaled backward's variant (bf16 heads): bf16 exp(z - M_t) after
   // the reference GEMV; the default path's GEMM.
