@@ -24,19 +24,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "bench/cuda/bench_check.h"
 #include "bench/cuda/bench_data.cuh"
 #include "nlohmann/json.hpp"
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                                           \
-  do {                                                                                             \
-    const cudaError_t err_ = (expr);                                                               \
-    if (err_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
 #define CHECK_CUBLAS(expr)                                                                       \
   do {                                                                                           \
     const cublasStatus_t st_ = (expr);                                                           \
@@ -112,11 +105,7 @@ T AlgoAttr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_
   return value;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using flce::bench::Median;
 
 // One product, in column-major cuBLAS terms (as kernels/cuda/gemm.cc calls it):
 // grad_weight: C (H x cols, fp32) += A (H x rows) . B (cols x rows)^T

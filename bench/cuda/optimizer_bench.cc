@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda/bench_check.h"
 #include "bench/cuda/bench_data.cuh"
 #include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda/optimizer_kernels.cuh"
@@ -41,15 +42,6 @@ using cuda::CudaHead;
 using cuda::DeviceBuffer;
 using cuda::DeviceHealth;
 
-#define CHECK_CUDA(expr)                                                                          \
-  do {                                                                                            \
-    cudaError_t e_ = (expr);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-
 template <typename T>
 T Must(absl::StatusOr<T> value, const char* what) {
   if (!value.ok()) {
@@ -59,10 +51,7 @@ T Must(absl::StatusOr<T> value, const char* what) {
   return std::move(*value);
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using flce::bench::Median;
 
 // Median milliseconds of `runs` launches of fn on `stream`, after one warm-up.
 double TimeEvents(cudaStream_t stream, int runs, const std::function<void()>& fn) {
