@@ -39,6 +39,22 @@ absl::Status CheckDims(std::initializer_list<int64_t> dims) {
 
 }  // namespace
 
+LtProduct GradWeightProduct(DType dtype, int64_t ld_d, int64_t rows, int64_t cols, int64_t hidden) {
+  LtProduct p;
+  p.ab_type = CudaType(dtype);
+  p.op_a = CUBLAS_OP_N;
+  p.op_b = CUBLAS_OP_T;
+  p.m = hidden;
+  p.n = cols;
+  p.k = rows;
+  p.lda = hidden;
+  p.ldb = ld_d;
+  p.ldc = hidden;
+  p.c_type = CUDA_R_32F;
+  p.beta = 1.0f;  // accumulated onto gw
+  return p;
+}
+
 bool Gemm::UsePreferredAlgo(int64_t rows) const {
   return algos != nullptr && dtype != DType::kF32 && rows >= kPreferredAlgoMinRows;
 }
@@ -86,18 +102,7 @@ absl::Status Gemm::GradWeight(const void* d, int64_t ld_d, const void* x, int64_
   const float alpha = 1.0f, beta = 1.0f;
   // Column-major: gw^T (H x cols) += X_cm (H x rows) . (D_cm (cols x rows))^T.
   if (UsePreferredAlgo(rows)) {
-    LtProduct p;
-    p.ab_type = CudaType(dtype);
-    p.op_a = CUBLAS_OP_N;
-    p.op_b = CUBLAS_OP_T;
-    p.m = hidden;
-    p.n = cols;
-    p.k = rows;
-    p.lda = hidden;
-    p.ldb = ld_d;
-    p.ldc = hidden;
-    p.c_type = CUDA_R_32F;
-    p.beta = beta;
+    const LtProduct p = GradWeightProduct(dtype, ld_d, rows, cols, hidden);
     FLCE_ASSIGN_OR_RETURN(const bool ran, algos->Run(p, x, d, gw, stream, health));
     if (ran) return absl::OkStatus();
   }

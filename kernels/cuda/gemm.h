@@ -19,6 +19,10 @@
 
 namespace flce::cuda {
 
+// grad_W's product gw^T (H x cols, fp32) += X_cm (H x rows) . D_cm (cols x rows)^T
+// in cublasLt's column-major terms, as Gemm::GradWeight runs it on a preferred tile.
+LtProduct GradWeightProduct(DType dtype, int64_t ld_d, int64_t rows, int64_t cols, int64_t hidden);
+
 struct Gemm {
   cublasHandle_t handle = nullptr;
   cudaStream_t stream = nullptr;

@@ -113,17 +113,8 @@ TEST_P(GemmAlgosTest, GradWeightAddsFloat64ProductAndRepeatsBitwise) {
   ExpectClose(expected.value, expected.abs_sum, runs[0], "grad_W");
   EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0)
       << "grad_W differs between two identical runs";
-  cuda::LtProduct p;
-  p.ab_type = dtype == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
-  p.op_b = CUBLAS_OP_T;
-  p.m = s.hidden;
-  p.n = s.cols;
-  p.k = s.rows;
-  p.lda = s.hidden;
-  p.ldb = s.cols;
-  p.ldc = s.hidden;
-  p.beta = 1.0f;
-  ExpectPreferredTile(algos_.get(), p, "grad_W");
+  ExpectPreferredTile(algos_.get(),
+                      cuda::GradWeightProduct(dtype, s.cols, s.rows, s.cols, s.hidden), "grad_W");
   cudaFree(dev_d);
   cudaFree(dev_x);
   cudaFree(gw);
@@ -148,12 +139,9 @@ TEST(GemmAlgosOnHopperTest, PreferredTileForGradWeightAtTheFirstBenchShape) {
   setenv("FLCE_CUDA_GEMM_TILES", "128x128,128x160", 1);
   auto algos = GemmAlgos::Create();
   ASSERT_TRUE(algos.ok()) << algos.status();
-  cuda::LtProduct grad_weight;
-  grad_weight.op_b = CUBLAS_OP_T;
-  grad_weight.m = grad_weight.lda = grad_weight.ldc = 1024;
-  grad_weight.n = grad_weight.ldb = 176256;
-  grad_weight.k = 5632;
-  grad_weight.beta = 1.0f;
+  // 5632-token chunk, H = 1024, V = 176256 (its padded vocabulary).
+  const cuda::LtProduct grad_weight =
+      cuda::GradWeightProduct(DType::kBF16, 176256, 5632, 176256, 1024);
   auto tile = (*algos)->TileFor(grad_weight, nullptr);
   ASSERT_TRUE(tile.ok()) << tile.status();
   ASSERT_TRUE(tile->has_value()) << "no preferred tile offered";
