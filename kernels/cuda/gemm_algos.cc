@@ -29,12 +29,17 @@ constexpr NamedTile kTiles[] = {
     {"256x128", CUBLASLT_MATMUL_TILE_256x128}, {"320x128", CUBLASLT_MATMUL_TILE_320x128},
 };
 
-// Destroys cublasLt descriptors when the product's Choose returns.
-struct LtDescriptors {
+// The spelling the choices are keyed by: unset apart from set to "".
+std::string Spelling(const char* env) { return env == nullptr ? "" : std::string("=") + env; }
+
+}  // namespace
+
+// A product's cublasLt descriptors, made once with its choice.
+struct GemmAlgos::Descriptors {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
-  ~LtDescriptors() {
+  ~Descriptors() {
     if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
     if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
     if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
@@ -43,7 +48,7 @@ struct LtDescriptors {
   }
 };
 
-absl::Status Describe(const LtProduct& p, LtDescriptors* d, DeviceHealth* health) {
+absl::Status GemmAlgos::Describe(const LtProduct& p, Descriptors* d, DeviceHealth* health) {
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                               health);
   FLCE_CUBLAS_RETURN_IF_ERROR(
@@ -66,8 +71,6 @@ absl::Status Describe(const LtProduct& p, LtDescriptors* d, DeviceHealth* health
       health);
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env) {
   // Off by default until its float64 test has run on a GPU with the
@@ -93,41 +96,23 @@ absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char*
 }
 
 absl::StatusOr<std::unique_ptr<GemmAlgos>> GemmAlgos::Create() {
-  std::unique_ptr<GemmAlgos> g(new GemmAlgos());
-  {
-    std::lock_guard<std::mutex> lock(g->mu_);
-    FLCE_RETURN_IF_ERROR(g->Preferred().status());
-  }
-  return g;
+  FLCE_RETURN_IF_ERROR(PreferredGemmTiles(std::getenv("FLCE_CUDA_GEMM_TILES")).status());
+  return std::unique_ptr<GemmAlgos>(new GemmAlgos());
 }
 
 GemmAlgos::~GemmAlgos() {
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
-std::string GemmAlgos::Spelling() {
-  const char* env = std::getenv("FLCE_CUDA_GEMM_TILES");
-  return env == nullptr ? "" : std::string("=") + env;  // unset apart from set to ""
-}
-
-absl::StatusOr<const std::vector<cublasLtMatmulTile_t>*> GemmAlgos::Preferred() {
-  const char* env = std::getenv("FLCE_CUDA_GEMM_TILES");
-  const std::string spelled = Spelling();
-  auto it = preferences_.find(spelled);
-  if (it == preferences_.end()) {
-    FLCE_ASSIGN_OR_RETURN(auto tiles, PreferredGemmTiles(env));
-    it = preferences_.emplace(spelled, std::move(tiles)).first;
-  }
-  return &it->second;
-}
-
 absl::StatusOr<GemmAlgos::Choice> GemmAlgos::Choose(const LtProduct& p, DeviceHealth* health) {
   std::lock_guard<std::mutex> lock(mu_);
-  FLCE_ASSIGN_OR_RETURN(const std::vector<cublasLtMatmulTile_t>* preferred, Preferred());
-  const auto key = std::make_pair(Spelling(), p.Key());
+  // Read at every product, so that a benchmark can alternate preferences in one engine.
+  const char* env = std::getenv("FLCE_CUDA_GEMM_TILES");
+  const auto key = std::make_pair(Spelling(env), p.Key());
   if (auto it = chosen_.find(key); it != chosen_.end()) return it->second;
+  FLCE_ASSIGN_OR_RETURN(const std::vector<cublasLtMatmulTile_t> preferred, PreferredGemmTiles(env));
   Choice choice;
-  if (preferred->empty()) {
+  if (preferred.empty()) {
     chosen_[key] = choice;
     return choice;
   }
@@ -135,15 +120,15 @@ absl::StatusOr<GemmAlgos::Choice> GemmAlgos::Choose(const LtProduct& p, DeviceHe
     FLCE_ASSIGN_OR_RETURN(workspace_, DeviceBuffer::Allocate(kWorkspaceBytes, health));
     FLCE_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle_), health);
   }
-  LtDescriptors d;
-  FLCE_RETURN_IF_ERROR(Describe(p, &d, health));
+  auto d = std::make_shared<Descriptors>();
+  FLCE_RETURN_IF_ERROR(Describe(p, d.get(), health));
   cublasLtMatmulHeuristicResult_t found[kHeuristicCount] = {};
   int count = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, d.desc, d.a, d.b, d.c, d.c,
-                                                           d.pref, kHeuristicCount, found, &count);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, d->desc, d->a, d->b, d->c, d->c,
+                                                           d->pref, kHeuristicCount, found, &count);
   // NOT_SUPPORTED: no algorithm at all for this layout; cublasGemmEx decides.
   if (st != CUBLAS_STATUS_NOT_SUPPORTED) FLCE_CUBLAS_RETURN_IF_ERROR(st, health);
-  for (const cublasLtMatmulTile_t want : *preferred) {
+  for (const cublasLtMatmulTile_t want : preferred) {
     for (int i = 0; i < count && !choice.found; ++i) {
       uint32_t tile = 0;
       size_t written = 0;
@@ -152,7 +137,7 @@ absl::StatusOr<GemmAlgos::Choice> GemmAlgos::Choose(const LtProduct& p, DeviceHe
                                                sizeof(tile), &written),
           health);
       if (found[i].state == CUBLAS_STATUS_SUCCESS && tile == static_cast<uint32_t>(want)) {
-        choice = {true, found[i].algo, want};
+        choice = {true, found[i].algo, want, d};
       }
     }
     if (choice.found) break;
@@ -165,8 +150,7 @@ absl::StatusOr<bool> GemmAlgos::Run(const LtProduct& p, const void* a, const voi
                                     cudaStream_t stream, DeviceHealth* health) {
   FLCE_ASSIGN_OR_RETURN(const Choice choice, Choose(p, health));
   if (!choice.found) return false;
-  LtDescriptors d;
-  FLCE_RETURN_IF_ERROR(Describe(p, &d, health));
+  const Descriptors& d = *choice.descriptors;
   const float alpha = 1.0f;
   FLCE_CUBLAS_RETURN_IF_ERROR(
       cublasLtMatmul(handle_, d.desc, &alpha, a, d.a, b, d.b, &p.beta, c, d.c, c, d.c, &choice.algo,

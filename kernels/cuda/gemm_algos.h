@@ -69,21 +69,20 @@ class GemmAlgos {
 
  private:
   GemmAlgos() = default;
+  struct Descriptors;
   struct Choice {
     bool found = false;
     cublasLtMatmulAlgo_t algo{};
     cublasLtMatmulTile_t tile = CUBLASLT_MATMUL_TILE_UNDEFINED;
+    std::shared_ptr<const Descriptors> descriptors;  // made once, for every Run of the product
   };
   absl::StatusOr<Choice> Choose(const LtProduct& p, DeviceHealth* health);
-  // The variable's current list (read at every product, so that a benchmark
-  // can alternate preferences in one engine); mu_ held.
-  absl::StatusOr<const std::vector<cublasLtMatmulTile_t>*> Preferred();
-  static std::string Spelling();  // the variable as the caches key it
+  static absl::Status Describe(const LtProduct& p, Descriptors* d, DeviceHealth* health);
 
   cublasLtHandle_t handle_ = nullptr;  // with workspace_, made at the first preferred product
   DeviceBuffer workspace_;
   std::mutex mu_;
-  std::map<std::string, std::vector<cublasLtMatmulTile_t>> preferences_;  // by spelling
+  // By the variable's spelling and the product.
   std::map<std::pair<std::string, decltype(LtProduct().Key())>, Choice> chosen_;
 };
 
