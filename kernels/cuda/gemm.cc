@@ -1,5 +1,6 @@
 #include "kernels/cuda/gemm.h"
 
+#include <cstdlib>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -55,8 +56,9 @@ LtProduct GradWeightProduct(DType dtype, int64_t ld_d, int64_t rows, int64_t col
   return p;
 }
 
-bool Gemm::UsePreferredAlgo(int64_t rows) const {
-  return algos != nullptr && dtype != DType::kF32 && rows >= kPreferredAlgoMinRows;
+bool Gemm::UsePreferredAlgo(int64_t rows, int64_t hidden) const {
+  return algos != nullptr && dtype != DType::kF32 &&
+         PreferTileForGradWeight(rows, hidden, std::getenv("FLCE_CUDA_GEMM_TILES"));
 }
 
 absl::Status Gemm::Logits(const void* x, const void* w, int64_t rows, int64_t cols, int64_t hidden,
@@ -101,7 +103,7 @@ absl::Status Gemm::GradWeight(const void* d, int64_t ld_d, const void* x, int64_
   }
   const float alpha = 1.0f, beta = 1.0f;
   // Column-major: gw^T (H x cols) += X_cm (H x rows) . (D_cm (cols x rows))^T.
-  if (UsePreferredAlgo(rows)) {
+  if (UsePreferredAlgo(rows, hidden)) {
     const LtProduct p = GradWeightProduct(dtype, ld_d, rows, cols, hidden);
     FLCE_ASSIGN_OR_RETURN(const bool ran, algos->Run(p, x, d, gw, stream, health));
     if (ran) return absl::OkStatus();

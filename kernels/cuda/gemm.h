@@ -28,12 +28,11 @@ struct Gemm {
   cudaStream_t stream = nullptr;
   DeviceHealth* health = nullptr;
   DType dtype = DType::kBF16;  // of W, X and dlogits
-  // Optional: grad_W of chunks of kPreferredAlgoMinRows tokens and more runs
-  // on cuBLAS's algorithm of a preferred tile where it has one (gemm_algos.h);
+  // Optional: grad_W of the chunks PreferTileForGradWeight names runs on
+  // cuBLAS's algorithm of a preferred tile where it has one (gemm_algos.h);
   // without it, and for the other products, cublasGemmEx's default (grad_input
   // on the preferred tiles measured 1.3 ms per run slower at H = 4096).
   GemmAlgos* algos = nullptr;
-  static constexpr int64_t kPreferredAlgoMinRows = 2048;
 
   // logits[rows x cols] (fp32, row stride ld) = X[rows x H] . W[cols x H]^T
   absl::Status Logits(const void* x, const void* w, int64_t rows, int64_t cols, int64_t hidden,
@@ -50,7 +49,7 @@ struct Gemm {
                         float* gb) const;
 
  private:
-  bool UsePreferredAlgo(int64_t rows) const;
+  bool UsePreferredAlgo(int64_t rows, int64_t hidden) const;
 };
 
 }  // namespace flce::cuda

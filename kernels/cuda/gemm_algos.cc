@@ -15,6 +15,9 @@ namespace {
 // (they ask for a few bytes); algorithms wanting more are not offered.
 constexpr int64_t kWorkspaceBytes = int64_t{1} << 20;
 constexpr int kHeuristicCount = 16;
+constexpr absl::string_view kDefaultTiles = "128x128";
+constexpr int64_t kTileMinRows = 2048;
+constexpr int64_t kDefaultTileMinHidden = 1024;
 
 struct NamedTile {
   const char* name;
@@ -73,9 +76,9 @@ absl::Status GemmAlgos::Describe(const LtProduct& p, Descriptors* d, DeviceHealt
 }
 
 absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env) {
-  // Off by default until its float64 test has run on a GPU with the
-  // preferred tiles taken (docs/perf/cuda.md step 45).
-  const absl::string_view spelled = env == nullptr ? "cublas" : env;
+  // The default is the tile measured fastest for grad_W at H = 1024 on the
+  // H200 (docs/perf/cuda.md steps 45-46).
+  const absl::string_view spelled = env == nullptr ? kDefaultTiles : env;
   std::vector<cublasLtMatmulTile_t> tiles;
   if (spelled == "cublas") return tiles;
   for (const absl::string_view name : absl::StrSplit(spelled, ',')) {
@@ -93,6 +96,12 @@ absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char*
     }
   }
   return tiles;
+}
+
+bool PreferTileForGradWeight(int64_t rows, int64_t hidden, const char* env) {
+  if (rows < kTileMinRows) return false;
+  if (env == nullptr) return hidden >= kDefaultTileMinHidden;
+  return absl::string_view(env) != "cublas";
 }
 
 absl::StatusOr<std::unique_ptr<GemmAlgos>> GemmAlgos::Create() {

@@ -1,11 +1,13 @@
 // grad_W's cuBLAS algorithm where cublasGemmEx's default is not the fastest
 // one cuBLAS has: at H = 1024 and 5632-token chunks the default heuristic
 // takes a 256 x 128 tile where its 128 x 128 one measured 10% faster alone and
-// 0.8 ms per run faster in whole runs on the H200 (docs/perf/cuda.md step 45).
-// With FLCE_CUDA_GEMM_TILES set, a product runs on cublasLt with the first algorithm of cublasLt's
-// own heuristic list whose tile is preferred; none offered, it is left to cublasGemmEx. The choice
-// depends on the heuristic's list alone (never on timings), so results are bitwise the same in
-// every process on the same GPU and cuBLAS version.
+// in whole runs 1.5 ms per run faster (median over six processes; 0 to 2.5 in
+// the three leases that measured it) on the H200 (docs/perf/cuda.md steps
+// 45-46). A product runs on cublasLt with the first algorithm of cublasLt's own
+// heuristic list whose tile is preferred; none offered, it is left to
+// cublasGemmEx. The choice depends on the heuristic's list alone (never on
+// timings), so results are bitwise the same in every process on the same GPU
+// and cuBLAS version.
 #ifndef FLCE_KERNELS_CUDA_GEMM_ALGOS_H_
 #define FLCE_KERNELS_CUDA_GEMM_ALGOS_H_
 
@@ -27,11 +29,18 @@
 
 namespace flce::cuda {
 
-// FLCE_CUDA_GEMM_TILES: unset or "cublas" = cublasGemmEx's default everywhere,
-// else a comma-separated list of tiles in order of preference (the measured
-// one: "128x128,128x160"). Unknown names are an InvalidArgumentError (at
-// engine creation, and at a call if the variable has changed since).
+// FLCE_CUDA_GEMM_TILES: a comma-separated list of tiles in order of
+// preference, unset = "128x128" (the measured one); "cublas" = cublasGemmEx's
+// default everywhere. Unknown names are an InvalidArgumentError (at engine
+// creation, and at a call if the variable has changed since).
 absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env);
+
+// Whether grad_W of a chunk of `rows` tokens at `hidden` asks for a preferred
+// tile, FLCE_CUDA_GEMM_TILES being `env`: chunks of 2048 tokens and more; with
+// the default list only from H = 1024 up, where the 128 x 128 tile measured
+// faster (at H = 512 and 896 it measured 4% faster or slower by shape,
+// docs/perf/cuda.md step 46); a list that is set applies at every H.
+bool PreferTileForGradWeight(int64_t rows, int64_t hidden, const char* env);
 
 // A column-major product C (m x n, fp32) = alpha op_a(A) op_b(B) + beta C with
 // 16-bit A and B, as kernels/cuda/gemm.cc spells the plans' GEMMs.

@@ -1,10 +1,14 @@
 // grad_W on cuBLAS's algorithm of a preferred tile (kernels/cuda/gemm_algos.h):
 // Gemm::GradWeight onto random fp32 values at chunks of 2048 tokens and more
-// (odd row counts, H off the tiles), with every tile cublasLt names preferred
-// so that the cublasLt path runs whatever the heuristic offers at these sizes,
+// (odd row counts, H off the tiles), with every tile flce names preferred so
+// that the cublasLt path runs wherever the heuristic offers one of them,
 // against a float64 product of the same 16-bit inputs and bit for bit against
-// a repeat; on Hopper, the default preference's tile at the bench's first
-// shape. The tile list's parsing runs without a GPU.
+// a repeat. For bf16 at H = 1024 and 2304 tokens the H200's cuBLAS offers one
+// (the cases say where the cublasLt path must have run); for the other cases
+// (small H; 2053 fp16 tokens at H = 1024) it offered none of the named tiles
+// and cublasGemmEx ran, which the same checks cover. On Hopper, the default
+// preference's tile at the bench's first shape. The tile list's parsing and
+// where grad_W asks for a tile run without a GPU.
 #include "kernels/cuda/gemm_algos.h"
 
 #include <cublas_v2.h>
@@ -28,10 +32,10 @@ namespace {
 using cuda::GemmAlgos;
 using cuda::PreferredGemmTiles;
 
-TEST(PreferredGemmTilesTest, OffByDefaultAndListsAsSpelled) {
+TEST(PreferredGemmTilesTest, MeasuredTileByDefaultAndListsAsSpelled) {
   auto unset = PreferredGemmTiles(nullptr);
   ASSERT_TRUE(unset.ok());
-  EXPECT_TRUE(unset->empty());
+  EXPECT_EQ(*unset, (std::vector<cublasLtMatmulTile_t>{CUBLASLT_MATMUL_TILE_128x128}));
   auto measured = PreferredGemmTiles("128x128,128x160");
   ASSERT_TRUE(measured.ok());
   EXPECT_EQ(*measured, (std::vector<cublasLtMatmulTile_t>{CUBLASLT_MATMUL_TILE_128x128,
@@ -45,6 +49,19 @@ TEST(PreferredGemmTilesTest, OffByDefaultAndListsAsSpelled) {
                                                         CUBLASLT_MATMUL_TILE_256x128}));
 }
 
+TEST(PreferTileForGradWeightTest, DefaultFromH1024AndASetListAtEveryH) {
+  using cuda::PreferTileForGradWeight;
+  EXPECT_TRUE(PreferTileForGradWeight(5632, 1024, nullptr));  // the bench's first shape
+  EXPECT_TRUE(PreferTileForGradWeight(2048, 1408, nullptr));
+  EXPECT_FALSE(PreferTileForGradWeight(2047, 1024, nullptr));  // below 2048 tokens
+  EXPECT_FALSE(PreferTileForGradWeight(6144, 896, nullptr));   // measured mixed below H = 1024
+  EXPECT_FALSE(PreferTileForGradWeight(6144, 512, nullptr));
+  EXPECT_TRUE(PreferTileForGradWeight(6144, 512, "128x128"));
+  EXPECT_TRUE(PreferTileForGradWeight(2048, 136, "128x160,128x128"));
+  EXPECT_FALSE(PreferTileForGradWeight(2047, 136, "128x128"));
+  EXPECT_FALSE(PreferTileForGradWeight(5632, 1024, "cublas"));
+}
+
 TEST(PreferredGemmTilesTest, UnknownTileIsRefusedByName) {
   auto bad = PreferredGemmTiles("128x128,huge");
   ASSERT_FALSE(bad.ok());
@@ -56,6 +73,7 @@ TEST(PreferredGemmTilesTest, UnknownTileIsRefusedByName) {
 struct Case {
   DType dtype;
   Shape shape;
+  bool lt_on_hopper;  // the H200's cuBLAS offers a named tile: the cublasLt path must run
 };
 
 constexpr const char* kEveryTile =
@@ -83,13 +101,26 @@ class GemmAlgosTest : public ::testing::TestWithParam<Case> {
   cuda::Gemm gemm_;
 };
 
-// The cublasLt path must be what ran: with every tile preferred, any
-// algorithm cublasLt offers is taken.
-void ExpectPreferredTile(GemmAlgos* algos, const cuda::LtProduct& p, const char* what) {
+bool OnHopper() {
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
+         major == 9;
+}
+
+// Which path ran: with every named tile preferred, any such algorithm cublasLt
+// offers is taken; where the case says so, on Hopper it must have been.
+void ExpectPathTaken(GemmAlgos* algos, const cuda::LtProduct& p, bool lt_required,
+                     const char* what) {
   const auto tile = algos->TileFor(p, nullptr);
   ASSERT_TRUE(tile.ok()) << tile.status();
-  ASSERT_TRUE(tile->has_value()) << what << ": cublasLt offered no algorithm";
-  std::printf("  %s: cublasLt tile id %d\n", what, static_cast<int>(**tile));
+  if (lt_required) {
+    ASSERT_TRUE(tile->has_value()) << what << ": cublasLt offered none of the named tiles";
+  }
+  if (tile->has_value()) {
+    std::printf("  %s: cublasLt tile id %d\n", what, static_cast<int>(**tile));
+  } else {
+    std::printf("  %s: no named tile offered, cublasGemmEx ran\n", what);
+  }
 }
 
 TEST_P(GemmAlgosTest, GradWeightAddsFloat64ProductAndRepeatsBitwise) {
@@ -113,30 +144,30 @@ TEST_P(GemmAlgosTest, GradWeightAddsFloat64ProductAndRepeatsBitwise) {
   ExpectClose(expected.value, expected.abs_sum, runs[0], "grad_W");
   EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0)
       << "grad_W differs between two identical runs";
-  ExpectPreferredTile(algos_.get(),
-                      cuda::GradWeightProduct(dtype, s.cols, s.rows, s.cols, s.hidden), "grad_W");
+  ExpectPathTaken(algos_.get(), cuda::GradWeightProduct(dtype, s.cols, s.rows, s.cols, s.hidden),
+                  GetParam().lt_on_hopper && OnHopper(), "grad_W");
   cudaFree(dev_d);
   cudaFree(dev_x);
   cudaFree(gw);
 }
 
 // Rows off every tile (2053 = 16 x 128 + 5), the vocabulary padded to 64 as
-// the plans pad it, H = 264 off the 128/160-wide tiles, and H = 1024.
+// the plans pad it, H = 264 and 1000 off the 128-wide tiles, and H = 1024.
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmAlgosTest,
-                         ::testing::Values(Case{DType::kBF16, {2053, 1088, 264}},
-                                           Case{DType::kF16, {2048, 1024, 136}},
-                                           Case{DType::kBF16, {2304, 576, 1024}}));
+                         ::testing::Values(Case{DType::kBF16, {2053, 1088, 264}, false},
+                                           Case{DType::kF16, {2048, 1024, 136}, false},
+                                           Case{DType::kBF16, {2053, 1088, 1000}, false},
+                                           Case{DType::kF16, {2053, 1088, 1024}, false},
+                                           Case{DType::kBF16, {2304, 576, 1024}, true}));
 
-// Where the preference was measured (docs/perf/cuda.md step 45): the H200's
-// cuBLAS offers one of the measured tiles for grad_W at the bench's first shape
-// (5632-token chunks, H = 1024, V = 176256), so the cublasLt path is what runs
-// there when FLCE_CUDA_GEMM_TILES names them.
-TEST(GemmAlgosOnHopperTest, PreferredTileForGradWeightAtTheFirstBenchShape) {
+// Where the preference was measured (docs/perf/cuda.md steps 45-46): with
+// FLCE_CUDA_GEMM_TILES unset, the H200's cuBLAS offers the default 128 x 128
+// tile for grad_W at the bench's first shape, so the cublasLt path is what runs
+// there by default.
+TEST(GemmAlgosOnHopperTest, DefaultTileForGradWeightAtTheFirstBenchShape) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  int major = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  if (major != 9) GTEST_SKIP() << "the preference was measured on Hopper (compute capability 9.0)";
-  setenv("FLCE_CUDA_GEMM_TILES", "128x128,128x160", 1);
+  if (!OnHopper()) GTEST_SKIP() << "the preference was measured on Hopper (compute capability 9.0)";
+  unsetenv("FLCE_CUDA_GEMM_TILES");
   auto algos = GemmAlgos::Create();
   ASSERT_TRUE(algos.ok()) << algos.status();
   // 5632-token chunk, H = 1024, V = 176256 (its padded vocabulary).
@@ -145,9 +176,13 @@ TEST(GemmAlgosOnHopperTest, PreferredTileForGradWeightAtTheFirstBenchShape) {
   auto tile = (*algos)->TileFor(grad_weight, nullptr);
   ASSERT_TRUE(tile.ok()) << tile.status();
   ASSERT_TRUE(tile->has_value()) << "no preferred tile offered";
-  EXPECT_TRUE(**tile == CUBLASLT_MATMUL_TILE_128x128 || **tile == CUBLASLT_MATMUL_TILE_128x160)
-      << static_cast<int>(**tile);
+  EXPECT_EQ(**tile, CUBLASLT_MATMUL_TILE_128x128) << static_cast<int>(**tile);
+  // "cublas" turns the preference off: the same product goes to cublasGemmEx.
+  setenv("FLCE_CUDA_GEMM_TILES", "cublas", 1);
+  auto off = (*algos)->TileFor(grad_weight, nullptr);
   unsetenv("FLCE_CUDA_GEMM_TILES");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->has_value());
 }
 
 }  // namespace
