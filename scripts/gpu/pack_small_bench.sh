@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
-# Packs flce_small_bench and the CUDA plugin of this build, and of a reference build
-# (REF_BUILD, e.g. a worktree of an older commit with bench/cuda/small_bench.cc copied in
-# and `ninja flce_cuda flce_small_bench`), with their non-system libraries, into
-# .small-dist/ (git-ignored) for the device machine: carry it and run
-# scripts/gpu/run_small_bench.sh there.
-#   REF_BUILD=/tmp/old/build REF_COMMIT=b6c2fbc BUILD_DIR=build scripts/gpu/pack_small_bench.sh
+# Packs flce_small_bench and the CUDA plugin of this build, and of a reference build,
+# with their non-system libraries, into .small-dist/ (git-ignored) for the device
+# machine: carry it and run scripts/gpu/run_small_bench.sh there.
+#   REF_COMMIT=b6c2fbc BUILD_DIR=build scripts/gpu/pack_small_bench.sh
+# builds the reference (the issue's b6c2fbc) in /tmp/flce-ref-<commit>: a worktree of that
+# commit with this tree's bench/cuda/small_bench.cc and its CMake target added (older trees
+# lack it; it uses only the engine API). REF_BUILD=<dir> packs an existing build instead.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build-cuda}
 dist=$root/.small-dist
+if [[ -z ${REF_BUILD:-} && -n ${REF_COMMIT:-} ]]; then
+  src=/tmp/flce-ref-$REF_COMMIT/src
+  REF_BUILD=/tmp/flce-ref-$REF_COMMIT/build
+  if [[ ! -d $src ]]; then
+    git -C "$root" worktree add -f --detach "$src" "$REF_COMMIT" >/dev/null
+    cp "$root/bench/cuda/small_bench.cc" "$src/bench/cuda/"
+    if ! grep -q flce_small_bench "$src/bench/cuda/CMakeLists.txt"; then
+      printf '%s\n' '' 'if(TARGET flce_cuda)' '  add_executable(flce_small_bench small_bench.cc)' \
+        '  target_link_libraries(flce_small_bench PRIVATE flce_core nlohmann_json::nlohmann_json)' \
+        'endif()' >>"$src/bench/cuda/CMakeLists.txt"
+    fi
+  fi
+  cmake -S "$src" -B "$REF_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  ninja -C "$REF_BUILD" -j2 flce_cuda flce_small_bench
+fi
 ninja -C "$build" -j2 flce_cuda flce_small_bench
 rm -rf "$dist"
 mkdir -p "$dist/lib" "$dist/this"
