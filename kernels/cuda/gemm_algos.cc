@@ -32,8 +32,11 @@ constexpr NamedTile kTiles[] = {
     {"256x128", CUBLASLT_MATMUL_TILE_256x128}, {"320x128", CUBLASLT_MATMUL_TILE_320x128},
 };
 
-// The spelling the choices are keyed by: unset apart from set to "".
-std::string Spelling(const char* env) { return env == nullptr ? "" : std::string("=") + env; }
+// Set to "" reads as unset, as the engine's other switches do.
+bool Unset(const char* env) { return env == nullptr || *env == '\0'; }
+
+// The spelling the choices are keyed by.
+std::string Spelling(const char* env) { return Unset(env) ? "" : std::string("=") + env; }
 
 }  // namespace
 
@@ -78,7 +81,7 @@ absl::Status GemmAlgos::Describe(const LtProduct& p, Descriptors* d, DeviceHealt
 absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env) {
   // The default is the tile measured fastest for grad_W at H = 1024 on the
   // H200 (docs/perf/cuda.md steps 45-46).
-  const absl::string_view spelled = env == nullptr ? kDefaultTiles : env;
+  const absl::string_view spelled = Unset(env) ? kDefaultTiles : env;
   std::vector<cublasLtMatmulTile_t> tiles;
   if (spelled == "cublas") return tiles;
   for (const absl::string_view name : absl::StrSplit(spelled, ',')) {
@@ -100,7 +103,7 @@ absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char*
 
 bool PreferTileForGradWeight(int64_t rows, int64_t hidden, const char* env) {
   if (rows < kTileMinRows) return false;
-  if (env == nullptr) return hidden >= kDefaultTileMinHidden;
+  if (Unset(env)) return hidden >= kDefaultTileMinHidden;
   return absl::string_view(env) != "cublas";
 }
 

@@ -30,7 +30,7 @@
 namespace flce::cuda {
 
 // FLCE_CUDA_GEMM_TILES: a comma-separated list of tiles in order of
-// preference, unset = "128x128" (the measured one); "cublas" = cublasGemmEx's
+// preference, unset or "" = "128x128" (the measured one); "cublas" = cublasGemmEx's
 // default everywhere. Unknown names are an InvalidArgumentError (at engine
 // creation, and at a call if the variable has changed since).
 absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env);

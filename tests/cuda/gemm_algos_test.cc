@@ -36,6 +36,9 @@ TEST(PreferredGemmTilesTest, MeasuredTileByDefaultAndListsAsSpelled) {
   auto unset = PreferredGemmTiles(nullptr);
   ASSERT_TRUE(unset.ok());
   EXPECT_EQ(*unset, (std::vector<cublasLtMatmulTile_t>{CUBLASLT_MATMUL_TILE_128x128}));
+  auto empty = PreferredGemmTiles("");  // set to nothing reads as unset
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(*empty, *unset);
   auto measured = PreferredGemmTiles("128x128,128x160");
   ASSERT_TRUE(measured.ok());
   EXPECT_EQ(*measured, (std::vector<cublasLtMatmulTile_t>{CUBLASLT_MATMUL_TILE_128x128,
@@ -56,6 +59,8 @@ TEST(PreferTileForGradWeightTest, DefaultFromH1024AndASetListAtEveryH) {
   EXPECT_FALSE(PreferTileForGradWeight(2047, 1024, nullptr));  // below 2048 tokens
   EXPECT_FALSE(PreferTileForGradWeight(6144, 896, nullptr));   // measured mixed below H = 1024
   EXPECT_FALSE(PreferTileForGradWeight(6144, 512, nullptr));
+  EXPECT_FALSE(PreferTileForGradWeight(6144, 512, ""));  // as unset
+  EXPECT_TRUE(PreferTileForGradWeight(5632, 1024, ""));
   EXPECT_TRUE(PreferTileForGradWeight(6144, 512, "128x128"));
   EXPECT_TRUE(PreferTileForGradWeight(2048, 136, "128x160,128x128"));
   EXPECT_FALSE(PreferTileForGradWeight(2047, 136, "128x128"));
