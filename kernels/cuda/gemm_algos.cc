@@ -16,6 +16,7 @@ namespace {
 constexpr int64_t kWorkspaceBytes = int64_t{1} << 20;
 constexpr int kHeuristicCount = 16;
 constexpr absl::string_view kDefaultTiles = "128x128";
+constexpr absl::string_view kNoPreference = "cublas";  // cublasGemmEx's default everywhere
 constexpr int64_t kTileMinRows = 2048;
 constexpr int64_t kDefaultTileMinHidden = 1024;
 
@@ -83,7 +84,7 @@ absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char*
   // H200 (docs/perf/cuda.md steps 45-46).
   const absl::string_view spelled = Unset(env) ? kDefaultTiles : env;
   std::vector<cublasLtMatmulTile_t> tiles;
-  if (spelled == "cublas") return tiles;
+  if (spelled == kNoPreference) return tiles;
   for (const absl::string_view name : absl::StrSplit(spelled, ',')) {
     bool known = false;
     for (const NamedTile& t : kTiles) {
@@ -104,7 +105,7 @@ absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char*
 bool PreferTileForGradWeight(int64_t rows, int64_t hidden, const char* env) {
   if (rows < kTileMinRows) return false;
   if (Unset(env)) return hidden >= kDefaultTileMinHidden;
-  return absl::string_view(env) != "cublas";
+  return env != kNoPreference;
 }
 
 absl::StatusOr<std::unique_ptr<GemmAlgos>> GemmAlgos::Create() {
