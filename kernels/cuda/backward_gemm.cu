@@ -254,11 +254,13 @@ bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, 
 
 bool OwnGradWeightByDefault(int64_t rows, int64_t hidden) {
   // Measured in whole runs interleaved with the bound, each pair in both
-  // listing orders (docs/perf/cuda.md step 42): the ping-pong kernel
-  // 0.2-1.6 ms per run ahead of cuBLAS at H = 1536, 2048 and 4096, even to
-  // 0.7 ms behind at H = 1024, where cuBLAS's grad_W runs at its best.
-  // Small chunks stay on cuBLAS's thin-product kernels, as for grad_input.
-  return rows >= 2048 && hidden >= 1536;
+  // listing orders (docs/perf/cuda.md steps 42, 47): the ping-pong kernel
+  // 0.2-1.6 ms per run ahead of cublasGemmEx's default at H = 1536, 2048 and
+  // 4096, even to 0.7 ms behind at H = 1024, where cuBLAS's grad_W runs at
+  // its best; at H = 4096 cuBLAS's 128 x 160 algorithm (gemm_algos.h) is
+  // ahead of it. Small chunks stay on cuBLAS's thin-product kernels, as for
+  // grad_input.
+  return rows >= 2048 && hidden >= 1536 && hidden < 4096;
 }
 
 bool GradWeightPairs() {

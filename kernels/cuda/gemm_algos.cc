@@ -16,6 +16,8 @@ namespace {
 constexpr int64_t kWorkspaceBytes = int64_t{1} << 20;
 constexpr int kHeuristicCount = 16;
 constexpr absl::string_view kDefaultTiles = "128x128";
+constexpr absl::string_view kDefaultWideTiles = "128x160";
+constexpr int64_t kWideTileMinHidden = 4096;
 constexpr absl::string_view kNoPreference = "cublas";  // cublasGemmEx's default everywhere
 constexpr int64_t kTileMinRows = 2048;
 constexpr int64_t kDefaultTileMinHidden = 1024;
@@ -79,10 +81,13 @@ absl::Status GemmAlgos::Describe(const LtProduct& p, Descriptors* d, DeviceHealt
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env) {
-  // The default is the tile measured fastest for grad_W at H = 1024 on the
-  // H200 (docs/perf/cuda.md steps 45-46).
-  const absl::string_view spelled = Unset(env) ? kDefaultTiles : env;
+absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env,
+                                                                     int64_t hidden) {
+  // The default is the tile measured fastest for grad_W on the H200: 128 x 128
+  // at H = 1024, 128 x 160 at H = 4096 (docs/perf/cuda.md steps 45-47).
+  const absl::string_view by_hidden =
+      hidden >= kWideTileMinHidden ? kDefaultWideTiles : kDefaultTiles;
+  const absl::string_view spelled = Unset(env) ? by_hidden : env;
   std::vector<cublasLtMatmulTile_t> tiles;
   if (spelled == kNoPreference) return tiles;
   for (const absl::string_view name : absl::StrSplit(spelled, ',')) {
@@ -109,7 +114,7 @@ bool PreferTileForGradWeight(int64_t rows, int64_t hidden, const char* env) {
 }
 
 absl::StatusOr<std::unique_ptr<GemmAlgos>> GemmAlgos::Create() {
-  FLCE_RETURN_IF_ERROR(PreferredGemmTiles(std::getenv("FLCE_CUDA_GEMM_TILES")).status());
+  FLCE_RETURN_IF_ERROR(PreferredGemmTiles(std::getenv("FLCE_CUDA_GEMM_TILES"), 0).status());
   return std::unique_ptr<GemmAlgos>(new GemmAlgos());
 }
 
@@ -123,7 +128,9 @@ absl::StatusOr<GemmAlgos::Choice> GemmAlgos::Choose(const LtProduct& p, DeviceHe
   const char* env = std::getenv("FLCE_CUDA_GEMM_TILES");
   const auto key = std::make_pair(Spelling(env), p.Key());
   if (auto it = chosen_.find(key); it != chosen_.end()) return it->second;
-  FLCE_ASSIGN_OR_RETURN(const std::vector<cublasLtMatmulTile_t> preferred, PreferredGemmTiles(env));
+  // The products are grad_W's (GradWeightProduct), whose m is H.
+  FLCE_ASSIGN_OR_RETURN(const std::vector<cublasLtMatmulTile_t> preferred,
+                        PreferredGemmTiles(env, p.m));
   Choice choice;
   if (preferred.empty()) {
     chosen_[key] = choice;

@@ -7,13 +7,15 @@
 // (the cases say where the cublasLt path must have run); for the other cases
 // (small H; 2053 fp16 tokens at H = 1024) it offered none of the named tiles
 // and cublasGemmEx ran, which the same checks cover. On Hopper, the default
-// preference's tile at the bench's first shape. The tile list's parsing and
+// preference's tile at the bench's shapes, and the H = 4096 default (128 x
+// 160) at a chunk of the second shape's kind. The tile list's parsing and
 // where grad_W asks for a tile run without a GPU.
 #include "kernels/cuda/gemm_algos.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -33,29 +35,52 @@ using cuda::GemmAlgos;
 using cuda::PreferredGemmTiles;
 
 TEST(PreferredGemmTilesTest, MeasuredTileByDefaultAndListsAsSpelled) {
-  auto unset = PreferredGemmTiles(nullptr);
+  auto unset = PreferredGemmTiles(nullptr, 1024);
   ASSERT_TRUE(unset.ok());
   EXPECT_EQ(*unset, (std::vector<cublasLtMatmulTile_t>{CUBLASLT_MATMUL_TILE_128x128}));
-  auto empty = PreferredGemmTiles("");  // set to nothing reads as unset
+  auto empty = PreferredGemmTiles("", 1024);  // set to nothing reads as unset
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(*empty, *unset);
-  auto measured = PreferredGemmTiles("128x128,128x160");
+  auto measured = PreferredGemmTiles("128x128,128x160", 1024);
   ASSERT_TRUE(measured.ok());
   EXPECT_EQ(*measured, (std::vector<cublasLtMatmulTile_t>{CUBLASLT_MATMUL_TILE_128x128,
                                                           CUBLASLT_MATMUL_TILE_128x160}));
-  auto off = PreferredGemmTiles("cublas");
+  auto off = PreferredGemmTiles("cublas", 1024);
   ASSERT_TRUE(off.ok());
   EXPECT_TRUE(off->empty());
-  auto listed = PreferredGemmTiles("128x160,256x128");
+  auto listed = PreferredGemmTiles("128x160,256x128", 1024);
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(*listed, (std::vector<cublasLtMatmulTile_t>{CUBLASLT_MATMUL_TILE_128x160,
                                                         CUBLASLT_MATMUL_TILE_256x128}));
+}
+
+TEST(PreferredGemmTilesTest, DefaultByHiddenAndASetListAtEveryHidden) {
+  const std::vector<cublasLtMatmulTile_t> narrow{CUBLASLT_MATMUL_TILE_128x128};
+  const std::vector<cublasLtMatmulTile_t> wide{CUBLASLT_MATMUL_TILE_128x160};
+  for (const int64_t hidden : {1024, 1536, 2048, 4095}) {
+    auto tiles = PreferredGemmTiles(nullptr, hidden);
+    ASSERT_TRUE(tiles.ok());
+    EXPECT_EQ(*tiles, narrow) << "H = " << hidden;
+  }
+  for (const int64_t hidden : {4096, 5120, 8192}) {
+    auto tiles = PreferredGemmTiles("", hidden);
+    ASSERT_TRUE(tiles.ok());
+    EXPECT_EQ(*tiles, wide) << "H = " << hidden;
+  }
+  auto set = PreferredGemmTiles("128x128", 4096);
+  ASSERT_TRUE(set.ok());
+  EXPECT_EQ(*set, narrow);
+  auto off = PreferredGemmTiles("cublas", 8192);
+  ASSERT_TRUE(off.ok());
+  EXPECT_TRUE(off->empty());
 }
 
 TEST(PreferTileForGradWeightTest, DefaultFromH1024AndASetListAtEveryH) {
   using cuda::PreferTileForGradWeight;
   EXPECT_TRUE(PreferTileForGradWeight(5632, 1024, nullptr));  // the bench's first shape
   EXPECT_TRUE(PreferTileForGradWeight(2048, 1408, nullptr));
+  EXPECT_TRUE(PreferTileForGradWeight(5632, 4096, nullptr));  // the second and third shapes
+  EXPECT_TRUE(PreferTileForGradWeight(4096, 4096, nullptr));
   EXPECT_FALSE(PreferTileForGradWeight(2047, 1024, nullptr));  // below 2048 tokens
   EXPECT_FALSE(PreferTileForGradWeight(6144, 896, nullptr));   // measured mixed below H = 1024
   EXPECT_FALSE(PreferTileForGradWeight(6144, 512, nullptr));
@@ -68,7 +93,7 @@ TEST(PreferTileForGradWeightTest, DefaultFromH1024AndASetListAtEveryH) {
 }
 
 TEST(PreferredGemmTilesTest, UnknownTileIsRefusedByName) {
-  auto bad = PreferredGemmTiles("128x128,huge");
+  auto bad = PreferredGemmTiles("128x128,huge", 1024);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("'huge'"), std::string::npos) << bad.status();
@@ -188,6 +213,102 @@ TEST(GemmAlgosOnHopperTest, DefaultTileForGradWeightAtTheFirstBenchShape) {
   unsetenv("FLCE_CUDA_GEMM_TILES");
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_FALSE(off->has_value());
+}
+
+// At H = 4096 the default prefers the 128 x 160 tile (docs/perf/cuda.md step
+// 47): the H200's cuBLAS offers it for grad_W at the second and third bench
+// shapes' chunks, and at a product of the same kind (a 5632-token chunk, H =
+// 4096, 16448 vocabulary columns: too large for a whole float64 product on the
+// host) it adds the product onto random values: every element against
+// cublasGemmEx's result on the same inputs, within fp32 accumulation error of
+// a bound on the terms' magnitudes; 4096 sampled elements against float64;
+// bitwise against a repeat.
+TEST(GemmAlgosOnHopperTest, DefaultWideTileAtH4096AddsTheProduct) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  if (!OnHopper()) GTEST_SKIP() << "the preference was measured on Hopper (compute capability 9.0)";
+  unsetenv("FLCE_CUDA_GEMM_TILES");
+  auto algos = GemmAlgos::Create();
+  ASSERT_TRUE(algos.ok()) << algos.status();
+  for (const Shape bench : {Shape{5632, 151936, 4096}, Shape{4096, 128256, 4096}}) {
+    auto tile = (*algos)->TileFor(
+        cuda::GradWeightProduct(DType::kBF16, bench.cols, bench.rows, bench.cols, bench.hidden),
+        nullptr);
+    ASSERT_TRUE(tile.ok()) << tile.status();
+    ASSERT_TRUE(tile->has_value()) << "128 x 160 not offered for " << bench.rows << " tokens";
+    EXPECT_EQ(**tile, CUBLASLT_MATMUL_TILE_128x160);
+  }
+
+  const Shape s{5632, 16448, 4096};
+  const DType dtype = DType::kBF16;
+  auto tile =
+      (*algos)->TileFor(cuda::GradWeightProduct(dtype, s.cols, s.rows, s.cols, s.hidden), nullptr);
+  ASSERT_TRUE(tile.ok()) << tile.status();
+  ASSERT_TRUE(tile->has_value()) << "128 x 160 not offered for the checked product";
+  std::mt19937 rng(static_cast<uint32_t>(std::random_device{}()));
+  const auto d = RandomRounded(dtype, s.rows * s.cols, 0.05f, &rng);
+  const auto x = RandomRounded(dtype, s.rows * s.hidden, 1.0f, &rng);
+  const auto gw0 = RandomRounded(DType::kF32, s.cols * s.hidden, 1.0f, &rng);
+  void* dev_d = Upload16(dtype, d);
+  void* dev_x = Upload16(dtype, x);
+  float* gw = Upload(gw0);
+  cublasHandle_t blas = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  cuda::Gemm gemm;
+  gemm.handle = blas;
+  gemm.dtype = dtype;
+  std::vector<float> lt[2], gemm_ex;
+  for (int run = 0; run < 3; ++run) {
+    gemm.algos = run < 2 ? algos->get() : nullptr;  // the third: cublasGemmEx
+    ASSERT_EQ(cudaMemcpy(gw, gw0.data(), gw0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_TRUE(gemm.GradWeight(dev_d, s.cols, dev_x, s.rows, s.cols, s.hidden, gw).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    (run < 2 ? lt[run] : gemm_ex) = Download(gw, gw0.size());
+  }
+  cublasDestroy(blas);
+  cudaFree(dev_d);
+  cudaFree(dev_x);
+  cudaFree(gw);
+  EXPECT_EQ(std::memcmp(lt[0].data(), lt[1].data(), lt[0].size() * 4), 0)
+      << "grad_W differs between two identical runs";
+
+  // sum_t |d[t, v]| |x[t, k]| <= (sum_t |d[t, v]|) max_t |x[t, k]|.
+  std::vector<double> d_abs(s.cols, 0.0), x_max(s.hidden, 0.0);
+  for (int64_t t = 0; t < s.rows; ++t) {
+    for (int64_t v = 0; v < s.cols; ++v) d_abs[v] += std::fabs(d[t * s.cols + v]);
+    for (int64_t k = 0; k < s.hidden; ++k) {
+      x_max[k] = std::max(x_max[k], static_cast<double>(std::fabs(x[t * s.hidden + k])));
+    }
+  }
+  int64_t bad = 0;
+  for (int64_t v = 0; v < s.cols; ++v) {
+    for (int64_t k = 0; k < s.hidden; ++k) {
+      const size_t i = static_cast<size_t>(v * s.hidden + k);
+      const double tol = 1e-4 * (d_abs[v] * x_max[k] + std::fabs(gw0[i])) + 1e-6;
+      if (!(std::fabs(static_cast<double>(lt[0][i]) - gemm_ex[i]) <= tol) && bad++ < 5) {
+        ADD_FAILURE() << "element (" << v << ", " << k << "): " << lt[0][i] << " vs cublasGemmEx "
+                      << gemm_ex[i];
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << "elements off cublasGemmEx's result";
+
+  std::vector<double> ref, abs_sum;
+  std::vector<float> got;
+  std::uniform_int_distribution<int64_t> pick_v(0, s.cols - 1), pick_k(0, s.hidden - 1);
+  for (int sample = 0; sample < 4096; ++sample) {
+    const int64_t v = pick_v(rng), k = pick_k(rng);
+    const size_t i = static_cast<size_t>(v * s.hidden + k);
+    double value = gw0[i], magnitude = std::fabs(gw0[i]);
+    for (int64_t t = 0; t < s.rows; ++t) {
+      const double term = static_cast<double>(d[t * s.cols + v]) * x[t * s.hidden + k];
+      value += term;
+      magnitude += std::fabs(term);
+    }
+    ref.push_back(value);
+    abs_sum.push_back(magnitude);
+    got.push_back(lt[0][i]);
+  }
+  ExpectClose(ref, abs_sum, got, "grad_W, 4096 sampled elements");
 }
 
 }  // namespace
