@@ -253,14 +253,14 @@ bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, 
 }
 
 bool OwnGradWeightByDefault(int64_t rows, int64_t hidden) {
-  // Measured in whole runs interleaved with the bound, each pair in both
-  // listing orders (docs/perf/cuda.md steps 42, 47): the ping-pong kernel
-  // 0.2-1.6 ms per run ahead of cublasGemmEx's default at H = 1536, 2048 and
-  // 4096, even to 0.7 ms behind at H = 1024, where cuBLAS's grad_W runs at
-  // its best; at H = 4096 cuBLAS's 128 x 160 algorithm (gemm_algos.h) is
-  // ahead of it. Small chunks stay on cuBLAS's thin-product kernels, as for
-  // grad_input.
-  return rows >= 2048 && hidden >= 1536 && hidden < 4096;
+  // Measured in whole runs interleaved with the bound, in balanced listing
+  // orders (docs/perf/cuda.md steps 42, 43, 47): the ping-pong kernel is
+  // ahead at H = 1536 and 2048, where it runs beside the own grad_input; from
+  // H = 3072, where it runs alone, cuBLAS's 128 x 160 algorithm (gemm_algos.h)
+  // is ahead of it by 0.5-2% per run (H = 3072, 4096, 8192); at H = 1024
+  // cuBLAS's 128 x 128 one. Small chunks stay on cuBLAS's thin-product
+  // kernels, as for grad_input.
+  return rows >= 2048 && hidden >= 1536 && hidden <= 2048;
 }
 
 bool GradWeightPairs() {

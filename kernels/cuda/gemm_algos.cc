@@ -17,7 +17,7 @@ constexpr int64_t kWorkspaceBytes = int64_t{1} << 20;
 constexpr int kHeuristicCount = 16;
 constexpr absl::string_view kDefaultTiles = "128x128";
 constexpr absl::string_view kDefaultWideTiles = "128x160";
-constexpr int64_t kWideTileMinHidden = 4096;
+constexpr int64_t kWideTileAboveHidden = 2048;
 constexpr absl::string_view kNoPreference = "cublas";  // cublasGemmEx's default everywhere
 constexpr int64_t kTileMinRows = 2048;
 constexpr int64_t kDefaultTileMinHidden = 1024;
@@ -84,9 +84,10 @@ absl::Status GemmAlgos::Describe(const LtProduct& p, Descriptors* d, DeviceHealt
 absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env,
                                                                      int64_t hidden) {
   // The default is the tile measured fastest for grad_W on the H200: 128 x 128
-  // at H = 1024, 128 x 160 at H = 4096 (docs/perf/cuda.md steps 45-47).
+  // at H = 1024, 128 x 160 at H = 3072, 4096 and 8192 (docs/perf/cuda.md steps
+  // 45-47).
   const absl::string_view by_hidden =
-      hidden >= kWideTileMinHidden ? kDefaultWideTiles : kDefaultTiles;
+      hidden > kWideTileAboveHidden ? kDefaultWideTiles : kDefaultTiles;
   const absl::string_view spelled = Unset(env) ? by_hidden : env;
   std::vector<cublasLtMatmulTile_t> tiles;
   if (spelled == kNoPreference) return tiles;

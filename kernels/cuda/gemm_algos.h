@@ -3,8 +3,9 @@
 // takes a 256 x 128 tile where its 128 x 128 one measured 10% faster alone and
 // in whole runs 1.5 ms per run faster (median over six processes; 0 to 2.5 in
 // the three leases that measured it) on the H200 (docs/perf/cuda.md steps
-// 45-46); at H = 4096 its 128 x 160 one measured 4.5% faster alone and ahead
-// of flce's own grad_W kernel in whole runs (step 47). A product runs on
+// 45-46); at H = 4096 its 128 x 160 one measured 4.5% faster alone, and at
+// H = 3072, 4096 and 8192 it is ahead of flce's own grad_W kernel in whole
+// runs (step 47). A product runs on
 // cublasLt with the heuristic's first algorithm of the most preferred tile
 // the heuristic offers; none offered, it is left to cublasGemmEx. The choice
 // depends on the heuristic's list alone (never on timings), so results are
@@ -32,7 +33,7 @@ namespace flce::cuda {
 
 // FLCE_CUDA_GEMM_TILES: a comma-separated list of tiles in order of
 // preference; unset or "" = the one measured for grad_W at `hidden`: "128x128"
-// below H = 4096, "128x160" from there; "cublas" = cublasGemmEx's default
+// up to H = 2048, "128x160" above; "cublas" = cublasGemmEx's default
 // everywhere. Unknown names are an InvalidArgumentError (at engine creation,
 // and at a call if the variable has changed since).
 absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env,

@@ -307,12 +307,13 @@ TEST(GradInputDefaultTest, OwnKernelWhereItsWavesAreFilled) {
 }
 
 // Where the default takes the own (ping-pong) grad_W kernel: chunks of 2048
-// tokens and more at 1536 <= H < 4096. Host logic, runs everywhere.
+// tokens and more at 1536 <= H <= 2048, beside the own grad_input. Host
+// logic, runs everywhere.
 TEST(GradWeightDefaultTest, OwnKernelForLargeChunksOfWideHeads) {
   EXPECT_TRUE(cuda::OwnGradWeightByDefault(6554, 2048));
   EXPECT_TRUE(cuda::OwnGradWeightByDefault(2048, 1536));
-  EXPECT_TRUE(cuda::OwnGradWeightByDefault(5632, 4088));
-  EXPECT_FALSE(cuda::OwnGradWeightByDefault(5632, 4096));  // cuBLAS's 128 x 160 tile ahead
+  EXPECT_FALSE(cuda::OwnGradWeightByDefault(5632, 3072));  // cuBLAS's 128 x 160 tile ahead
+  EXPECT_FALSE(cuda::OwnGradWeightByDefault(5632, 4096));
   EXPECT_FALSE(cuda::OwnGradWeightByDefault(8192, 8192));
   EXPECT_FALSE(cuda::OwnGradWeightByDefault(5632, 1024));  // cuBLAS ahead at H = 1024
   EXPECT_FALSE(cuda::OwnGradWeightByDefault(2047, 4096));

@@ -7,8 +7,8 @@
 // (the cases say where the cublasLt path must have run); for the other cases
 // (small H; 2053 fp16 tokens at H = 1024) it offered none of the named tiles
 // and cublasGemmEx ran, which the same checks cover. On Hopper, the default
-// preference's tile at the bench's shapes, and the H = 4096 default (128 x
-// 160) at a chunk of the second shape's kind. The tile list's parsing and
+// preference's tile at the bench's shapes, and the default above H = 2048
+// (128 x 160) at a chunk of the second shape's kind. The tile list's parsing and
 // where grad_W asks for a tile run without a GPU.
 #include "kernels/cuda/gemm_algos.h"
 
@@ -57,12 +57,12 @@ TEST(PreferredGemmTilesTest, MeasuredTileByDefaultAndListsAsSpelled) {
 TEST(PreferredGemmTilesTest, DefaultByHiddenAndASetListAtEveryHidden) {
   const std::vector<cublasLtMatmulTile_t> narrow{CUBLASLT_MATMUL_TILE_128x128};
   const std::vector<cublasLtMatmulTile_t> wide{CUBLASLT_MATMUL_TILE_128x160};
-  for (const int64_t hidden : {1024, 1536, 2048, 4095}) {
+  for (const int64_t hidden : {1024, 1536, 2048}) {
     auto tiles = PreferredGemmTiles(nullptr, hidden);
     ASSERT_TRUE(tiles.ok());
     EXPECT_EQ(*tiles, narrow) << "H = " << hidden;
   }
-  for (const int64_t hidden : {4096, 5120, 8192}) {
+  for (const int64_t hidden : {2056, 3072, 4096, 8192}) {
     auto tiles = PreferredGemmTiles("", hidden);
     ASSERT_TRUE(tiles.ok());
     EXPECT_EQ(*tiles, wide) << "H = " << hidden;
@@ -215,26 +215,28 @@ TEST(GemmAlgosOnHopperTest, DefaultTileForGradWeightAtTheFirstBenchShape) {
   EXPECT_FALSE(off->has_value());
 }
 
-// At H = 4096 the default prefers the 128 x 160 tile (docs/perf/cuda.md step
-// 47): the H200's cuBLAS offers it for grad_W at the second and third bench
-// shapes' chunks, and at a product of the same kind (a 5632-token chunk, H =
+// Above H = 2048 the default prefers the 128 x 160 tile (docs/perf/cuda.md
+// step 47): the H200's cuBLAS offers it for grad_W at the chunks of the bench
+// shapes of H = 3072, 4096 and 8192, and at a product of the same kind (a 5632-token chunk, H =
 // 4096, 16448 vocabulary columns: too large for a whole float64 product on the
 // host) it adds the product onto random values: every element against
 // cublasGemmEx's result on the same inputs, within fp32 accumulation error of
 // a bound on the terms' magnitudes; 4096 sampled elements against float64;
 // bitwise against a repeat.
-TEST(GemmAlgosOnHopperTest, DefaultWideTileAtH4096AddsTheProduct) {
+TEST(GemmAlgosOnHopperTest, DefaultWideTileAddsTheProductAtH4096) {
   SKIP_WITHOUT_CUDA_DEVICE();
   if (!OnHopper()) GTEST_SKIP() << "the preference was measured on Hopper (compute capability 9.0)";
   unsetenv("FLCE_CUDA_GEMM_TILES");
   auto algos = GemmAlgos::Create();
   ASSERT_TRUE(algos.ok()) << algos.status();
-  for (const Shape bench : {Shape{5632, 151936, 4096}, Shape{4096, 128256, 4096}}) {
+  for (const Shape bench : {Shape{5632, 151936, 4096}, Shape{4096, 128256, 4096},
+                            Shape{5632, 128256, 3072}, Shape{4096, 128256, 8192}}) {
     auto tile = (*algos)->TileFor(
         cuda::GradWeightProduct(DType::kBF16, bench.cols, bench.rows, bench.cols, bench.hidden),
         nullptr);
     ASSERT_TRUE(tile.ok()) << tile.status();
-    ASSERT_TRUE(tile->has_value()) << "128 x 160 not offered for " << bench.rows << " tokens";
+    ASSERT_TRUE(tile->has_value())
+        << "128 x 160 not offered for " << bench.rows << " tokens at H = " << bench.hidden;
     EXPECT_EQ(**tile, CUBLASLT_MATMUL_TILE_128x160);
   }
 
