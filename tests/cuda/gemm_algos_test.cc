@@ -22,6 +22,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/dtype.h"
@@ -153,32 +154,58 @@ void ExpectPathTaken(GemmAlgos* algos, const cuda::LtProduct& p, bool lt_require
   }
 }
 
+// Random 16-bit operands of grad_W on the GPU and the fp32 values it adds onto.
+struct GradWeightOperands {
+  std::vector<float> d, x, gw0;
+  void* dev_d = nullptr;
+  void* dev_x = nullptr;
+  float* gw = nullptr;
+  GradWeightOperands(DType dtype, const Shape& s, std::mt19937* rng)
+      : d(RandomRounded(dtype, s.rows * s.cols, 0.05f, rng)),
+        x(RandomRounded(dtype, s.rows * s.hidden, 1.0f, rng)),
+        gw0(RandomRounded(DType::kF32, s.cols * s.hidden, 1.0f, rng)),
+        dev_d(Upload16(dtype, d)),
+        dev_x(Upload16(dtype, x)),
+        gw(Upload(gw0)) {}
+  ~GradWeightOperands() {
+    cudaFree(dev_d);
+    cudaFree(dev_x);
+    cudaFree(gw);
+  }
+  GradWeightOperands(const GradWeightOperands&) = delete;
+  GradWeightOperands& operator=(const GradWeightOperands&) = delete;
+
+  // gw0 + D^T X through `gemm`, downloaded; empty where a step failed.
+  std::vector<float> Run(const cuda::Gemm& gemm, const Shape& s) {
+    if (cudaMemcpy(gw, gw0.data(), gw0.size() * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
+      ADD_FAILURE() << "upload of grad_W's initial values";
+      return {};
+    }
+    const absl::Status st = gemm.GradWeight(dev_d, s.cols, dev_x, s.rows, s.cols, s.hidden, gw);
+    if (!st.ok() || cudaDeviceSynchronize() != cudaSuccess) {
+      ADD_FAILURE() << "grad_W: " << st;
+      return {};
+    }
+    return Download(gw, gw0.size());
+  }
+};
+
 TEST_P(GemmAlgosTest, GradWeightAddsFloat64ProductAndRepeatsBitwise) {
   const DType dtype = GetParam().dtype;
   const Shape s = GetParam().shape;
   std::mt19937 rng(static_cast<uint32_t>(std::random_device{}()));
-  const auto d = RandomRounded(dtype, s.rows * s.cols, 0.05f, &rng);
-  const auto x = RandomRounded(dtype, s.rows * s.hidden, 1.0f, &rng);
-  const auto gw0 = RandomRounded(DType::kF32, s.cols * s.hidden, 1.0f, &rng);
-  void* dev_d = Upload16(dtype, d);
-  void* dev_x = Upload16(dtype, x);
-  float* gw = Upload(gw0);
+  GradWeightOperands op(dtype, s, &rng);
   std::vector<float> runs[2];
   for (auto& got : runs) {
-    ASSERT_EQ(cudaMemcpy(gw, gw0.data(), gw0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_TRUE(gemm_.GradWeight(dev_d, s.cols, dev_x, s.rows, s.cols, s.hidden, gw).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    got = Download(gw, gw0.size());
+    got = op.Run(gemm_, s);
+    ASSERT_EQ(got.size(), op.gw0.size());
   }
-  const Expected expected = Float64Products(d, x, s, /*weight=*/true, gw0);
+  const Expected expected = Float64Products(op.d, op.x, s, /*weight=*/true, op.gw0);
   ExpectClose(expected.value, expected.abs_sum, runs[0], "grad_W");
   EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0)
       << "grad_W differs between two identical runs";
   ExpectPathTaken(algos_.get(), cuda::GradWeightProduct(dtype, s.cols, s.rows, s.cols, s.hidden),
                   GetParam().lt_on_hopper && OnHopper(), "grad_W");
-  cudaFree(dev_d);
-  cudaFree(dev_x);
-  cudaFree(gw);
 }
 
 // Rows off every tile (2053 = 16 x 128 + 5), the vocabulary padded to 64 as
@@ -247,12 +274,10 @@ TEST(GemmAlgosOnHopperTest, DefaultWideTileAddsTheProductAtH4096) {
   ASSERT_TRUE(tile.ok()) << tile.status();
   ASSERT_TRUE(tile->has_value()) << "128 x 160 not offered for the checked product";
   std::mt19937 rng(static_cast<uint32_t>(std::random_device{}()));
-  const auto d = RandomRounded(dtype, s.rows * s.cols, 0.05f, &rng);
-  const auto x = RandomRounded(dtype, s.rows * s.hidden, 1.0f, &rng);
-  const auto gw0 = RandomRounded(DType::kF32, s.cols * s.hidden, 1.0f, &rng);
-  void* dev_d = Upload16(dtype, d);
-  void* dev_x = Upload16(dtype, x);
-  float* gw = Upload(gw0);
+  GradWeightOperands op(dtype, s, &rng);
+  const std::vector<float>& d = op.d;
+  const std::vector<float>& x = op.x;
+  const std::vector<float>& gw0 = op.gw0;
   cublasHandle_t blas = nullptr;
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   cuda::Gemm gemm;
@@ -261,15 +286,12 @@ TEST(GemmAlgosOnHopperTest, DefaultWideTileAddsTheProductAtH4096) {
   std::vector<float> lt[2], gemm_ex;
   for (int run = 0; run < 3; ++run) {
     gemm.algos = run < 2 ? algos->get() : nullptr;  // the third: cublasGemmEx
-    ASSERT_EQ(cudaMemcpy(gw, gw0.data(), gw0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_TRUE(gemm.GradWeight(dev_d, s.cols, dev_x, s.rows, s.cols, s.hidden, gw).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    (run < 2 ? lt[run] : gemm_ex) = Download(gw, gw0.size());
+    (run < 2 ? lt[run] : gemm_ex) = op.Run(gemm, s);
   }
   cublasDestroy(blas);
-  cudaFree(dev_d);
-  cudaFree(dev_x);
-  cudaFree(gw);
+  ASSERT_EQ(lt[0].size(), gw0.size());
+  ASSERT_EQ(lt[1].size(), gw0.size());
+  ASSERT_EQ(gemm_ex.size(), gw0.size());
   EXPECT_EQ(std::memcmp(lt[0].data(), lt[1].data(), lt[0].size() * 4), 0)
       << "grad_W differs between two identical runs";
 
