@@ -198,6 +198,10 @@ absl::Status CheckLayout(const char* what, DType dtype, const void* d, int64_t r
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Up to this H the own grad_W starts beside the own grad_input by default
+// (the two defaults below decide together); above it grad_W runs alone.
+constexpr int64_t kBesideMaxHidden = 2048;
+
 std::string GradWeightEnv() {
   const char* env = std::getenv("FLCE_CUDA_GRAD_WEIGHT");
   return env != nullptr ? env : "";
@@ -234,7 +238,7 @@ bool OwnGradInputByDefault(int64_t rows, int64_t hidden, int splits, bool grad_w
   // only evens that out, so cuBLAS keeps it. Below a few thousand tokens
   // cuBLAS's thin-product kernels fit.
   if (rows < 2048) return false;
-  return splits >= 2 || (grad_weight_beside && hidden <= 2048);
+  return splits >= 2 || (grad_weight_beside && hidden <= kBesideMaxHidden);
 }
 
 bool GradWeightBesideGradInput() {
@@ -260,7 +264,7 @@ bool OwnGradWeightByDefault(int64_t rows, int64_t hidden) {
   // is ahead of it by 0.5-2% per run (H = 3072, 4096, 8192); at H = 1024
   // cuBLAS's 128 x 128 one. Small chunks stay on cuBLAS's thin-product
   // kernels, as for grad_input.
-  return rows >= 2048 && hidden >= 1536 && hidden <= 2048;
+  return rows >= 2048 && hidden >= 1536 && hidden <= kBesideMaxHidden;
 }
 
 bool GradWeightPairs() {

@@ -115,6 +115,7 @@ bool PreferTileForGradWeight(int64_t rows, int64_t hidden, const char* env) {
 }
 
 absl::StatusOr<std::unique_ptr<GemmAlgos>> GemmAlgos::Create() {
+  // Checks the spelling only: the default list is valid at every H.
   FLCE_RETURN_IF_ERROR(PreferredGemmTiles(std::getenv("FLCE_CUDA_GEMM_TILES"), 0).status());
   return std::unique_ptr<GemmAlgos>(new GemmAlgos());
 }

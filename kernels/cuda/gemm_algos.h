@@ -5,11 +5,11 @@
 // the three leases that measured it) on the H200 (docs/perf/cuda.md steps
 // 45-46); at H = 4096 its 128 x 160 one measured 4.5% faster alone, and at
 // H = 3072, 4096 and 8192 it is ahead of flce's own grad_W kernel in whole
-// runs (step 47). A product runs on
-// cublasLt with the heuristic's first algorithm of the most preferred tile
-// the heuristic offers; none offered, it is left to cublasGemmEx. The choice
-// depends on the heuristic's list alone (never on timings), so results are
-// bitwise the same in every process on the same GPU and cuBLAS version.
+// runs (step 47). A product runs on cublasLt with the heuristic's first
+// algorithm of the most preferred tile the heuristic offers; none offered, it
+// is left to cublasGemmEx. The choice depends on the heuristic's list alone
+// (never on timings), so results are bitwise the same in every process on the
+// same GPU and cuBLAS version.
 #ifndef FLCE_KERNELS_CUDA_GEMM_ALGOS_H_
 #define FLCE_KERNELS_CUDA_GEMM_ALGOS_H_
 

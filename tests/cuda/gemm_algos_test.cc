@@ -182,8 +182,12 @@ struct GradWeightOperands {
       return {};
     }
     const absl::Status st = gemm.GradWeight(dev_d, s.cols, dev_x, s.rows, s.cols, s.hidden, gw);
-    if (!st.ok() || cudaDeviceSynchronize() != cudaSuccess) {
+    if (!st.ok()) {
       ADD_FAILURE() << "grad_W: " << st;
+      return {};
+    }
+    if (const cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
+      ADD_FAILURE() << "grad_W: " << cudaGetErrorString(err);
       return {};
     }
     return Download(gw, gw0.size());
