@@ -21,6 +21,20 @@ std::string AnonymousRequestId(const std::string& instance_id) {
   return absl::StrCat("anonymous-", instance_id, "-", counter.fetch_add(1));
 }
 
+// What a request message is, for status messages that say what arrived.
+std::string Describe(const v1::ComputeRequest& request) {
+  switch (request.msg_case()) {
+    case v1::ComputeRequest::kHeader:
+      return "a header";
+    case v1::ComputeRequest::kHidden:
+      return absl::StrCat("a hidden chunk at token_offset ", request.hidden().token_offset());
+    case v1::ComputeRequest::kEnd:
+      return absl::StrCat("an end message (end.num_tokens = ", request.end().num_tokens(), ")");
+    default:
+      return "a message holding none of header, hidden or end";
+  }
+}
+
 }  // namespace
 
 ComputeJob::ComputeJob(const ServiceContext& ctx, ComputeChannel* channel, const Principal& who,
@@ -51,8 +65,7 @@ absl::Status ComputeJob::Run() {
   }
   if (!first->has_header()) {
     return absl::InvalidArgumentError(
-        "first message must be a header (got a hidden chunk at token_offset " +
-        std::to_string(first->hidden().token_offset()) + ")");
+        absl::StrCat("first message must be a header (got ", Describe(*first), ")"));
   }
   absl::Status status = Setup(first->header());
   if (status.ok()) scope_->mark_phase("setup");
@@ -128,7 +141,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
         "Compute", static_cast<int64_t>(header.targets().size() + header.token_weights().size() +
                                         header.entropy_weights().size()));
   }
-  rows_.emplace(spec_.num_tokens);
+  rows_.emplace(spec_.num_tokens, "hidden");
   if (header.has_shared()) FLCE_RETURN_IF_ERROR(OpenSharedRegion(header.shared()));
   forward_only_ = header.outputs().forward_only();
   deferred_ = header.commit() == v1::COMMIT_DEFERRED;
@@ -406,6 +419,12 @@ void ComputeJob::SendTokenOutputs(const ComputeResult& result) {
   }
 }
 
+absl::Status ComputeJob::ExpectHalfClose() {
+  FLCE_ASSIGN_OR_RETURN(std::optional<v1::ComputeRequest> next, channel_->Next());
+  if (!next.has_value()) return absl::OkStatus();
+  return MessageAfterEndError("ComputeRequest.end", Describe(*next));
+}
+
 absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   if (end.num_tokens() != spec_.num_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("end.num_tokens = ", end.num_tokens(),
@@ -451,6 +470,7 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   // only the summary retries with the same request id (docs/API.md).
   SendTokenOutputs(result);
   FLCE_RETURN_IF_ERROR(channel_->WaitForSent());
+  FLCE_RETURN_IF_ERROR(ExpectHalfClose());
   if (slot_held_) {
     // CompleteContribution releases the slot whatever it returns.
     slot_held_ = false;

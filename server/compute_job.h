@@ -63,6 +63,9 @@ class ComputeJob {
   // Waits while an optimizer step rewrites the head, then holds head_use_.
   absl::Status EnterHead(const std::string& head_id);
   absl::Status TakeStaging(const HeadSpec& head_spec);
+  // The end message is the last one: nothing lands until the client has
+  // half-closed after it, and a message that follows it fails the call.
+  absl::Status ExpectHalfClose();
   absl::Status AddChunk(const v1::HiddenChunk& chunk);
   // Rows [token_offset, ...) of hidden, checked and handed to the engine.
   absl::Status AddRows(int64_t token_offset, absl::string_view data);
@@ -106,7 +109,7 @@ class ComputeJob {
   StagedGrad staging_;
   double staging_wait_ms_ = 0.0;
   std::unique_ptr<ComputeCall> call_;
-  std::optional<HiddenRowTracker> rows_;
+  std::optional<RowTracker> rows_;
   int64_t row_bytes_ = 0;
   uint64_t hidden_fingerprint_ = 0;  // HiddenFingerprint summed over the rows received
   // ...or the engine's DeviceHiddenFingerprint, when they were read on the GPU.

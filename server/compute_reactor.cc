@@ -7,8 +7,10 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "server/compute_job.h"
 #include "server/status_mapping.h"
 
@@ -18,6 +20,21 @@ namespace {
 // Request messages read ahead of the worker. With 2, the next chunk is on
 // its way while the worker feeds the engine, and memory stays bounded.
 constexpr size_t kMaxQueuedRequests = 2;
+
+// A request message as the job sees it, or why it is none. gRPC's own parsing
+// would report a message that does not parse as a half-close; parsed here, it
+// fails the call instead.
+absl::StatusOr<v1::ComputeRequest> Parse(grpc::ByteBuffer* bytes) {
+  const size_t size = bytes->Length();
+  v1::ComputeRequest request;
+  if (grpc::SerializationTraits<v1::ComputeRequest>::Deserialize(bytes, &request).ok()) {
+    return request;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "a request message of ", size,
+      " bytes does not parse as flce.v1.ComputeRequest: nothing landed"));
+}
+
 }  // namespace
 
 // Shared by the reactor (gRPC's threads), the worker thread and the engine's
@@ -55,19 +72,21 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
         input_closed_ = true;
         return;
       }
-      input_.push_back(std::move(request_));
+      input_.push_back(Parse(&request_));
       request_.Clear();
+      // Nothing after a message that does not parse is read.
+      if (!input_.back().ok()) input_closed_ = true;
       read_more = ReserveReadLocked();
     }
     if (read_more) IssueRead();
   }
 
   void OnWriteDone(bool ok) {
-    const v1::ComputeResponse* next = nullptr;
+    const grpc::ByteBuffer* next = nullptr;
     bool finish = false;
     {
       absl::MutexLock lock(&mu_);
-      out_bytes_ -= static_cast<int64_t>(out_.front()->ByteSizeLong());
+      out_bytes_ -= static_cast<int64_t>(out_.front().Length());
       out_.pop_front();
       if (!ok) {  // the client is gone: nothing more will be written
         cancelled_ = true;
@@ -75,7 +94,7 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
         out_bytes_ = 0;
       }
       if (!out_.empty() && !finish_called_) {
-        next = out_.front().get();
+        next = &out_.front();
       } else {
         writing_ = false;
       }
@@ -108,7 +127,8 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
           this));
       if (cancelled_) return GoneStatus();
       if (input_.empty()) return std::optional<v1::ComputeRequest>();  // client closed
-      item.emplace(std::move(input_.front()));
+      if (!input_.front().ok()) return input_.front().status();
+      item.emplace(*std::move(input_.front()));
       input_.pop_front();
       read_more = ReserveReadLocked();
     }
@@ -117,15 +137,25 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
   }
 
   void Send(std::unique_ptr<v1::ComputeResponse> response) override {
-    const v1::ComputeResponse* first = nullptr;
+    grpc::ByteBuffer bytes;
+    bool own_buffer = false;
+    if (!grpc::SerializationTraits<v1::ComputeResponse>::Serialize(*response, &bytes, &own_buffer)
+             .ok()) {
+      // The call must not land with a response missing: WaitForSent says so.
+      absl::MutexLock lock(&mu_);
+      send_error_ = absl::InternalError("a response message did not serialize: nothing landed");
+      return;
+    }
+    response.reset();  // its bytes are in the buffer now
+    const grpc::ByteBuffer* first = nullptr;
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_ || finish_wanted_) return;
-      out_bytes_ += static_cast<int64_t>(response->ByteSizeLong());
-      out_.push_back(std::move(response));
+      out_bytes_ += static_cast<int64_t>(bytes.Length());
+      out_.push_back(std::move(bytes));
       if (!writing_) {
         writing_ = true;
-        first = out_.front().get();
+        first = &out_.front();
       }
     }
     if (first != nullptr) reactor_->StartWrite(first);
@@ -133,6 +163,7 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
 
   absl::Status CheckAlive() override {
     absl::MutexLock lock(&mu_);
+    if (!send_error_.ok()) return send_error_;
     // The deadline counts even before gRPC's cancellation reaches us.
     return cancelled_ || absl::Now() >= deadline_ ? GoneStatus() : absl::OkStatus();
   }
@@ -143,6 +174,7 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
         +[](ComputeStream* s)
              ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->cancelled_ || s->out_.empty(); },
         this));
+    if (!send_error_.ok()) return send_error_;
     return cancelled_ || absl::Now() >= deadline_ ? GoneStatus() : absl::OkStatus();
   }
 
@@ -218,7 +250,7 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
       if (!status.ok()) {
         // Only the message already on the wire stays.
         while (out_.size() > (writing_ ? 1u : 0u)) {
-          out_bytes_ -= static_cast<int64_t>(out_.back()->ByteSizeLong());
+          out_bytes_ -= static_cast<int64_t>(out_.back().Length());
           out_.pop_back();
         }
       }
@@ -234,17 +266,20 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
   ComputeReactor* reactor_;          // valid until finish_called_ (then OnDone deletes it)
   const absl::Time deadline_;
   const int64_t max_out_bytes_;
-  v1::ComputeRequest request_;  // the read buffer; one read at a time
+  grpc::ByteBuffer request_;  // the read buffer; one read at a time
 
   absl::Mutex mu_;
-  std::deque<v1::ComputeRequest> input_ ABSL_GUARDED_BY(mu_);
+  // Parsed request messages; one that does not parse is its error, and last.
+  std::deque<absl::StatusOr<v1::ComputeRequest>> input_ ABSL_GUARDED_BY(mu_);
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool read_starting_ ABSL_GUARDED_BY(mu_) = false;
   bool input_closed_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<std::unique_ptr<v1::ComputeResponse>> out_ ABSL_GUARDED_BY(mu_);
+  // Serialized responses; the front one is on the wire while writing_.
+  std::deque<grpc::ByteBuffer> out_ ABSL_GUARDED_BY(mu_);
   int64_t out_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status send_error_ ABSL_GUARDED_BY(mu_);
   bool finish_wanted_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status finish_status_;  // written before finish_called_, read after

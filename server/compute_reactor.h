@@ -26,7 +26,10 @@ namespace flce::server {
 
 class ComputeStream;
 
-class ComputeReactor : public grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse> {
+// Messages travel as bytes: the stream parses requests itself (a message
+// that does not parse fails the call, where gRPC would report a half-close)
+// and serializes responses on the thread that sends them.
+class ComputeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ComputeReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call, Principal who,
                  std::unique_ptr<RpcScope> scope);

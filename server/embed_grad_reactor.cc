@@ -14,7 +14,7 @@
 namespace flce::server {
 
 EmbedGradReactor::EmbedGradReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
-                                   v1::EmbedGradSummary* response, Principal who,
+                                   grpc::ByteBuffer* response, Principal who,
                                    std::unique_ptr<RpcScope> scope)
     : ctx_(ctx), call_(call), response_(response), who_(std::move(who)), scope_(std::move(scope)) {
   StartRead(&request_);
@@ -29,14 +29,15 @@ void EmbedGradReactor::OnReadDone(bool ok) {
     }
     if (!ok) {
       // A half-close, a cancel and a broken stream look alike: only the end
-      // message means "done".
-      End(ended_ ? absl::OkStatus()
+      // message means "done", and the contribution lands only once the stream
+      // has closed after it.
+      End(ended_ ? Land()
                  : absl::InvalidArgumentError(
                        "the request stream ended without an end message (EmbedGradRequest.end): "
                        "nothing landed"));
       return;
     }
-    absl::Status status = Handle(request_);
+    absl::Status status = ParseAndHandle();
     if (!status.ok()) {
       End(status);
       return;
@@ -56,15 +57,54 @@ void EmbedGradReactor::End(const absl::Status& status) {
   }
   rows_.clear();
   rows_.shrink_to_fit();
-  grpc::Status grpc_status = ToGrpcStatus(EngineStatus(*ctx_.engine, status));
+  absl::Status outcome = status;
+  bool own_buffer = false;
+  if (outcome.ok() &&
+      !grpc::SerializationTraits<v1::EmbedGradSummary>::Serialize(summary_, response_, &own_buffer)
+           .ok()) {
+    outcome = absl::InternalError("the summary did not serialize");
+  }
+  grpc::Status grpc_status = ToGrpcStatus(EngineStatus(*ctx_.engine, outcome));
   scope_->Done(grpc_status);
   Finish(grpc_status);
 }
 
+namespace {
+
+// What a request message is, for status messages that say what arrived.
+std::string Describe(const v1::EmbedGradRequest& request) {
+  switch (request.msg_case()) {
+    case v1::EmbedGradRequest::kHeader:
+      return "a header";
+    case v1::EmbedGradRequest::kRows:
+      return absl::StrCat("gradient rows at token_offset ", request.rows().token_offset());
+    case v1::EmbedGradRequest::kEnd:
+      return absl::StrCat("an end message (end.num_tokens = ", request.end().num_tokens(), ")");
+    default:
+      return "a message holding none of header, rows or end";
+  }
+}
+
+}  // namespace
+
+absl::Status EmbedGradReactor::ParseAndHandle() {
+  const size_t size = request_.Length();
+  v1::EmbedGradRequest request;
+  if (!grpc::SerializationTraits<v1::EmbedGradRequest>::Deserialize(&request_, &request).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a request message of ", size,
+        " bytes does not parse as flce.v1.EmbedGradRequest: nothing landed"));
+  }
+  return Handle(request);
+}
+
 absl::Status EmbedGradReactor::Handle(const v1::EmbedGradRequest& request) {
-  if (ended_) return absl::InvalidArgumentError("a message after the end message");
+  if (ended_) return MessageAfterEndError("EmbedGradRequest.end", Describe(request));
   if (!have_header_) {
-    if (!request.has_header()) return absl::InvalidArgumentError("first message must be a header");
+    if (!request.has_header()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("first message must be a header (got ", Describe(request), ")"));
+    }
     have_header_ = true;
     return Setup(request.header());
   }
@@ -73,7 +113,7 @@ absl::Status EmbedGradReactor::Handle(const v1::EmbedGradRequest& request) {
       return AddRows(request.rows());
     case v1::EmbedGradRequest::kEnd:
       ended_ = true;
-      return Complete(request.end());
+      return CheckEnd(request.end());
     case v1::EmbedGradRequest::kHeader:
       return absl::InvalidArgumentError("header sent twice: only the first message is one");
     default:
@@ -121,7 +161,7 @@ absl::Status EmbedGradReactor::Setup(const v1::EmbedGradHeader& header) {
     padding_idx_ = static_cast<int32_t>(p < 0 ? p + spec.vocab_size : p);
   }
   row_bytes_ = spec.hidden_size * DTypeSize(dtype_);
-  tracker_.emplace(header.num_tokens());
+  tracker_.emplace(header.num_tokens(), "gradient");
   rows_.assign(header.num_tokens() * row_bytes_, '\0');
   FLCE_ASSIGN_OR_RETURN(session_,
                         ctx_.sessions->GetOrCreate(who_.tenant, head_.head_id, session_id, spec));
@@ -151,15 +191,18 @@ absl::Status EmbedGradReactor::AddRows(const v1::EmbedRows& rows) {
   return absl::OkStatus();
 }
 
-absl::Status EmbedGradReactor::Complete(const v1::EndOfInput& end) {
-  const absl::Time start = absl::Now();
+absl::Status EmbedGradReactor::CheckEnd(const v1::EndOfInput& end) {
   if (end.num_tokens() != header_.num_tokens()) {
     return absl::InvalidArgumentError(absl::StrCat("end.num_tokens = ", end.num_tokens(),
                                                    " but the header's num_tokens is ",
                                                    header_.num_tokens()));
   }
-  FLCE_RETURN_IF_ERROR(tracker_->CheckComplete());
-  response_->set_head_version(head_.version);
+  return tracker_->CheckComplete();
+}
+
+absl::Status EmbedGradReactor::Land() {
+  const absl::Time start = absl::Now();
+  summary_.set_head_version(head_.version);
   // Padding rows get no gradient: drop them (and their ids) in place.
   int64_t kept = 0;
   for (int64_t i = 0; i < header_.num_tokens(); ++i) {
@@ -170,15 +213,15 @@ absl::Status EmbedGradReactor::Complete(const v1::EndOfInput& end) {
     }
     ++kept;
   }
-  response_->set_rows_applied(kept);
+  summary_.set_rows_applied(kept);
   if (begin_.replay) {
     if (begin_.first.hidden_fingerprint != rows_fingerprint_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "request id \"", header_.request_id(),
           "\" was used for an EmbedGrad call with other gradient rows: choose a new request id"));
     }
-    response_->set_replayed(true);
-    response_->set_committed(begin_.first.state == ContributionState::kCommitted);
+    summary_.set_replayed(true);
+    summary_.set_committed(begin_.first.state == ContributionState::kCommitted);
     return absl::OkStatus();
   }
   double waited_ms = 0.0;
@@ -198,8 +241,8 @@ absl::Status EmbedGradReactor::Complete(const v1::EndOfInput& end) {
   FLCE_RETURN_IF_ERROR(ctx_.sessions->CompleteContribution(*session_, header_.request_id(),
                                                            std::move(staged), /*deferred=*/false,
                                                            /*tokens=*/0, rows_fingerprint_));
-  response_->set_committed(true);
-  v1::Timings* timings = response_->mutable_timings();
+  summary_.set_committed(true);
+  v1::Timings* timings = summary_.mutable_timings();
   timings->set_wait_ms(waited_ms);
   timings->set_total_ms(absl::ToDoubleMilliseconds(absl::Now() - scope_->start()));
   timings->set_engine_ms(absl::ToDoubleMilliseconds(absl::Now() - start) - waited_ms);

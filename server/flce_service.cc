@@ -189,12 +189,12 @@ grpc::ServerUnaryReactor* FlceService::UnloadHead(grpc::CallbackServerContext* c
       });
 }
 
-grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse>* FlceService::Compute(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* FlceService::Compute(
     grpc::CallbackServerContext* call) {
   auto scope = std::make_unique<RpcScope>(ctx_, "Compute");
   absl::StatusOr<Principal> who = Admit(ctx_, *call, *scope);
   if (!who.ok()) {
-    return new RefusedReactor<grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse>>(
+    return new RefusedReactor<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(
         std::move(scope), ToGrpcStatus(who.status()));
   }
   return new ComputeReactor(ctx_, call, *who, std::move(scope));
@@ -365,12 +365,12 @@ grpc::ServerWriteReactor<v1::EmbedResponse>* FlceService::Embed(grpc::CallbackSe
   return new EmbedReactor(ctx_, request, *who, std::move(scope));
 }
 
-grpc::ServerReadReactor<v1::EmbedGradRequest>* FlceService::EmbedGrad(
-    grpc::CallbackServerContext* call, v1::EmbedGradSummary* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* FlceService::EmbedGrad(
+    grpc::CallbackServerContext* call, grpc::ByteBuffer* response) {
   auto scope = std::make_unique<RpcScope>(ctx_, "EmbedGrad");
   absl::StatusOr<Principal> who = Admit(ctx_, *call, *scope);
   if (!who.ok()) {
-    return new RefusedReactor<grpc::ServerReadReactor<v1::EmbedGradRequest>>(
+    return new RefusedReactor<grpc::ServerReadReactor<grpc::ByteBuffer>>(
         std::move(scope), ToGrpcStatus(who.status()));
   }
   return new EmbedGradReactor(ctx_, call, response, *who, std::move(scope));

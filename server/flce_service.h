@@ -12,7 +12,30 @@
 
 namespace flce::server {
 
-class FlceService final : public v1::Flce::CallbackService {
+// gRPC's CallbackService, but Compute and EmbedGrad take and give bytes:
+// they parse their request messages themselves, because gRPC reports a
+// message that does not parse exactly like the client's half-close, which
+// after the end message would land the call.
+using FlceServiceBase = v1::Flce::WithCallbackMethod_UploadHead<
+    v1::Flce::WithCallbackMethod_LoadHeadFromFile<v1::Flce::WithCallbackMethod_DescribeHead<
+        v1::Flce::WithCallbackMethod_ListHeads<v1::Flce::WithCallbackMethod_UnloadHead<
+            v1::Flce::WithRawCallbackMethod_Compute<v1::Flce::WithCallbackMethod_Commit<
+                v1::Flce::WithCallbackMethod_FetchGrad<v1::Flce::WithCallbackMethod_ZeroGrad<
+                    v1::Flce::WithCallbackMethod_ListSessions<
+                        v1::Flce::WithCallbackMethod_DeleteSession<
+                            v1::Flce::WithCallbackMethod_GetServerInfo<
+                                v1::Flce::WithCallbackMethod_CreateOptimizer<
+                                    v1::Flce::WithCallbackMethod_Step<
+                                        v1::Flce::WithCallbackMethod_GradNorm<
+                                            v1::Flce::WithCallbackMethod_DownloadHead<
+                                                v1::Flce::WithCallbackMethod_Embed<
+                                                    v1::Flce::WithRawCallbackMethod_EmbedGrad<
+                                                        v1::Flce::WithCallbackMethod_SaveCheckpoint<
+                                                            v1::Flce::WithCallbackMethod_LoadCheckpoint<
+                                                                v1::Flce::WithCallbackMethod_Regions<
+                                                                    v1::Flce::Service>>>>>>>>>>>>>>>>>>>>>;
+
+class FlceService final : public FlceServiceBase {
  public:
   explicit FlceService(const ServiceContext* ctx) : ctx_(*ctx) {}
 
@@ -30,7 +53,7 @@ class FlceService final : public v1::Flce::CallbackService {
   grpc::ServerUnaryReactor* UnloadHead(grpc::CallbackServerContext* call,
                                        const v1::UnloadHeadRequest* request,
                                        v1::UnloadHeadResponse* response) override;
-  grpc::ServerBidiReactor<v1::ComputeRequest, v1::ComputeResponse>* Compute(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Compute(
       grpc::CallbackServerContext* call) override;
   grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* call,
                                    const v1::CommitRequest* request,
@@ -58,8 +81,8 @@ class FlceService final : public v1::Flce::CallbackService {
       grpc::CallbackServerContext* call, const v1::DownloadHeadRequest* request) override;
   grpc::ServerWriteReactor<v1::EmbedResponse>* Embed(grpc::CallbackServerContext* call,
                                                      const v1::EmbedRequest* request) override;
-  grpc::ServerReadReactor<v1::EmbedGradRequest>* EmbedGrad(grpc::CallbackServerContext* call,
-                                                           v1::EmbedGradSummary* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* EmbedGrad(grpc::CallbackServerContext* call,
+                                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* SaveCheckpoint(grpc::CallbackServerContext* call,
                                            const v1::SaveCheckpointRequest* request,
                                            v1::CheckpointInfo* response) override;

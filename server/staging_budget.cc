@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 
 namespace flce::server {
@@ -13,7 +14,10 @@ namespace {
 // How often a waiting call looks whether its client is still there.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
 
-std::string MiB(int64_t bytes) { return absl::StrCat(bytes >> 20, " MiB"); }
+// Exact, and readable at a glance: whole MiB alone would call 0.7 MiB "0 MiB".
+std::string Bytes(int64_t bytes) {
+  return absl::StrFormat("%d bytes (%.2f MiB)", bytes, static_cast<double>(bytes) / (1 << 20));
+}
 
 }  // namespace
 
@@ -59,7 +63,7 @@ absl::StatusOr<StagingReservation> StagingBudget::Acquire(int64_t bytes, absl::T
   }
   if (bytes > capacity_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "this call's fp32 staging buffer (", MiB(bytes), ") is larger than all staging memory, ",
+        "this call's fp32 staging buffer (", Bytes(bytes), ") is larger than all staging memory, ",
         "--max-staging-mb=", capacity_ >> 20));
   }
   if (queue_.empty() && in_use_ + bytes <= capacity_) {
@@ -68,7 +72,7 @@ absl::StatusOr<StagingReservation> StagingBudget::Acquire(int64_t bytes, absl::T
   }
   if (static_cast<int64_t>(queue_.size()) >= max_waiting_) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(queue_.size(), " calls already wait for staging memory (", MiB(in_use_),
+        absl::StrCat(queue_.size(), " calls already wait for staging memory (", Bytes(in_use_),
                      " of --max-staging-mb=", capacity_ >> 20,
                      " in use), --max-queued-calls=", max_waiting_));
   }
@@ -82,7 +86,7 @@ absl::StatusOr<StagingReservation> StagingBudget::Acquire(int64_t bytes, absl::T
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       failed = absl::DeadlineExceededError(absl::StrCat(
-          "the call's deadline passed while it waited for staging memory (", MiB(in_use_),
+          "the call's deadline passed while it waited for staging memory (", Bytes(in_use_),
           " of --max-staging-mb=", capacity_ >> 20, " in use)"));
       break;
     }

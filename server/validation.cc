@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace flce::server {
@@ -86,6 +87,12 @@ absl::Status ValidateRequestId(absl::string_view id, absl::string_view field) {
   return id.empty() ? absl::OkStatus() : ValidateId(id, field);
 }
 
+absl::Status MessageAfterEndError(absl::string_view end_field, absl::string_view got) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "a message after the end message (", end_field, "; then got ", got,
+      "): nothing landed; the end message is the last one, half-close the stream right after it"));
+}
+
 absl::Status CheckOutputsFinite(const ComputeResult& result) {
   for (const auto& [name, value] : {std::pair<const char*, double>{"loss", result.loss},
                                     {"z_loss", result.z_loss},
@@ -112,7 +119,7 @@ absl::Status ValidateId(absl::string_view id, absl::string_view field) {
   for (char c : id) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, " \"", id, "\" holds a control character"));
+          absl::StrCat(field, " \"", absl::CEscape(id), "\" holds a control character"));
     }
   }
   return absl::OkStatus();
@@ -283,10 +290,10 @@ absl::StatusOr<HeadSpec> HeadSpecFromUpload(const v1::UploadHeadHeader& header) 
   return spec;
 }
 
-absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset, int64_t bytes,
-                                                 int64_t row_bytes) {
+absl::StatusOr<int64_t> RowTracker::Accept(int64_t token_offset, int64_t bytes,
+                                           int64_t row_bytes) {
   if (bytes <= 0 || bytes % row_bytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden chunk at token_offset ", token_offset,
+    return absl::InvalidArgumentError(absl::StrCat(what_, " chunk at token_offset ", token_offset,
                                                    " has ", bytes,
                                                    " bytes, not a positive multiple of a row's ",
                                                    row_bytes, " bytes (hidden_size x dtype size)"));
@@ -297,7 +304,7 @@ absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset, int64_t b
     const std::string end = token_offset > std::numeric_limits<int64_t>::max() - rows
                                 ? absl::StrCat(token_offset, " + ", rows)
                                 : absl::StrCat(token_offset + rows);
-    return absl::InvalidArgumentError(absl::StrCat("hidden chunk rows [", token_offset, ", ", end,
+    return absl::InvalidArgumentError(absl::StrCat(what_, " chunk rows [", token_offset, ", ", end,
                                                    ") are outside [0, num_tokens = ", num_tokens_,
                                                    ")"));
   }
@@ -308,7 +315,7 @@ absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset, int64_t b
   if (next != ranges_.begin()) {
     auto prev = std::prev(next);
     if (prev->second > token_offset) {
-      return absl::InvalidArgumentError(absl::StrCat("hidden chunk rows [", token_offset, ", ", end,
+      return absl::InvalidArgumentError(absl::StrCat(what_, " chunk rows [", token_offset, ", ", end,
                                                      ") overlap rows [", prev->first, ", ",
                                                      prev->second, ") already received"));
     }
@@ -318,14 +325,14 @@ absl::StatusOr<int64_t> HiddenRowTracker::Accept(int64_t token_offset, int64_t b
   return rows;
 }
 
-absl::Status HiddenRowTracker::CheckComplete() const {
+absl::Status RowTracker::CheckComplete() const {
   if (received_ == num_tokens_) return absl::OkStatus();
   int64_t expect = 0;
   for (const auto& [begin, end] : ranges_) {
     if (begin != expect) break;
     expect = end;
   }
-  return absl::InvalidArgumentError(absl::StrCat("hidden rows missing: received ", received_,
+  return absl::InvalidArgumentError(absl::StrCat(what_, " rows missing: received ", received_,
                                                  " of num_tokens = ", num_tokens_,
                                                  "; first missing row ", expect));
 }

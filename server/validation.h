@@ -5,7 +5,7 @@
 // Usage:
 //   FLCE_ASSIGN_OR_RETURN(ComputeSpec spec,
 //                         ComputeSpecFromHeader(header, head->spec(), limits));
-//   HiddenRowTracker rows(spec.num_tokens);
+//   RowTracker rows(spec.num_tokens, "hidden");
 //   FLCE_ASSIGN_OR_RETURN(int64_t n, rows.Accept(chunk.token_offset(), bytes, row_bytes));
 #ifndef FLCE_SERVER_VALIDATION_H_
 #define FLCE_SERVER_VALIDATION_H_
@@ -48,6 +48,11 @@ absl::Status ValidateText(absl::string_view text, absl::string_view field, int64
 // A request id: empty (the server names the call) or as ValidateId.
 absl::Status ValidateRequestId(absl::string_view id, absl::string_view field);
 
+// INVALID_ARGUMENT for a message that follows a stream's end message
+// (`end_field`, e.g. "ComputeRequest.end"); `got` says what it was. The end
+// message is the last: the call fails and lands nothing.
+absl::Status MessageAfterEndError(absl::string_view end_field, absl::string_view got);
+
 // The accepted ranges of the loss options and per-token weights, refused
 // outside them before any work (docs/API.md lists them): inside them fp32
 // holds every intermediate for data of ordinary scale; what still overflows
@@ -71,11 +76,12 @@ inline constexpr char kNonFiniteResult[] = "non-finite result: ";
 // per-token value) that is NaN or Inf.
 absl::Status CheckOutputsFinite(const ComputeResult& result);
 
-// Which hidden rows of a request have arrived. Chunks may come in any order;
-// they must stay inside [0, num_tokens) and never overlap.
-class HiddenRowTracker {
+// Which rows of a request have arrived. Chunks may come in any order; they
+// must stay inside [0, num_tokens) and never overlap. `what` names the rows in
+// every error ("hidden", "gradient"); it must outlive the tracker.
+class RowTracker {
  public:
-  explicit HiddenRowTracker(int64_t num_tokens) : num_tokens_(num_tokens) {}
+  RowTracker(int64_t num_tokens, const char* what) : num_tokens_(num_tokens), what_(what) {}
 
   // Checks a chunk of `bytes` bytes at token_offset (rows of row_bytes each)
   // and records it; returns its row count.
@@ -86,6 +92,7 @@ class HiddenRowTracker {
 
  private:
   int64_t num_tokens_;
+  const char* what_;
   int64_t received_ = 0;
   std::map<int64_t, int64_t> ranges_;  // begin -> end of rows received
 };

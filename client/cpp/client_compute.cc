@@ -140,11 +140,12 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
       args.progress(hidden_bytes, hidden_bytes);
     }
     // Only this says "done": the server lands nothing from a stream that just
-    // stops, as a dying or cancelled client's does.
+    // stops, as a dying or cancelled client's does. The half-close travels
+    // with it: the server lands the call only once the stream has closed
+    // behind its end message.
     v1::ComputeRequest end;
     end.mutable_end()->set_num_tokens(tokens);
-    if (!stream->Write(end)) return;
-    stream->WritesDone();
+    stream->WriteLast(end, grpc::WriteOptions());
   });
 
   absl::Status protocol;

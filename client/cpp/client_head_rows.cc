@@ -174,12 +174,15 @@ absl::StatusOr<v1::EmbedGradSummary> Client::EmbedGrad(const EmbedGradArgs& args
     sent = writer->Write(message);
   }
   if (sent) {
-    // Only this says "done": the server lands nothing from a stream that just stops.
+    // Only this says "done": the server lands nothing from a stream that just
+    // stops, nor before the stream closes behind the end message: the
+    // half-close travels with it.
     v1::EmbedGradRequest end;
     end.mutable_end()->set_num_tokens(n);
-    sent = writer->Write(end);
+    writer->WriteLast(end, grpc::WriteOptions());
+  } else {
+    writer->WritesDone();
   }
-  if (sent) writer->WritesDone();
   FLCE_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
   return summary;
 }

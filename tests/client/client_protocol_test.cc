@@ -62,6 +62,10 @@ class FakeFlce final : public v1::Flce::Service {
     bool ended = false;
     while (stream->Read(&request)) {
       std::lock_guard<std::mutex> lock(mu);
+      if (ended) {  // as the real server: the end message is the last one
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "a message after the end message: nothing landed");
+      }
       if (request.has_end()) {
         ended = true;
         end_tokens = request.end().num_tokens();

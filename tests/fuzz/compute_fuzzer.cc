@@ -30,8 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case FuzzTarget::kComputeSpec:
       flce::fuzz::RunComputeSpecChecks(input);
       break;
-    case FuzzTarget::kHiddenRowTracker:
-      flce::fuzz::RunHiddenRowTrackerChecks(input);
+    case FuzzTarget::kRowTracker:
+      flce::fuzz::RunRowTrackerChecks(input);
       break;
   }
   return 0;

@@ -9,7 +9,7 @@ FuzzTarget TargetOf(uint8_t flags) {
     case 2:
       return FuzzTarget::kComputeSpec;
     case 3:
-      return FuzzTarget::kHiddenRowTracker;
+      return FuzzTarget::kRowTracker;
     default:
       return FuzzTarget::kComputeJob;
   }

@@ -23,7 +23,7 @@ namespace flce::fuzz {
 enum class FuzzTarget {
   kComputeJob,       // flags & 3 == 0 or 1: ComputeJob over a fake channel
   kComputeSpec,      // 2: ComputeSpecFromHeader and ValidateId on each header
-  kHiddenRowTracker  // 3: HiddenRowTracker against a model (bytes after the flags)
+  kRowTracker  // 3: RowTracker against a model (bytes after the flags)
 };
 
 struct FuzzInput {

@@ -118,11 +118,11 @@ void RunComputeSpecChecks(const FuzzInput& input) {
   }
 }
 
-void RunHiddenRowTrackerChecks(const FuzzInput& input) {
+void RunRowTrackerChecks(const FuzzInput& input) {
   Reader in(input.body);
   const int64_t num_tokens = 1 + static_cast<int64_t>(in.Take(1));  // 1..256
   const int64_t row_bytes = 1 + static_cast<int64_t>(in.Take(1) % 16);
-  server::HiddenRowTracker tracker(num_tokens);
+  server::RowTracker tracker(num_tokens, "hidden");
   std::vector<bool> have(num_tokens, false);
   int64_t received = 0;
   for (int ops = 0; !in.empty() && ops < 512; ++ops) {

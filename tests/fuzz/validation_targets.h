@@ -6,7 +6,7 @@
 //     finite), and a refusal is INVALID_ARGUMENT or RESOURCE_EXHAUSTED.
 //     The ids go through ValidateId, each record also through
 //     HeadSpecFromUpload as an UploadHeadHeader.
-//   HiddenRowTracker: a sequence of chunks (any offsets and sizes, int64
+//   RowTracker: a sequence of chunks (any offsets and sizes, int64
 //     extremes included) accepted exactly when a plain bitmap model says so,
 //     with the same counts and the same first missing row.
 #ifndef FLCE_TESTS_FUZZ_VALIDATION_TARGETS_H_
@@ -17,7 +17,7 @@
 namespace flce::fuzz {
 
 void RunComputeSpecChecks(const FuzzInput& input);
-void RunHiddenRowTrackerChecks(const FuzzInput& input);
+void RunRowTrackerChecks(const FuzzInput& input);
 
 }  // namespace flce::fuzz
 

@@ -132,9 +132,12 @@ class FakeFlce(pb_grpc.FlceServicer):
         asm = tensors.RowAssembler(n, hsz, dtype)
         ended = False
         for req in it:
+            if ended:  # as the real server: the end message is the last one
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              "a message after the end message: nothing landed")
             if req.WhichOneof("msg") == "end":
                 ended = True
-                break
+                continue
             asm.put(req.hidden.token_offset, req.hidden.data)
         if not ended:  # as the real server: a stream that just stops lands nothing
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,

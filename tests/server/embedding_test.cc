@@ -20,6 +20,7 @@ namespace flce::server::test {
 namespace {
 
 using ::flce::test::MakeProblem;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string Bytes(const std::vector<int32_t>& ids) {
@@ -81,6 +82,7 @@ class EmbeddingTest : public ServerTest {
     std::optional<int32_t> padding_idx;
     bool deterministic = false;
     bool send_end = true;
+    std::vector<v1::EmbedGradRequest> after_end;  // sent after the end message
     int64_t rows_per_chunk = 5;
   };
 
@@ -101,8 +103,10 @@ class EmbeddingTest : public ServerTest {
     hd->set_deterministic(call.deterministic);
     if (call.padding_idx) hd->set_padding_idx(*call.padding_idx);
     writer->Write(header);
-    // Chunks in reverse order: arrival order must not matter.
-    for (int64_t end = n; end > 0; end -= call.rows_per_chunk) {
+    // Chunks in reverse order: arrival order must not matter. Rows as given,
+    // which may be fewer than the ids.
+    for (int64_t end = static_cast<int64_t>(call.rows.size()) / h; end > 0;
+         end -= call.rows_per_chunk) {
       const int64_t begin = std::max<int64_t>(0, end - call.rows_per_chunk);
       v1::EmbedGradRequest chunk;
       chunk.mutable_rows()->set_token_offset(begin);
@@ -115,6 +119,7 @@ class EmbeddingTest : public ServerTest {
       end.mutable_end()->set_num_tokens(n);
       writer->Write(end);
     }
+    for (const v1::EmbedGradRequest& message : call.after_end) writer->Write(message);
     writer->WritesDone();
     return writer->Finish();
   }
@@ -216,6 +221,105 @@ TEST_F(EmbeddingTest, DeterministicEmbedGradIsBitwiseRepeatable) {
   ASSERT_TRUE(EmbedGrad(call).ok());
   FetchedGrad second = FetchGrad(stub(), "h", "s");
   EXPECT_EQ(first.weight, second.weight);
+}
+
+// As for Compute: the end message is the last one; a message after it fails
+// the call before anything lands, and the request id stays unused.
+TEST_F(EmbeddingTest, AMessageAfterTheEndFailsEmbedGradAndLandsNothing) {
+  GradCall call = RandomCall("after-end", 20, 12);
+  v1::EmbedGradRequest end;
+  end.mutable_end()->set_num_tokens(20);
+  v1::EmbedGradRequest rows;
+  rows.mutable_rows()->set_token_offset(0);
+  rows.mutable_rows()->set_data(std::string(
+      reinterpret_cast<const char*>(call.rows.data()), problem_.spec.hidden_size * 4));
+  v1::EmbedGradRequest header;
+  header.mutable_header()->set_head_id("h");
+  struct Case {
+    const char* name;
+    v1::EmbedGradRequest after;
+    const char* got;
+  };
+  for (const Case& c : {Case{"second end", end, "an end message (end.num_tokens = 20)"},
+                        Case{"rows after end", rows, "gradient rows at token_offset 0"},
+                        Case{"header after end", header, "a header"}}) {
+    SCOPED_TRACE(c.name);
+    call.after_end = {c.after};
+    grpc::Status status = EmbedGrad(call);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(),
+                AllOf(HasSubstr("a message after the end message"), HasSubstr(c.got),
+                      HasSubstr("nothing landed")));
+    FetchedGrad nothing = FetchGrad(stub(), "h", "s");
+    if (nothing.status.ok()) {
+      EXPECT_EQ(nothing.header.contributions(), 0);
+      EXPECT_EQ(*std::max_element(nothing.weight.begin(), nothing.weight.end()), 0.0f);
+    } else {
+      EXPECT_EQ(nothing.status.error_code(), grpc::StatusCode::NOT_FOUND);
+    }
+  }
+  // The same request id, closed right after its end, lands once.
+  call.after_end.clear();
+  v1::EmbedGradSummary summary;
+  ASSERT_TRUE(EmbedGrad(call, &summary).ok());
+  EXPECT_TRUE(summary.committed());
+  EXPECT_FALSE(summary.replayed());
+  EXPECT_EQ(FetchGrad(stub(), "h", "s").header.contributions(), 1);
+}
+
+// A message that does not parse after the end is not the half-close that lands.
+TEST_F(EmbeddingTest, GarbageAfterTheEndLandsNothing) {
+  GradCall call = RandomCall("garbage-after-end", 4, 14);
+  const int64_t h = problem_.spec.hidden_size;
+  v1::EmbedGradRequest header;
+  v1::EmbedGradHeader* hd = header.mutable_header();
+  hd->set_request_id(call.request_id);
+  hd->set_head_id("h");
+  hd->set_session_id("s");
+  hd->set_num_tokens(4);
+  hd->set_token_ids(Bytes(call.ids));
+  hd->set_dtype(v1::DTYPE_FP32);
+  v1::EmbedGradRequest rows;
+  rows.mutable_rows()->set_token_offset(0);
+  rows.mutable_rows()->set_data(
+      std::string(reinterpret_cast<const char*>(call.rows.data()), 4 * h * 4));
+  v1::EmbedGradRequest end;
+  end.mutable_end()->set_num_tokens(4);
+  std::string response;
+  grpc::Status status = RawStream(
+      channel().get(), "/flce.v1.Flce/EmbedGrad",
+      {header.SerializeAsString(), rows.SerializeAsString(), end.SerializeAsString(),
+       std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11)},  // a varint too long
+      &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("does not parse as flce.v1.EmbedGradRequest"));
+  FetchedGrad nothing = FetchGrad(stub(), "h", "s");
+  if (nothing.status.ok()) {
+    EXPECT_EQ(nothing.header.contributions(), 0);
+  } else {
+    EXPECT_EQ(nothing.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+TEST_F(EmbeddingTest, EmbedGradNamesMissingGradientRowsAndAWrongFirstMessage) {
+  GradCall call = RandomCall("missing", 20, 13);
+  call.rows_per_chunk = 20;
+  call.ids.resize(25, 1);  // the header counts 25 tokens; 20 rows are sent
+  grpc::Status missing = EmbedGrad(call);
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(missing.error_message(), HasSubstr("gradient rows missing: received 20 of num_tokens = 25"));
+
+  grpc::ClientContext ctx;
+  v1::EmbedGradSummary summary;
+  auto writer = stub().EmbedGrad(&ctx, &summary);
+  v1::EmbedGradRequest end;
+  end.mutable_end()->set_num_tokens(3);
+  writer->Write(end);
+  writer->WritesDone();
+  grpc::Status first = writer->Finish();
+  EXPECT_EQ(first.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(first.error_message(),
+              HasSubstr("first message must be a header (got an end message (end.num_tokens = 3))"));
 }
 
 TEST_F(EmbeddingTest, EmbedGradLandsOnlyWithItsEndMessageAndOnce) {

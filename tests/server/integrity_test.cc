@@ -118,6 +118,83 @@ TEST_F(IntegrityTest, GarbageAfterEveryRowLandsNothing) {
   ExpectUnchanged();
 }
 
+// The end message is the last one: whatever follows it fails the call, and
+// nothing lands, although every row and a correct end arrived before it.
+TEST_F(IntegrityTest, AMessageAfterTheEndFailsTheCallAndLandsNothing) {
+  struct Case {
+    const char* name;
+    v1::ComputeRequest after;
+    const char* got;
+  };
+  const Case cases[] = {
+      {"second end", EndMessage(20), "an end message (end.num_tokens = 20)"},
+      {"hidden after end", HiddenMessage(0, problem_.hidden_bytes),
+       "a hidden chunk at token_offset 0"},
+      {"header after end", HeaderMessage(MakeHeader(problem_, "h", "s", "x")), "a header"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string request_id = std::string("after-end ") + c.name;
+    ComputeOutcome out =
+        ComputeMessages(stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", request_id)),
+                                 HiddenMessage(0, problem_.hidden_bytes), EndMessage(20), c.after});
+    EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(out.status.error_message(),
+                AllOf(HasSubstr("a message after the end message"), HasSubstr(c.got),
+                      HasSubstr("nothing landed")));
+    EXPECT_FALSE(out.has_summary);
+    ExpectUnchanged();
+    // The id was not used up: the same call, closed after its end, lands once.
+    ComputeOutcome retry = Compute(stub(), MakeHeader(problem_, "h", "s", request_id), problem_);
+    ASSERT_TRUE(retry.status.ok()) << retry.status.error_message();
+    EXPECT_TRUE(retry.summary.committed());
+    EXPECT_FALSE(retry.summary.replayed());
+    FetchedGrad after = FetchGrad(stub(), "h", "s", /*reset=*/true, request_id + " reset");
+    ASSERT_TRUE(after.status.ok());
+    EXPECT_EQ(after.header.contributions(), before_.header.contributions() + 1);
+    // Back to SetUp's gradient for the next case.
+    ASSERT_TRUE(Compute(stub(), MakeHeader(problem_, "h", "s", request_id + " seed"), problem_)
+                    .status.ok());
+    before_ = FetchGrad(stub(), "h", "s");
+  }
+}
+
+// A forward-only call lands nothing either way, but the rule is the same.
+TEST_F(IntegrityTest, AMessageAfterTheEndFailsAForwardOnlyCall) {
+  v1::ComputeHeader header = MakeHeader(problem_, "h", "s", "forward after end");
+  header.mutable_outputs()->set_forward_only(true);
+  ComputeOutcome out = ComputeMessages(
+      stub(), {HeaderMessage(header), HiddenMessage(0, problem_.hidden_bytes), EndMessage(20),
+               EndMessage(20)});
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(out.status.error_message(), HasSubstr("a message after the end message"));
+  EXPECT_FALSE(out.has_summary);
+}
+
+// An undecodable message after the end is not a half-close either.
+TEST_F(IntegrityTest, GarbageAfterTheEndLandsNothing) {
+  std::string response;
+  grpc::Status status = RawStream(
+      channel().get(), "/flce.v1.Flce/Compute",
+      {HeaderMessage(MakeHeader(problem_, "h", "s", "garbage-after-end")).SerializeAsString(),
+       HiddenMessage(0, problem_.hidden_bytes).SerializeAsString(), EndMessage(20).SerializeAsString(),
+       std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11)},  // a varint too long
+      &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("does not parse as flce.v1.ComputeRequest"));
+  ASSERT_TRUE(WaitForPending(stub(), "s", 0));
+  ExpectUnchanged();
+}
+
+// A stream that starts with anything but a header is told what it started with.
+TEST_F(IntegrityTest, AFirstMessageOtherThanAHeaderIsNamed) {
+  ComputeOutcome out = ComputeMessages(stub(), {EndMessage(20)});
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(out.status.error_message(),
+              HasSubstr("first message must be a header (got an end message (end.num_tokens = 20))"));
+  ExpectUnchanged();
+}
+
 TEST_F(IntegrityTest, EndMustCountEveryToken) {
   ComputeOutcome out = ComputeMessages(
       stub(), {HeaderMessage(MakeHeader(problem_, "h", "s", "short-end")),

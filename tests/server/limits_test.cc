@@ -216,5 +216,23 @@ TEST(StagingBudgetTest, FirstComeFirstServedAndReleasedOnDestruction) {
   EXPECT_EQ(budget.waiting(), 0);
 }
 
+// Sizes below a MiB are said exactly, not rounded to whole MiB ("0 MiB in use").
+TEST(StagingBudgetTest, RefusalsSayTheBytesExactly) {
+  const int64_t capacity = int64_t{1} << 20;  // --max-staging-mb=1
+  StagingBudget budget(capacity, /*max_waiting=*/0);
+  auto never = [] { return absl::OkStatus(); };
+  const absl::Time far = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<StagingReservation> big = budget.Acquire(1342177, far, never);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(big.status().message(),
+              AllOf(HasSubstr("(1342177 bytes (1.28 MiB)) is larger than all staging memory"),
+                    HasSubstr("--max-staging-mb=1")));
+  absl::StatusOr<StagingReservation> held = budget.Acquire(807404, far, never);
+  ASSERT_TRUE(held.ok());
+  absl::StatusOr<StagingReservation> queued = budget.Acquire(524288, far, never);
+  EXPECT_EQ(queued.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(queued.status().message(), HasSubstr("807404 bytes (0.77 MiB) of --max-staging-mb=1"));
+}
+
 }  // namespace
 }  // namespace flce::server::test

@@ -98,16 +98,16 @@ TEST(OutcomeLogTest, ForgetsOldestFinishedOutcomesButKeepsStagedOnes) {
 
 // An offset a client chose near INT64_MAX: refused, and its message computes no
 // overflowing end (UBSan in the fuzz run caught the old one).
-TEST(HiddenRowTrackerTest, HugeOffsetIsRefusedWithoutOverflow) {
-  HiddenRowTracker rows(10);
+TEST(RowTrackerTest, HugeOffsetIsRefusedWithoutOverflow) {
+  RowTracker rows(10, "hidden");
   absl::StatusOr<int64_t> n = rows.Accept(std::numeric_limits<int64_t>::max(), 8, 4);
   ASSERT_FALSE(n.ok());
   EXPECT_THAT(std::string(n.status().message()),
               ::testing::HasSubstr("9223372036854775807 + 2) are outside [0, num_tokens = 10)"));
 }
 
-TEST(HiddenRowTrackerTest, AcceptsAnyOrderAndRejectsOverlapsAndGaps) {
-  HiddenRowTracker rows(10);
+TEST(RowTrackerTest, AcceptsAnyOrderAndRejectsOverlapsAndGaps) {
+  RowTracker rows(10, "hidden");
   EXPECT_EQ(*rows.Accept(6, 4 * 8, 8), 4);
   EXPECT_EQ(*rows.Accept(0, 3 * 8, 8), 3);
   absl::StatusOr<int64_t> overlap = rows.Accept(2, 2 * 8, 8);
