@@ -2,11 +2,11 @@
 //
 // On a GPU at its power limit a call's time depends on the call before it
 // (what it left in clocks, temperature and caches). A plain rotation keeps
-// the calls' cyclic order, so every call always follows the same one: the
-// same code listed twice measured 0.0-1.1 ms apart (docs/perf/cuda.md
-// step 41). Williams' crossover design balances that carry-over: over one
-// cycle of rounds (n rounds for an even n, 2n for an odd one) every call
-// takes every place equally often and follows every other call equally
+// the calls' cyclic order, so every call always follows the same one, and
+// the same code listed twice reads differently by its place in the list
+// (docs/perf/cuda.md). Williams' crossover design balances that carry-over:
+// over one cycle of rounds (n rounds for an even n, 2n for an odd one) every
+// call takes every place equally often and follows every other call equally
 // often.
 #ifndef FLCE_BENCH_ROUND_ORDER_H_
 #define FLCE_BENCH_ROUND_ORDER_H_

@@ -33,11 +33,12 @@ inline float FastExp(float x) {
 }
 
 // tanh(x), and sech^2(x) = 1 - tanh^2(x) into *sech2, branch-free for the
-// vectoriser (std::tanh is not vectorised: it made a softcapped row pass ~7x
-// slower than a plain one). Both come from e = exp(-2|x|): tanh|x| =
-// (1 - e) / (1 + e) and sech^2 x = 4e / (1 + e)^2, which stays accurate where
-// tanh rounds to +-1 and 1 - tanh^2 would cancel to nothing. Below |x| = 0.625,
-// where 1 - e cancels instead, tanh takes Cephes' tanhf polynomial.
+// vectoriser (std::tanh is not vectorised, and costs a softcapped row pass
+// several times a plain one's time: docs/perf/cpu.md). Both come from
+// e = exp(-2|x|): tanh|x| = (1 - e) / (1 + e) and sech^2 x = 4e / (1 + e)^2,
+// which stays accurate where tanh rounds to +-1 and 1 - tanh^2 would cancel
+// to nothing. Below |x| = 0.625, where 1 - e cancels instead, tanh takes
+// Cephes' tanhf polynomial.
 inline float FastTanh(float x, float* sech2) {
   const float ax = std::fabs(x);
   const float e = FastExp(-2.0f * ax);
