@@ -1,5 +1,6 @@
 #include "kernels/engine.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -63,22 +64,84 @@ uint64_t DeviceHiddenFingerprint(DType dtype, const void* rows, int64_t n, int64
   return total;
 }
 
-const char* StrategyName(Strategy strategy) {
-  switch (strategy) {
-    case Strategy::kAuto:
-      return "auto";
-    case Strategy::kChunked:
-      return "chunked";
-    case Strategy::kVocabSplit:
-      return "vocab_split";
-    case Strategy::kFuseMN:
-      return "fuse_mn";
-    case Strategy::kSeparate:
-      return "separate";
-    case Strategy::kNaive:
-      return "naive";
+namespace {
+
+absl::Status CheckPerTokenWeights(const char* name, const std::vector<float>& weights,
+                                  int64_t num_tokens) {
+  if (weights.empty()) return absl::OkStatus();
+  if (static_cast<int64_t>(weights.size()) != num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " has ", weights.size(),
+                                                   " entries, expected num_tokens = ",
+                                                   num_tokens));
   }
-  return "unknown";
+  for (size_t t = 0; t < weights.size(); ++t) {
+    if (!std::isfinite(weights[t])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, "[", t, "] = ", weights[t], " is not finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateComputeSpec(const HeadSpec& head, const ComputeSpec& spec) {
+  const int64_t n = spec.num_tokens;
+  if (n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens = ", n, " is negative"));
+  }
+  if (static_cast<int64_t>(spec.targets.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("targets has ", spec.targets.size(),
+                                                   " entries, expected num_tokens = ", n));
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t y = spec.targets[t];
+    if (y != spec.ignore_index && (y < 0 || y >= head.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("targets[", t, "] = ", y, " is outside [0, ",
+                                                     head.vocab_size, ") and is not ignore_index (",
+                                                     spec.ignore_index, ")"));
+    }
+  }
+  if (spec.chunk_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_tokens = ", spec.chunk_tokens, " is negative"));
+  }
+  const LossOptions& o = spec.options;
+  if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("label_smoothing = ", o.label_smoothing, " is outside [0, 1]"));
+  }
+  if (!(o.z_loss_scale >= 0.0f) || !std::isfinite(o.z_loss_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("z_loss_scale = ", o.z_loss_scale, " must be finite and >= 0"));
+  }
+  if (!(o.softcap >= 0.0f) || !std::isfinite(o.softcap)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("softcap = ", o.softcap, " must be finite and >= 0 (0: no cap)"));
+  }
+  if (!(o.temperature > 0.0f) || !std::isfinite(o.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature = ", o.temperature, " must be finite and > 0"));
+  }
+  if (!std::isfinite(o.grad_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad_scale = ", o.grad_scale, " must be finite"));
+  }
+  absl::Status weights = CheckPerTokenWeights("token_weights", spec.token_weights, n);
+  if (!weights.ok()) return weights;
+  weights = CheckPerTokenWeights("entropy_weights", spec.entropy_weights, n);
+  if (!weights.ok()) return weights;
+  if (spec.grad_out != nullptr) {
+    const GradBuffer& g = *spec.grad_out;
+    if (g.vocab_size() != head.vocab_size || g.hidden_size() != head.hidden_size ||
+        g.has_bias() != head.has_bias) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grad_out is ", g.vocab_size(), " x ", g.hidden_size(), g.has_bias() ? " + bias" : "",
+          ", the head is ", head.vocab_size, " x ", head.hidden_size,
+          head.has_bias ? " + bias" : ""));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace flce

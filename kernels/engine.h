@@ -26,17 +26,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/dtype.h"
+#include "core/compute_options.h"
+#include "core/dtype.h"
 #include "kernels/optimizer.h"
 
 namespace flce {
 
-enum class Reduction { kMean, kSum, kNone };
-
-enum class Strategy { kAuto, kChunked, kVocabSplit, kFuseMN, kSeparate, kNaive };
-
-// "auto", "chunked", "vocab_split", "fuse_mn", "separate", "naive".
-const char* StrategyName(Strategy strategy);
 
 struct HeadSpec {
   int64_t vocab_size = 0;   // V, the real vocabulary (engines may pad internally)
@@ -128,21 +123,7 @@ class GradBuffer {
                                 void* host_out) const = 0;
 };
 
-struct LossOptions {
-  float label_smoothing = 0.0f;  // epsilon
-  float z_loss_scale = 0.0f;     // s
-  float softcap = 0.0f;          // c; 0 = none
-  float temperature = 1.0f;      // tau
-  float grad_scale = 1.0f;
-};
 
-struct OutputSelection {
-  bool grad_input = true;
-  bool per_token_loss = false;
-  bool logprob = false;
-  bool entropy = false;
-  bool accuracy = false;
-};
 
 // Memory of another process that the engine's GPU reads hidden rows from and
 // writes grad_input into directly: device memory on the engine's GPU (CUDA
@@ -192,6 +173,12 @@ struct ComputeSpec {
   const PeerMemory* grad_input_peer = nullptr;
   int64_t grad_input_peer_offset = 0;
 };
+
+// The contract a ComputeSpec meets on `head` before any engine starts on it,
+// the one check every engine (and the server, on the decoded header) runs:
+// INVALID_ARGUMENT naming the field, the value and, for per-token fields, the
+// first bad token. The wire's narrower ranges are the server's (validation.h).
+absl::Status ValidateComputeSpec(const HeadSpec& head, const ComputeSpec& spec);
 
 // Receives grad_input rows [token_offset, token_offset + rows) in the spec's
 // hidden_dtype as soon as they are ready. Called from an engine thread; must

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/dtype.h"
-#include "kernels/optimizer.h"
+#include "core/dtype.h"
+#include "core/optimizer_config.h"
 
 #if defined(__CUDACC__)
 #define FLCE_HOST_DEVICE __host__ __device__ __forceinline__
@@ -114,30 +114,6 @@ FLCE_HOST_DEVICE unsigned StepElement(const ElementStep& s, float grad, ElementS
     return AdamWElement(s, grad, e);
   }
 }
-
-// Which state arrays a kind keeps: SGD a momentum buffer when momentum != 0;
-// AdamW exp_avg and exp_avg_sq, and max_exp_avg_sq with amsgrad.
-struct StateArrays {
-  bool m = false;
-  bool v = false;
-  bool vmax = false;
-};
-
-inline StateArrays StateArraysFor(OptimizerKind kind, const OptimizerGroup& group) {
-  if (kind == OptimizerKind::kSgd) return StateArrays{group.momentum != 0.0, false, false};
-  return StateArrays{true, true, group.amsgrad};
-}
-
-// fp32 arrays a group's state holds, each the group's size: the moments, and
-// the master where the head's weight is 16-bit (keeps_master).
-inline int64_t StateArrayCount(OptimizerKind kind, const OptimizerGroup& group, bool keeps_master) {
-  const StateArrays a = StateArraysFor(kind, group);
-  return (keeps_master ? 1 : 0) + (a.m ? 1 : 0) + (a.v ? 1 : 0) + (a.vmax ? 1 : 0);
-}
-
-// NOT_FOUND naming the state tensor a kind and group do not keep (ReadState,
-// WriteState of every engine).
-absl::Status MissingStateTensor(OptimizerKind kind, HeadTensor group, OptimizerTensor tensor);
 
 }  // namespace flce
 

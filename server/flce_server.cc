@@ -8,21 +8,21 @@
 #include <random>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "core/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/engine_factory.h"
-#include "kernels/status_macros.h"
-#include "server/head_loader.h"
-#include "server/log.h"
-#include "server/memory_budget.h"
-#include "server/transport_security.h"
-#include "server/unix_socket_path.h"
-#include "server/validation.h"
+#include "server/observe/log.h"
+#include "server/rpc/transport_security.h"
+#include "server/rpc/unix_socket_path.h"
+#include "server/state/memory_budget.h"
+#include "server/storage/head_loader.h"
+#include "server/validate/validation.h"
 
 #ifndef FLCE_VERSION
 #define FLCE_VERSION "0.0.0"
@@ -184,7 +184,7 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   const std::string metrics_host =
       config.metrics_host.empty() ? DefaultMetricsHost(config.address) : config.metrics_host;
   FLCE_ASSIGN_OR_RETURN(metrics_, Metrics::Create(metrics_host, config.metrics_port));
-  pool_ = std::make_unique<ThreadPool>(config.rpc_threads);
+  pool_ = std::make_unique<WorkerPool>(config.rpc_threads);
 
   ctx_.config = config;
   ctx_.config.unix_socket = ChooseUnixSocket(config.unix_socket);

@@ -21,17 +21,17 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/engine.h"
-#include "server/auth.h"
-#include "server/checkpoint_log.h"
-#include "server/flce_service.h"
-#include "server/head_registry.h"
-#include "server/metrics.h"
-#include "server/server_config.h"
-#include "server/service_context.h"
-#include "server/session_store.h"
-#include "server/thread_pool.h"
-#include "server/unix_socket_path.h"
-#include "server/upload_budget.h"
+#include "server/base/server_config.h"
+#include "server/base/worker_pool.h"
+#include "server/handlers/service_context.h"
+#include "server/observe/metrics.h"
+#include "server/rpc/flce_service.h"
+#include "server/rpc/unix_socket_path.h"
+#include "server/state/auth.h"
+#include "server/state/head_registry.h"
+#include "server/state/session_store.h"
+#include "server/state/upload_budget.h"
+#include "server/storage/checkpoint_log.h"
 
 namespace flce::server {
 
@@ -90,7 +90,7 @@ class FlceServer {
   CheckpointLog checkpoints_;
   std::unique_ptr<SharedRegions> regions_;
   WorkTracker workers_;
-  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<WorkerPool> pool_;
   ServiceContext ctx_;
   std::unique_ptr<FlceService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -24,9 +24,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "server/base/server_config.h"
 #include "server/flce_server.h"
-#include "server/log.h"
-#include "server/server_config.h"
+#include "server/observe/log.h"
 
 ABSL_FLAG(int, port, 50051, "gRPC port (0 = any free port)");
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "kernels/status_macros.h"
+#include "core/status_macros.h"
 
 namespace flce::bench {
 namespace {

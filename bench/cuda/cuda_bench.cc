@@ -41,17 +41,17 @@
 #include "bench/cuda/bench_data.cuh"
 #include "bench/cuda/gpu_energy.h"
 #include "bench/round_order.h"
-#include "kernels/cuda/backward_gemm.cuh"
-#include "kernels/cuda/cluster_row_kernel.cuh"
-#include "kernels/cuda/cuda_engine.h"
-#include "kernels/cuda/fused_row_kernel.cuh"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/logits_stats_gemm.cuh"
-#include "kernels/cuda/plan_parts.h"
-#include "kernels/cuda/policy.h"
-#include "kernels/cuda/row_scaled_backward.cuh"
-#include "kernels/cuda/stage_timer.h"
-#include "kernels/cuda/tile_stats_kernels.cuh"
+#include "kernels/cuda/base/policy.h"
+#include "kernels/cuda/base/stage_timer.h"
+#include "kernels/cuda/engine/cuda_engine.h"
+#include "kernels/cuda/ops/cluster_row_kernel.cuh"
+#include "kernels/cuda/ops/fused_row_kernel.cuh"
+#include "kernels/cuda/ops/gemm.h"
+#include "kernels/cuda/ops/row_scaled_backward.cuh"
+#include "kernels/cuda/ops/sm90/backward_gemm.cuh"
+#include "kernels/cuda/ops/sm90/logits_stats_gemm.cuh"
+#include "kernels/cuda/ops/tile_stats_kernels.cuh"
+#include "kernels/cuda/plans/plan_parts.h"
 #include "nlohmann/json.hpp"
 
 namespace flce::bench {
@@ -207,8 +207,8 @@ double Median(std::vector<double> v) {
 // Median of `runs` timed calls of fn (after `warmup` untimed ones), CUDA
 // events on `stream`. fn returns false on failure. With `energy`, *joules is
 // the GPU's energy per timed call, the counter read around all of them; -1
-// when they took less than kMinEnergyWindowS (the counter moves in steps:
-// the same 0.12 s series read 20 J in one run and 48 J in the next).
+// when they took less than kMinEnergyWindowS (the counter moves in steps too
+// coarse for a shorter series; docs/perf/cuda.md).
 double TimeMedian(cudaStream_t stream, int warmup, int runs, const std::function<bool()>& fn,
                   const GpuEnergy* energy = nullptr, double* joules = nullptr) {
   for (int i = 0; i < warmup; ++i) {

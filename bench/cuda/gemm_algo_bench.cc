@@ -2,13 +2,13 @@
 // timed with cublasGemmEx's default algorithm and with every algorithm
 // cublasLt's heuristic offers for the same product, in alternating rounds
 // in one process. It answers whether the default heuristic leaves time on
-// the table at flce's chunk sizes (docs/perf/cuda.md step 45).
+// the table at flce's chunk sizes (docs/perf/cuda.md).
 //
 // Usage:
 //   flce_gemm_algo_bench --out=bench/results/gemm-algos.json --commit=$(git rev-parse HEAD)
 //   flce_gemm_algo_bench --problems=grad_weight:5632:1024:176256 --rounds=15
 //     (GEMM:ROWS:HIDDEN:COLS, comma-separated; GEMM is grad_weight or grad_input,
-//     in the row-major terms of kernels/cuda/gemm.h)
+//     in the row-major terms of kernels/cuda/ops/gemm.h)
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -107,7 +107,7 @@ T AlgoAttr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_
 
 using flce::bench::Median;
 
-// One product, in column-major cuBLAS terms (as kernels/cuda/gemm.cc calls it):
+// One product, in column-major cuBLAS terms (as kernels/cuda/ops/gemm.cc calls it):
 // grad_weight: C (H x cols, fp32) += A (H x rows) . B (cols x rows)^T
 // grad_input:  C (H x rows, fp32)  = A (H x cols) . B (cols x rows)
 struct Operands {

@@ -27,10 +27,10 @@
 
 #include "bench/cuda/bench_check.h"
 #include "bench/cuda/bench_data.cuh"
-#include "kernels/cuda/cuda_engine.h"
-#include "kernels/cuda/optimizer_kernels.cuh"
-#include "kernels/cuda/policy.h"
-#include "kernels/dtype.h"
+#include "core/dtype.h"
+#include "kernels/cuda/base/policy.h"
+#include "kernels/cuda/engine/cuda_engine.h"
+#include "kernels/cuda/ops/optimizer_kernels.cuh"
 #include "nlohmann/json.hpp"
 
 namespace flce::bench {

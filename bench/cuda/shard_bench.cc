@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_engine.h"
-#include "kernels/cuda/sharded_engine.h"
+#include "kernels/cuda/engine/cuda_engine.h"
+#include "kernels/cuda/sharded/sharded_engine.h"
 #include "nlohmann/json.hpp"
 
 namespace {

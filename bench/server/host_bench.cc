@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "kernels/dtype.h"
-#include "server/request_fingerprint.h"
+#include "core/dtype.h"
+#include "server/validate/request_fingerprint.h"
 
 namespace {
 

@@ -11,8 +11,8 @@
 #include "client/cli/progress.h"
 #include "client/cpp/request_id.h"
 #include "client/cpp/wire_dtype.h"
-#include "kernels/dtype.h"
-#include "kernels/status_macros.h"
+#include "core/dtype.h"
+#include "core/status_macros.h"
 
 namespace flce::cli {
 namespace {

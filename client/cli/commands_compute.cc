@@ -12,7 +12,7 @@
 #include "client/cli/tensor_files.h"
 #include "client/cpp/request_id.h"
 #include "client/cpp/wire_dtype.h"
-#include "kernels/status_macros.h"
+#include "core/status_macros.h"
 
 namespace flce::cli {
 namespace {

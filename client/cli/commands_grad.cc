@@ -5,7 +5,7 @@
 #include "client/cli/json_views.h"
 #include "client/cli/tensor_files.h"
 #include "client/cpp/wire_dtype.h"
-#include "kernels/status_macros.h"
+#include "core/status_macros.h"
 
 namespace flce::cli {
 namespace {

@@ -8,7 +8,7 @@
 #include "client/cli/progress.h"
 #include "client/cli/tensor_files.h"
 #include "client/cpp/wire_dtype.h"
-#include "kernels/status_macros.h"
+#include "core/status_macros.h"
 
 namespace flce::cli {
 namespace {

@@ -1,7 +1,7 @@
 // health and server-info.
 #include "client/cli/command.h"
 #include "client/cli/json_views.h"
-#include "kernels/status_macros.h"
+#include "core/status_macros.h"
 
 namespace flce::cli {
 

@@ -2,7 +2,7 @@
 // trained where it lives, from the command line.
 #include "client/cli/command.h"
 #include "client/cli/json_views.h"
-#include "kernels/status_macros.h"
+#include "core/status_macros.h"
 
 namespace flce::cli {
 namespace {

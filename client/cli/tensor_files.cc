@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/cpp/npy.h"
 #include "client/cpp/wire_dtype.h"
-#include "kernels/dtype.h"
-#include "kernels/status_macros.h"
+#include "core/dtype.h"
+#include "core/status_macros.h"
 
 namespace flce::cli {
 namespace {

@@ -13,7 +13,7 @@
 #include "client/cpp/request_id.h"
 #include "client/cpp/row_assembler.h"
 #include "client/cpp/wire_dtype.h"
-#include "kernels/status_macros.h"
+#include "core/status_macros.h"
 
 namespace flce {
 namespace {

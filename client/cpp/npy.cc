@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kernels/status_macros.h"
+#include "core/status_macros.h"
 
 namespace flce {
 namespace {

@@ -7,9 +7,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/dtype.h"
 #include "flce/v1/convert.h"
 #include "flce/v1/flce.pb.h"
-#include "kernels/dtype.h"
 
 namespace flce {
 

@@ -4,7 +4,7 @@
 
 #include <chrono>
 
-#include "kernels/status_macros.h"
+#include "core/status_macros.h"
 
 namespace flce::cpu {
 namespace {

@@ -6,9 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "kernels/cpu/chunk_kernel.h"
-#include "kernels/cpu/validate_spec.h"
-#include "kernels/status_macros.h"
 
 namespace flce::cpu {
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/row_pass.h"
-#include "kernels/status_macros.h"
 
 namespace flce::cpu {
 

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "kernels/cpu/cpu_compute_call.h"
 #include "kernels/cpu/cpu_grad_buffer.h"
 #include "kernels/cpu/cpu_head.h"
@@ -11,7 +12,6 @@
 #include "kernels/cpu/host_memory.h"
 #include "kernels/engine_factory.h"
 #include "kernels/optimizer_math.h"
-#include "kernels/status_macros.h"
 
 namespace flce::cpu {
 

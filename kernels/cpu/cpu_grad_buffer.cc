@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/status_macros.h"
+#include "core/status_macros.h"
 
 namespace flce::cpu {
 namespace {

@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "kernels/cpu/host_memory.h"
-#include "kernels/status_macros.h"
 
 namespace flce::cpu {
 

@@ -4,9 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "kernels/cpu/cpu_grad_buffer.h"
 #include "kernels/optimizer_math.h"
-#include "kernels/status_macros.h"
 
 namespace flce::cpu {
 namespace {

@@ -1,7 +1,7 @@
 // The plugin's one exported symbol (kernels/engine_factory.h): the server
 // dlopen()s libflce_cuda.so and calls it to create the CUDA engine.
-#include "kernels/cuda/cuda_engine.h"
-#include "kernels/cuda/sharded_engine.h"
+#include "kernels/cuda/engine/cuda_engine.h"
+#include "kernels/cuda/sharded/sharded_engine.h"
 #include "kernels/engine_factory.h"
 
 extern "C" flce::Engine* flce_cuda_plugin_create(const flce::EngineConfig* config,

@@ -2,10 +2,13 @@
 # Packs flce-server, flce-client, the CUDA plugin, flce_host_bench and flce_cuda_bench in the
 # build tree's layout (with their non-system shared libraries) into .served-dist/ (git-ignored) for the device machine:
 # pass `carry: [".served-dist"]` and run scripts/gpu/run_served.sh there.
+# DIST_NAME=.ref-dist BUILD_DIR=<a reference build> COMMIT=<its commit> packs a reference
+# build beside it for scripts/gpu/run_before_after.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build-main}
-dist=$root/.served-dist
+name=${DIST_NAME:-.served-dist}
+dist=$root/$name
 ninja -C "$build" -j2 flce-server flce-client flce_cuda flce_host_bench flce_cuda_bench
 rm -rf "$dist" && mkdir -p "$dist/lib" "$dist/server" "$dist/client/cli" "$dist/kernels/cuda" \
   "$dist/bench/server" "$dist/bench/cuda"
@@ -22,7 +25,7 @@ for bin in "${bins[@]}"; do ldd "$bin" | awk '/=>/{print $3}'; done | sort -u |
   grep -v -E 'libc\.so|libm\.so|libstdc|libgcc_s|ld-linux|libcudart|libcublas|libdl\.so|libpthread|librt\.so' |
   xargs -r -I{} cp -L {} "$dist/lib/"
 strip --strip-debug "${bins[@]}" "$dist"/lib/*
-git -C "$root" rev-parse HEAD >"$dist/COMMIT"
+echo "${COMMIT:-$(git -C "$root" rev-parse HEAD)}" >"$dist/COMMIT"
 # OpenBLAS alone is 36 MB: compress, the tree that travels is limited to 64 MiB.
-tar -C "$root" -cJf /tmp/served.tar.xz .served-dist && rm -rf "$dist" && mkdir "$dist" && mv /tmp/served.tar.xz "$dist/"
+tar -C "$root" -cJf "/tmp/$name.tar.xz" "$name" && rm -rf "$dist" && mkdir "$dist" && mv "/tmp/$name.tar.xz" "$dist/served.tar.xz"
 du -sh "$dist"

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "client/cpp/npy.h"
+#include "core/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
 #include "nlohmann/json.hpp"
 #include "tests/client/subprocess.h"
 #include "tests/support/problem.h"

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "client/cpp/npy.h"
+#include "core/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
 
 namespace flce::cli {
 namespace {

@@ -1,10 +1,10 @@
-// The own Hopper backward GEMMs (kernels/cuda/backward_gemm.cuh) against a
+// The own Hopper backward GEMMs (kernels/cuda/ops/sm90/backward_gemm.cuh) against a
 // float64 product of the same 16-bit inputs: odd shapes (rows, hidden and
 // the vocabulary not multiples of the tiles), every split count, both 16-bit
 // types; grad_input slabs poisoned with NaN so unwritten elements show, and
 // grad_W accumulated onto random values so the reduce-add is checked too.
 // Skips with the reason where the device is not compute capability 9.0.
-#include "kernels/cuda/backward_gemm.cuh"
+#include "kernels/cuda/ops/sm90/backward_gemm.cuh"
 
 #include <cuda_runtime.h>
 
@@ -14,8 +14,8 @@
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/product_test_util.h"
 

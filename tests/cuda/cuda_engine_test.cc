@@ -3,7 +3,7 @@
 // columns never winning, the workspace bound, refusals, bitwise determinism,
 // streamed grad_input, the sticky-error path and the plugin entry point.
 // Every test skips with the reason when there is no CUDA device.
-#include "kernels/cuda/cuda_engine.h"
+#include "kernels/cuda/engine/cuda_engine.h"
 
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/plans.h"
-#include "kernels/cuda/policy.h"
+#include "kernels/cuda/base/policy.h"
+#include "kernels/cuda/plans/plans.h"
 #include "kernels/engine_factory.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/support/engine_harness.h"
@@ -349,7 +349,7 @@ double MaxIgnoredRowLead(const Problem& p) {
   return lead;
 }
 
-// The row-scaled backward (kernels/cuda/row_scaled_backward.cuh): a bf16 head
+// The row-scaled backward (kernels/cuda/ops/row_scaled_backward.cuh): a bf16 head
 // without label smoothing or entropy weights skips the dlogits pass. Against
 // the float64 reference and against the dlogits-pass path
 // (FLCE_CUDA_DLOGITS_PASS=1): normal rows with z-loss, grad_scale and ignored

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/cuda_engine.h"
+#include "kernels/cuda/engine/cuda_engine.h"
 
 namespace flce::test {
 

@@ -1,4 +1,4 @@
-// grad_W on cuBLAS's algorithm of a preferred tile (kernels/cuda/gemm_algos.h):
+// grad_W on cuBLAS's algorithm of a preferred tile (kernels/cuda/ops/gemm_algos.h):
 // Gemm::GradWeight onto random fp32 values at chunks of 2048 tokens and more
 // (odd row counts, H off the tiles), with every tile flce names preferred so
 // that the cublasLt path runs wherever the heuristic offers one of them,
@@ -10,7 +10,7 @@
 // preference's tile at the bench's shapes, and the default above H = 2048
 // (128 x 160) at a chunk of the second shape's kind. The tile list's parsing and
 // where grad_W asks for a tile run without a GPU.
-#include "kernels/cuda/gemm_algos.h"
+#include "kernels/cuda/ops/gemm_algos.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/dtype.h"
+#include "kernels/cuda/ops/gemm.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/product_test_util.h"
 

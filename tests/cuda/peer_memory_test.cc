@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/cuda_engine.h"
-#include "kernels/cuda/peer_row_kernels.cuh"
+#include "kernels/cuda/engine/cuda_engine.h"
+#include "kernels/cuda/ops/peer_row_kernels.cuh"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/support/engine_harness.h"
 #include "tests/support/problem.h"

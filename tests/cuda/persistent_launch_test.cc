@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/sm90_support.h"
+#include "kernels/cuda/base/sm90_support.h"
 
 namespace flce::test {
 namespace {

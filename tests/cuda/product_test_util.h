@@ -14,8 +14,8 @@
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
 
 namespace flce::test {
 

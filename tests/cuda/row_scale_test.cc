@@ -1,4 +1,4 @@
-// LaunchScaleRows (kernels/cuda/row_scaled_backward.cuh), the pass that sums
+// LaunchScaleRows (kernels/cuda/ops/row_scaled_backward.cuh), the pass that sums
 // the grad_input slabs and applies K_t, and scales the hidden rows for
 // grad_W: its eight-wide path (cols % 8 == 0, 16-byte aligned buffers) and
 // its one-element path against the same float arithmetic on the host, bit
@@ -11,9 +11,9 @@
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/row_scaled_backward.cuh"
-#include "kernels/dtype.h"
+#include "kernels/cuda/ops/row_scaled_backward.cuh"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace flce::test {

@@ -3,13 +3,13 @@
 // against the float64 reference): the row layout, the strategies it refuses
 // or replaces, the sharded result next to the one-GPU engine's, determinism,
 // and NCCL itself (one rank on a one-GPU host).
-#include "kernels/cuda/sharded_engine.h"
+#include "kernels/cuda/sharded/sharded_engine.h"
 
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/sharded_objects.h"
+#include "kernels/cuda/sharded/sharded_objects.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/support/engine_harness.h"
 #include "tests/support/problem.h"

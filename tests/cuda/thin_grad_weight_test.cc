@@ -1,10 +1,10 @@
-// LaunchThinGradWeight (kernels/cuda/thin_grad_weight.cuh), grad_W's
+// LaunchThinGradWeight (kernels/cuda/ops/thin_grad_weight.cuh), grad_W's
 // streaming pass for chunks of a few rows: every accumulator entry against
 // a float64 reference of init + sum_t d[t, v] x[t, k], and bit for bit against
 // the kernel's own order (one fused multiply-add per row, in row order), for
 // each dtype, its four-wide path and its one-element path (H % 4 != 0, x off
 // alignment), and a row stride of d wider than the vocabulary.
-#include "kernels/cuda/thin_grad_weight.cuh"
+#include "kernels/cuda/ops/thin_grad_weight.cuh"
 
 #include <cuda_runtime.h>
 
@@ -14,8 +14,8 @@
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace flce::test {

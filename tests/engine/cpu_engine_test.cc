@@ -10,11 +10,11 @@
 #include <algorithm>
 #include <string>
 
+#include "core/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/fast_exp.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/engine_factory.h"
-#include "kernels/status_macros.h"
 #include "tests/engine/conformance_checks.h"
 #include "tests/support/engine_harness.h"
 #include "tests/support/problem.h"
@@ -117,7 +117,7 @@ TEST(CpuEngineTest, MessagesNameTheTokenAndTheValue) {
   auto noop = [](int64_t, int64_t, std::string) {};
   absl::Status status = engine->StartCompute(*head, spec, noop).status();
   EXPECT_EQ(status.message(),
-            "target of token 11 is 257, outside [0, 257) and not ignore_index (-100)");
+            "targets[11] = 257 is outside [0, 257) and is not ignore_index (-100)");
 
   spec.targets = problem.targets;
   auto call = engine->StartCompute(*head, spec, noop);

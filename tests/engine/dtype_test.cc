@@ -1,7 +1,7 @@
 // The wire dtypes against an independent decoder written with ldexp: every
 // bf16 and fp16 bit pattern widens exactly, and narrowing picks the nearest
 // representable value with ties to even, overflow to Inf and NaN kept.
-#include "kernels/dtype.h"
+#include "core/dtype.h"
 
 #include <cmath>
 #include <cstdint>

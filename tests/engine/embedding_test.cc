@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/dtype.h"
+#include "core/dtype.h"
 #include "kernels/optimizer.h"
 #include "tests/engine/engine_test_fixture.h"
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "kernels/dtype.h"
+#include "core/dtype.h"
 #include "tests/engine/engine_test_fixture.h"
 
 namespace flce::test {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/dtype.h"
+#include "core/dtype.h"
 #include "tests/engine/engine_test_fixture.h"
 
 namespace flce::test {

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "server/log.h"
+#include "server/observe/log.h"
 #include "tests/fuzz/compute_job_target.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/fuzz/fuzz_server.h"

@@ -11,12 +11,12 @@
 #include <utility>
 #include <vector>
 
+#include "core/dtype.h"
 #include "flce/v1/flce.pb.h"
-#include "kernels/dtype.h"
-#include "server/auth.h"
-#include "server/compute_job.h"
-#include "server/status_mapping.h"
-#include "server/validation.h"
+#include "server/base/status_mapping.h"
+#include "server/handlers/compute_job.h"
+#include "server/state/auth.h"
+#include "server/validate/validation.h"
 #include "tests/fuzz/fake_compute_channel.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/fuzz_server.h"

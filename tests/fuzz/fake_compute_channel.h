@@ -15,7 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "flce/v1/flce.pb.h"
-#include "server/compute_job.h"
+#include "server/handlers/compute_job.h"
 
 namespace flce::fuzz {
 

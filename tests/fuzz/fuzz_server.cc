@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/dtype.h"
+#include "core/dtype.h"
 #include "kernels/engine_factory.h"
 #include "tests/fuzz/fuzz_check.h"
 

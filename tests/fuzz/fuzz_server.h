@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "kernels/engine.h"
-#include "server/head_registry.h"
-#include "server/service_context.h"
-#include "server/session_store.h"
-#include "server/staging_budget.h"
-#include "server/thread_pool.h"
+#include "server/base/worker_pool.h"
+#include "server/handlers/service_context.h"
+#include "server/state/head_registry.h"
+#include "server/state/session_store.h"
+#include "server/state/staging_budget.h"
 
 namespace flce::fuzz {
 

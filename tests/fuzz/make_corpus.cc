@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "flce/v1/flce.pb.h"
-#include "kernels/dtype.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace flce::fuzz {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "flce/v1/flce.pb.h"
-#include "server/validation.h"
+#include "server/validate/validation.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/fuzz_server.h"
 

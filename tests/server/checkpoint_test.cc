@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/head_checkpoint.h"
+#include "server/handlers/head_checkpoint.h"
 #include "tests/server/server_test_util.h"
 
 namespace flce::server::test {

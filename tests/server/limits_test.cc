@@ -9,7 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/staging_budget.h"
+#include "server/state/staging_budget.h"
 #include "tests/server/server_test_util.h"
 
 namespace flce::server::test {

@@ -1,7 +1,7 @@
 // The logger's per-call-site rate limit, and libprotobuf's messages routed
 // through it once a server has started: a peer sending strings that are not
 // UTF-8 costs the log a bounded number of lines, not one per message.
-#include "server/log.h"
+#include "server/observe/log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -16,8 +16,8 @@
 #include "flce/v1/flce.pb.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "server/log_rate_limiter.h"
-#include "server/request_log.h"
+#include "server/observe/log_rate_limiter.h"
+#include "server/observe/request_log.h"
 #include "tests/server/server_test_util.h"
 
 namespace flce::server {

@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/memory_budget.h"
-#include "server/upload_budget.h"
+#include "server/state/memory_budget.h"
+#include "server/state/upload_budget.h"
 #include "tests/server/server_test_util.h"
 
 namespace flce::server::test {

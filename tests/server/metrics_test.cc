@@ -23,8 +23,8 @@
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/log.h"
-#include "server/process_metrics.h"
+#include "server/observe/log.h"
+#include "server/observe/process_metrics.h"
 #include "tests/server/server_test_util.h"
 
 namespace flce::server::test {

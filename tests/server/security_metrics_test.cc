@@ -16,7 +16,7 @@
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/log.h"
+#include "server/observe/log.h"
 #include "tests/server/server_test_util.h"
 
 namespace flce::server::test {

@@ -15,7 +15,7 @@
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/head_registry.h"
+#include "server/state/head_registry.h"
 #include "tests/server/server_test_util.h"
 #include "tests/server/test_certs.h"
 

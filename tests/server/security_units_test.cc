@@ -7,9 +7,9 @@
 #include "gmock/gmock.h"
 #include "grpcpp/support/string_ref.h"
 #include "gtest/gtest.h"
-#include "server/auth.h"
-#include "server/request_log.h"
-#include "server/transport_security.h"
+#include "server/observe/request_log.h"
+#include "server/rpc/transport_security.h"
+#include "server/state/auth.h"
 
 namespace flce::server {
 namespace {

@@ -16,7 +16,7 @@
 #include "flce/v1/convert.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "kernels/engine_factory.h"
-#include "server/log.h"
+#include "server/observe/log.h"
 
 namespace flce::server::test {
 

@@ -22,8 +22,8 @@
 #include "flce/v1/flce.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "server/base/server_config.h"
 #include "server/flce_server.h"
-#include "server/server_config.h"
 #include "tests/support/problem.h"
 
 namespace flce::server::test {

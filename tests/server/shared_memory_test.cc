@@ -21,7 +21,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/shared_regions.h"
+#include "server/state/shared_regions.h"
 #include "tests/server/server_test_util.h"
 
 namespace flce::server::test {

@@ -12,11 +12,11 @@
 #include "flce/v1/convert.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/base/status_mapping.h"
 #include "server/flce_server.h"
-#include "server/head_loader.h"
-#include "server/session_store.h"
-#include "server/status_mapping.h"
-#include "server/validation.h"
+#include "server/state/session_store.h"
+#include "server/storage/head_loader.h"
+#include "server/validate/validation.h"
 
 namespace flce::server {
 namespace {

@@ -1,7 +1,7 @@
 // The default Unix socket's directory must be private to the server's user:
 // anything else is refused with the reason, and the file is removed at
 // shutdown only while it is still this server's.
-#include "server/unix_socket_path.h"
+#include "server/rpc/unix_socket_path.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/status_macros.h"
+#include "core/status_macros.h"
 
 namespace flce::test {
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
 #include "kernels/engine.h"
 #include "tests/support/problem.h"
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/dtype.h"
+#include "core/dtype.h"
 #include "kernels/engine.h"
 #include "tests/support/reference_f64.h"
 

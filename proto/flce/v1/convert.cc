@@ -37,6 +37,48 @@ v1::DType DTypeToProto(DType dtype) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
+absl::Status UnknownEnumError(absl::string_view field,
+                              const google::protobuf::EnumDescriptor* type, int value) {
+  std::string known;
+  for (int i = 0; i < type->value_count(); ++i) {
+    absl::StrAppend(&known, i == 0 ? "" : ", ", type->value(i)->name());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " = ", EnumValueText(type, value), " is not one of ", known));
+}
+
+absl::StatusOr<Reduction> ReductionFromProto(v1::Reduction reduction) {
+  switch (reduction) {
+    case v1::REDUCTION_MEAN:
+      return Reduction::kMean;
+    case v1::REDUCTION_SUM:
+      return Reduction::kSum;
+    case v1::REDUCTION_NONE:
+      return Reduction::kNone;
+    default:
+      return UnknownEnumError("reduction", v1::Reduction_descriptor(), reduction);
+  }
+}
+
+absl::StatusOr<Strategy> StrategyFromProto(v1::Strategy strategy) {
+  switch (strategy) {
+    case v1::STRATEGY_AUTO:
+      return Strategy::kAuto;
+    case v1::STRATEGY_CHUNKED:
+      return Strategy::kChunked;
+    case v1::STRATEGY_VOCAB_SPLIT:
+      return Strategy::kVocabSplit;
+    case v1::STRATEGY_FUSE_MN:
+      return Strategy::kFuseMN;
+    case v1::STRATEGY_SEPARATE:
+      return Strategy::kSeparate;
+    case v1::STRATEGY_NAIVE:
+      return Strategy::kNaive;
+    default:
+      return UnknownEnumError("strategy", v1::Strategy_descriptor(), strategy);
+  }
+}
+
 absl::StatusOr<OptimizerKind> OptimizerKindFromProto(v1::OptimizerKind kind) {
   switch (kind) {
     case v1::OPTIMIZER_SGD:

@@ -1,5 +1,5 @@
-// The wire's DType <-> the engine's DType: the one mapping the server and the
-// C++ client share.
+// The wire's enums <-> core's (DType, Reduction, Strategy, OptimizerKind, the
+// optimizer's groups): the one mapping the server and the C++ client share.
 //
 // Usage:
 //   FLCE_ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(header.hidden_dtype(),
@@ -11,9 +11,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/compute_options.h"
+#include "core/dtype.h"
+#include "core/optimizer_config.h"
 #include "flce/v1/flce.pb.h"
-#include "kernels/dtype.h"
-#include "kernels/optimizer.h"
 
 namespace flce {
 
@@ -24,6 +25,14 @@ v1::DType DTypeToProto(DType dtype);
 // An enum value as an error message shows it: "DTYPE_UNSPECIFIED (0)", or
 // just the number for a value the enum does not define (proto3 keeps those).
 std::string EnumValueText(const google::protobuf::EnumDescriptor* type, int value);
+
+// INVALID_ARGUMENT naming `field`, the value and every value `type` defines.
+absl::Status UnknownEnumError(absl::string_view field,
+                              const google::protobuf::EnumDescriptor* type, int value);
+
+// INVALID_ARGUMENT (UnknownEnumError) for a value the enum does not define.
+absl::StatusOr<Reduction> ReductionFromProto(v1::Reduction reduction);
+absl::StatusOr<Strategy> StrategyFromProto(v1::Strategy strategy);
 
 // INVALID_ARGUMENT for OPTIMIZER_UNSPECIFIED or an unknown value.
 absl::StatusOr<OptimizerKind> OptimizerKindFromProto(v1::OptimizerKind kind);

@@ -1,0 +1,178 @@
+#include "kernels/cuda/engine/call_rows.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace flce::cuda {
+
+RowOutputs DeviceRowOutputs(float* outputs, int64_t stride, const OutputSelection& wanted) {
+  RowOutputs out;
+  out.loss = outputs;
+  out.z_loss = outputs + stride;
+  out.logprob = outputs + 2 * stride;
+  if (wanted.entropy) out.entropy = outputs + 3 * stride;
+  if (wanted.accuracy) out.argmax = reinterpret_cast<int32_t*>(outputs + 4 * stride);
+  return out;
+}
+
+LossParams LossParamsFor(const ComputeSpec& spec, int64_t vocab) {
+  LossParams p;
+  p.vocab = vocab;
+  p.label_smoothing = spec.options.label_smoothing;
+  p.z_loss_scale = spec.options.z_loss_scale;
+  p.softcap = spec.options.softcap;
+  p.temperature = spec.options.temperature;
+  p.grad_scale = spec.options.grad_scale;
+  p.entropy_weighted = std::any_of(spec.entropy_weights.begin(), spec.entropy_weights.end(),
+                                   [](float e) { return e != 0.0f; });
+  return p;
+}
+
+PlanRequest PlanRequestFor(const ComputeSpec& spec) {
+  PlanRequest req;
+  req.strategy = spec.strategy;
+  req.num_tokens = spec.num_tokens;
+  req.hidden_dtype = spec.hidden_dtype;
+  req.chunk_tokens = spec.chunk_tokens;
+  req.deterministic = spec.deterministic;
+  req.plain_logits = !(spec.options.softcap > 0.0f) && spec.options.temperature == 1.0f;
+  return req;
+}
+
+CallRows::CallRows(const ComputeSpec& spec) {
+  const int64_t n = spec.num_tokens;
+  // a_t per MATH.md: the caller's weights replace the reduction's; ignored
+  // tokens always 0; n_valid over the whole request.
+  target.resize(n);
+  for (int64_t t = 0; t < n; ++t) {
+    const bool ignored = spec.targets[t] == spec.ignore_index;
+    target[t] = ignored ? -1 : spec.targets[t];
+    n_valid += ignored ? 0 : 1;
+  }
+  token_weight.assign(n, 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    if (target[t] < 0) continue;
+    if (!spec.token_weights.empty()) {
+      token_weight[t] = spec.token_weights[t];
+    } else if (spec.reduction == Reduction::kMean) {
+      token_weight[t] = 1.0f / static_cast<float>(n_valid);
+    } else {
+      token_weight[t] = 1.0f;
+    }
+  }
+  entropy_weight = spec.entropy_weights.empty() ? std::vector<float>(n, 0.0f) : spec.entropy_weights;
+  loss.assign(n, 0.0f);
+  z_loss.assign(n, 0.0f);
+  logprob.assign(n, 0.0f);
+  entropy.assign(n, 0.0f);
+  argmax.assign(n, -1);
+  given.assign(n, 0);
+}
+
+absl::Status CallRows::Accept(int64_t offset, int64_t rows, const void* host_rows, int64_t hidden,
+                              DType dtype) {
+  const int64_t n = static_cast<int64_t>(given.size());
+  if (host_rows != nullptr && rows > 0 && offset >= 0 && offset + rows <= n) {
+    const int64_t bad = FirstNonFinite(dtype, host_rows, rows * hidden);
+    if (bad >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden row of token ", offset + bad / hidden,
+                                                     " has a non-finite value at column ",
+                                                     bad % hidden));
+    }
+  }
+  if (offset < 0 || rows < 0 || offset + rows > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden rows [", offset, ", ", offset + rows, ") outside [0, ", n, ")"));
+  }
+  for (int64_t t = offset; t < offset + rows; ++t) {
+    if (given[t]) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden rows [", offset, ", ", offset + rows,
+                                                     ") overlap rows already given (token ", t,
+                                                     ")"));
+    }
+  }
+  std::fill(given.begin() + offset, given.begin() + offset + rows, 1);
+  return absl::OkStatus();
+}
+
+absl::Status CallRows::CheckAllGiven() const {
+  const auto missing = std::find(given.begin(), given.end(), 0);
+  if (missing == given.end()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("Finish before every hidden row was given: token ",
+                                                    missing - given.begin(), " of ", given.size(),
+                                                    " is missing"));
+}
+
+void CallRows::Store(const float* outputs, int64_t stride, int64_t begin, int64_t rows) {
+  std::memcpy(loss.data() + begin, outputs, rows * 4);
+  std::memcpy(z_loss.data() + begin, outputs + stride, rows * 4);
+  std::memcpy(logprob.data() + begin, outputs + 2 * stride, rows * 4);
+  std::memcpy(entropy.data() + begin, outputs + 3 * stride, rows * 4);
+  std::memcpy(argmax.data() + begin, outputs + 4 * stride, rows * 4);
+}
+
+void CallRows::FillResult(const OutputSelection& wanted, ComputeResult& result) const {
+  const int64_t n = static_cast<int64_t>(target.size());
+  for (int64_t t = 0; t < n; ++t) {
+    if (wanted.entropy) result.entropy_sum += entropy[t];
+    if (target[t] < 0) continue;
+    result.loss += static_cast<double>(token_weight[t]) * loss[t];
+    result.z_loss += static_cast<double>(token_weight[t]) * z_loss[t];
+    if (wanted.accuracy) result.n_correct += argmax[t] == target[t] ? 1 : 0;
+  }
+  result.n_valid = n_valid;
+  if (wanted.per_token_loss) result.per_token_loss = loss;
+  if (wanted.logprob) result.logprob = logprob;
+  if (wanted.entropy) result.entropy = entropy;
+  if (wanted.accuracy) {
+    result.correct.resize(n);
+    for (int64_t t = 0; t < n; ++t) result.correct[t] = target[t] >= 0 && argmax[t] == target[t];
+  }
+}
+
+absl::Status UploadRowInputs(const CallRows& rows, int32_t* target, float* token_weight,
+                             float* entropy_weight, cudaStream_t stream, DeviceHealth* health) {
+  const int64_t n = static_cast<int64_t>(rows.target.size());
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(target, rows.target.data(), n * 4, cudaMemcpyHostToDevice, stream), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(token_weight, rows.token_weight.data(), n * 4,
+                                            cudaMemcpyHostToDevice, stream),
+                            health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(entropy_weight, rows.entropy_weight.data(), n * 4,
+                                            cudaMemcpyHostToDevice, stream),
+                            health);
+  return absl::OkStatus();
+}
+
+absl::Status DownloadRowOutputs(const float* outputs, int64_t n, cudaStream_t stream,
+                                DeviceHealth* health, CallRows& rows) {
+  std::vector<float> host(kRowOutputs * n);
+  FLCE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host.data(), outputs, host.size() * 4, cudaMemcpyDeviceToHost, stream),
+      health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), health);
+  rows.Store(host.data(), n, 0, n);
+  return absl::OkStatus();
+}
+
+absl::Status SinkGradInput(const char* grad_input, int64_t n, int64_t row_bytes,
+                           const GradInputSink& sink, cudaStream_t stream, DeviceHealth* health) {
+  constexpr int64_t kSinkRows = 8192;
+  for (int64_t b = 0; b < n; b += kSinkRows) {
+    const int64_t rows = std::min(kSinkRows, n - b);
+    std::string data(rows * row_bytes, '\0');
+    FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(data.data(), grad_input + b * row_bytes, data.size(),
+                                              cudaMemcpyDeviceToHost, stream),
+                              health);
+    FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), health);
+    if (sink) sink(b, rows, std::move(data));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace flce::cuda
