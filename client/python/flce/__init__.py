@@ -12,9 +12,10 @@
 __version__ = "0.10.0"
 
 from flce.client import Client, ComputeResult, GradResult, HeadDownload  # noqa: E402
+from flce.clip import clip_grad_norm_  # noqa: E402
 from flce.errors import FlceError  # noqa: E402
 from flce.module import LMHeadOutput, RemoteEmbedding, RemoteLMHead, ignore_in_ddp  # noqa: E402
-from flce.optim import ServerOptimizer, clip_grad_norm_  # noqa: E402
+from flce.optim import ServerOptimizer  # noqa: E402
 from flce.pipeline import PendingLoss  # noqa: E402
 from flce.results import (CheckpointInfo, CommitResult, ComputeSummary,  # noqa: E402
                           ContributionState, DType, DownloadHeader, EmbedGradSummary,

@@ -22,6 +22,7 @@ import torch
 
 from flce.client import Client, new_request_id
 from flce.errors import FlceError
+from flce.loss_options import LossOptions
 
 
 def _inf_like(hidden: torch.Tensor) -> torch.Tensor:
@@ -34,20 +35,11 @@ class CallConfig:
     client: Client
     head_id: str
     session_id: str
-    ignore_index: int = -100
-    label_smoothing: float = 0.0
-    z_loss: float = 0.0
-    softcap: float = 0.0
-    temperature: float = 1.0
-    strategy: str = "auto"
-    chunk_tokens: int = 0
+    loss: LossOptions = LossOptions()
 
     def compute(self, hidden, targets, **kw):
-        return self.client.compute(
-            self.head_id, hidden, targets, session_id=self.session_id,
-            ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
-            z_loss=self.z_loss, softcap=self.softcap, temperature=self.temperature,
-            strategy=self.strategy, chunk_tokens=self.chunk_tokens, **kw)
+        return self.client.compute(self.head_id, hidden, targets, session_id=self.session_id,
+                                   **self.loss.keywords(), **kw)
 
 
 # How long the best-effort discard of a staged contribution may take (it runs from a
@@ -224,11 +216,11 @@ class PerTokenLoss(torch.autograd.Function):
             if ctx.reduction == "none":
                 a += g.reshape(-1)
             else:
-                valid = (targets.detach().to("cpu") != cfg.ignore_index).to(torch.float32)
+                valid = (targets.detach().to("cpu") != cfg.loss.ignore_index).to(torch.float32)
                 per_token = 1.0 / max(ctx.n_valid, 1) if ctx.reduction == "mean" else 1.0
                 a += valid * (g * per_token)
         if g_logprob is not None and g_logprob.numel():
-            if cfg.label_smoothing or cfg.z_loss:
+            if cfg.loss.label_smoothing or cfg.loss.z_loss:
                 # ℓ_t = −logprob_t only without smoothing and z-loss: no a_t expresses it
                 raise NotImplementedError(
                     "gradients through logprob need label_smoothing = z_loss = 0")

@@ -23,16 +23,13 @@ from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.commit_queue import CommitQueue
 from flce.errors import FlceError, translate
+from flce.loss_options import LossOptions, keyword_arguments
 from flce.shm import SharedTransport
 from flce.results import (CheckpointInfo, CommitResult, ComputeSummary, DownloadHeader,
                           EmbedGradSummary, EmbedHeader, GradHeader, GradNorm, HeadInfo,
                           OptimizerGroup, OptimizerInfo, OptimizerKind, ServerInfo,
                           SessionInfo, StepResult, UnloadResult)
 
-REDUCTIONS = {"mean": pb.REDUCTION_MEAN, "sum": pb.REDUCTION_SUM, "none": pb.REDUCTION_NONE}
-STRATEGIES = {"auto": pb.STRATEGY_AUTO, "chunked": pb.STRATEGY_CHUNKED,
-              "vocab_split": pb.STRATEGY_VOCAB_SPLIT, "fuse_mn": pb.STRATEGY_FUSE_MN,
-              "separate": pb.STRATEGY_SEPARATE, "naive": pb.STRATEGY_NAIVE}
 OPTIMIZERS = {"sgd": OptimizerKind.SGD, "adamw": OptimizerKind.ADAMW}
 _TOKEN_FIELDS = (("loss", torch.float32), ("logprob", torch.float32),
                  ("entropy", torch.float32), ("correct", torch.uint8))
@@ -504,37 +501,34 @@ class Client:
         return HeadInfo.from_pb(self._upload(requests(), timeout=self.timeout))
 
     # -------------------------------------------------------------- compute --
+    @keyword_arguments()
     def compute(self, head_id: str, hidden: torch.Tensor, targets: torch.Tensor, *,
                 session_id: Optional[str] = None, request_id: Optional[str] = None,
-                reduction: str = "mean", ignore_index: int = -100,
-                label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float = 0.0,
-                temperature: float = 1.0, grad_scale: float = 1.0,
+                reduction: str = "mean", grad_scale: float = 1.0,
                 token_weights: Optional[torch.Tensor] = None,
                 entropy_weights: Optional[torch.Tensor] = None,
                 grad_input: bool = True, forward_only: bool = False,
                 per_token_loss: bool = False, logprob: bool = False, entropy: bool = False,
                 accuracy: bool = False, deferred_commit: bool = False,
-                strategy: str = "auto", deterministic: bool = False,
-                chunk_tokens: int = 0, expected_head_version: Optional[int] = None,
-                pinned_result: Optional[bool] = None) -> ComputeResult:
+                deterministic: bool = False, expected_head_version: Optional[int] = None,
+                pinned_result: Optional[bool] = None, **options) -> ComputeResult:
         """One Compute call over hidden [N, H] (fp32/fp16/bf16) and targets [N].
+
+        The loss options (ignore_index, label_smoothing, z_loss, softcap, temperature,
+        strategy, chunk_tokens) are keyword arguments named and defaulted by
+        flce.loss_options.LossOptions; another name is a TypeError.
 
         grad_input comes back in hidden's dtype on the CPU (pinned when hidden is on a GPU,
         or when pinned_result says so, ready for a fast copy to a GPU) — through shared
         memory (flce.shm), on hidden's GPU when hidden is on one; with deferred_commit the call's grad_W stays staged
         until commit(request_id)."""
+        loss = LossOptions().updated(options)
         if hidden.dim() != 2 or targets.dim() != 1 or targets.shape[0] != hidden.shape[0]:
             raise ValueError(f"need hidden [N, H] and targets [N], got {tuple(hidden.shape)} "
                              f"and {tuple(targets.shape)}")
         n, h = hidden.shape
         hidden_dtype = tensors.wire_dtype(hidden.dtype)
         want_grad_input = grad_input and not forward_only
-        options = pb.LossOptions(label_smoothing=label_smoothing, z_loss_scale=z_loss,
-                                 softcap=softcap)
-        if temperature != 1.0:
-            options.temperature = temperature
-        if grad_scale != 1.0:
-            options.grad_scale = grad_scale
         outputs = pb.OutputSelection(per_token_loss=per_token_loss, logprob=logprob,
                                      entropy=entropy, accuracy=accuracy,
                                      forward_only=forward_only)
@@ -542,12 +536,10 @@ class Client:
         header = pb.ComputeHeader(
             request_id=request_id or new_request_id(), head_id=head_id,
             session_id=session_id if session_id is not None else self.session_id,
-            strategy=STRATEGIES[strategy], reduction=REDUCTIONS[reduction],
-            ignore_index=ignore_index, num_tokens=n,
-            hidden_dtype=hidden_dtype,
-            options=options, outputs=outputs,
+            num_tokens=n, hidden_dtype=hidden_dtype, outputs=outputs,
             commit=pb.COMMIT_DEFERRED if deferred_commit else pb.COMMIT_ON_COMPLETE,
-            deterministic=deterministic, chunk_tokens=chunk_tokens)
+            deterministic=deterministic)
+        loss.fill(header, reduction, grad_scale)
         if expected_head_version is not None:
             header.expected_head_version = expected_head_version
         for name, w in (("token_weights", token_weights), ("entropy_weights", entropy_weights)):

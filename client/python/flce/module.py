@@ -21,7 +21,7 @@ the server with the head, its gradient added into the head's session:
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Mapping, NamedTuple, Optional, Tuple, Union
 
 import grpc
 import torch
@@ -31,13 +31,11 @@ from flce import safetensors
 from flce.autograd import CallConfig, EmbeddingLookup, FusedLoss, PerTokenLoss
 from flce.client import Client, GradResult, HeadDownload
 from flce.errors import FlceError
+from flce.loss_options import NAMES, LossOptions, check_reduction, keyword_arguments
+from flce.optim import ServerOptimizer
 from flce.pipeline import InFlight, PendingLoss, submit_call
 from flce.results import (CheckpointInfo, ComputeSummary, EmbedGradSummary, EmbedHeader,
                           HeadInfo)
-
-REDUCTIONS = ("mean", "sum", "none")
-_LOSS_OPTIONS = ("ignore_index", "label_smoothing", "z_loss", "softcap", "temperature",
-                 "strategy", "chunk_tokens")
 
 
 class LMHeadOutput(NamedTuple):
@@ -51,29 +49,27 @@ class RemoteLMHead(nn.Module):
 
     Under torch.no_grad() a forward is a forward-only call: nothing is created or staged
     on the server. With grad enabled, grad_W accumulates in the server session even when
-    hidden needs no gradient (a frozen body), like a local head's weight.grad would."""
+    hidden needs no gradient (a frozen body), like a local head's weight.grad would.
 
+    The loss options (flce.loss_options.LossOptions: ignore_index, label_smoothing, z_loss,
+    softcap, temperature, strategy, chunk_tokens) are keyword arguments with its defaults,
+    kept as attributes of the same names that every call reads (set one to change the
+    calls that follow); forward and submit take them too, for that call only."""
+
+    @keyword_arguments()
     def __init__(self, client: Union[Client, str], head_id: str, *,
-                 session_id: Optional[str] = None,
-                 reduction: str = "mean", ignore_index: int = -100,
-                 label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float = 0.0,
-                 temperature: float = 1.0, strategy: str = "auto", chunk_tokens: int = 0):
+                 session_id: Optional[str] = None, reduction: str = "mean", **options):
         super().__init__()
+        loss = LossOptions().updated(options)
         if isinstance(client, str):  # a target such as "127.0.0.1:50051"
             client = Client(client, session_id=session_id)
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        check_reduction(reduction)
         self.client = client
         self.head_id = head_id
         self.session_id = session_id or client.session_id
         self.reduction = reduction
-        self.ignore_index = ignore_index
-        self.label_smoothing = label_smoothing
-        self.z_loss = z_loss
-        self.softcap = softcap
-        self.temperature = temperature
-        self.strategy = strategy
-        self.chunk_tokens = chunk_tokens
+        for name, value in loss.keywords().items():  # self.ignore_index, self.z_loss, ...
+            setattr(self, name, value)
         # stands in for the remote weight in the graph, so that backward (and the grad_W
         # commit) runs even when hidden does not require grad
         self._weight_anchor = torch.empty(0, requires_grad=True)
@@ -185,7 +181,6 @@ class RemoteLMHead(nn.Module):
         rank is initialised), where every rank computes into this head's session and the
         ranks' mean losses add up there. run_id: the prefix of the steps' request ids
         (default random)."""
-        from flce.optim import ServerOptimizer
         return ServerOptimizer(self, kind, lr=lr, betas=betas, eps=eps,
                                weight_decay=weight_decay, amsgrad=amsgrad, momentum=momentum,
                                dampening=dampening, nesterov=nesterov,
@@ -221,30 +216,28 @@ class RemoteLMHead(nn.Module):
         return info
 
     # -------------------------------------------------------------- forward --
-    def _config(self, overrides: dict) -> CallConfig:
-        values = {k: getattr(self, k) for k in _LOSS_OPTIONS}
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return CallConfig(self.client, self.head_id, self.session_id, **values)
+    def _config(self, overrides: Mapping) -> CallConfig:
+        """The call's head and session, and the module's loss options with the call's
+        overrides (None: the module's; another name: TypeError)."""
+        loss = LossOptions(**{name: getattr(self, name) for name in NAMES})
+        return CallConfig(self.client, self.head_id, self.session_id, loss.updated(overrides))
 
+    @keyword_arguments(overrides=True)
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor, *,
-                reduction: Optional[str] = None, ignore_index: Optional[int] = None,
-                label_smoothing: Optional[float] = None, z_loss: Optional[float] = None,
-                softcap: Optional[float] = None, temperature: Optional[float] = None,
-                return_logprob: bool = False, return_entropy: bool = False):
+                reduction: Optional[str] = None, return_logprob: bool = False,
+                return_entropy: bool = False, **options):
         """hidden [..., H], targets [...] → loss; with return_logprob / return_entropy an
         LMHeadOutput whose per-token tensors are differentiable (RL objectives). Loss
         options given here override the module's for this call."""
+        cfg = self._config(options)
         reduction = reduction or self.reduction
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        check_reduction(reduction)
         if hidden.shape[:-1] != targets.shape:
             raise ValueError(f"hidden {tuple(hidden.shape)} does not match targets "
                              f"{tuple(targets.shape)}")
         shape = targets.shape
         h2 = hidden.reshape(-1, hidden.shape[-1])
         y = targets.reshape(-1)
-        cfg = self._config(dict(ignore_index=ignore_index, label_smoothing=label_smoothing,
-                                z_loss=z_loss, softcap=softcap, temperature=temperature))
         sink: list = []
         anchor = self._weight_anchor if torch.is_grad_enabled() else self._weight_anchor.detach()
         per_token = reduction == "none" or return_logprob or return_entropy
@@ -263,6 +256,7 @@ class RemoteLMHead(nn.Module):
                             entropy.reshape(shape) if return_entropy else None)
 
     # ------------------------------------------------------ asynchronous calls --
+    @keyword_arguments(overrides=True)
     def submit(self, hidden: torch.Tensor, targets: torch.Tensor, *, scale: float = 1.0,
                reduction: Optional[str] = None, **options) -> PendingLoss:
         """Starts this micro-batch's call and returns at once (see flce.pipeline): the
@@ -277,9 +271,6 @@ class RemoteLMHead(nn.Module):
         if hidden.shape[:-1] != targets.shape:
             raise ValueError(f"hidden {tuple(hidden.shape)} does not match targets "
                              f"{tuple(targets.shape)}")
-        unknown = set(options) - set(_LOSS_OPTIONS)
-        if unknown:
-            raise TypeError(f"unknown loss options {sorted(unknown)}; known: {_LOSS_OPTIONS}")
         cfg = self._config(options)
         # hidden the server reads from this GPU (CUDA IPC) stays on it
         on_device = hidden.is_cuda and self.client.device_transport(hidden) is not None

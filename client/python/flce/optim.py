@@ -1,4 +1,5 @@
-"""The head trained where it lives: flce.ServerOptimizer and flce.clip_grad_norm_.
+"""The head trained where it lives: flce.ServerOptimizer (flce.clip_grad_norm_, which
+records its clip coefficient for the next step, is in flce.clip).
 
     head = flce.RemoteLMHead(client, "lm", session_id="run-1")
     head.load_from_module(model.lm_head)
@@ -27,7 +28,7 @@ names that checkpoint, and load_state_dict() loads it back on the server:
     opt.load_state_dict(state["opt"])                         # LoadCheckpoint, then lrs
 
 Under torch.distributed (data parallel), every rank computes into ONE shared session;
-every collective call here (step, zero_grad, clip_grad_norm_) is made on every rank:
+every collective call (step, zero_grad, flce.clip_grad_norm_) is made on every rank:
 the ranks meet at a barrier, rank 0 alone talks to the server, and its answer (or its
 error) reaches every rank.
 """
@@ -35,19 +36,35 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, Union
 
 import grpc
 import torch
 import torch.distributed as dist
 
-from flce.client import optimizer_kind
+from flce.client import Client, optimizer_kind
 from flce.errors import FlceError
 from flce.results import (CheckpointInfo, HeadInfo, OptimizerGroup, OptimizerInfo,
                           OptimizerKind, StepResult)
 
-if TYPE_CHECKING:
-    from flce.module import RemoteLMHead
+
+class TrainedHead(Protocol):
+    """What a ServerOptimizer uses of its head: a flce.RemoteLMHead. This module does not
+    import flce.module (which imports it to make a head's optimizer): the optimizer knows
+    the head by these members alone."""
+    client: Client
+    head_id: str
+    session_id: str
+    _optimizer: Optional["ServerOptimizer"]  # set by the ServerOptimizer made for it
+    _clip_coef: Optional[float]              # flce.clip_grad_norm_'s, for the next step
+    _embed_found_inf: bool                   # a tied embedding's gradient was not finite
+
+    def info(self) -> HeadInfo: ...
+
+    def drain(self, timeout: Optional[float] = None) -> None: ...
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
 
 # The hyper-parameters each kind keeps in its param_groups, with torch.optim's names.
 _HYPER = {OptimizerKind.SGD: ("momentum", "dampening", "weight_decay", "nesterov"),
@@ -183,7 +200,7 @@ class ServerOptimizer(torch.optim.Optimizer):
     server's state was created with, the state is created anew with them (moments start
     from zero)."""
 
-    def __init__(self, head: "RemoteLMHead", kind: Union[str, int], *, lr: float = 1e-3,
+    def __init__(self, head: TrainedHead, kind: Union[str, int], *, lr: float = 1e-3,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: Optional[float] = None, amsgrad: bool = False,
                  momentum: float = 0.0, dampening: float = 0.0, nesterov: bool = False,
@@ -532,68 +549,3 @@ class ServerOptimizer(torch.optim.Optimizer):
             self.head.zero_grad()
         self.head._clip_coef = None
         self.head._embed_found_inf = False
-
-
-def _head_and_optimizer(head_or_optimizer) -> Tuple["RemoteLMHead", Optional[ServerOptimizer]]:
-    from flce.module import RemoteLMHead
-    if isinstance(head_or_optimizer, ServerOptimizer):
-        return head_or_optimizer.head, head_or_optimizer
-    if isinstance(head_or_optimizer, RemoteLMHead):
-        return head_or_optimizer, head_or_optimizer._optimizer
-    raise TypeError("clip_grad_norm_ needs the flce.RemoteLMHead or its flce.ServerOptimizer, "
-                    f"got {type(head_or_optimizer).__name__}")
-
-
-def clip_grad_norm_(parameters: Union[torch.Tensor, Iterable[torch.Tensor]],
-                    head_or_optimizer, max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False) -> torch.Tensor:
-    """torch.nn.utils.clip_grad_norm_ over `parameters` AND a RemoteLMHead's gradient on the
-    server, as if the head's weight and bias were among the parameters.
-
-    The total norm is sqrt(Σ local squared norms + the head's squared norm × m²), where m
-    is the optimizer's grad_multiplier (the head's gradient as its Step applies it); the
-    local gradients are multiplied by min(1, max_norm / (total + 1e-6)) here, and the same
-    coefficient is recorded for the head's next step (clip_coef). Returns the total norm.
-    Only the L2 norm is available for the head (GradNorm gives its squared norm).
-    Under torch.distributed every rank calls it after backward: rank 0 asks the server,
-    every rank gets the same norm."""
-    if float(norm_type) != 2.0:
-        raise ValueError(f"flce.clip_grad_norm_ computes the L2 norm only (the server gives "
-                         f"the head's squared L2 norm), got norm_type={norm_type}")
-    head, opt = _head_and_optimizer(head_or_optimizer)
-    if isinstance(parameters, torch.Tensor):
-        parameters = [parameters]
-    grads = [p.grad for p in parameters if p.grad is not None]
-    ranks = opt._ranks if opt is not None else None
-    multiplier = opt.grad_multiplier if opt is not None else 1.0
-
-    def head_sq_norm() -> float:
-        return head.client.grad_norm(head.head_id, head.session_id).sq_norm
-
-    head.drain()  # this rank's submitted calls have landed (flce.pipeline)
-    if ranks is not None:
-        ranks.barrier()  # every rank's contributions have landed
-        head_sq = ranks.on_leader("GradNorm", head_sq_norm)
-    else:
-        head_sq = head_sq_norm()
-    head_sq *= multiplier * multiplier
-
-    device = grads[0].device if grads else torch.device("cpu")
-    dtype = grads[0].dtype if grads else torch.float32
-    # each local norm as torch computes it, summed with the head's in fp64
-    local = [torch.norm(g.detach(), 2.0).to(device, torch.float64) for g in grads]
-    sq = torch.stack(local).pow(2).sum() if local else torch.zeros((), dtype=torch.float64,
-                                                                    device=device)
-    total_norm = torch.sqrt(sq + head_sq).to(dtype)
-    if error_if_nonfinite and torch.logical_or(total_norm.isnan(), total_norm.isinf()):
-        raise RuntimeError(
-            f"The total norm of order {float(norm_type)} for gradients from `parameters` and "
-            "the flce head is non-finite, so it cannot be clipped. To disable this error and "
-            "scale the gradients by the non-finite norm anyway, set "
-            "`error_if_nonfinite=False`")
-    clip_coef = max_norm / (total_norm + 1e-6)
-    clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
-    for g in grads:
-        g.detach().mul_(clip_coef_clamped.to(g.device))
-    head._clip_coef = float(clip_coef_clamped)
-    return total_norm
