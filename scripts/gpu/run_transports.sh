@@ -15,7 +15,7 @@ for run in 1 2; do
     [[ $transport == shm || $transport == cuda_ipc ]] && flags=(--transport $transport)
     [[ $transport == grpc-tcp* ]] && flags+=(--tcp-only)
     [[ $transport == *-untuned ]] && flags+=(--no-malloc-tuning)
-    timeout 120 "$py" client/python/bench_step.py --target 127.0.0.1:50091 --device cuda \
+    timeout 120 "$py" bench/python/bench_step.py --target 127.0.0.1:50091 --device cuda \
       "${flags[@]}" --steps 5 --json "$out/transports.jsonl" 2>&1 | tail -1
   done
 done

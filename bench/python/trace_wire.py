@@ -2,7 +2,7 @@
 """When each hidden chunk left and each grad_input chunk arrived, in one Compute through
 messages at a given shape: shows whether the upload, the download or neither waits.
 
-    /usr/bin/python3 client/python/trace_wire.py --target 127.0.0.1:50051 --device cuda
+    /usr/bin/python3 bench/python/trace_wire.py --target 127.0.0.1:50051 --device cuda
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the flce package of this checkout (seed_step.py is beside this script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client" / "python"))
 import flce  # noqa: E402
 from flce import client as client_mod  # noqa: E402
 from seed_step import add_shape_args  # noqa: E402

@@ -6,7 +6,7 @@ the client's CPU time — the main thread (chunk decoding, autograd, Python glue
 whole process (adds gRPC's threads and the request-encoding thread) — so the share of a
 step the client spends in Python can be read off against the engine.
 
-    /usr/bin/python3 client/python/bench_step.py --target 127.0.0.1:50051 \
+    /usr/bin/python3 bench/python/bench_step.py --target 127.0.0.1:50051 \
         --tokens 65535 --hidden 1024 --vocab 176245 [--device cuda]
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the flce package of this checkout (seed_step.py is beside this script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client" / "python"))
 import flce  # noqa: E402
 from seed_step import add_shape_args, upload_problem  # noqa: E402
 

@@ -8,7 +8,7 @@ Compute RPC up to its summary and up to the end of its stream, the rest of the f
 Put next to the server's request log (setup_ms, input_ms, finish_ms, land_ms,
 duration_ms of each Compute and Commit), it shows what the wire and the client add.
 
-    /usr/bin/python3 client/python/trace_step.py --target 127.0.0.1:50051 \
+    /usr/bin/python3 bench/python/trace_step.py --target 127.0.0.1:50051 \
         --device cuda --transport cuda_ipc [--json trace.jsonl]
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the flce package of this checkout (seed_step.py is beside this script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client" / "python"))
 import flce  # noqa: E402
 from flce import client as client_module  # noqa: E402
 from seed_step import add_shape_args, upload_problem  # noqa: E402

@@ -7,7 +7,7 @@ chunk sizes, hidden on the CPU or a GPU, forward-only (hidden up, nothing down),
 gRPC channel options, and the tokens split over several concurrent calls on channels of
 their own (one TCP connection each) to see whether more connections carry more.
 
-    /usr/bin/python3 client/python/bench_wire.py --target 127.0.0.1:50051 [--device cuda]
+    /usr/bin/python3 bench/python/bench_wire.py --target 127.0.0.1:50051 [--device cuda]
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from pathlib import Path
 import grpc
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the flce package of this checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client" / "python"))
 import flce  # noqa: E402
 
 HEAD = "bench-wire"

@@ -9,7 +9,7 @@ Times the two halves of a step's Python work on the client:
 The generated-protobuf path is timed too, for comparison. Prints GB/s and the share of a
 step these take next to the engine and wire times measured in ../../shared/NOTES.md.
 
-    /usr/bin/python3 client/python/bench_serialization.py [--tokens 65535 --hidden 1024]
+    /usr/bin/python3 bench/python/bench_serialization.py [--tokens 65535 --hidden 1024]
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the flce package of this checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client" / "python"))
 from flce import client as fclient, tensors, wire  # noqa: E402
 from flce._pb import pb  # noqa: E402
 from flce.buffers import BufferPool  # noqa: E402
