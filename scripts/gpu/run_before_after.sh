@@ -3,7 +3,7 @@
 # lease. Both are packed with pack_served.sh (DIST_NAME=.served-dist for the build under
 # test, DIST_NAME=.ref-dist BUILD_DIR=<the reference's build> COMMIT=<its commit> for the
 # reference); carry both.
-#   1. The engine alone: flce_cuda_bench's default plan and its 3-GEMM bound, interleaved
+#   1. (run last) The engine alone: flce_cuda_bench's default plan and its 3-GEMM bound, interleaved
 #      rounds, PROCESSES processes per build alternating ref/new/new/ref/...
 #   2. The served step at the seed shape through the CLI's bench on loopback (TCP),
 #      ROUNDS rounds per build alternating; each round a fresh server of that build.
@@ -16,6 +16,7 @@ out=${OUT:-/tmp/flce-out}
 mkdir -p "$out"
 PROCESSES=${PROCESSES:-4}
 ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-5}
 SHAPES=${SHAPES:-0,1,2}
 for d in .served-dist .ref-dist; do
   [ -x "$d/server/flce-server" ] || tar -xJf "$d/served.tar.xz"
@@ -32,18 +33,6 @@ with() {  # with DIST CMD...: CMD with DIST's libraries
   LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64 "$@"
 }
 
-# 1. the engine alone
-for p in $(seq 1 "$PROCESSES"); do
-  if (( p % 2 )); then order="ref new"; else order="new ref"; fi
-  for which in $order; do
-    dist=$ref; [[ $which == new ]] && dist=$new
-    with "$dist" "$dist/bench/cuda/flce_cuda_bench" --shapes="$SHAPES" --strategies=chunked \
-      --stages=0 --interleave --runs=9 --out="$out/engine-$which-$p.json" \
-      --commit="$(cat "$dist/COMMIT")" >"$out/engine-$which-$p.log" 2>&1
-    echo "engine $which process $p rc=$?"
-  done
-done
-
 # 2. the served step and 3. deterministic results, a fresh server per round
 "$py" - "$out" <<'PY'
 import sys, numpy as np
@@ -56,16 +45,19 @@ np.save(f"{o}/h.npy", (h.view(np.uint32) >> 16).astype(np.uint16))
 t = rng.integers(0, 176245, size=3001).astype(np.int64); t[rng.random(3001) < 0.05] = -100
 np.save(f"{o}/t.npy", t)
 PY
-port=50081
+port=50080
 serve() {  # serve DIST NAME ROUND
   local dist=$1 name=$2 round=$3
-  with "$dist" "$dist/server/flce-server" --port $port --metrics-port 0 --device cuda \
-    >"$out/server-$name-$round.log" 2>&1 &
+  port=$((port + 1))  # a port of its own: nothing can answer for another build's server
+  LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64 "$dist/server/flce-server" --port $port \
+    --metrics-port 0 --device cuda --unix-socket=none >"$out/server-$name-$round.log" 2>&1 &
   local pid=$!
   local cl=("$dist/client/cli/flce-client" --target "127.0.0.1:$port")
   for _ in $(seq 1 300); do with "$dist" "${cl[@]}" health >/dev/null 2>&1 && break; sleep 0.1; done
-  with "$dist" "${cl[@]}" load-weight --head seed --weight "$out/w.npy" --dtype bf16 >/dev/null
-  with "$dist" "${cl[@]}" bench --head seed --tokens 65535 --steps 5 --warmup 2 \
+  with "$dist" "${cl[@]}" server-info >"$out/server-info-$name-$round.json" 2>&1
+  with "$dist" "${cl[@]}" load-weight --head seed --weight "$out/w.npy" --dtype bf16 \
+    >"$out/load-$name-$round.json" 2>&1
+  with "$dist" "${cl[@]}" bench --head seed --tokens 65535 --steps "${STEPS:-5}" --warmup 2 \
     >"$out/served-$name-$round.json" 2>"$out/served-$name-$round.err"
   echo "served $name round $round rc=$?: $(head -c 300 "$out/served-$name-$round.json")"
   if [[ $round == 1 ]]; then
@@ -78,11 +70,25 @@ serve() {  # serve DIST NAME ROUND
     done
   fi
   kill $pid; wait $pid 2>/dev/null
+  echo "  served by pid $pid: $(grep -o '"version": *"[^"]*"' "$out/server-info-$name-$round.json")"
 }
 for r in $(seq 1 "$ROUNDS"); do
   if (( r % 2 )); then serve "$ref" ref "$r"; serve "$new" new "$r"
   else serve "$new" new "$r"; serve "$ref" ref "$r"; fi
 done
+
+# 1. the engine alone
+for p in $(seq 1 "$PROCESSES"); do
+  if (( p % 2 )); then order="ref new"; else order="new ref"; fi
+  for which in $order; do
+    dist=$ref; [[ $which == new ]] && dist=$new
+    with "$dist" "$dist/bench/cuda/flce_cuda_bench" --shapes="$SHAPES" --strategies=chunked \
+      --stages=0 --interleave --runs=9 --out="$out/engine-$which-$p.json" \
+      --commit="$(cat "$dist/COMMIT")" >"$out/engine-$which-$p.log" 2>&1
+    echo "engine $which process $p rc=$?"
+  done
+done
+
 
 "$py" - "$out" <<'PY'
 import glob, hashlib, json, os, statistics, sys
@@ -125,3 +131,5 @@ print(json.dumps(res["bitwise"], indent=1))
 print(json.dumps({k: {s: v.get("median_ms") for s, v in d.items()} for k, d in res["engine"].items()}, indent=1))
 PY
 rm -f "$out"/*.npy
+# One archive: the machine sends back a few files only.
+tar -C "$out" -czf /tmp/before-after-logs.tgz --exclude=before-after.json . && mv /tmp/before-after-logs.tgz "$out/"

@@ -82,11 +82,11 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
   }
 
   void OnWriteDone(bool ok) {
-    const grpc::ByteBuffer* next = nullptr;
+    const v1::ComputeResponse* next = nullptr;
     bool finish = false;
     {
       absl::MutexLock lock(&mu_);
-      out_bytes_ -= static_cast<int64_t>(out_.front().Length());
+      out_bytes_ -= static_cast<int64_t>(out_.front()->ByteSizeLong());
       out_.pop_front();
       if (!ok) {  // the client is gone: nothing more will be written
         cancelled_ = true;
@@ -94,13 +94,13 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
         out_bytes_ = 0;
       }
       if (!out_.empty() && !finish_called_) {
-        next = &out_.front();
+        next = out_.front().get();
       } else {
         writing_ = false;
       }
       finish = ReserveFinishLocked();
     }
-    if (next != nullptr) reactor_->StartWrite(next);
+    if (next != nullptr) StartWriteOf(*next);
     if (finish) reactor_->Finish(finish_status_);
   }
 
@@ -137,28 +137,18 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
   }
 
   void Send(std::unique_ptr<v1::ComputeResponse> response) override {
-    grpc::ByteBuffer bytes;
-    bool own_buffer = false;
-    if (!grpc::SerializationTraits<v1::ComputeResponse>::Serialize(*response, &bytes, &own_buffer)
-             .ok()) {
-      // The call must not land with a response missing: WaitForSent says so.
-      absl::MutexLock lock(&mu_);
-      send_error_ = absl::InternalError("a response message did not serialize: nothing landed");
-      return;
-    }
-    response.reset();  // its bytes are in the buffer now
-    const grpc::ByteBuffer* first = nullptr;
+    const v1::ComputeResponse* first = nullptr;
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_ || finish_wanted_) return;
-      out_bytes_ += static_cast<int64_t>(bytes.Length());
-      out_.push_back(std::move(bytes));
+      out_bytes_ += static_cast<int64_t>(response->ByteSizeLong());
+      out_.push_back(std::move(response));
       if (!writing_) {
         writing_ = true;
-        first = &out_.front();
+        first = out_.front().get();
       }
     }
-    if (first != nullptr) reactor_->StartWrite(first);
+    if (first != nullptr) StartWriteOf(*first);
   }
 
   absl::Status CheckAlive() override {
@@ -200,6 +190,26 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
     }  // the job's engine call and buffers are gone before the status is sent
     RequestFinish(ToGrpcStatus(status));
     ctx_.workers->End();
+  }
+
+  // Serializes the response whose turn it is and writes it. It runs where the
+  // write is started (the sending thread for the first, gRPC's thread after
+  // each write), so the copy into the wire's buffers stays off the thread that
+  // checks and posts grad_input.
+  void StartWriteOf(const v1::ComputeResponse& response) {
+    bool own_buffer = false;
+    wire_.Clear();  // the previous write is done with it
+    if (grpc::SerializationTraits<v1::ComputeResponse>::Serialize(response, &wire_, &own_buffer)
+            .ok()) {
+      reactor_->StartWrite(&wire_);
+      return;
+    }
+    {
+      // The call must not land with a response missing: WaitForSent says so.
+      absl::MutexLock lock(&mu_);
+      send_error_ = absl::InternalError("a response message did not serialize: nothing landed");
+    }
+    OnWriteDone(false);
   }
 
   absl::Status GoneStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -250,7 +260,7 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
       if (!status.ok()) {
         // Only the message already on the wire stays.
         while (out_.size() > (writing_ ? 1u : 0u)) {
-          out_bytes_ -= static_cast<int64_t>(out_.back().Length());
+          out_bytes_ -= static_cast<int64_t>(out_.back()->ByteSizeLong());
           out_.pop_back();
         }
       }
@@ -274,8 +284,9 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool read_starting_ ABSL_GUARDED_BY(mu_) = false;
   bool input_closed_ ABSL_GUARDED_BY(mu_) = false;
-  // Serialized responses; the front one is on the wire while writing_.
-  std::deque<grpc::ByteBuffer> out_ ABSL_GUARDED_BY(mu_);
+  // Responses to write; the front one is on the wire (in wire_) while writing_.
+  std::deque<std::unique_ptr<v1::ComputeResponse>> out_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer wire_;  // the write in flight; touched only by its StartWriteOf
   int64_t out_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

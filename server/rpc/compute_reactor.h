@@ -28,7 +28,7 @@ class ComputeStream;
 
 // Messages travel as bytes: the stream parses requests itself (a message
 // that does not parse fails the call, where gRPC would report a half-close)
-// and serializes responses on the thread that sends them.
+// and serializes each response where its write starts, as gRPC would.
 class ComputeReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ComputeReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call, Principal who,
