@@ -148,7 +148,7 @@ struct PeerMemoryHandle {
 // path gets from the bytes themselves.
 struct PeerRows {
   int64_t first_non_finite = -1;  // element index into the rows (row * H + column); -1 = none
-  uint64_t fingerprint = 0;       // DeviceHiddenFingerprint of the rows (see below)
+  uint64_t fingerprint = 0;       // of the rows: kernels/device_fingerprint.h's arithmetic
 };
 
 struct ComputeSpec {
@@ -269,14 +269,6 @@ class Engine {
   // False after an unrecoverable (sticky) device error: the process should exit.
   virtual bool healthy() const = 0;
 };
-
-// The fingerprint of hidden rows read on the device (PeerRows): the sum
-// (mod 2^64) over rows of Mix64(row sum + token index), where a row's sum is
-// that of Mix64(element bits | column << 32) over its elements (16 or 32 bits
-// each). A host implementation for tests and references; it is not the
-// server's HiddenFingerprint of rows that came in messages.
-uint64_t DeviceHiddenFingerprint(DType dtype, const void* rows, int64_t n, int64_t hidden_size,
-                                 int64_t first_token);
 
 struct EngineConfig {
   int64_t workspace_bytes = int64_t{2048} << 20;

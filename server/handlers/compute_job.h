@@ -112,7 +112,7 @@ class ComputeJob {
   std::optional<RowTracker> rows_;
   int64_t row_bytes_ = 0;
   uint64_t hidden_fingerprint_ = 0;  // HiddenFingerprint summed over the rows received
-  // ...or the engine's DeviceHiddenFingerprint, when they were read on the GPU.
+  // ...or the engine's fingerprint (kernels/device_fingerprint.h), when they were read on the GPU.
   bool hidden_on_device_ = false;
   std::unique_ptr<GradInputSender> grad_input_;  // when grad_input is asked for
   // The shm and cuda_ipc transports: hidden read from, grad_input written

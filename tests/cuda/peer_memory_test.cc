@@ -23,6 +23,7 @@
 #include "kernels/cuda/engine/cuda_engine.h"
 #include "kernels/cuda/ops/peer_row_kernels.cuh"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/support/device_fingerprint_reference.h"
 #include "tests/support/engine_harness.h"
 #include "tests/support/problem.h"
 

@@ -16,6 +16,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/engine_factory.h"
 #include "tests/engine/conformance_checks.h"
+#include "tests/support/device_fingerprint_reference.h"
 #include "tests/support/engine_harness.h"
 #include "tests/support/problem.h"
 #include "tests/support/reference_f64.h"

@@ -122,6 +122,14 @@ TEST(RowTrackerTest, AcceptsAnyOrderAndRejectsOverlapsAndGaps) {
   EXPECT_FALSE(rows.Accept(0, 0, 8).ok());
 }
 
+// An id is echoed in the status message with its control characters escaped:
+// a newline in it must not start a new line in a client's log.
+TEST(ValidateIdTest, EchoesAControlCharacterEscaped) {
+  absl::Status status = ValidateId("step-1\nINFO forged", "request_id");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "request_id \"step-1\\nINFO forged\" holds a control character");
+}
+
 TEST(ResolveUnderRootTest, AcceptsInsideAndRefusesOutside) {
   namespace fs = std::filesystem;
   fs::path base = fs::temp_directory_path() / absl::StrCat("flce-root-", getpid());

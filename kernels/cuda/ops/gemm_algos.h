@@ -44,7 +44,7 @@ absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char*
 bool PreferTileForGradWeight(int64_t rows, int64_t hidden, const char* env);
 
 // A column-major product C (m x n, fp32) = alpha op_a(A) op_b(B) + beta C with
-// 16-bit A and B, as kernels/cuda/gemm.cc spells the plans' GEMMs.
+// 16-bit A and B, as kernels/cuda/ops/gemm.cc spells the plans' GEMMs.
 struct LtProduct {
   cudaDataType_t ab_type = CUDA_R_16BF;
   cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;

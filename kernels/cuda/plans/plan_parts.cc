@@ -1,8 +1,11 @@
 #include "kernels/cuda/plans/plan_parts.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kernels/cuda/base/device_memory.h"
+#include "kernels/cuda/base/policy.h"
 #include "kernels/cuda/ops/elementwise_kernels.cuh"
 #include "kernels/cuda/ops/sm90/logits_stats_gemm.cuh"
 
@@ -37,6 +40,21 @@ absl::Status Exhausted(const char* what, int64_t needed, int64_t budget, const c
   return absl::ResourceExhaustedError(absl::StrCat(
       what, " needs ", needed, " bytes (", needed >> 20, " MiB) of device workspace; ", budget,
       " bytes (", budget >> 20, " MiB) are available (--workspace-mb). ", hint));
+}
+
+SplitFit FitVocabSplit(int64_t rows, int64_t vocab, int64_t budget,
+                       const std::function<int64_t(int64_t rows, int64_t cols)>& bytes) {
+  for (;;) {
+    const int64_t fixed = bytes(rows, 0);
+    int64_t cols =
+        fixed < budget ? AlignDown((budget - fixed) / (rows * 4), VocabPolicy::kAlign) : 0;
+    cols = std::min({cols, VocabSplitPolicy::kMaxSplit, vocab});
+    if (cols >= std::min(VocabSplitPolicy::kMinSplit, vocab) && cols > 0) {
+      return SplitFit{true, rows, cols};
+    }
+    if (rows <= ChunkPolicy::kTokenAlign) return SplitFit{false, rows, 0};
+    rows = AlignUp(rows / 2, ChunkPolicy::kTokenAlign);
+  }
 }
 
 Scratch Carve(char* base, int64_t rows, int64_t logits_cols, const TokenBytes& tb,

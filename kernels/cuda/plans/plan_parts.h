@@ -6,6 +6,7 @@
 #define FLCE_KERNELS_CUDA_PLANS_PLAN_PARTS_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -69,6 +70,19 @@ Scratch Carve(char* base, int64_t rows, int64_t logits_cols, const TokenBytes& t
               const HeadView& head, bool naive, bool split);
 // RESOURCE_EXHAUSTED naming what needs how much of --workspace-mb.
 absl::Status Exhausted(const char* what, int64_t needed, int64_t budget, const char* hint);
+
+// The vocab_split block a budget affords, from `rows` tokens down: the widest
+// split of columns (VocabPolicy-aligned, at most kMaxSplit and `vocab`) beside
+// `rows` tokens' scratch, the rows halved (kTokenAlign-aligned) until at least
+// kMinSplit columns, or the whole vocabulary, fit. bytes(rows, cols): such a
+// block's scratch. Without a fit, `rows` is the last size tried.
+struct SplitFit {
+  bool fits = false;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+SplitFit FitVocabSplit(int64_t rows, int64_t vocab, int64_t budget,
+                       const std::function<int64_t(int64_t rows, int64_t cols)>& bytes);
 
 // bf16 heads can take the row-scaled backward (row_scaled_backward.cuh).
 bool RowScaledCapable(const HeadView& head);

@@ -89,25 +89,18 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
     case Strategy::kVocabSplit: {
       TokenBytes tb = PerTokenBytes(head, req.hidden_dtype, true);
       tb.rowstate = sizeof(RowState) + sizeof(RowGrad);
-      int64_t rows = std::min(AlignUp(n, ChunkPolicy::kTokenAlign), VocabSplitPolicy::kMaxTokens);
-      for (;;) {
-        const int64_t fixed = ScratchBytes(rows, 0, tb, 0);
-        int64_t cols =
-            fixed < budget ? AlignDown((budget - fixed) / (rows * 4), VocabPolicy::kAlign) : 0;
-        cols = std::min({cols, VocabSplitPolicy::kMaxSplit, head.padded_vocab});
-        if (cols >= std::min(VocabSplitPolicy::kMinSplit, head.padded_vocab)) {
-          plan.chunk_tokens = rows;
-          plan.split_cols = cols;
-          plan.scratch_bytes = ScratchBytes(rows, cols, tb, 0);
-          return plan;
-        }
-        if (rows <= ChunkPolicy::kTokenAlign) {
-          return Exhausted("vocab_split plan",
-                           ScratchBytes(rows, VocabSplitPolicy::kMinSplit, tb, 0), budget,
-                           "Raise --workspace-mb.");
-        }
-        rows = AlignUp(rows / 2, ChunkPolicy::kTokenAlign);
+      const int64_t rows =
+          std::min(AlignUp(n, ChunkPolicy::kTokenAlign), VocabSplitPolicy::kMaxTokens);
+      auto bytes = [&](int64_t r, int64_t cols) { return ScratchBytes(r, cols, tb, 0); };
+      const SplitFit fit = FitVocabSplit(rows, head.padded_vocab, budget, bytes);
+      if (!fit.fits) {
+        return Exhausted("vocab_split plan", bytes(fit.rows, VocabSplitPolicy::kMinSplit), budget,
+                         "Raise --workspace-mb.");
       }
+      plan.chunk_tokens = fit.rows;
+      plan.split_cols = fit.cols;
+      plan.scratch_bytes = bytes(fit.rows, fit.cols);
+      return plan;
     }
     case Strategy::kAuto:
       break;

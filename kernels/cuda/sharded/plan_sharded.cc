@@ -177,24 +177,17 @@ absl::StatusOr<ShardPlan> MakeShardPlan(const std::vector<HeadView>& shards,
       plan.tile_stats = false;  // auto falling through: vocab_split recomputes fp32 splits
       int64_t rows = std::min(AlignUp(n, ChunkPolicy::kTokenAlign), VocabSplitPolicy::kMaxTokens);
       if (req.chunk_tokens > 0) rows = std::min(rows, req.chunk_tokens);
-      for (;;) {
-        const int64_t fixed = bytes(rows, 0);
-        int64_t cols =
-            fixed < budget ? AlignDown((budget - fixed) / (rows * 4), VocabPolicy::kAlign) : 0;
-        cols = std::min({cols, VocabSplitPolicy::kMaxSplit, widest->padded_vocab});
-        if (cols >= std::min(VocabSplitPolicy::kMinSplit, widest->padded_vocab) && cols > 0) {
-          plan.chunk_tokens = rows;
-          plan.split_cols = cols;
-          plan.scratch_bytes = bytes(rows, cols);
-          return plan;
-        }
-        if (rows <= ChunkPolicy::kTokenAlign) {
-          return plan_parts::Exhausted("vocab_split plan",
-                                       bytes(rows, VocabSplitPolicy::kMinSplit), budget,
-                                       "Raise --workspace-mb.");
-        }
-        rows = AlignUp(rows / 2, ChunkPolicy::kTokenAlign);
+      const plan_parts::SplitFit fit =
+          plan_parts::FitVocabSplit(rows, widest->padded_vocab, budget, bytes);
+      if (!fit.fits) {
+        return plan_parts::Exhausted("vocab_split plan",
+                                     bytes(fit.rows, VocabSplitPolicy::kMinSplit), budget,
+                                     "Raise --workspace-mb.");
       }
+      plan.chunk_tokens = fit.rows;
+      plan.split_cols = fit.cols;
+      plan.scratch_bytes = bytes(fit.rows, fit.cols);
+      return plan;
     }
   }
   return absl::InvalidArgumentError("unknown strategy");
