@@ -21,6 +21,9 @@ absl::StatusOr<std::optional<v1::ComputeRequest>> FakeComputeChannel::Next() {
     absl::string_view bytes = records_[next_++];
     v1::ComputeRequest request;
     if (request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return request;
+    closed_ = true;
+    return absl::InvalidArgumentError(
+        "a request message does not parse as flce.v1.ComputeRequest: nothing landed");
   }
   absl::Status end = EndOfStream();
   if (!end.ok()) return end;

@@ -1,8 +1,9 @@
-// A ComputeChannel over recorded bytes, as the gRPC transport would deliver
-// them: each record is parsed as one flce.v1.ComputeRequest, and a record
-// that does not parse ends the stream the way gRPC reports it (a read that
-// fails, indistinguishable from the client half-closing). Responses are kept
-// in outline (offsets, sizes, the summary) for the invariant checks.
+// A ComputeChannel over recorded bytes, as the server's Compute stream
+// delivers them: each record is parsed as one flce.v1.ComputeRequest, and a
+// record that does not parse is an INVALID_ARGUMENT error and the last thing
+// read (the stream parses its request bytes itself; rpc/compute_reactor.h).
+// Responses are kept in outline (offsets, sizes, the summary) for the
+// invariant checks.
 #ifndef FLCE_TESTS_FUZZ_FAKE_COMPUTE_CHANNEL_H_
 #define FLCE_TESTS_FUZZ_FAKE_COMPUTE_CHANNEL_H_
 
