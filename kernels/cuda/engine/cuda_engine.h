@@ -22,7 +22,9 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/base/device_memory.h"
-#include "kernels/cuda/engine/device_objects.h"
+#include "kernels/cuda/engine/cuda_grad_buffer.h"
+#include "kernels/cuda/engine/cuda_head.h"
+#include "kernels/cuda/engine/device_context.h"
 #include "kernels/cuda/plans/plans.h"
 #include "kernels/engine.h"
 

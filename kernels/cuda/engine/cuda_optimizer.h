@@ -8,7 +8,9 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "kernels/cuda/engine/device_objects.h"
+#include "kernels/cuda/engine/cuda_grad_buffer.h"
+#include "kernels/cuda/engine/cuda_head.h"
+#include "kernels/cuda/engine/device_context.h"
 #include "kernels/cuda/ops/optimizer_kernels.cuh"
 #include "kernels/engine.h"
 

@@ -14,7 +14,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "kernels/cuda/engine/device_objects.h"
+#include "kernels/cuda/engine/cuda_grad_buffer.h"
+#include "kernels/cuda/engine/cuda_head.h"
+#include "kernels/cuda/engine/device_context.h"
 #include "kernels/engine.h"
 
 namespace flce::cuda {

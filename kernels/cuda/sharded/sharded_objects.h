@@ -12,8 +12,10 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/engine/cuda_engine.h"
+#include "kernels/cuda/engine/cuda_grad_buffer.h"
+#include "kernels/cuda/engine/cuda_head.h"
 #include "kernels/cuda/engine/cuda_optimizer.h"
-#include "kernels/cuda/engine/device_objects.h"
+#include "kernels/cuda/engine/device_context.h"
 #include "kernels/engine.h"
 
 namespace flce::cuda {

@@ -1,9 +1,9 @@
-// The CUDA engine's device context and the objects it hands out: resident
-// heads (V padded to a multiple of 128 with zero rows, in their dtype),
-// head builders that stream bytes in through pinned staging, and fp32
-// gradient buffers (padded_vocab x H weight + padded_vocab bias).
-#ifndef FLCE_KERNELS_CUDA_ENGINE_DEVICE_OBJECTS_H_
-#define FLCE_KERNELS_CUDA_ENGINE_DEVICE_OBJECTS_H_
+// The CUDA engine's device context: the GPU, its streams, pinned staging, the
+// health flag, the spare gradient memory, and the small device operations
+// (copies, finiteness checks, sums of squares, row gathers and scatters) that
+// heads and gradient buffers run through it.
+#ifndef FLCE_KERNELS_CUDA_ENGINE_DEVICE_CONTEXT_H_
+#define FLCE_KERNELS_CUDA_ENGINE_DEVICE_CONTEXT_H_
 
 #include <cuda_runtime.h>
 
@@ -104,94 +104,6 @@ class DeviceContext {
   std::vector<GradMemory> spare_grads_;
 };
 
-class CudaHead : public Head {
- public:
-  CudaHead(std::shared_ptr<DeviceContext> ctx, HeadSpec spec, DeviceBuffer weight,
-           DeviceBuffer bias);
-  const HeadSpec& spec() const override { return spec_; }
-  int64_t resident_bytes() const override { return weight_.bytes() + bias_.bytes(); }
-  absl::Status CopyOut(HeadTensor tensor, int64_t begin, int64_t count,
-                       void* host_out) const override;
-  absl::Status GatherRows(const int32_t* ids, int64_t n, DType out_dtype,
-                          void* host_out) const override;
-  int64_t padded_vocab() const { return padded_vocab_; }
-  HeadView view() const;
-  // For CudaHeadOptimizer only, while no compute call uses the head.
-  void* weight_for_update() const { return weight_.get(); }
-  void* bias_for_update() const { return bias_.get(); }
-  const std::shared_ptr<DeviceContext>& context() const { return ctx_; }
-
- private:
-  std::shared_ptr<DeviceContext> ctx_;
-  HeadSpec spec_;
-  int64_t padded_vocab_;
-  DeviceBuffer weight_;
-  DeviceBuffer bias_;
-};
-
-class CudaHeadBuilder : public HeadBuilder {
- public:
-  static absl::StatusOr<std::unique_ptr<CudaHeadBuilder>> Create(std::shared_ptr<DeviceContext> ctx,
-                                                                 const HeadSpec& spec);
-  absl::Status WriteWeight(int64_t byte_offset, const void* data, int64_t bytes) override;
-  absl::Status WriteBias(int64_t byte_offset, const void* data, int64_t bytes) override;
-  absl::StatusOr<std::shared_ptr<const Head>> Finish() override;
-
- private:
-  CudaHeadBuilder() = default;
-  absl::Status Write(bool bias, int64_t byte_offset, const void* data, int64_t bytes);
-  std::shared_ptr<DeviceContext> ctx_;
-  HeadSpec spec_;
-  DeviceBuffer weight_;
-  DeviceBuffer bias_;
-  std::vector<std::pair<int64_t, int64_t>> weight_written_;
-  std::vector<std::pair<int64_t, int64_t>> bias_written_;
-  bool finished_ = false;
-};
-
-class CudaGradBuffer : public GradBuffer {
- public:
-  static absl::StatusOr<std::unique_ptr<CudaGradBuffer>> Create(std::shared_ptr<DeviceContext> ctx,
-                                                                const HeadSpec& spec);
-  // Its memory goes to the context's spares (DeviceContext::KeepGradMemory).
-  ~CudaGradBuffer() override;
-  int64_t vocab_size() const override { return vocab_; }
-  int64_t hidden_size() const override { return hidden_; }
-  bool has_bias() const override { return has_bias_; }
-  int64_t bytes() const override { return data_.bytes(); }
-  absl::Status Zero() override;
-  absl::Status AddScaled(const GradBuffer& other, float scale) override;
-  absl::StatusOr<FiniteCheck> ScaleAndAdd(float scale, const GradBuffer& base) override;
-  absl::StatusOr<bool> AllFinite() const override;
-  absl::StatusOr<GradNorms> SquaredNorms() const override;
-  absl::Status ScatterAddRows(const int32_t* ids, int64_t n, const void* rows, DType dtype,
-                              bool deterministic) override;
-  absl::Status CopyWeightRows(int64_t row_begin, int64_t rows, DType out_dtype,
-                              void* host_out) const override;
-  absl::Status CopyBias(int64_t begin, int64_t count, DType out_dtype,
-                        void* host_out) const override;
-
-  float* weight() const { return static_cast<float*>(data_.get()); }
-  float* bias() const { return has_bias_ ? weight() + padded_vocab_ * hidden_ : nullptr; }
-  int64_t padded_vocab() const { return padded_vocab_; }
-  const DeviceContext* context() const { return ctx_.get(); }
-
- private:
-  CudaGradBuffer() = default;
-  // The weight's and the bias's real elements: the rows padding V to the
-  // GEMMs' multiple hold whatever the plans left there, never read.
-  DeviceContext::Ranges RealRanges() const;
-  // The same-shape buffer of this engine, or INVALID_ARGUMENT naming `op`.
-  absl::StatusOr<const CudaGradBuffer*> SameShape(const GradBuffer& other, const char* op) const;
-  absl::Status CopyOut(const float* src, int64_t count, DType out_dtype, void* host_out) const;
-  std::shared_ptr<DeviceContext> ctx_;
-  int64_t vocab_ = 0;
-  int64_t hidden_ = 0;
-  int64_t padded_vocab_ = 0;
-  bool has_bias_ = false;
-  DeviceBuffer data_;
-};
-
 }  // namespace flce::cuda
 
-#endif  // FLCE_KERNELS_CUDA_ENGINE_DEVICE_OBJECTS_H_
+#endif  // FLCE_KERNELS_CUDA_ENGINE_DEVICE_CONTEXT_H_
