@@ -7,12 +7,12 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
+#include "core/status_macros.h"
 #include "server/base/status_mapping.h"
 #include "server/handlers/compute_job.h"
+#include "server/rpc/message_bytes.h"
 
 namespace flce::server {
 
@@ -21,18 +21,12 @@ namespace {
 // its way while the worker feeds the engine, and memory stays bounded.
 constexpr size_t kMaxQueuedRequests = 2;
 
-// A request message as the job sees it, or why it is none. gRPC's own parsing
-// would report a message that does not parse as a half-close; parsed here, it
-// fails the call instead.
+// A request message as the job sees it, or why it is none (a message that
+// does not parse fails the call).
 absl::StatusOr<v1::ComputeRequest> Parse(grpc::ByteBuffer* bytes) {
-  const size_t size = bytes->Length();
   v1::ComputeRequest request;
-  if (grpc::SerializationTraits<v1::ComputeRequest>::Deserialize(bytes, &request).ok()) {
-    return request;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "a request message of ", size,
-      " bytes does not parse as flce.v1.ComputeRequest: nothing landed"));
+  FLCE_RETURN_IF_ERROR(ParseRequestBytes(bytes, &request));
+  return request;
 }
 
 }  // namespace
@@ -197,17 +191,16 @@ class ComputeStream : public ComputeChannel, public std::enable_shared_from_this
   // each write), so the copy into the wire's buffers stays off the thread that
   // checks and posts grad_input.
   void StartWriteOf(const v1::ComputeResponse& response) {
-    bool own_buffer = false;
-    wire_.Clear();  // the previous write is done with it
-    if (grpc::SerializationTraits<v1::ComputeResponse>::Serialize(response, &wire_, &own_buffer)
-            .ok()) {
+    // The previous write is done with wire_: one write is in flight at a time.
+    absl::Status serialized = SerializeMessageBytes(response, &wire_);
+    if (serialized.ok()) {
       reactor_->StartWrite(&wire_);
       return;
     }
     {
       // The call must not land with a response missing: WaitForSent says so.
       absl::MutexLock lock(&mu_);
-      send_error_ = absl::InternalError("a response message did not serialize: nothing landed");
+      send_error_ = serialized;
     }
     OnWriteDone(false);
   }

@@ -8,6 +8,7 @@
 #include "core/status_macros.h"
 #include "server/base/status_mapping.h"
 #include "server/handlers/staging.h"
+#include "server/rpc/message_bytes.h"
 #include "server/validate/request_fingerprint.h"
 #include "server/validate/session_id.h"
 
@@ -57,13 +58,7 @@ void EmbedGradReactor::End(const absl::Status& status) {
   }
   rows_.clear();
   rows_.shrink_to_fit();
-  absl::Status outcome = status;
-  bool own_buffer = false;
-  if (outcome.ok() &&
-      !grpc::SerializationTraits<v1::EmbedGradSummary>::Serialize(summary_, response_, &own_buffer)
-           .ok()) {
-    outcome = absl::InternalError("the summary did not serialize");
-  }
+  const absl::Status outcome = status.ok() ? SerializeMessageBytes(summary_, response_) : status;
   grpc::Status grpc_status = ToGrpcStatus(EngineStatus(*ctx_.engine, outcome));
   scope_->Done(grpc_status);
   Finish(grpc_status);
@@ -88,13 +83,8 @@ std::string Describe(const v1::EmbedGradRequest& request) {
 }  // namespace
 
 absl::Status EmbedGradReactor::ParseAndHandle() {
-  const size_t size = request_.Length();
   v1::EmbedGradRequest request;
-  if (!grpc::SerializationTraits<v1::EmbedGradRequest>::Deserialize(&request_, &request).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a request message of ", size,
-        " bytes does not parse as flce.v1.EmbedGradRequest: nothing landed"));
-  }
+  FLCE_RETURN_IF_ERROR(ParseRequestBytes(&request_, &request));
   return Handle(request);
 }
 

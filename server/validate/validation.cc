@@ -207,12 +207,8 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
   spec.outputs.entropy = out.entropy();
   spec.outputs.accuracy = out.accuracy();
   spec.deterministic = header.deterministic();
-  if (header.chunk_tokens() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk_tokens = ", header.chunk_tokens(), " is negative"));
-  }
   spec.chunk_tokens = header.chunk_tokens();
-  // The engines' contract (targets in range among it), before any work.
+  // The engines' contract (targets in range, chunk_tokens >= 0 among it), before any work.
   FLCE_RETURN_IF_ERROR(ValidateComputeSpec(head, spec));
   return spec;
 }
