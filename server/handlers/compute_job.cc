@@ -80,8 +80,9 @@ absl::Status ComputeJob::Run() {
       break;
     }
     if (!next->has_value()) {
-      // A half-close, a cancel, a broken connection and a message that does
-      // not parse all look like this: only the end message means "done".
+      // A half-close, a cancel and a broken connection all look like this
+      // (a message that does not parse is an error of its own): only the end
+      // message means "done".
       status = absl::InvalidArgumentError(absl::StrCat(
           "the request stream ended without an end message (ComputeRequest.end) after ",
           rows_->received(), " of num_tokens = ", spec_.num_tokens,
