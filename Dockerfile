@@ -7,13 +7,19 @@
 #
 # Two stages:
 #   build    the CUDA devel image (Ubuntu 24.04: the same gRPC 1.51 / protobuf 3.21 /
-#            Abseil 20220623 generation as Debian 12) builds flce with the project's own
-#            CMake (scripts/build.sh), tests and benchmarks off.
-#   runtime  the matching CUDA runtime image (CUDA runtime + cuBLAS), the Ubuntu packages
-#            that own the shared libraries the binaries need (listed in the build stage by
-#            deploy/docker/runtime-packages.sh), flce-server, flce-client and the CUDA
-#            engine plugin libflce_cuda.so beside flce-server, where the server looks
-#            for it. Runs as the unprivileged user "flce".
+#            Abseil 20220623 generation as Debian 12) with deploy/docker/build-packages.txt
+#            builds flce with deploy/docker/build-stage.sh (the project's own CMake,
+#            scripts/build.sh), tests and benchmarks off.
+#   runtime  the matching CUDA runtime image (CUDA runtime + cuBLAS), then
+#            deploy/docker/runtime-stage.sh: the Ubuntu packages that own the shared
+#            libraries the binaries need (listed in the build stage by
+#            deploy/docker/runtime-packages.sh) and the user "flce"; flce-server,
+#            flce-client and the CUDA engine plugin libflce_cuda.so beside flce-server,
+#            where the server looks for it. Runs as the unprivileged user "flce".
+#
+# deploy/docker/Dockerfile.cpu shares the package list and both stage scripts; its build
+# with buildah on Debian 12 (scripts/image.sh) is what runs them here. docs/OPERATIONS.md
+# says what that proves for this image and what it cannot.
 #
 # Build arguments: CUDA_VERSION (13.0.1), UBUNTU (ubuntu24.04), CUDA_ARCHITECTURES (the
 # build's default: sm_80, sm_89 and sm_90 machine code and compute_80 PTX; "90-real" alone
@@ -30,34 +36,25 @@ ARG CUDA_ARCHITECTURES="80-real;89-real;90-real;80-virtual"
 ARG FLCE_JOBS=
 ENV DEBIAN_FRONTEND=noninteractive
 
-# The build packages of scripts/setup.sh, by their Ubuntu 24.04 names (the same as
-# Debian's); GoogleTest, Google Benchmark and the Python packages are not needed
-# because tests and benchmarks are not built here.
+# The build packages (deploy/docker/build-packages.txt: names Ubuntu 24.04 shares with
+# Debian 12; the CPU image's build stage installs the same list). Copied alone first, so
+# that a change of the sources leaves this layer cached.
+COPY deploy/docker/build-packages.txt /tmp/build-packages.txt
 RUN apt-get update \
- && apt-get install -y --no-install-recommends \
-      build-essential cmake ninja-build pkg-config git ca-certificates \
-      libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev \
-      prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev libxxhash-dev \
+ && sed -e 's/#.*//' /tmp/build-packages.txt | xargs apt-get install -y --no-install-recommends \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
 COPY . /src
 
-RUN FLCE_BUILD_DIR=/build FLCE_JOBS="${FLCE_JOBS:-$(nproc)}" ./scripts/build.sh \
+# deploy/docker/build-stage.sh (shared with the CPU image, which runs it with the plugin
+# off): flce-server and flce-client, stripped, and the plugin libflce_cuda.so side by side
+# in /opt/flce/bin (the step fails when the plugin is missing: a GPU image without its GPU
+# engine is a mistake); the runtime package list in /opt/flce/runtime-packages.txt.
+RUN deploy/docker/build-stage.sh \
       -DCMAKE_BUILD_TYPE=Release \
       -DFLCE_BUILD_TESTS=OFF -DFLCE_BUILD_BENCH=OFF -DFLCE_BUILD_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES}"
-
-# /opt/flce/bin: the binaries and the plugin side by side. The image fails to build
-# when the plugin is missing: a GPU image without its GPU engine is a mistake.
-RUN install -d /opt/flce/bin \
- && install -m 0755 /build/server/flce-server /build/client/cli/flce-client /opt/flce/bin/ \
- && plugin="$(find /build -name libflce_cuda.so -type f | head -n 1)" \
- && test -n "$plugin" \
- && install -m 0644 "$plugin" /opt/flce/bin/libflce_cuda.so \
- && strip --strip-unneeded /opt/flce/bin/flce-server /opt/flce/bin/flce-client \
- && deploy/docker/runtime-packages.sh /opt/flce/bin/* > /opt/flce/runtime-packages.txt \
- && cat /opt/flce/runtime-packages.txt
 
 # -------------------------------------------------------------------------- runtime --
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU} AS runtime
@@ -70,21 +67,14 @@ ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility
 # OpenBLAS reads it when it loads, before main(), so the environment has to carry it.
 ENV OPENBLAS_THREAD_TIMEOUT=4
 
-# Only the packages that own the libraries flce-server, flce-client and the plugin load
-# (gRPC, protobuf, Abseil, prometheus-cpp, civetweb, OpenBLAS, ...): nothing to build with.
-COPY --from=build /opt/flce/runtime-packages.txt /opt/flce/runtime-packages.txt
-RUN apt-get update \
- && xargs -a /opt/flce/runtime-packages.txt apt-get install -y --no-install-recommends \
- && rm -rf /var/lib/apt/lists/*
+# deploy/docker/runtime-stage.sh (shared with the CPU image): only the packages that own
+# the libraries flce-server, flce-client and the plugin load (gRPC, protobuf, Abseil,
+# prometheus-cpp, civetweb, OpenBLAS, ...), nothing to build with; the unprivileged user
+# "flce"; /heads, the default --head-root (mount safetensors files there).
+COPY --from=build /opt/flce/runtime-packages.txt /src/deploy/docker/runtime-stage.sh /opt/flce/
+RUN /opt/flce/runtime-stage.sh /opt/flce/runtime-packages.txt
 
 COPY --from=build /opt/flce/bin/ /opt/flce/bin/
-
-# Unprivileged user; /heads is the default --head-root (mount safetensors files there).
-RUN groupadd --system flce \
- && useradd --system --gid flce --home-dir /var/lib/flce --create-home --shell /usr/sbin/nologin flce \
- && install -d -o flce -g flce /heads \
- && ln -s /opt/flce/bin/flce-server /usr/local/bin/flce-server \
- && ln -s /opt/flce/bin/flce-client /usr/local/bin/flce-client
 
 USER flce:flce
 WORKDIR /var/lib/flce

@@ -7,10 +7,15 @@
 # llvm brings llvm-symbolizer, which turns sanitizer reports into file:line stacks.
 set -euo pipefail
 
+root="$(cd "$(dirname "$0")/.." && pwd)"
+
+# The build packages: deploy/docker/build-packages.txt, the list the images' build stages
+# install (compilers, CMake, gRPC, protobuf, Abseil, prometheus-cpp, OpenBLAS, ...).
+mapfile -t build_packages < <(sed -e 's/#.*//' "$root/deploy/docker/build-packages.txt" | xargs -n1)
+# Then what the tests, benchmarks, fuzzer, deployment checks and Python client need.
 packages=(
-  build-essential cmake ninja-build pkg-config git ca-certificates curl openssl prometheus docker-compose
-  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
-  prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev libxxhash-dev
+  "${build_packages[@]}"
+  curl openssl prometheus docker-compose
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev llvm
   python3 python3-venv python3-numpy python3-grpcio python3-protobuf python3-torch python3-pytest python3-wheel

@@ -19,6 +19,7 @@
 #include "kernels/engine_factory.h"
 #include "server/observe/log.h"
 #include "server/rpc/transport_security.h"
+#include "server/rpc/unix_socket_listener.h"
 #include "server/rpc/unix_socket_path.h"
 #include "server/state/memory_budget.h"
 #include "server/storage/head_loader.h"
@@ -203,18 +204,23 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   ctx_.uploads = &uploads_;
   ctx_.checkpoints = &checkpoints_;
   // CUDA IPC needs an engine with a GPU (its info names the device).
-  Engine* cuda_ipc = config.cuda_ipc_transport && !engine_->info().device_uuid.empty()
-                         ? engine_.get()
-                         : nullptr;
-  if (config.cuda_ipc_transport && cuda_ipc == nullptr) {
+  const bool has_gpu = !engine_->info().device_uuid.empty();
+  if (config.cuda_ipc_transport && !has_gpu && !config.local_transports_auto) {
     LogWarning(absl::StrCat("--local-transports=cuda_ipc: the ", engine_->info().name,
                             " engine has no GPU; CUDA IPC is not offered"));
   }
-  if (config.shm_transport || cuda_ipc != nullptr) {
+  LocalTransportRule rule;
+  rule.shm = config.shm_transport;
+  rule.cuda_ipc = config.cuda_ipc_transport && has_gpu;
+  rule.same_uid_only = config.local_transports_same_uid;
+  peers_ = std::make_unique<LocalPeers>(rule, geteuid());
+  ctx_.peers = peers_.get();
+  if (rule.shm || rule.cuda_ipc) {
     regions_ = std::make_unique<SharedRegions>(
         config.region_lease,
-        SharedRegions::Kinds{config.shm_transport, cuda_ipc,
-                             engine_->info().device_uuid.empty() ? nullptr : engine_.get()});
+        SharedRegions::Kinds{rule.shm, rule.cuda_ipc ? engine_.get() : nullptr,
+                             has_gpu ? engine_.get() : nullptr},
+        config.max_region_bytes_per_tenant);
     ctx_.regions = regions_.get();
   }
   ctx_.instance_id = RandomInstanceId();
@@ -228,7 +234,10 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   builder.AddListeningPort(config.address, credentials, &port_);
   int unix_bound = 0;
   const std::string& unix_socket = ctx_.config.unix_socket;
-  if (!unix_socket.empty()) {
+  if (!unix_socket.empty() && config.tls_cert.empty()) {
+    // Accepted by the server itself, so that a caller's uid is known there.
+    FLCE_ASSIGN_OR_RETURN(unix_listener_, UnixSocketListener::Listen(unix_socket, peers_.get()));
+  } else if (!unix_socket.empty()) {
     // A stale socket file from a server that died would make the bind fail.
     unlink(unix_socket.c_str());
     builder.AddListeningPort("unix:" + unix_socket, credentials, &unix_bound);
@@ -243,7 +252,9 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config.address));
   }
-  if (!unix_socket.empty() && unix_bound == 0) {
+  if (unix_listener_ != nullptr) {
+    unix_listener_->Start(server_.get());
+  } else if (!unix_socket.empty() && unix_bound == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on unix:", unix_socket));
   }
   socket_file_ = RememberSocketFile(unix_socket);
@@ -349,6 +360,7 @@ void FlceServer::StopServing(absl::Duration drain) {
   // Registration streams never end by themselves; compute calls in flight
   // keep the regions they use mapped.
   if (regions_ != nullptr) regions_->CancelAllStreams();
+  if (unix_listener_ != nullptr) unix_listener_->Stop();
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(drain));
   // Compute workers finish after their reactors; wait before anything they
   // use goes away.

@@ -26,6 +26,7 @@
 #include "server/handlers/service_context.h"
 #include "server/observe/metrics.h"
 #include "server/rpc/flce_service.h"
+#include "server/rpc/unix_socket_listener.h"
 #include "server/rpc/unix_socket_path.h"
 #include "server/state/auth.h"
 #include "server/state/head_registry.h"
@@ -88,6 +89,7 @@ class FlceServer {
   std::unique_ptr<Authenticator> auth_;
   UploadBudget uploads_;
   CheckpointLog checkpoints_;
+  std::unique_ptr<LocalPeers> peers_;
   std::unique_ptr<SharedRegions> regions_;
   WorkTracker workers_;
   std::unique_ptr<WorkerPool> pool_;
@@ -95,6 +97,7 @@ class FlceServer {
   std::unique_ptr<FlceService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::unique_ptr<UnixSocketListener> unix_listener_;  // null under TLS: gRPC listens
   SocketFile socket_file_;  // removed at shutdown if still this server's
 
   absl::Mutex shutdown_mu_;  // held for the whole shutdown

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "server/base/local_transports_flag.h"
 #include "server/base/server_config.h"
 #include "server/flce_server.h"
 #include "server/observe/log.h"
@@ -67,10 +68,16 @@ ABSL_FLAG(std::string, unix_socket, "auto",
           "flce-<pid>.sock in a directory private to this user ($XDG_RUNTIME_DIR/flce, "
           "/run/flce as root, else /tmp/flce-<uid>), named to clients on this host, which send "
           "their tensors through it; \"none\": TCP only");
-ABSL_FLAG(std::string, local_transports, "",
-          "transports beyond messages for clients on this host (loopback or a Unix socket): "
-          "\"shm\" (shared-memory regions), \"cuda_ipc\" (their memory on this server's GPU), "
-          "comma-separated; empty = none");
+ABSL_FLAG(std::string, local_transports, "auto",
+          "regions clients on this host may hand hidden and grad_input over in instead of "
+          "messages: \"auto\" = shm (shared memory) and cuda_ipc (their memory on this "
+          "server's GPU) for clients on the Unix socket that run as this server's user; "
+          "\"none\"; a list such as \"shm,cuda_ipc\" = those for every client on this host "
+          "(loopback TCP or the Unix socket, any user); \"same-uid:shm\" = those for the "
+          "server's user only");
+ABSL_FLAG(int64_t, max_region_mb, 8192,
+          "MiB of regions one tenant may hold registered at once (shared memory, page-locked "
+          "on a GPU, and CUDA IPC memory); 0 = no cap");
 ABSL_FLAG(int, region_lease_s, 60,
           "a region registration stream that sends nothing for this long is released");
 ABSL_FLAG(std::string, head_file, "", ".safetensors file to preload a head from");
@@ -178,20 +185,16 @@ int main(int argc, char** argv) {
   config.head_root = absl::GetFlag(FLAGS_head_root);
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.unix_socket = absl::GetFlag(FLAGS_unix_socket);
-  for (absl::string_view transport :
-       absl::StrSplit(absl::GetFlag(FLAGS_local_transports), ',', absl::SkipEmpty())) {
-    if (transport == "shm") {
-      config.shm_transport = true;
-    } else if (transport == "cuda_ipc") {
-      config.cuda_ipc_transport = true;
-    } else {
-      std::fprintf(stderr,
-                   "flce-server: --local-transports: unknown transport \"%s\" (known: shm, "
-                   "cuda_ipc)\n",
-                   std::string(transport).c_str());
-      return 2;
-    }
+  if (absl::Status s = ApplyLocalTransportsFlag(absl::GetFlag(FLAGS_local_transports), config);
+      !s.ok()) {
+    std::fprintf(stderr, "flce-server: %s\n", std::string(s.message()).c_str());
+    return 2;
   }
+  if (absl::GetFlag(FLAGS_max_region_mb) < 0) {
+    std::fprintf(stderr, "flce-server: --max-region-mb must be 0 (no cap) or more\n");
+    return 2;
+  }
+  config.max_region_bytes_per_tenant = absl::GetFlag(FLAGS_max_region_mb) << 20;
   if (absl::GetFlag(FLAGS_region_lease_s) < 1) {
     std::fprintf(stderr, "flce-server: --region-lease-s must be at least 1\n");
     return 2;

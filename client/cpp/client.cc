@@ -17,6 +17,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "client/cpp/grpc_status.h"
 #include "flce/v1/message_size.h"
@@ -142,6 +143,7 @@ v1::Flce::Stub& Client::BulkStub() {
   }
   unix_channel_ = std::move(channel);
   unix_stub_ = std::move(stub);
+  unix_local_transports_.assign(there.local_transports().begin(), there.local_transports().end());
   messages_target_ = "unix:" + info->unix_socket();
   return *unix_stub_;
 }
@@ -163,6 +165,9 @@ absl::StatusOr<v1::ServerInfo> Client::ServerInfoOnce() {
 
 absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> Client::SharedTransport() {
   if (options_.transport == ClientOptions::Transport::kGrpc) return nullptr;
+  // Regions go where the tensors go: through the Unix socket once the calls
+  // moved there, which is where a server offers them by default.
+  v1::Flce::Stub& bulk = BulkStub();
   std::lock_guard<std::mutex> lock(local_mu_);
   if (!local_asked_) {
     absl::StatusOr<v1::ServerInfo> info = ServerInfoOnce();
@@ -172,18 +177,22 @@ absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> Client::SharedTransport()
       return nullptr;
     }
     local_asked_ = true;
-    const bool offered = std::find(info->local_transports().begin(),
-                                   info->local_transports().end(),
-                                   "shm") != info->local_transports().end();
+    std::vector<std::string> offered(info->local_transports().begin(),
+                                     info->local_transports().end());
+    {
+      std::lock_guard<std::mutex> bulk_lock(bulk_mu_);
+      if (unix_stub_ != nullptr) offered = unix_local_transports_;
+    }
     if (!OnThisHost(*info)) {
       local_refusal_ = "it runs on another host (its boot id is not this one's)";
-    } else if (!offered) {
-      local_refusal_ =
-          "it does not offer shared memory to this client (--local-transports=shm, a loopback "
-          "or Unix-socket address)";
+    } else if (!absl::c_linear_search(offered, "shm")) {
+      local_refusal_ = absl::StrCat(
+          "it does not offer shared memory to this client through ", messages_target(),
+          " (by default a client on its Unix socket running as its user; every client on its "
+          "host with --local-transports=shm)");
     } else {
       shm_ = std::make_shared<SharedMemoryTransport>(
-          stub_.get(), [this](grpc::ClientContext& context) { Authorize(context); });
+          &bulk, [this](grpc::ClientContext& context) { Authorize(context); });
     }
   }
   if (shm_ == nullptr && options_.transport == ClientOptions::Transport::kShm) {

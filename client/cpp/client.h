@@ -219,6 +219,9 @@ class Client {
   std::shared_ptr<grpc::Channel> unix_channel_;  // guarded by bulk_mu_
   std::unique_ptr<v1::Flce::Stub> unix_stub_;    // guarded by bulk_mu_
   std::string messages_target_;                 // guarded by bulk_mu_
+  // What the server offers through its Unix socket once the calls moved there
+  // (it offers regions to a caller running as its user there, by default).
+  std::vector<std::string> unix_local_transports_;  // guarded by bulk_mu_
   std::mutex info_mu_;
   std::optional<v1::ServerInfo> server_info_;  // guarded by info_mu_
   std::mutex local_mu_;

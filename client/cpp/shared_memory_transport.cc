@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -87,12 +88,20 @@ class SharedMemoryTransport::Stream {
     const int fd = shm_open(("/" + name).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return Errno("shm_open /" + name);
     void* data = MAP_FAILED;
-    if (ftruncate(fd, bytes) == 0) {
+    absl::Status mapped;
+    // The pages are claimed now: on a full /dev/shm (a container's is 64 MiB
+    // by default) writing into a sparse object would raise SIGBUS here.
+    if (const int err = ftruncate(fd, bytes) == 0 ? posix_fallocate(fd, 0, bytes) : errno;
+        err != 0) {
+      errno = err;  // posix_fallocate returns its error instead
+      mapped = err == ENOSPC ? absl::ResourceExhaustedError(absl::StrCat(
+                                   "/dev/shm has no room for ", bytes, " bytes (",
+                                   std::strerror(err), ")"))
+                             : Errno(absl::StrCat("sizing /", name, " to ", bytes, " bytes"));
+    } else {
       data = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (data == MAP_FAILED) mapped = Errno(absl::StrCat("mapping ", bytes, " bytes of /", name));
     }
-    const absl::Status mapped =
-        data == MAP_FAILED ? Errno(absl::StrCat("mapping ", bytes, " bytes of /", name))
-                           : absl::OkStatus();
     close(fd);
     if (!mapped.ok()) {
       shm_unlink(("/" + name).c_str());

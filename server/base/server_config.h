@@ -53,12 +53,20 @@ struct ServerConfig {
   // included, reach the server as a local peer through it. "auto": a path
   // private to this user (unix_socket_path.h); empty or "none": no socket.
   std::string unix_socket;
-  // --local-transports=shm: clients on this host (loopback, Unix socket) may
-  // hand hidden and grad_input over in shared-memory regions (Regions).
+  // --local-transports: the regions clients on this host may hand hidden and
+  // grad_input over in (Regions) instead of messages: shared memory (shm) and
+  // device memory on the engine's GPU (cuda_ipc, CUDA engine only); who may
+  // (local_transports_same_uid: only clients on the server's Unix socket
+  // whose uid is the server's; else any client on this host). flce-server's
+  // default ("auto") is both kinds for the same uid; this struct's is none.
   bool shm_transport = false;
-  // --local-transports=cuda_ipc: such clients may register device memory on
-  // the engine's GPU instead (CUDA engine only).
   bool cuda_ipc_transport = false;
+  bool local_transports_same_uid = false;
+  // "auto": cuda_ipc goes without a warning where the engine has no GPU.
+  bool local_transports_auto = false;
+  // Region bytes one tenant may hold registered at once (shared memory, which
+  // the CUDA engine page-locks, and CUDA IPC memory opened); 0 = no cap.
+  int64_t max_region_bytes_per_tenant = int64_t{8} << 30;
   absl::Duration region_lease = absl::Seconds(60);  // a Regions stream silent longer is released
   // Preloaded head; empty head_file = the embedded demo head (if enabled).
   std::string head_file;

@@ -25,6 +25,7 @@
 #include "server/state/auth.h"
 #include "server/state/head_registry.h"
 #include "server/state/session_store.h"
+#include "server/state/local_peers.h"
 #include "server/state/shared_regions.h"
 #include "server/state/staging_budget.h"
 #include "server/state/upload_budget.h"
@@ -45,7 +46,8 @@ struct ServiceContext {
   WorkTracker* workers = nullptr;        // compute workers that outlive their reactions
   UploadBudget* uploads = nullptr;       // --max-upload-bytes, held by head builds in progress
   CheckpointLog* checkpoints = nullptr;  // SaveCheckpoint outcomes by request id
-  SharedRegions* regions = nullptr;      // --local-transports=shm; null = not allowed
+  SharedRegions* regions = nullptr;      // null = --local-transports=none
+  LocalPeers* peers = nullptr;           // who may register regions
   std::string instance_id;
   std::string version;
   // flce.v1 calls in progress, for --max-concurrent-streams.

@@ -317,11 +317,13 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                     if (local && !ctx_.config.unix_socket.empty()) {
                       response->set_unix_socket(AbsolutePath(ctx_.config.unix_socket));
                     }
-                    if (ctx_.regions != nullptr && local) {
-                      if (ctx_.regions->allows_shm()) response->add_local_transports("shm");
-                      if (ctx_.regions->allows_cuda_ipc()) {
-                        response->add_local_transports("cuda_ipc");
-                      }
+                    // What this caller may register, which depends on who it is.
+                    const LocalOffer offer = ctx_.peers->OfferTo(call->peer());
+                    if (ctx_.regions != nullptr && offer.shm) {
+                      response->add_local_transports("shm");
+                    }
+                    if (ctx_.regions != nullptr && offer.cuda_ipc) {
+                      response->add_local_transports("cuda_ipc");
                     }
                     return absl::OkStatus();
                   });

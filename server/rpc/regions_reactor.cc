@@ -13,18 +13,16 @@ RegionsReactor::RegionsReactor(const ServiceContext& ctx, grpc::CallbackServerCo
     : ctx_(ctx), scope_(std::move(scope)) {
   if (ctx_.regions == nullptr) {
     End(absl::FailedPreconditionError(
-        "this server takes no regions (start it with --local-transports=shm or cuda_ipc)"));
+        "this server takes no regions (its --local-transports is none: start it with "
+        "--local-transports=shm, cuda_ipc or auto); send messages"));
     return;
   }
-  const std::string peer = call->peer();
-  if (!IsLocalPeer(peer)) {
-    End(absl::PermissionDeniedError(absl::StrCat(
-        "shared-memory regions are for clients on the server's host (loopback or a Unix "
-        "socket); this call comes from ",
-        peer)));
+  LocalOffer offer = ctx_.peers->OfferTo(call->peer());
+  if (!offer.any()) {
+    End(absl::PermissionDeniedError(offer.refusal));
     return;
   }
-  stream_ = ctx_.regions->OpenStream(who.tenant, call);
+  stream_ = ctx_.regions->OpenStream(who.tenant, call, std::move(offer));
   StartRead(&request_);
 }
 

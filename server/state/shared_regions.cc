@@ -62,11 +62,6 @@ absl::Status MappedRegion::CheckRange(int64_t offset, int64_t length, const char
   return absl::OkStatus();
 }
 
-bool IsLocalPeer(const std::string& peer) {
-  return absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "ipv4:127.") ||
-         absl::StartsWith(peer, "ipv6:[::1]:") || absl::StartsWith(peer, "ipv6:%5B::1%5D:");
-}
-
 std::string HostBootId() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;
@@ -74,11 +69,43 @@ std::string HostBootId() {
   return std::string(absl::StripAsciiWhitespace(id));
 }
 
-uint64_t SharedRegions::OpenStream(const std::string& tenant, grpc::ServerContextBase* call) {
+uint64_t SharedRegions::OpenStream(const std::string& tenant, grpc::ServerContextBase* call,
+                                   LocalOffer offer) {
   absl::MutexLock lock(&mu_);
   uint64_t id = next_stream_++;
-  streams_[id] = Stream{tenant, call, absl::Now() + lease_, {}};
+  streams_[id] = Stream{tenant, call, std::move(offer), absl::Now() + lease_, {}};
   return id;
+}
+
+absl::Status SharedRegions::CheckRoomLocked(uint64_t stream, bool device, int64_t bytes) {
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) {
+    return absl::FailedPreconditionError("the registration stream's lease ran out");
+  }
+  const Stream& s = it->second;
+  if (!(device ? s.offer.cuda_ipc : s.offer.shm)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "this connection may not register ", device ? "CUDA IPC memory" : "shared memory",
+        s.offer.refusal.empty() ? std::string() : absl::StrCat(": ", s.offer.refusal)));
+  }
+  if (s.regions.size() >= kMaxRegionsPerStream) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a registration stream holds at most ", kMaxRegionsPerStream, " regions"));
+  }
+  if (max_bytes_per_tenant_ > 0) {
+    int64_t held = 0;
+    for (const auto& [id, other] : streams_) {
+      if (other.tenant != s.tenant) continue;
+      for (const auto& [rid, region] : other.regions) held += region.mapping->bytes();
+    }
+    if (bytes > max_bytes_per_tenant_ - held) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this tenant holds ", held, " bytes of regions registered; ", bytes,
+          " more would pass the server's cap of ", max_bytes_per_tenant_,
+          " bytes per tenant (--max-region-mb): release regions first, or send messages"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void SharedRegions::CancelAllStreams() {
@@ -105,6 +132,14 @@ absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::
     return absl::InvalidArgumentError(absl::StrCat(
         "region key holds ", key.size(), " bytes, not ", kKeyBytes,
         ": write 16 random bytes at the object's start and send them as the key"));
+  }
+  {
+    // Fail before opening (and page-locking) anything.
+    absl::MutexLock lock(&mu_);
+    ExpireLocked(absl::Now());
+    if (absl::Status room = CheckRoomLocked(stream, /*device=*/false, bytes); !room.ok()) {
+      return room;
+    }
   }
   const std::string path = absl::StartsWith(name, "/") ? name : "/" + name;
   const int fd = shm_open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
@@ -162,12 +197,11 @@ absl::StatusOr<std::string> SharedRegions::RegisterDevice(uint64_t stream,
         "GPU); send hidden by shared memory or messages");
   }
   {
-    // Fail before opening anything when the stream is gone or full.
+    // Fail before opening anything.
     absl::MutexLock lock(&mu_);
-    auto it = streams_.find(stream);
-    if (it != streams_.end() && it->second.regions.size() >= kMaxRegionsPerStream) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "a registration stream holds at most ", kMaxRegionsPerStream, " regions"));
+    ExpireLocked(absl::Now());
+    if (absl::Status room = CheckRoomLocked(stream, /*device=*/true, handle.bytes); !room.ok()) {
+      return room;
     }
   }
   absl::StatusOr<std::shared_ptr<const PeerMemory>> memory = kinds_.cuda_ipc->OpenPeerMemory(handle);
@@ -179,14 +213,12 @@ absl::StatusOr<std::string> SharedRegions::Add(uint64_t stream, std::string name
                                                std::shared_ptr<const MappedRegion> mapping) {
   absl::MutexLock lock(&mu_);
   ExpireLocked(absl::Now());
+  // Again: another registration of the tenant may have landed meanwhile.
+  const bool device = mapping->base() == nullptr;  // CUDA IPC memory has no host view
+  if (absl::Status room = CheckRoomLocked(stream, device, mapping->bytes()); !room.ok()) {
+    return room;
+  }
   auto it = streams_.find(stream);
-  if (it == streams_.end()) {
-    return absl::FailedPreconditionError("the registration stream's lease ran out");
-  }
-  if (it->second.regions.size() >= kMaxRegionsPerStream) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a registration stream holds at most ", kMaxRegionsPerStream, " regions"));
-  }
   std::string id = RandomRegionId();
   it->second.regions[id] = Region{std::move(name), std::move(mapping)};
   it->second.lease_until = absl::Now() + lease_;

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
 #include "kernels/engine.h"
+#include "server/state/local_peers.h"
 
 namespace flce::server {
 
@@ -49,10 +50,6 @@ class MappedRegion {
   std::shared_ptr<const PeerMemory> device_;
 };
 
-// Whether a gRPC peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000",
-// "unix:/run/flce.sock") is on this host: loopback or a Unix socket.
-bool IsLocalPeer(const std::string& peer);
-
 // The host's boot id (/proc/sys/kernel/random/boot_id), "" when unreadable.
 std::string HostBootId();
 
@@ -69,7 +66,10 @@ class SharedRegions {
     Engine* cuda_ipc = nullptr;
     Engine* page_lock = nullptr;
   };
-  SharedRegions(absl::Duration lease, Kinds kinds) : lease_(lease), kinds_(kinds) {}
+  // max_bytes_per_tenant: region bytes one tenant may hold registered at
+  // once, over all its streams (0 = no cap).
+  SharedRegions(absl::Duration lease, Kinds kinds, int64_t max_bytes_per_tenant = 0)
+      : lease_(lease), kinds_(kinds), max_bytes_per_tenant_(max_bytes_per_tenant) {}
   bool allows_shm() const { return kinds_.shm; }
   bool allows_cuda_ipc() const { return kinds_.cuda_ipc != nullptr; }
 
@@ -77,8 +77,11 @@ class SharedRegions {
 
   // A new registration stream's id. `call` (may be null in tests) is cancelled
   // when the stream's lease runs out or the server shuts down: its reactor
-  // then ends as if the client had gone. Valid until CloseStream.
-  uint64_t OpenStream(const std::string& tenant, grpc::ServerContextBase* call = nullptr);
+  // then ends as if the client had gone. Valid until CloseStream. `offer`:
+  // the kinds its caller may register (LocalPeers::OfferTo); the rest are
+  // refused with PERMISSION_DENIED.
+  uint64_t OpenStream(const std::string& tenant, grpc::ServerContextBase* call = nullptr,
+                      LocalOffer offer = LocalOffer{true, true, ""});
   static constexpr size_t kKeyBytes = 16;
 
   // Maps `bytes` of the object `name` for the stream when its first 16 bytes
@@ -112,16 +115,23 @@ class SharedRegions {
   struct Stream {
     std::string tenant;
     grpc::ServerContextBase* call = nullptr;
+    LocalOffer offer;
     absl::Time lease_until;
     std::map<std::string, Region> regions;  // by region id
   };
 
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a region of `bytes` is opened for `stream`: the stream exists, may
+  // register `kind` (shm or cuda_ipc) and has room, and its tenant stays
+  // within max_bytes_per_tenant_.
+  absl::Status CheckRoomLocked(uint64_t stream, bool device, int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::string> Add(uint64_t stream, std::string name,
                                   std::shared_ptr<const MappedRegion> mapping);
 
   const absl::Duration lease_;
   const Kinds kinds_;
+  const int64_t max_bytes_per_tenant_;
   mutable absl::Mutex mu_;
   uint64_t next_stream_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Stream> streams_ ABSL_GUARDED_BY(mu_);

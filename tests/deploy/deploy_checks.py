@@ -41,6 +41,9 @@ COMPOSE_FILES = ["docker-compose.yml", "docker-compose.cpu.yml", "docker-compose
 # The images: the GPU one (CUDA, Ubuntu 24.04) and the CPU one (Debian 12 slim, no CUDA).
 GPU_DOCKERFILE = "Dockerfile"
 CPU_DOCKERFILE = "deploy/docker/Dockerfile.cpu"
+# What the two Dockerfiles share: the build package list and the build and runtime steps.
+BUILD_PACKAGES = "deploy/docker/build-packages.txt"
+SHARED_STEPS = ("deploy/docker/build-stage.sh", "deploy/docker/runtime-stage.sh")
 
 
 def run(cmd, cwd=None, env=None):
@@ -373,10 +376,58 @@ def exec_form(args):
     return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
 
 
+def build_packages(root):
+    """deploy/docker/build-packages.txt: one package a line, `#` comments ([] if missing)."""
+    path = os.path.join(root, BUILD_PACKAGES)
+    if not os.path.isfile(path):
+        return []
+    return [w for line in open(path, encoding="utf-8") for w in line.split("#", 1)[0].split()]
+
+
 def setup_packages(root):
+    """scripts/setup.sh's packages: its packages=( ... ) words, where the build packages it
+    reads from deploy/docker/build-packages.txt ("${build_packages[@]}") are that file's."""
     text = open(os.path.join(root, "scripts", "setup.sh"), encoding="utf-8").read()
     m = re.search(r"packages=\((.*?)\)", text, re.S)
-    return m.group(1).split() if m else []
+    words = m.group(1).split() if m else []
+    out = []
+    for w in words:
+        if "build_packages" in w:
+            out += build_packages(root) if "build-packages.txt" in text else []
+        elif not w.startswith("#"):
+            out.append(w)
+    return out
+
+
+def shared_scripts(root, text):
+    """The text of the deploy/docker/*.sh scripts that `text` (a stage's RUN instructions)
+    runs, by file name wherever the stage copied them, comment lines left out: the steps
+    the two Dockerfiles share live there."""
+    out = []
+    for name in sorted(set(re.findall(r"([\w.-]+\.sh)\b", text))):
+        path = os.path.join(root, "deploy", "docker", name)
+        if os.path.isfile(path):
+            out += [l for l in open(path, encoding="utf-8").read().splitlines()
+                    if not l.lstrip().startswith("#")]
+    return "\n".join(out)
+
+
+def stage_runs(root, stage):
+    """A stage's RUN instructions, followed by the shared scripts they run."""
+    runs = " ".join(a for i, a in stage["ins"] if i == "RUN")
+    return runs + "\n" + shared_scripts(root, runs)
+
+
+def stage_install_packages(root, stage):
+    """The packages a stage installs by name: those its `apt-get install` commands name, and
+    deploy/docker/build-packages.txt's when the stage copies that file in and installs
+    from it."""
+    runs = stage_runs(root, stage)
+    pkgs = apt_install_packages(runs)
+    copies = " ".join(a for i, a in stage["ins"] if i in ("COPY", "ADD"))
+    if BUILD_PACKAGES in copies and "build-packages.txt" in runs and "apt-get install" in runs:
+        pkgs += build_packages(root)
+    return pkgs
 
 
 def dockerignore_patterns(root):
@@ -434,21 +485,28 @@ def apt_install_packages(run_args):
     """The package names of every `apt-get install` in a RUN instruction's text (options
     and shell words after the command left out)."""
     pkgs = []
-    for m in re.finditer(r"apt-get\s+install\b(.*?)(?=&&|\|\||;|$)", run_args, re.S):
+    for m in re.finditer(r"apt-get\s+install\b(.*?)(?=&&|\|\||;|$)", run_args, re.M):
         for w in m.group(1).split():
-            if not w.startswith("-"):
+            if not w.startswith("-") and not re.search(r"[$()'\"`/\\|<>]", w):
                 pkgs.append(w)
     return pkgs
 
 
 def check_dockerfile(root, c):
+    c.check(bool(build_packages(root)), f"{BUILD_PACKAGES} is missing or lists no package")
+    for rel in SHARED_STEPS + ("deploy/docker/runtime-packages.sh",):
+        path = os.path.join(root, rel)
+        c.check(os.path.isfile(path) and os.access(path, os.X_OK),
+                f"{rel} is missing or not executable")
+    text = open(os.path.join(root, "scripts", "setup.sh"), encoding="utf-8").read()
+    c.check("build-packages.txt" in text,
+            f"scripts/setup.sh should install {BUILD_PACKAGES} (the images' build packages)")
     gpu = check_one_dockerfile(root, c, GPU_DOCKERFILE, gpu=True)
     cpu = check_one_dockerfile(root, c, CPU_DOCKERFILE, gpu=False)
     if gpu and cpu:
         # The two build stages install the same build packages (Ubuntu 24.04 and Debian 12
         # share the names), so that a package added to one is not forgotten in the other.
-        lists = [sorted(set(apt_install_packages(" ".join(a for i, a in st["ins"] if i == "RUN"))))
-                 for st in (gpu, cpu)]
+        lists = [sorted(set(stage_install_packages(root, st))) for st in (gpu, cpu)]
         c.check(lists[0] == lists[1],
                 f"the build stages of {GPU_DOCKERFILE} and {CPU_DOCKERFILE} install different "
                 f"packages: only GPU {sorted(set(lists[0]) - set(lists[1]))}, only CPU "
@@ -503,11 +561,20 @@ def check_one_dockerfile(root, c, rel, gpu):
                 f"{rel}: the runtime stage should be {build['image']}-slim, is {final['image']}")
     c.check(bool(build["name"]), f"{rel}: the build stage needs a name (FROM ... AS build)")
 
-    build_runs = " ".join(a for i, a in build["ins"] if i == "RUN")
+    # The Dockerfile's own RUN text (the CMake switches it passes) and, with the shared
+    # scripts it runs, the whole build stage's (scripts/build.sh, the install, the list).
+    own_runs = " ".join(a for i, a in build["ins"] if i == "RUN")
+    build_runs = stage_runs(root, build)
+    c.check("deploy/docker/build-stage.sh" in own_runs,
+            f"{rel}: the build stage should run deploy/docker/build-stage.sh (the build step "
+            "both images share)")
+    copied = " ".join(a for i, a in build["ins"] if i in ("COPY", "ADD"))
+    c.check(BUILD_PACKAGES in copied and "build-packages.txt" in own_runs,
+            f"{rel}: the build stage should install the packages of {BUILD_PACKAGES}")
     c.check("scripts/build.sh" in build_runs,
             f"{rel}: the build stage should build with scripts/build.sh")
-    c.check("-DFLCE_BUILD_TESTS=OFF" in build_runs, f"{rel}: the image build should skip the tests")
-    installed = set(apt_install_packages(build_runs))
+    c.check("-DFLCE_BUILD_TESTS=OFF" in own_runs, f"{rel}: the image build should skip the tests")
+    installed = set(stage_install_packages(root, build))
     for p in setup_packages(root):
         needed = (p.endswith("-dev") or p in ("cmake", "ninja-build", "pkg-config",
                                              "protobuf-compiler", "protobuf-compiler-grpc",
@@ -518,17 +585,17 @@ def check_one_dockerfile(root, c, rel, gpu):
             c.check(p in installed,
                     f"{rel}: the build stage does not install {p} (scripts/setup.sh does)")
     if gpu:
-        c.check("-DFLCE_BUILD_CUDA=ON" in build_runs,
+        c.check("-DFLCE_BUILD_CUDA=ON" in own_runs and "-DFLCE_BUILD_CUDA=OFF" not in own_runs,
                 f"{rel}: the GPU image should build the CUDA plugin (-DFLCE_BUILD_CUDA=ON)")
         c.check("libflce_cuda.so" in build_runs,
                 f"{rel}: the build stage should pick up libflce_cuda.so")
     else:
         # CMakeLists.txt looks for nvcc only when FLCE_BUILD_CUDA is on.
-        c.check("-DFLCE_BUILD_CUDA=OFF" in build_runs,
+        c.check("-DFLCE_BUILD_CUDA=OFF" in own_runs and "-DFLCE_BUILD_CUDA=ON" not in own_runs,
                 f"{rel}: the CPU image must configure with -DFLCE_BUILD_CUDA=OFF")
         c.check(not any(re.search(r"cuda|nvidia", p) for p in installed),
                 f"{rel}: the CPU image installs CUDA packages: {sorted(installed)}")
-    for ref in ("scripts/build.sh", "deploy/docker/runtime-packages.sh"):
+    for ref in ("scripts/build.sh", "deploy/docker/runtime-packages.sh") + SHARED_STEPS:
         if ref in build_runs:
             c.check(os.path.isfile(os.path.join(root, ref)), f"{rel} runs {ref}, missing")
     c.check("deploy/docker/runtime-packages.sh" in build_runs,
@@ -536,7 +603,10 @@ def check_one_dockerfile(root, c, rel, gpu):
             "deploy/docker/runtime-packages.sh")
 
     final_ins = final["ins"]
-    final_runs = " ".join(a for i, a in final_ins if i == "RUN")
+    final_runs = stage_runs(root, final)
+    c.check("runtime-stage.sh" in " ".join(a for i, a in final_ins if i == "RUN"),
+            f"{rel}: the runtime stage should run deploy/docker/runtime-stage.sh (the runtime "
+            "step both images share)")
     for bad in ("build-essential", "cmake", "ninja-build", "-dev ", "nvcc"):
         c.check(bad not in final_runs + " ", f"{rel}: the runtime stage installs build tools ({bad})")
     c.check("runtime-packages.txt" in final_runs,

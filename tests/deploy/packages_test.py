@@ -8,14 +8,15 @@ so that a misspelt, renamed or missing package fails here, with its name, and no
 `docker build` (no Docker engine and no registry for the base images here).
 
 Lists checked:
-  cpu-build     deploy/docker/Dockerfile.cpu, build stage (debian:12): its apt-get install
+  cpu-build     deploy/docker/Dockerfile.cpu, build stage (debian:12): the packages of
+                deploy/docker/build-packages.txt it installs
   cpu-runtime   deploy/docker/Dockerfile.cpu, runtime stage (debian:12-slim): what
                 deploy/docker/runtime-packages.sh prints for the given built flce-server
                 and flce-client (--elf), which is what the image's build stage computes
                 and its runtime stage installs (both on Debian 12, like this machine);
                 plus any package the runtime stage names itself
-  gpu-build     Dockerfile, build stage (nvidia/cuda ...-devel-ubuntu24.04): its apt-get
-                install, by name against Debian 12 (the Dockerfile chose the names that
+  gpu-build     Dockerfile, build stage (nvidia/cuda ...-devel-ubuntu24.04): the same
+                list, by name against Debian 12 (build-packages.txt holds names that
                 Ubuntu 24.04 and Debian 12 share)
 Not checked (printed): the GPU runtime stage's list, which runtime-packages.sh computes on
 Ubuntu 24.04 at image build time (Ubuntu's 64-bit-time_t names such as libgrpc++1.51t64
@@ -39,9 +40,10 @@ import deploy_checks as dc  # noqa: E402
 
 
 def stage_packages(root, rel):
-    """[(stage image, [packages])] of a Dockerfile's apt-get install commands."""
+    """[(stage image, [packages])] of a Dockerfile: what each stage installs by name (its
+    apt-get install commands, and deploy/docker/build-packages.txt where it installs that)."""
     text = open(os.path.join(root, rel), encoding="utf-8").read()
-    return [(st["image"], dc.apt_install_packages(" ".join(a for i, a in st["ins"] if i == "RUN")))
+    return [(st["image"], dc.stage_install_packages(root, st))
             for st in dc.dockerfile_stages(text)]
 
 

@@ -126,6 +126,11 @@ def _group_pb(group: Union[OptimizerGroup, Mapping, None]):
     return group.to_pb()
 
 
+# Who a server offers regions to (flce-server --local-transports), for refusals.
+_OFFERED_TO = ("by default a client on its Unix socket running as its user; every client on "
+               "its host with --local-transports=shm,cuda_ipc")
+
+
 @dataclass
 class ComputeResult:
     """What one Compute call returned. Per-token tensors are None unless asked for."""
@@ -329,11 +334,16 @@ class Client:
 
     def _prepare_bulk_call(self) -> None:
         """Before a call that carries tensors in messages: malloc told to keep its buffers
-        (flce.host_memory), and, once, the call moved to the server's Unix-domain socket
-        when the server tells this client one (same host) that answers as the same
-        instance."""
+        (flce.host_memory), and the call moved to the server's Unix socket (_settle_unix)."""
         if self._malloc_tuning:
             host_memory.keep_freed_memory()
+        self._settle_unix()
+
+    def _settle_unix(self) -> None:
+        """Once: the calls that carry tensors, and the region streams, moved to the
+        server's Unix-domain socket when the server tells this client one (same host) that
+        answers as the same instance. The regions the server offers there (to a caller
+        running as its own user) are the ones this client uses."""
         if self._unix_settled:
             return
         with self._executor_lock:
@@ -365,6 +375,10 @@ class Client:
                 return
             self._unix_channel = channel
             self._bind_bulk(self._with_token(channel))
+            self._regions = self._with_token(channel).stream_stream(
+                "/flce.v1.Flce/Regions", request_serializer=_serialize,
+                response_deserializer=pb.RegionResponse.FromString)
+            self._local = replace(self._local, local_transports=tuple(answer.local_transports))
             self.messages_target = "unix:" + path
 
     def _refuse_transport(self, why: str) -> None:
@@ -376,6 +390,7 @@ class Client:
         `transport`), else None."""
         if self.transport in ("grpc", "cuda_ipc"):
             return None
+        self._settle_unix()
         with self._executor_lock:
             info = self._probe_local()
             if info is None:
@@ -384,8 +399,8 @@ class Client:
                 self._shared = SharedTransport(self._regions, self.timeout)
             elif self._shared is None and self.transport == "shm":
                 self._refuse_transport(self._local_why or (
-                    "it does not offer shared memory to this client (--local-transports=shm, "
-                    "a loopback or Unix-socket address)"))
+                    f"it does not offer shared memory to this client through "
+                    f"{self.messages_target} ({_OFFERED_TO})"))
         return self._shared
 
     def device_transport(self, hidden: torch.Tensor) -> Optional[SharedTransport]:
@@ -397,6 +412,7 @@ class Client:
             if self.transport == "cuda_ipc":
                 raise ValueError("transport='cuda_ipc' needs hidden on a GPU; it is on the CPU")
             return None
+        self._settle_unix()
         with self._executor_lock:
             info = self._probe_local()
             if info is None:
@@ -404,8 +420,8 @@ class Client:
             if "cuda_ipc" not in info.local_transports:
                 if self.transport == "cuda_ipc":
                     self._refuse_transport(self._local_why or (
-                        "it does not offer CUDA IPC to this client (--local-transports=cuda_ipc "
-                        "on a GPU, a loopback or Unix-socket address)"))
+                        f"it does not offer CUDA IPC to this client through "
+                        f"{self.messages_target} (a server on a GPU; {_OFFERED_TO})"))
                 return None
             if not cuda_ipc.same_gpu(hidden.device, info.device_uuid):
                 if self.transport == "cuda_ipc":

@@ -122,8 +122,9 @@ class ServerInfo:
     # (Embed, EmbedGrad: tied embeddings)
     capabilities: Tuple[str, ...]
     boot_id: str = ""  # the server host's /proc/sys/kernel/random/boot_id
-    # transports beyond messages this caller may use: "shm" and "cuda_ipc" on the server's
-    # host when the server runs with --local-transports=shm,cuda_ipc
+    # transports beyond messages this caller may use: "shm" and "cuda_ipc", offered by
+    # default to a caller on the server's Unix socket that runs as the server's user
+    # (flce-server --local-transports)
     local_transports: Tuple[str, ...] = ()
     device_uuid: str = ""  # "GPU-..." of the GPU the server computes on; "" for the CPU
     # the server's Unix-domain socket (flce-server --unix-socket), told to callers on its
