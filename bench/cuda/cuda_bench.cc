@@ -70,10 +70,11 @@ struct Shape {
 };
 // 0-2: the shapes (the default); 3, 4: heads of H 2048 and 1536, between
 // the first shape's H and the others' (--shapes=3,4); 5, 6: heads of H 3072 and
-// 8192 (3B- and 70B-class), on either side of H = 4096 (--shapes=5,6).
+// 8192 (3B- and 70B-class), on either side of H = 4096 (--shapes=5,6); 7: an 8B-class
+// head at 32768 tokens, the largest shape of the served-step measurements (--shapes=7).
 constexpr Shape kShapes[] = {{65535, 1024, 176245}, {16384, 4096, 151936}, {8192, 4096, 128256},
                              {32768, 2048, 128256}, {32768, 1536, 151936}, {16384, 3072, 128256},
-                             {8192, 8192, 128256}};
+                             {8192, 8192, 128256}, {32768, 4096, 128256}};
 constexpr int kShapeCount = static_cast<int>(sizeof(kShapes) / sizeof(kShapes[0]));
 
 struct Flags {

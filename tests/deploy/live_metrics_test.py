@@ -83,7 +83,10 @@ class Client:
         self.target = f"127.0.0.1:{port}"
 
     def __call__(self, *args, timeout=120):
-        argv = [self.binary, "--target", self.target, "--timeout-s", "60", *args]
+        # messages: a trainer in another container's, whose bytes the dashboard counts (this
+        # test's client runs as the server's user, who would get shared memory by default)
+        argv = [self.binary, "--target", self.target, "--timeout-s", "60", "--transport",
+                "grpc", *args]
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            timeout=timeout)
         out = p.stdout.strip()

@@ -3,6 +3,8 @@ offers it, results bit for bit those of messages, refusals where it is not offer
 client killed in the middle of a call leaves no gradient and no region behind."""
 from __future__ import annotations
 
+import errno
+import os
 import time
 import uuid
 
@@ -19,7 +21,7 @@ V, H, N = 83, 40, 37
 
 @pytest.fixture(scope="module")
 def plain_target(real_server_bin):
-    srv = RealServer(real_server_bin)
+    srv = RealServer(real_server_bin, "--local-transports=none")
     yield srv.target
     srv.stop()
 
@@ -85,6 +87,52 @@ def test_shm_is_refused_where_the_server_does_not_offer_it(plain_target):
         assert auto.shared_transport() is None and result.grad_input.shape == (N, H)
     with pytest.raises(ValueError, match="transport"):
         flce.Client(plain_target, transport="ipc")
+
+
+def test_a_server_without_flags_offers_regions_to_its_own_user_on_its_socket_only(
+        real_server_bin):
+    # flce-server's defaults: a private Unix socket, --local-transports=auto
+    srv = RealServer(real_server_bin)
+    try:
+        with flce.Client(srv.target, timeout=60) as near, \
+                flce.Client(srv.target, timeout=60, unix_socket=False) as far, \
+                flce.Client(srv.target, timeout=60, unix_socket=False,
+                            transport="shm") as insisting:
+            head = _head(far)
+            x, y = _batch()
+            a = near.compute(head, x, y, session_id="near", deterministic=True)
+            b = far.compute(head, x, y, session_id="far", deterministic=True)
+            assert near.last_transport == "shm" and near.messages_target.startswith("unix:")
+            # TCP loopback does not say who is calling: messages
+            assert far.last_transport == "grpc" and far.messages_target == srv.target
+            assert far.server_info().local_transports == ()
+            assert a.loss == b.loss and torch.equal(a.grad_input, b.grad_input)
+            with pytest.raises(flce.FlceError) as err:
+                insisting.compute(head, x, y)
+            assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert f"through {srv.target}" in err.value.details
+    finally:
+        srv.stop()
+
+
+def test_a_full_dev_shm_falls_back_to_messages_with_the_reason(shm_target, monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with flce.Client(shm_target, timeout=60) as client:
+        head = _head(client)
+        x, y = _batch()
+        with pytest.warns(RuntimeWarning, match="/dev/shm has no room"):
+            first = client.compute(head, x, y)
+        assert client.last_transport == "grpc" and first.grad_input.shape == (N, H)
+        client.compute(head, x, y)  # not tried again
+        assert client.last_transport == "grpc"
+    with flce.Client(shm_target, timeout=60, transport="shm") as strict:
+        with pytest.raises(flce.FlceError) as err:
+            strict.compute(_head(strict), x, y)
+        assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "/dev/shm has no room" in err.value.details
 
 
 def test_a_client_killed_mid_call_leaves_no_gradient_and_no_region(shm_target):

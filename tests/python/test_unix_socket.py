@@ -47,7 +47,7 @@ def socket_server(real_server_bin, tmp_path):
 
 def test_messages_go_through_the_socket_and_match_tcp_bit_for_bit(socket_server):
     srv, path = socket_server
-    with flce.Client(srv.target, timeout=60) as near, \
+    with flce.Client(srv.target, timeout=60, transport="grpc") as near, \
             flce.Client(srv.target, timeout=60, unix_socket=False) as far:
         assert near.server_info().unix_socket == path
         assert near.messages_target == srv.target  # nothing moved before a bulk call

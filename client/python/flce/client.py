@@ -622,16 +622,21 @@ class Client:
         except FlceError as err:
             if self.transport in ("shm", "cuda_ipc"):
                 raise
-            # e.g. a server running as another user cannot open this user's 0600 objects
+            # e.g. a server running as another user cannot open this user's 0600 objects,
+            # or /dev/shm is full: this kind is not tried again by this client
             what = "CUDA IPC" if on_device else "shared memory"
             warnings.warn(f"flce: {what} with {self.target} failed ({err.code.name}: "
                           f"{err.details}); using {'shared memory or ' if on_device else ''}"
-                          f"messages", RuntimeWarning, stacklevel=3)
+                          f"messages from now on", RuntimeWarning, stacklevel=3)
+            kind = "cuda_ipc" if on_device else "shm"
             with self._executor_lock:
                 if on_device:
                     self._device_regions = None
                 else:
                     self._shared = None
+                if self._local is not None:
+                    self._local = replace(self._local, local_transports=tuple(
+                        t for t in self._local.local_transports if t != kind))
             shared.close()
             return None
         try:

@@ -18,6 +18,8 @@ dropped connection) the server has released its regions: the next call starts a 
 from __future__ import annotations
 
 import ctypes
+import errno
+import os
 import queue
 import secrets
 import threading
@@ -140,6 +142,17 @@ class RegionStream:
         from flce._pb import pb
         memory = shared_memory.SharedMemory(name=f"flce-{secrets.token_hex(16)}", create=True,
                                             size=nbytes)
+        try:
+            # the pages claimed now: writing into a sparse object on a full /dev/shm (a
+            # container's is 64 MiB by default) would kill this process with SIGBUS
+            os.posix_fallocate(memory._fd, 0, nbytes)
+        except OSError as err:
+            memory.close()
+            memory.unlink()
+            code = (grpc.StatusCode.RESOURCE_EXHAUSTED if err.errno == errno.ENOSPC
+                    else grpc.StatusCode.FAILED_PRECONDITION)
+            raise FlceError("Regions", code, f"/dev/shm has no room for {nbytes} bytes "
+                            f"({err.strerror})") from None
         # the proof that this client can write the object (the name is visible in /dev/shm)
         key = secrets.token_bytes(16)
         memory.buf[:16] = key
