@@ -135,6 +135,30 @@ def test_a_full_dev_shm_falls_back_to_messages_with_the_reason(shm_target, monke
         assert "/dev/shm has no room" in err.value.details
 
 
+def test_a_retry_goes_the_way_its_request_id_first_went(shm_target, monkeypatch):
+    with flce.Client(shm_target, timeout=60) as client:
+        head = _head(client)
+        x, y = _batch()
+        with pytest.raises(flce.FlceError) as err:
+            client.compute("no-such-head", x, y)  # through shared memory, refused
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+        retry_id = err.value.request_id
+        # shared memory lost before the retry: the region it needs (larger than the 1 MiB
+        # the first call registered) no longer fits /dev/shm
+        def full(fd, offset, length):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "posix_fallocate", full)
+        x2, y2 = torch.cat([x] * 400), torch.cat([y] * 400)
+        with pytest.warns(RuntimeWarning, match="/dev/shm has no room"):
+            with pytest.raises(flce.FlceError) as again:
+                client.compute(head, x2, y2, request_id=retry_id)
+        assert again.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"request_id {retry_id} was first sent through shm" in again.value.details
+        assert client.compute(head, x2, y2).loss > 0  # a new id goes by messages
+        assert client.last_transport == "grpc"
+
+
 def test_a_client_killed_mid_call_leaves_no_gradient_and_no_region(shm_target):
     with flce.Client(shm_target, timeout=60, transport="grpc") as observer:
         head = _head(observer)

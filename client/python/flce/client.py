@@ -11,6 +11,7 @@ import os
 import threading
 import uuid
 import warnings
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
@@ -126,6 +127,26 @@ def _group_pb(group: Union[OptimizerGroup, Mapping, None]):
     return group.to_pb()
 
 
+class _RecentTransports:
+    """request id -> the transport its first failed call went through; the oldest go first
+    beyond `limit` (a retry comes soon after its failure)."""
+
+    def __init__(self, limit: int = 1024):
+        self._limit = limit
+        self._by_id: "OrderedDict[str, str]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, request_id: str) -> Optional[str]:
+        with self._lock:
+            return self._by_id.get(request_id)
+
+    def remember(self, request_id: str, transport: str) -> None:
+        with self._lock:
+            self._by_id.setdefault(request_id, transport)
+            while len(self._by_id) > self._limit:
+                self._by_id.popitem(last=False)
+
+
 # Who a server offers regions to (flce-server --local-transports), for refusals.
 _OFFERED_TO = ("by default a client on its Unix socket running as its user; every client on "
                "its host with --local-transports=shm,cuda_ipc")
@@ -222,6 +243,8 @@ class Client:
         self._local_why = ""  # why local transports are out of reach, when they are
         # how the last Compute moved hidden: "cuda_ipc", "shm" or "grpc"
         self.last_transport = ""
+        # the transport of each recent call that failed, by request id, for its retries
+        self._first_transport = _RecentTransports()
         self._executor: Optional[ThreadPoolExecutor] = None  # made by the first submit
         self.async_commit = async_commit
         self._commits = CommitQueue()  # backward's Commits, when async_commit
@@ -568,15 +591,27 @@ class Client:
         wanted = [(k, dt) for k, dt in _TOKEN_FIELDS
                   if {"loss": per_token_loss, "logprob": logprob, "entropy": entropy,
                       "correct": accuracy}[k]]
+        # a retry takes the way its request id first went: a GPU server fingerprints a call
+        # whose hidden came from a region apart from one whose hidden came in messages
+        first = self._first_transport.get(header.request_id)
         local = (("cuda_ipc", self.device_transport(hidden)),
                  ("shm", self.shared_transport())) if n > 0 else ()
         for name, pool in local:
-            if pool is not None:
-                result = self._compute_shared(pool, header, hidden, targets, want_grad_input,
-                                              wanted, pinned)
+            if pool is not None and first in (None, name):
+                try:
+                    result = self._compute_shared(pool, header, hidden, targets,
+                                                  want_grad_input, wanted, pinned)
+                except FlceError:
+                    self._first_transport.remember(header.request_id, name)
+                    raise
                 if result is not None:
                     self.last_transport = name
                     return result
+        if first not in (None, "grpc"):
+            raise FlceError("Compute", grpc.StatusCode.FAILED_PRECONDITION,
+                            f"request_id {header.request_id} was first sent through {first}, "
+                            f"which this client cannot use for it now: a retry goes the way "
+                            f"its request id first went (the server tells the two apart)")
         self.last_transport = "grpc"
         self._prepare_bulk_call()
 
@@ -598,6 +633,7 @@ class Client:
                                      pinned)
         except FlceError as err:
             err.request_id = header.request_id  # a retry with it is never applied twice
+            self._first_transport.remember(header.request_id, "grpc")
             raise
 
     def _compute_shared(self, shared: SharedTransport, header, hidden: torch.Tensor,
