@@ -93,6 +93,22 @@ TEST(LocalPeersTest, TheHostRuleOffersEveryLocalPeer) {
   EXPECT_THAT(none.OfferTo("fd:8").refusal, HasSubstr("takes no regions"));
 }
 
+// One byte with room for one descriptor beside it (SCM_RIGHTS). Not copyable:
+// the message points into itself.
+struct FdMessage {
+  FdMessage() {
+    message.msg_iov = &io;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+  }
+  FdMessage(const FdMessage&) = delete;
+  char byte = 0;
+  iovec io{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr message{};
+};
+
 // A connection to `path` made by a child process running as `uid`, handed
 // back to this process (SCM_RIGHTS): the kernel recorded the child's
 // credentials for it. -1 when it could not be made.
@@ -110,33 +126,19 @@ int ConnectAs(const std::string& path, uid_t uid) {
     if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
       _exit(3);
     }
-    char byte = 0;
-    iovec io{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr message{};
-    message.msg_iov = &io;
-    message.msg_iovlen = 1;
-    message.msg_control = control;
-    message.msg_controllen = sizeof(control);
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    FdMessage out;
+    cmsghdr* header = CMSG_FIRSTHDR(&out.message);
     header->cmsg_level = SOL_SOCKET;
     header->cmsg_type = SCM_RIGHTS;
     header->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(header), &fd, sizeof(int));
-    _exit(sendmsg(pair[1], &message, 0) == 1 ? 0 : 4);
+    _exit(sendmsg(pair[1], &out.message, 0) == 1 ? 0 : 4);
   }
   close(pair[1]);
-  char byte = 0;
-  iovec io{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr message{};
-  message.msg_iov = &io;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof(control);
+  FdMessage in;
   int fd = -1;
-  if (recvmsg(pair[0], &message, 0) == 1 && CMSG_FIRSTHDR(&message) != nullptr) {
-    std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&message)), sizeof(int));
+  if (recvmsg(pair[0], &in.message, 0) == 1 && CMSG_FIRSTHDR(&in.message) != nullptr) {
+    std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&in.message)), sizeof(int));
   }
   close(pair[0]);
   int status = 0;
