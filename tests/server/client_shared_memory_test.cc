@@ -3,6 +3,8 @@
 // bit for bit those of messages, regions reused across calls and unmapped on
 // both sides once the client goes, and messages (or a clear refusal) where
 // the server does not offer it.
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <memory>
@@ -16,6 +18,7 @@
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/base/local_transports_flag.h"
 #include "tests/server/server_test_util.h"
 
 namespace flce::server::test {
@@ -45,16 +48,20 @@ class ClientSharedMemoryTest : public ServerTest {
     ServerConfig config = TestConfig();
     config.shm_transport = shm;
     config.region_lease = lease;
+    Start(config);
+  }
+  void Start(const ServerConfig& config) {
     StartServer(config);
     problem_ = MakeProblem(TinyF32Spec());
     ASSERT_TRUE(UploadHead(stub(), "h", problem_).ok());
   }
 
-  std::unique_ptr<Client> Connect(ClientOptions::Transport transport) {
+  std::unique_ptr<Client> Connect(ClientOptions::Transport transport, bool unix_socket = true) {
     ClientOptions options;
     options.target = absl::StrCat("127.0.0.1:", server().port());
     options.timeout = absl::Seconds(20);
     options.transport = transport;
+    options.unix_socket = unix_socket;
     auto client = Client::Connect(options);
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? *std::move(client) : nullptr;
@@ -170,6 +177,32 @@ TEST_F(ClientSharedMemoryTest, ConcurrentCallsUseRegionsOfTheirOwn) {
     EXPECT_EQ(outcome->transport, "shm");
     EXPECT_EQ(outcome->grad_input, reference->grad_input);
   }
+}
+
+// flce-server's default (--local-transports=auto): the client moves to the
+// socket the server names and takes the shared memory offered there to the
+// server's own user; kept on TCP, it is offered none and sends messages.
+TEST_F(ClientSharedMemoryTest, ADefaultServerOffersItThroughItsSocketOnly) {
+  ServerConfig config = TestConfig();
+  ASSERT_TRUE(ApplyLocalTransportsFlag("auto", config).ok());
+  config.unix_socket = absl::StrCat(::testing::TempDir(), "/flce-default-", getpid(), ".sock");
+  Start(config);
+  std::unique_ptr<Client> near = Connect(ClientOptions::Transport::kAuto);
+  std::unique_ptr<Client> far = Connect(ClientOptions::Transport::kAuto, /*unix_socket=*/false);
+  auto a = Compute(*near, "near");
+  auto b = Compute(*far, "far");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->transport, "shm");
+  EXPECT_EQ(near->messages_target(), "unix:" + config.unix_socket);
+  EXPECT_EQ(b->transport, "grpc");
+  EXPECT_EQ(a->summary.loss(), b->summary.loss());
+  EXPECT_EQ(a->grad_input, b->grad_input);
+  std::unique_ptr<Client> insisting = Connect(ClientOptions::Transport::kShm, false);
+  auto refused = Compute(*insisting, "insisting");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("through 127.0.0.1"));
 }
 
 }  // namespace
