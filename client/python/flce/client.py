@@ -147,9 +147,11 @@ class _RecentTransports:
                 self._by_id.popitem(last=False)
 
 
-# Who a server offers regions to (flce-server --local-transports), for refusals.
-_OFFERED_TO = ("by default a client on its Unix socket running as its user; every client on "
-               "its host with --local-transports=shm,cuda_ipc")
+def _offered_to(kind: str) -> str:
+    """Who a server offers regions of `kind` to (flce-server --local-transports), for
+    refusals."""
+    return (f"by default a client on its Unix socket running as its user; every client on "
+            f"its host with --local-transports={kind} (or shm,cuda_ipc)")
 
 
 @dataclass
@@ -423,7 +425,7 @@ class Client:
             elif self._shared is None and self.transport == "shm":
                 self._refuse_transport(self._local_why or (
                     f"it does not offer shared memory to this client through "
-                    f"{self.messages_target} ({_OFFERED_TO})"))
+                    f"{self.messages_target} ({_offered_to('shm')})"))
         return self._shared
 
     def device_transport(self, hidden: torch.Tensor) -> Optional[SharedTransport]:
@@ -444,7 +446,7 @@ class Client:
                 if self.transport == "cuda_ipc":
                     self._refuse_transport(self._local_why or (
                         f"it does not offer CUDA IPC to this client through "
-                        f"{self.messages_target} (a server on a GPU; {_OFFERED_TO})"))
+                        f"{self.messages_target} (a server on a GPU; {_offered_to('cuda_ipc')})"))
                 return None
             if not cuda_ipc.same_gpu(hidden.device, info.device_uuid):
                 if self.transport == "cuda_ipc":
