@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/cpp/grpc_status.h"
 #include "flce/v1/message_size.h"
@@ -185,7 +186,11 @@ absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> Client::SharedTransport()
     }
     if (!OnThisHost(*info)) {
       local_refusal_ = "it runs on another host (its boot id is not this one's)";
+      messages_reason_ = v1::MESSAGES_REASON_NOT_LOCAL;
     } else if (!absl::c_linear_search(offered, "shm")) {
+      // This client sends hidden from host memory: CUDA IPC alone does not fit it.
+      messages_reason_ =
+          offered.empty() ? v1::MESSAGES_REASON_NOT_OFFERED : v1::MESSAGES_REASON_UNSUITABLE;
       local_refusal_ = absl::StrCat(
           "it does not offer shared memory to this client through ", messages_target(),
           " (by default a client on its Unix socket running as its user; every client on its "
@@ -207,6 +212,14 @@ void Client::DropSharedTransport(const absl::Status& why) {
   std::lock_guard<std::mutex> lock(local_mu_);
   shm_.reset();
   local_refusal_ = absl::StrCat("it refused a shared-memory region (", why.ToString(), ")");
+  messages_reason_ = absl::StartsWith(why.message(), kShmNoRoom) ? v1::MESSAGES_REASON_NO_ROOM
+                                                                 : v1::MESSAGES_REASON_REFUSED;
+}
+
+v1::MessagesReason Client::WhyMessages() {
+  if (options_.transport == ClientOptions::Transport::kGrpc) return v1::MESSAGES_REASON_ASKED;
+  std::lock_guard<std::mutex> lock(local_mu_);
+  return messages_reason_;
 }
 
 int64_t Client::ChunkBytes(int64_t requested) {

@@ -36,6 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "client/cpp/client_options.h"
 #include "client/cpp/health_check.h"
+#include "client/cpp/recent_transports.h"
 #include "client/cpp/shared_memory_transport.h"
 #include "flce/v1/flce.grpc.pb.h"
 #include "flce/v1/flce.pb.h"
@@ -201,6 +202,8 @@ class Client {
   absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> SharedTransport();
   // After a region the server would not take (kAuto): messages from now on.
   void DropSharedTransport(const absl::Status& why);
+  // Why a call sends hidden in messages, for the server's metrics.
+  v1::MessagesReason WhyMessages();
   // The payload bytes one message may carry: chunk_bytes (or `requested`),
   // capped to MessageLimit() less room for the message's other fields.
   int64_t ChunkBytes(int64_t requested);
@@ -227,6 +230,9 @@ class Client {
   std::mutex local_mu_;
   bool local_asked_ = false;   // guarded by local_mu_
   std::string local_refusal_;  // guarded by local_mu_: why shm is out of reach
+  RecentTransports recent_transports_;  // how recent failed calls sent hidden
+  // guarded by local_mu_: the same as the header's messages_reason
+  v1::MessagesReason messages_reason_ = v1::MESSAGES_REASON_UNSPECIFIED;
   std::shared_ptr<SharedMemoryTransport> shm_;  // guarded by local_mu_
 };
 

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/algorithm/container.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
 #include "client/cpp/grpc_status.h"
@@ -76,7 +77,10 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
 
   // Shared memory where the server offers it: hidden written into a region,
   // grad_input read from it after the call; the messages are header and end.
-  absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> shm = SharedTransport();
+  // A retry goes the way its request id first went.
+  const std::string first_way = recent_transports_.Get(outcome.request_id);
+  absl::StatusOr<std::shared_ptr<SharedMemoryTransport>> shm =
+      first_way == "grpc" ? nullptr : SharedTransport();
   if (!shm.ok()) return shm.status();
   std::shared_ptr<SharedRegion> region;
   // hidden, then grad_input, then (where the server reads them there) the
@@ -102,6 +106,19 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   std::unique_ptr<void, std::function<void(void*)>> give_back(
       region.get(), [&](void*) { (*shm)->GiveBack(region); });
   outcome.transport = region != nullptr ? "shm" : "grpc";
+  if (first_way == "shm" && region == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request_id ", outcome.request_id,
+        " was first sent through shm, which this client cannot use for it now: a retry goes "
+        "the way its request id first went (the server tells the two apart)"));
+  }
+  // However the call fails from here on, its retry must take the same way.
+  bool succeeded = false;
+  absl::Cleanup remember_way = [this, &succeeded, id = outcome.request_id,
+                                way = outcome.transport] {
+    if (!succeeded) recent_transports_.Remember(id, way);
+  };
+  if (region == nullptr && tokens > 0) header->set_messages_reason(WhyMessages());
   if (region != nullptr) {
     std::memcpy(region->data(), args.hidden.data(), hidden_bytes);
     v1::SharedHidden* shared = header->mutable_shared();
@@ -220,6 +237,7 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   }
   // Accuracy needs only the summary's counts; per-token flags are a bonus.
   if (wanted.accuracy() && !correct.any()) outcome.correct.clear();
+  succeeded = true;
   return outcome;
 }
 

@@ -95,7 +95,7 @@ class SharedMemoryTransport::Stream {
         err != 0) {
       errno = err;  // posix_fallocate returns its error instead
       mapped = err == ENOSPC ? absl::ResourceExhaustedError(absl::StrCat(
-                                   "/dev/shm has no room for ", bytes, " bytes (",
+                                   kShmNoRoom, " for ", bytes, " bytes (",
                                    std::strerror(err), ")"))
                              : Errno(absl::StrCat("sizing /", name, " to ", bytes, " bytes"));
     } else {

@@ -25,9 +25,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "flce/v1/flce.grpc.pb.h"
 
 namespace flce {
+
+// How a region that /dev/shm has no room for is refused (the message's start).
+inline constexpr absl::string_view kShmNoRoom = "/dev/shm has no room";
 
 // Whether the server that answered `info` runs on this host (its boot id,
 // /proc/sys/kernel/random/boot_id, is this host's; not when either is unknown).

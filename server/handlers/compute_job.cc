@@ -10,6 +10,7 @@
 #include "flce/v1/message_size.h"
 #include "server/base/guarded_copy.h"
 #include "server/handlers/staging.h"
+#include "server/state/local_peers.h"
 #include "server/validate/request_fingerprint.h"
 #include "server/validate/session_id.h"
 
@@ -185,7 +186,21 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
                                            grad_input_->Post(offset, rows, std::move(data));
                                          }
                                        }));
+  RecordTransport();
   return absl::OkStatus();
+}
+
+void ComputeJob::RecordTransport() {
+  std::string transport;
+  std::string reason = "region";
+  if (region_ != nullptr && header_.has_shared()) {
+    transport = region_->base() == nullptr ? "cuda_ipc" : "shm";
+  } else {
+    transport = IsUnixSocketPeer(scope_->peer()) ? "messages_unix_socket" : "messages_tcp";
+    reason = MessagesReasonLabel(header_.messages_reason());
+  }
+  scope_->set_transport(transport);
+  if (ctx_.metrics != nullptr) ctx_.metrics->RecordComputeTransport(transport, reason);
 }
 
 absl::Status ComputeJob::EnterHead(const std::string& head_id) {

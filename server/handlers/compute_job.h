@@ -63,6 +63,8 @@ class ComputeJob {
   // Waits while an optimizer step rewrites the head, then holds head_use_.
   absl::Status EnterHead(const std::string& head_id);
   absl::Status TakeStaging(const HeadSpec& head_spec);
+  // flce_compute_calls_total and the request log's transport= for this call.
+  void RecordTransport();
   // The end message is the last one: nothing lands until the client has
   // half-closed after it, and a message that follows it fails the call.
   absl::Status ExpectHalfClose();

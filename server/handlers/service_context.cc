@@ -43,6 +43,7 @@ void RpcScope::Done(const grpc::Status& status) {
   line.session = session_;
   line.tokens = tokens_;
   line.strategy = strategy_;
+  line.transport = transport_;
   line.phases_ms = std::move(phases_ms_);
   line.seconds = seconds;
   line.code = GrpcCodeName(status.error_code());
@@ -71,6 +72,7 @@ absl::StatusOr<Principal> Admit(const ServiceContext& ctx, const grpc::CallbackS
                                       : absl::StatusOr<Principal>(Principal{"", true});
   if (!who.ok()) return who.status();
   scope.set_tenant(who->tenant);
+  scope.set_peer(call.peer());
   int64_t limit = ctx.config.max_concurrent_streams;
   if (limit > 0 && ctx.active_calls.load() > limit) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -5,7 +5,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "flce/v1/flce.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -82,6 +84,29 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
            .Register(registry);
   metrics->cuda_ipc_->Add({{"direction", "in"}});
   metrics->cuda_ipc_->Add({{"direction", "out"}});
+  metrics->compute_transports_ =
+      &prometheus::BuildCounter()
+           .Name("flce_compute_calls_total")
+           .Help("Compute calls by how hidden travelled (messages over TCP or the Unix socket, "
+                 "shm, cuda_ipc) and, for messages, why (the client's messages_reason)")
+           .Register(registry);
+  // Every series from the start, so that rate() and the dashboard see a 0.
+  const google::protobuf::EnumDescriptor* reasons = v1::MessagesReason_descriptor();
+  for (const char* connection : {"messages_tcp", "messages_unix_socket"}) {
+    for (int i = 0; i < reasons->value_count(); ++i) {
+      metrics->compute_transports_->Add(
+          {{"transport", connection}, {"reason", MessagesReasonLabel(reasons->value(i)->number())}});
+    }
+  }
+  metrics->compute_transports_->Add({{"transport", "shm"}, {"reason", "region"}});
+  metrics->compute_transports_->Add({{"transport", "cuda_ipc"}, {"reason", "region"}});
+  metrics->region_refusals_ = &prometheus::BuildCounter()
+                                   .Name("flce_region_refusals_total")
+                                   .Help("Regions streams and registrations refused, by reason")
+                                   .Register(registry);
+  for (absl::string_view reason : kRegionRefusalReasons) {
+    metrics->region_refusals_->Add({{"reason", std::string(reason)}});
+  }
   metrics->head_weight_ = &prometheus::BuildGauge()
                                .Name("flce_head_weight_bytes")
                                .Help("Resident bytes of each head")
@@ -193,6 +218,22 @@ void Metrics::AddSharedMemoryBytes(absl::string_view direction, int64_t bytes) {
 
 void Metrics::AddCudaIpcBytes(absl::string_view direction, int64_t bytes) {
   cuda_ipc_->Add({{"direction", std::string(direction)}}).Increment(static_cast<double>(bytes));
+}
+
+std::string MessagesReasonLabel(int reason) {
+  const google::protobuf::EnumValueDescriptor* value =
+      v1::MessagesReason_descriptor()->FindValueByNumber(reason);
+  if (value == nullptr) value = v1::MessagesReason_descriptor()->FindValueByNumber(0);
+  return absl::AsciiStrToLower(absl::StripPrefix(value->name(), "MESSAGES_REASON_"));
+}
+
+void Metrics::RecordComputeTransport(absl::string_view transport, absl::string_view reason) {
+  compute_transports_->Add({{"transport", std::string(transport)}, {"reason", std::string(reason)}})
+      .Increment();
+}
+
+void Metrics::RecordRegionRefusal(absl::string_view reason) {
+  region_refusals_->Add({{"reason", std::string(reason)}}).Increment();
 }
 
 void Metrics::RemoveHeadLocked(const std::string& label) {

@@ -40,6 +40,24 @@ namespace flce::server {
 
 class ProcessCollector;
 
+// The values of flce_region_refusals_total's reason label.
+inline constexpr absl::string_view kRegionRefusalReasons[] = {
+    "no_regions",        // the server takes none (--local-transports=none)
+    "remote",            // the caller is on another host
+    "tcp",               // same-uid rule: the caller came over TCP, not the Unix socket
+    "other_uid",         // same-uid rule: the caller runs as another user
+    "kind_not_offered",  // this kind is not offered (the server or connection has the other)
+    "region_limit",      // the stream holds its most regions
+    "tenant_cap",        // --max-region-mb reached
+    "open_failed",       // the object or device memory could not be opened or mapped
+    "invalid",           // a malformed registration
+};
+
+// The reason label of a messages call: MessagesReason's name, lower case,
+// without its prefix ("asked", "no_room", ...); "unspecified" for a value
+// this server does not know.
+std::string MessagesReasonLabel(int reason);
+
 class Metrics {
  public:
   // The `head` label value of every private (tenant-owned) head. Ids may hold
@@ -68,6 +86,14 @@ class Metrics {
   // Compute data through a shared-memory region: direction "in" or "out".
   void AddSharedMemoryBytes(absl::string_view direction, int64_t bytes);
   void AddCudaIpcBytes(absl::string_view direction, int64_t bytes);
+  // flce_compute_calls_total{transport,reason}: one per Compute call whose
+  // header was accepted. transport: "messages_tcp", "messages_unix_socket",
+  // "shm" or "cuda_ipc"; reason: why messages (MessagesReasonLabel), "region"
+  // for the other two.
+  void RecordComputeTransport(absl::string_view transport, absl::string_view reason);
+  // flce_region_refusals_total{reason}: a Regions stream or registration
+  // refused (kRegionRefusalReasons).
+  void RecordRegionRefusal(absl::string_view reason);
   // flce_optimizer_steps_total{outcome}: STEP_APPLIED, STEP_SKIPPED_...
   void RecordStep(absl::string_view outcome);
   // flce_inflight_requests{rpc}.
@@ -115,6 +141,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* sent_ = nullptr;
   prometheus::Family<prometheus::Counter>* shared_memory_ = nullptr;
   prometheus::Family<prometheus::Counter>* cuda_ipc_ = nullptr;
+  prometheus::Family<prometheus::Counter>* compute_transports_ = nullptr;
+  prometheus::Family<prometheus::Counter>* region_refusals_ = nullptr;
   prometheus::Family<prometheus::Gauge>* head_weight_ = nullptr;
   // Guards the per-head series: a counter must not be removed between a
   // compute call finding it and incrementing it.

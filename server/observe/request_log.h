@@ -31,6 +31,7 @@ struct RequestLogLine {
   std::string session;
   int64_t tokens = -1;  // -1 = not a compute
   std::string strategy;
+  std::string transport;  // Compute: how hidden came ("messages_tcp", "shm", ...)
   std::vector<std::pair<std::string, double>> phases_ms;  // in order; "<name>_ms" keys
   double seconds = 0.0;
   std::string code;  // "OK", "INVALID_ARGUMENT", ...
@@ -41,7 +42,7 @@ struct RequestLogLine {
 std::string FormatRequestLog(const RequestLogLine& line);
 
 // The fields of --log-format=json, in order: request_id, rpc, tenant, head,
-// session, tokens, strategy (each only when known), the phases, duration_ms, code,
+// session, tokens, strategy, transport (each only when known), the phases, duration_ms, code,
 // message (not for OK); string values cut as QuoteLogValue cuts them.
 std::vector<std::pair<std::string, nlohmann::json>> RequestLogFields(const RequestLogLine& line);
 

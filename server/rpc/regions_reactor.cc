@@ -12,6 +12,7 @@ RegionsReactor::RegionsReactor(const ServiceContext& ctx, grpc::CallbackServerCo
                                const Principal& who, std::unique_ptr<RpcScope> scope)
     : ctx_(ctx), scope_(std::move(scope)) {
   if (ctx_.regions == nullptr) {
+    CountRefusal("no_regions");
     End(absl::FailedPreconditionError(
         "this server takes no regions (its --local-transports is none: start it with "
         "--local-transports=shm, cuda_ipc or auto); send messages"));
@@ -19,6 +20,7 @@ RegionsReactor::RegionsReactor(const ServiceContext& ctx, grpc::CallbackServerCo
   }
   LocalOffer offer = ctx_.peers->OfferTo(call->peer());
   if (!offer.any()) {
+    CountRefusal(offer.refusal_reason);
     End(absl::PermissionDeniedError(offer.refusal));
     return;
   }
@@ -59,6 +61,7 @@ absl::Status RegionsReactor::Handle(bool* respond) {
       absl::StatusOr<std::string> id;
       if (reg.has_cuda_ipc()) {
         if (!reg.name().empty()) {
+          CountRefusal("invalid");
           return absl::InvalidArgumentError(
               "RegisterRegion names a shared-memory object and CUDA IPC memory: send one");
         }
@@ -72,7 +75,10 @@ absl::Status RegionsReactor::Handle(bool* respond) {
       } else {
         id = ctx_.regions->Register(stream_, reg.name(), reg.bytes(), reg.key());
       }
-      if (!id.ok()) return id.status();
+      if (!id.ok()) {
+        CountRefusal(SharedRegions::RefusalReason(id.status()));
+        return id.status();
+      }
       response_.set_region_id(*id);
       response_.set_bytes(reg.bytes());
       response_.set_lease_s(absl::ToDoubleSeconds(ctx_.regions->lease()));
@@ -92,6 +98,10 @@ absl::Status RegionsReactor::Handle(bool* respond) {
     default:
       return absl::InvalidArgumentError("a RegionRequest holds none of register, release, renew");
   }
+}
+
+void RegionsReactor::CountRefusal(absl::string_view reason) {
+  if (ctx_.metrics != nullptr) ctx_.metrics->RecordRegionRefusal(reason);
 }
 
 void RegionsReactor::End(const absl::Status& status) {

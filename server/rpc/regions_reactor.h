@@ -28,6 +28,8 @@ class RegionsReactor : public grpc::ServerBidiReactor<v1::RegionRequest, v1::Reg
   // OK with a response to write, or the status that ends the stream.
   absl::Status Handle(bool* respond);
   void End(const absl::Status& status);
+  // flce_region_refusals_total{reason}.
+  void CountRefusal(absl::string_view reason);
 
   const ServiceContext& ctx_;
   std::unique_ptr<RpcScope> scope_;

@@ -13,6 +13,10 @@ bool IsLocalPeer(const std::string& peer) {
          absl::StartsWith(peer, "ipv6:%5B::1%5D:");
 }
 
+bool IsUnixSocketPeer(const std::string& peer) {
+  return absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "fd:");
+}
+
 void LocalPeers::Record(int fd, uid_t uid) {
   absl::MutexLock lock(&mu_);
   uid_by_fd_[fd] = uid;
@@ -43,6 +47,7 @@ LocalOffer LocalPeers::OfferTo(const std::string& peer) const {
     offer.refusal =
         "this server takes no regions (--local-transports=none, or a GPU-less engine asked for "
         "cuda_ipc alone)";
+    offer.refusal_reason = "no_regions";
     return offer;
   }
   const PeerIdentity who = Identify(peer);
@@ -51,6 +56,7 @@ LocalOffer LocalPeers::OfferTo(const std::string& peer) const {
         "regions are for clients on the server's host (loopback or a Unix socket); this call "
         "comes from ",
         peer);
+    offer.refusal_reason = "remote";
     return offer;
   }
   if (rule_.same_uid_only) {
@@ -61,6 +67,7 @@ LocalOffer LocalPeers::OfferTo(const std::string& peer) const {
           "), which does not say who is calling: connect through GetServerInfo.unix_socket, or "
           "start the server with --local-transports=shm,cuda_ipc to offer them to every client "
           "on this host");
+      offer.refusal_reason = "tcp";
       return offer;
     }
     if (!who.uid.has_value() || *who.uid != server_uid_) {
@@ -70,6 +77,7 @@ LocalOffer LocalPeers::OfferTo(const std::string& peer) const {
           who.uid.has_value() ? absl::StrCat("uid ", *who.uid) : std::string("an unknown uid"),
           " (start the server with --local-transports=shm,cuda_ipc to offer them to every client "
           "on this host)");
+      offer.refusal_reason = "other_uid";
       return offer;
     }
   }

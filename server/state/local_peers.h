@@ -30,7 +30,8 @@ struct PeerIdentity {
 struct LocalOffer {
   bool shm = false;
   bool cuda_ipc = false;
-  std::string refusal;  // when neither: why, for the status message
+  std::string refusal;         // when neither: why, for the status message
+  std::string refusal_reason;  // and as flce_region_refusals_total's reason label
   bool any() const { return shm || cuda_ipc; }
 };
 
@@ -68,6 +69,8 @@ class LocalPeers {
 // Whether a gRPC peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000",
 // "unix:/run/flce.sock", "fd:12") is on this host: loopback or a Unix socket.
 bool IsLocalPeer(const std::string& peer);
+// Whether it came through a Unix-domain socket ("unix:..." or "fd:N").
+bool IsUnixSocketPeer(const std::string& peer);
 
 }  // namespace flce::server
 

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -37,6 +38,14 @@ absl::Status CheckName(const std::string& name) {
         "\" is not \"flce-\" followed by 32 lowercase hex digits (128 random bits)"));
   }
   return absl::OkStatus();
+}
+
+constexpr absl::string_view kRefusalPayload = "type.flce.dev/region_refusal";
+
+// `status` tagged with its flce_region_refusals_total reason.
+absl::Status Refusal(absl::string_view reason, absl::Status status) {
+  status.SetPayload(kRefusalPayload, absl::Cord(reason));
+  return status;
 }
 
 std::string RandomRegionId() {
@@ -84,13 +93,14 @@ absl::Status SharedRegions::CheckRoomLocked(uint64_t stream, bool device, int64_
   }
   const Stream& s = it->second;
   if (!(device ? s.offer.cuda_ipc : s.offer.shm)) {
-    return absl::PermissionDeniedError(absl::StrCat(
+    return Refusal("kind_not_offered", absl::PermissionDeniedError(absl::StrCat(
         "this connection may not register ", device ? "CUDA IPC memory" : "shared memory",
-        s.offer.refusal.empty() ? std::string() : absl::StrCat(": ", s.offer.refusal)));
+        s.offer.refusal.empty() ? std::string() : absl::StrCat(": ", s.offer.refusal))));
   }
   if (s.regions.size() >= kMaxRegionsPerStream) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a registration stream holds at most ", kMaxRegionsPerStream, " regions"));
+    return Refusal("region_limit", absl::ResourceExhaustedError(absl::StrCat(
+                                       "a registration stream holds at most ",
+                                       kMaxRegionsPerStream, " regions")));
   }
   if (max_bytes_per_tenant_ > 0) {
     int64_t held = 0;
@@ -99,10 +109,12 @@ absl::Status SharedRegions::CheckRoomLocked(uint64_t stream, bool device, int64_
       for (const auto& [rid, region] : other.regions) held += region.mapping->bytes();
     }
     if (bytes > max_bytes_per_tenant_ - held) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "this tenant holds ", held, " bytes of regions registered; ", bytes,
-          " more would pass the server's cap of ", max_bytes_per_tenant_,
-          " bytes per tenant (--max-region-mb): release regions first, or send messages"));
+      return Refusal("tenant_cap",
+                     absl::ResourceExhaustedError(absl::StrCat(
+                         "this tenant holds ", held, " bytes of regions registered; ", bytes,
+                         " more would pass the server's cap of ", max_bytes_per_tenant_,
+                         " bytes per tenant (--max-region-mb): release regions first, or send "
+                         "messages")));
     }
   }
   return absl::OkStatus();
@@ -120,8 +132,9 @@ void SharedRegions::CancelAllStreams() {
 absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::string& name,
                                                     int64_t bytes, const std::string& key) {
   if (!kinds_.shm) {
-    return absl::FailedPreconditionError(
-        "this server takes no shared-memory regions (start it with --local-transports=shm)");
+    return Refusal("kind_not_offered", absl::FailedPreconditionError(
+                                     "this server takes no shared-memory regions (start it with "
+                                     "--local-transports=shm)"));
   }
   if (absl::Status s = CheckName(name); !s.ok()) return s;
   if (bytes < static_cast<int64_t>(kKeyBytes)) {
@@ -192,9 +205,11 @@ absl::StatusOr<std::string> SharedRegions::Register(uint64_t stream, const std::
 absl::StatusOr<std::string> SharedRegions::RegisterDevice(uint64_t stream,
                                                           const PeerMemoryHandle& handle) {
   if (kinds_.cuda_ipc == nullptr) {
-    return absl::FailedPreconditionError(
-        "this server takes no CUDA IPC regions (start it with --local-transports=cuda_ipc on a "
-        "GPU); send hidden by shared memory or messages");
+    return Refusal("kind_not_offered",
+                   absl::FailedPreconditionError(
+                       "this server takes no CUDA IPC regions (start it with "
+                       "--local-transports=cuda_ipc on a GPU); send hidden by shared memory or "
+                       "messages"));
   }
   {
     // Fail before opening anything.
@@ -207,6 +222,14 @@ absl::StatusOr<std::string> SharedRegions::RegisterDevice(uint64_t stream,
   absl::StatusOr<std::shared_ptr<const PeerMemory>> memory = kinds_.cuda_ipc->OpenPeerMemory(handle);
   if (!memory.ok()) return memory.status();
   return Add(stream, "cuda_ipc", std::make_shared<const MappedRegion>(std::move(*memory)));
+}
+
+std::string SharedRegions::RefusalReason(const absl::Status& status) {
+  if (auto reason = status.GetPayload(kRefusalPayload)) {
+    return std::string(*reason);
+  }
+  // Untagged: the request itself was malformed, or opening what it names failed.
+  return status.code() == absl::StatusCode::kInvalidArgument ? "invalid" : "open_failed";
 }
 
 absl::StatusOr<std::string> SharedRegions::Add(uint64_t stream, std::string name,

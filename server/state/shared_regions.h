@@ -90,6 +90,9 @@ class SharedRegions {
                                        const std::string& key);
   // Opens device memory with the engine (cuda_ipc); the same rules.
   absl::StatusOr<std::string> RegisterDevice(uint64_t stream, const PeerMemoryHandle& handle);
+  // Why Register or RegisterDevice failed, as flce_region_refusals_total's
+  // reason label ("tenant_cap", "open_failed", ...).
+  static std::string RefusalReason(const absl::Status& status);
   absl::Status Release(uint64_t stream, const std::string& region_id);
   void Renew(uint64_t stream);
   // Releases every region of the stream (its holders keep their mappings).

@@ -52,6 +52,7 @@ uint64_t ComputeFingerprint(const v1::ComputeHeader &header) {
   // Where hidden is, not what it is: a retry may come through another region
   // (a new Regions stream) or in messages.
   defining.clear_shared();
+  defining.clear_messages_reason();  // metrics only
   return DeterministicFingerprint(defining);
 }
 

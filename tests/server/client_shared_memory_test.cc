@@ -205,5 +205,66 @@ TEST_F(ClientSharedMemoryTest, ADefaultServerOffersItThroughItsSocketOnly) {
   EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("through 127.0.0.1"));
 }
 
+// Each call in messages tells the server why (ComputeHeader.messages_reason),
+// which counts it in flce_compute_calls_total.
+TEST_F(ClientSharedMemoryTest, EachCallInMessagesTellsTheServerWhy) {
+  ServerConfig config = TestConfig();
+  ASSERT_TRUE(ApplyLocalTransportsFlag("auto", config).ok());
+  config.unix_socket = absl::StrCat(::testing::TempDir(), "/flce-reasons-", getpid(), ".sock");
+  Start(config);
+  auto calls = [&](const std::string& transport, const std::string& reason) {
+    return Sample(server().metrics_text(),
+                  absl::StrCat("flce_compute_calls_total{reason=\"", reason, "\",transport=\"",
+                               transport, "\"}"));
+  };
+  std::unique_ptr<Client> near = Connect(ClientOptions::Transport::kAuto);
+  std::unique_ptr<Client> far = Connect(ClientOptions::Transport::kAuto, /*unix_socket=*/false);
+  std::unique_ptr<Client> asked = Connect(ClientOptions::Transport::kGrpc);
+  for (Client* client : {near.get(), far.get(), asked.get()}) {
+    auto out = Compute(*client, "s");
+    ASSERT_TRUE(out.ok()) << out.status();
+  }
+  EXPECT_EQ(calls("shm", "region"), 1);
+  EXPECT_EQ(calls("messages_tcp", "not_offered"), 1);  // TCP loopback is offered no region
+  EXPECT_EQ(calls("messages_unix_socket", "asked"), 1);
+  EXPECT_EQ(calls("messages_tcp", "unspecified") + calls("messages_unix_socket", "unspecified"), 0);
+}
+
+// A retry goes the way its request id first went: a GPU server fingerprints
+// hidden from a region apart from hidden in messages, so a retry that could
+// not take the region is refused by the client, saying why.
+TEST_F(ClientSharedMemoryTest, ARetryGoesTheWayItsRequestIdFirstWent) {
+  ServerConfig config = TestConfig();
+  config.shm_transport = true;
+  config.max_region_bytes_per_tenant = 2 << 20;  // the first 1 MiB region and no more
+  Start(config);
+  std::unique_ptr<Client> client = Connect(ClientOptions::Transport::kAuto);
+  ComputeArgs args;
+  args.header = MakeHeader(problem_, "no-such-head", "s", "first-through-shm");
+  args.header.clear_targets();
+  args.targets = problem_.targets;
+  args.hidden = problem_.hidden_bytes;
+  auto first = client->Compute(args);
+  ASSERT_EQ(first.status().code(), absl::StatusCode::kNotFound) << first.status();
+
+  // The retry's region (~3 MiB) passes the tenant's cap: this client then
+  // sends messages, but not for this request id.
+  ProblemSpec big_spec = TinyF32Spec();
+  big_spec.num_tokens = 20000;
+  Problem big = MakeProblem(big_spec);
+  args.header = MakeHeader(big, "h", "s", "first-through-shm");
+  args.header.clear_targets();
+  args.targets = big.targets;
+  args.hidden = big.hidden_bytes;
+  auto retry = client->Compute(args);
+  ASSERT_EQ(retry.status().code(), absl::StatusCode::kFailedPrecondition) << retry.status();
+  EXPECT_THAT(std::string(retry.status().message()),
+              HasSubstr("request_id first-through-shm was first sent through shm"));
+  args.header.set_request_id("a-new-id");
+  auto fresh = client->Compute(args);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->transport, "grpc");
+}
+
 }  // namespace
 }  // namespace flce::server::test

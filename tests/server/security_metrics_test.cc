@@ -50,18 +50,6 @@ std::string Scrape(int port) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-// The value of the sample whose name-and-labels text is exactly `series`
-// (as exported, e.g. `flce_heads_loaded`), -1 when absent.
-double Sample(const std::string& text, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.size() > series.size() && line.substr(0, series.size()) == series &&
-        line[series.size()] == ' ') {
-      double value = -1;
-      if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
-    }
-  }
-  return -1;
-}
 
 TEST(SecurityMetricsTest, RefusedCallsAreCountedAndNoTenantOrTokenIsALabel) {
 #if defined(__SANITIZE_ADDRESS__)

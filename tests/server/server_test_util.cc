@@ -12,7 +12,9 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "flce/v1/convert.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "kernels/engine_factory.h"
@@ -420,6 +422,17 @@ grpc::Status RawStream(grpc::Channel* channel, const std::string& method,
   call->Finish(&status, reinterpret_cast<void*>(5));
   cq.Next(&tag, &ok);
   return status;
+}
+
+double Sample(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.size() > series.size() && line.substr(0, series.size()) == series &&
+        line[series.size()] == ' ') {
+      double value = -1;
+      if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
+    }
+  }
+  return -1;
 }
 
 ProblemSpec TinyF32Spec() {

@@ -156,6 +156,11 @@ ProblemSpec TinyF32Spec();
 // A free TCP port on 127.0.0.1 (bound and released).
 int FreePort();
 
+// The value of the sample whose name-and-labels text in the Prometheus text
+// `text` is exactly `series` (as exported, e.g. `flce_heads_loaded` or
+// `flce_region_refusals_total{reason="tcp"}`), -1 when absent.
+double Sample(const std::string& text, const std::string& series);
+
 }  // namespace flce::server::test
 
 #endif  // FLCE_TESTS_SERVER_SERVER_TEST_UTIL_H_

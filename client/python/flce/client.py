@@ -243,6 +243,8 @@ class Client:
         self._device_regions: Optional[SharedTransport] = None  # flce.cuda_ipc
         self._local: Optional[ServerInfo] = None  # the probe's answer, on the same host
         self._local_why = ""  # why local transports are out of reach, when they are
+        # MessagesReason of a region kind this client stopped using, once it has
+        self._dropped_reason = pb.MESSAGES_REASON_UNSPECIFIED
         # how the last Compute moved hidden: "cuda_ipc", "shm" or "grpc"
         self.last_transport = ""
         # the transport of each recent call that failed, by request id, for its retries
@@ -616,6 +618,7 @@ class Client:
                             f"its request id first went (the server tells the two apart)")
         self.last_transport = "grpc"
         self._prepare_bulk_call()
+        header.messages_reason = self._why_messages(n)
 
         # hidden_size (field 18) is appended by hand: always sent, so that the server
         # checks it against the head's H whatever protobuf classes this install has
@@ -637,6 +640,22 @@ class Client:
             err.request_id = header.request_id  # a retry with it is never applied twice
             self._first_transport.remember(header.request_id, "grpc")
             raise
+
+    def _why_messages(self, n: int) -> int:
+        """The MessagesReason a call that sends hidden in messages tells the server (for
+        its metrics), as far as this client knows it."""
+        if self.transport == "grpc":
+            return pb.MESSAGES_REASON_ASKED
+        info = self._local
+        if n == 0 or info is None:
+            return pb.MESSAGES_REASON_UNSPECIFIED
+        if self._local_why:
+            return pb.MESSAGES_REASON_NOT_LOCAL
+        if self._dropped_reason != pb.MESSAGES_REASON_UNSPECIFIED:
+            return self._dropped_reason
+        if not info.local_transports:
+            return pb.MESSAGES_REASON_NOT_OFFERED
+        return pb.MESSAGES_REASON_UNSUITABLE
 
     def _compute_shared(self, shared: SharedTransport, header, hidden: torch.Tensor,
                         targets: torch.Tensor, want_grad_input: bool, wanted,
@@ -668,6 +687,9 @@ class Client:
                           f"messages from now on", RuntimeWarning, stacklevel=3)
             kind = "cuda_ipc" if on_device else "shm"
             with self._executor_lock:
+                self._dropped_reason = (pb.MESSAGES_REASON_NO_ROOM
+                                        if err.details.startswith(shm.NO_ROOM)
+                                        else pb.MESSAGES_REASON_REFUSED)
                 if on_device:
                     self._device_regions = None
                 else:

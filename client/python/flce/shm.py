@@ -40,6 +40,9 @@ def local_boot_id() -> str:
         return ""
 
 
+# How a region that /dev/shm had no room for is refused (FlceError.details starts so).
+NO_ROOM = "/dev/shm has no room"
+
 class Region:
     """A registered shared-memory region of `nbytes`; `tensor()` views part of it."""
 
@@ -151,7 +154,7 @@ class RegionStream:
             memory.unlink()
             code = (grpc.StatusCode.RESOURCE_EXHAUSTED if err.errno == errno.ENOSPC
                     else grpc.StatusCode.FAILED_PRECONDITION)
-            raise FlceError("Regions", code, f"/dev/shm has no room for {nbytes} bytes "
+            raise FlceError("Regions", code, f"{NO_ROOM} for {nbytes} bytes "
                             f"({err.strerror})") from None
         # the proof that this client can write the object (the name is visible in /dev/shm)
         key = secrets.token_bytes(16)
