@@ -1,5 +1,6 @@
 #include "server/rpc/unix_socket_path.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,9 +9,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 
 namespace flce::server {
 namespace {
@@ -48,6 +52,46 @@ absl::Status TryBind(const std::string& path) {
   return absl::OkStatus();
 }
 
+// Whether something accepts connections at `path` (a live server's socket);
+// a socket file nobody listens on refuses them.
+bool SomeoneListens(const std::string& path) {
+  sockaddr_un address{};
+  if (path.size() >= sizeof(address.sun_path)) return true;  // not ours to judge
+  address.sun_family = AF_UNIX;
+  memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;
+  const bool refused =
+      connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0 &&
+      errno == ECONNREFUSED;
+  close(fd);
+  return !refused;
+}
+
+// A server killed without its shutdown (SIGKILL, a crash) leaves its
+// flce-<pid>.sock behind. In the private directory, the socket files of that
+// name that nobody listens on are removed; by a connection attempt rather
+// than by the pid, since a server of another pid namespace may share the
+// directory.
+void RemoveStaleSockets(const std::string& dir) {
+  DIR* listing = opendir(dir.c_str());
+  if (listing == nullptr) return;
+  while (const dirent* entry = readdir(listing)) {
+    absl::string_view name = entry->d_name;
+    if (!absl::ConsumePrefix(&name, "flce-") || !absl::ConsumeSuffix(&name, ".sock") ||
+        name.empty() || !absl::c_all_of(name, absl::ascii_isdigit)) {
+      continue;
+    }
+    const std::string path = absl::StrCat(dir, "/", entry->d_name);
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != geteuid()) {
+      continue;
+    }
+    if (!SomeoneListens(path)) unlink(path.c_str());
+  }
+  closedir(listing);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> UnixSocketPathIn(const std::string& dir, pid_t pid) {
@@ -65,6 +109,7 @@ absl::StatusOr<std::string> UnixSocketPathIn(const std::string& dir, pid_t pid) 
         "access for group or others); give --unix-socket=PATH or --unix-socket=none",
         dir, st.st_uid, st.st_mode & 07777, geteuid()));
   }
+  RemoveStaleSockets(dir);
   const std::string path = absl::StrCat(dir, "/flce-", pid, ".sock");
   absl::Status bindable = TryBind(path);
   if (!bindable.ok()) return bindable;

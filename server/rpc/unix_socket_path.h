@@ -20,7 +20,9 @@ namespace flce::server {
 // saying why not otherwise (the server then listens on TCP only).
 absl::StatusOr<std::string> AutoUnixSocketPath();
 
-// The same in `dir` for a process `pid` (tests).
+// The same in `dir` for a process `pid` (tests). Both first remove the
+// flce-<pid>.sock socket files in the directory that nobody listens on
+// (servers killed without their shutdown).
 absl::StatusOr<std::string> UnixSocketPathIn(const std::string& dir, pid_t pid);
 
 // The file a bound socket made, to remove it at shutdown only if it is still

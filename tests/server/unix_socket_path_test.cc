@@ -3,9 +3,12 @@
 // shutdown only while it is still this server's.
 #include "server/rpc/unix_socket_path.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -68,6 +71,42 @@ TEST_F(UnixSocketPathTest, RefusesAPathTooLongForASocket) {
   absl::StatusOr<std::string> path = UnixSocketPathIn(dir, 1);
   ASSERT_FALSE(path.ok());
   EXPECT_THAT(path.status().message(), HasSubstr("longer than a socket path may be"));
+}
+
+// A socket file at `path`, listening when `listen_on` (the descriptor is
+// returned, -1 when not listening: the file stays, nobody behind it).
+int SocketFileAt(const std::string& path, bool listen_on) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  EXPECT_EQ(bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0) << path;
+  if (listen_on) {
+    EXPECT_EQ(listen(fd, 1), 0);
+    return fd;
+  }
+  close(fd);
+  return -1;
+}
+
+TEST_F(UnixSocketPathTest, SweepsTheSocketsOfServersThatAreGone) {
+  const std::filesystem::path dir = root_ / "flce";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  const std::string stale = (dir / "flce-999001.sock").string();
+  const std::string live = (dir / "flce-999002.sock").string();
+  const std::string other_name = (dir / "trainer.sock").string();
+  const std::string not_a_socket = (dir / "flce-999003.sock").string();
+  SocketFileAt(stale, false);
+  const int listening = SocketFileAt(live, true);
+  SocketFileAt(other_name, false);
+  std::ofstream(not_a_socket) << "a file";
+  absl::StatusOr<std::string> path = UnixSocketPathIn(dir.string(), 4242);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_FALSE(std::filesystem::exists(stale)) << "nobody listens there";
+  EXPECT_TRUE(std::filesystem::exists(live)) << "a server listens there";
+  EXPECT_TRUE(std::filesystem::exists(other_name)) << "not a name flce-server gives";
+  EXPECT_TRUE(std::filesystem::exists(not_a_socket)) << "not a socket";
+  close(listening);
 }
 
 TEST_F(UnixSocketPathTest, RemovesOnlyTheFileItRemembers) {
