@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -79,9 +80,11 @@ absl::StatusOr<std::string> AuthToken(const FlagSet& flags) {
 std::string ToolUsage(const FlagSet& global) {
   std::string out = global.Usage();
   absl::StrAppend(&out, "\nsubcommands:\n");
+  size_t width = 0;
+  for (const Command& command : Commands()) width = std::max(width, std::strlen(command.name));
   for (const Command& command : Commands()) {
     std::string name = command.name;
-    name.resize(14, ' ');
+    name.resize(width + 2, ' ');
     absl::StrAppend(&out, "  ", name, command.summary, "\n");
   }
   absl::StrAppend(&out,
