@@ -21,6 +21,10 @@ cp "$build/bench/server/flce_host_bench" "$dist/bench/server/"
 cp "$build/bench/cuda/flce_cuda_bench" "$dist/bench/cuda/"  # the engine-only baseline
 bins=("$dist/server/flce-server" "$dist/client/cli/flce-client" "$dist/kernels/cuda/libflce_cuda.so"
       "$dist/bench/server/flce_host_bench" "$dist/bench/cuda/flce_cuda_bench")
+# The wire's reference (scripts/gpu/run_wire_limit.sh): Debian's iperf3, where installed.
+if [ -x /usr/bin/iperf3 ]; then
+  mkdir -p "$dist/bin" && cp /usr/bin/iperf3 "$dist/bin/" && bins+=("$dist/bin/iperf3")
+fi
 for bin in "${bins[@]}"; do ldd "$bin" | awk '/=>/{print $3}'; done | sort -u |
   grep -v -E 'libc\.so|libm\.so|libstdc|libgcc_s|ld-linux|libcudart|libcublas|libdl\.so|libpthread|librt\.so' |
   xargs -r -I{} cp -L {} "$dist/lib/"
