@@ -89,9 +89,7 @@ def main() -> int:
                 opts.append(("grpc.use_local_subchannel_pool", 1))
             ch = grpc.insecure_channel(args.target, options=opts + [
                 ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
-            # unix_socket=False: the target given is the path measured
             clients.append(flce.Client(args.target, channel=ch, timeout=600, transport="grpc",
-                                       unix_socket=False,
                                        chunk_bytes=int(chunk_mb * 2**20),
                                        session_id=f"wire-{k}"))
         x = x_cpu.to(device)
