@@ -239,12 +239,15 @@ TEST_F(ClientSharedMemoryTest, ARetryGoesTheWayItsRequestIdFirstWent) {
   config.max_region_bytes_per_tenant = 2 << 20;  // the first 1 MiB region and no more
   Start(config);
   std::unique_ptr<Client> client = Connect(ClientOptions::Transport::kAuto);
-  ComputeArgs args;
-  args.header = MakeHeader(problem_, "no-such-head", "s", "first-through-shm");
-  args.header.clear_targets();
-  args.targets = problem_.targets;
-  args.hidden = problem_.hidden_bytes;
-  auto first = client->Compute(args);
+  auto call = [&](const Problem& problem, const std::string& head, const std::string& id) {
+    ComputeArgs args;
+    args.header = MakeHeader(problem, head, "s", id);
+    args.header.clear_targets();
+    args.targets = problem.targets;
+    args.hidden = problem.hidden_bytes;
+    return client->Compute(args);
+  };
+  auto first = call(problem_, "no-such-head", "first-through-shm");
   ASSERT_EQ(first.status().code(), absl::StatusCode::kNotFound) << first.status();
 
   // The retry's region (~3 MiB) passes the tenant's cap: this client then
@@ -252,16 +255,11 @@ TEST_F(ClientSharedMemoryTest, ARetryGoesTheWayItsRequestIdFirstWent) {
   ProblemSpec big_spec = TinyF32Spec();
   big_spec.num_tokens = 20000;
   Problem big = MakeProblem(big_spec);
-  args.header = MakeHeader(big, "h", "s", "first-through-shm");
-  args.header.clear_targets();
-  args.targets = big.targets;
-  args.hidden = big.hidden_bytes;
-  auto retry = client->Compute(args);
+  auto retry = call(big, "h", "first-through-shm");
   ASSERT_EQ(retry.status().code(), absl::StatusCode::kFailedPrecondition) << retry.status();
   EXPECT_THAT(std::string(retry.status().message()),
               HasSubstr("request_id first-through-shm was first sent through shm"));
-  args.header.set_request_id("a-new-id");
-  auto fresh = client->Compute(args);
+  auto fresh = call(big, "h", "a-new-id");
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_EQ(fresh->transport, "grpc");
 }
