@@ -215,6 +215,8 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
   rule.same_uid_only = config.local_transports_same_uid;
   peers_ = std::make_unique<LocalPeers>(rule, geteuid());
   ctx_.peers = peers_.get();
+  pieces_ = std::make_unique<ComputePieces>();
+  ctx_.pieces = pieces_.get();
   if (rule.shm || rule.cuda_ipc) {
     regions_ = std::make_unique<SharedRegions>(
         config.region_lease,

@@ -90,6 +90,7 @@ class FlceServer {
   UploadBudget uploads_;
   CheckpointLog checkpoints_;
   std::unique_ptr<LocalPeers> peers_;
+  std::unique_ptr<ComputePieces> pieces_;
   std::unique_ptr<SharedRegions> regions_;
   WorkTracker workers_;
   std::unique_ptr<WorkerPool> pool_;

@@ -69,6 +69,7 @@ absl::Status ComputeJob::Run() {
         absl::StrCat("first message must be a header (got ", Describe(*first), ")"));
   }
   absl::Status status = Setup(first->header());
+  if (status.ok()) status = OpenPieces(first->header().hidden_pieces());
   if (status.ok()) scope_->mark_phase("setup");
   if (status.ok() && region_ != nullptr) {
     status = region_->device() != nullptr ? AddRowsFromDevice() : AddRowsFromRegion();
@@ -201,6 +202,26 @@ void ComputeJob::RecordTransport() {
   }
   scope_->set_transport(transport);
   if (ctx_.metrics != nullptr) ctx_.metrics->RecordComputeTransport(transport, reason);
+}
+
+absl::Status ComputeJob::OpenPieces(int64_t pieces) {
+  if (pieces == 0) return absl::OkStatus();
+  if (pieces < 0 || pieces > ComputePieces::kMaxPiecesPerCall) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden_pieces = ", pieces, ": must be in [0, ",
+                                                   ComputePieces::kMaxPiecesPerCall, "]"));
+  }
+  if (region_ != nullptr) {
+    return absl::InvalidArgumentError(
+        "hidden_pieces in a call whose hidden is in a region (ComputeHeader.shared): a region "
+        "carries every row");
+  }
+  FLCE_ASSIGN_OR_RETURN(std::string token,
+                        channel_->OpenPieces(static_cast<int>(pieces), row_bytes_,
+                                             spec_.num_tokens));
+  auto opened = std::make_unique<v1::ComputeResponse>();
+  opened->mutable_pieces()->set_token(std::move(token));
+  channel_->Send(std::move(opened));
+  return absl::OkStatus();
 }
 
 absl::Status ComputeJob::EnterHead(const std::string& head_id) {

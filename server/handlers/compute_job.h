@@ -47,6 +47,15 @@ class ComputeChannel {
   virtual absl::Status WaitForSent() = 0;
   // When the client stops waiting for the call.
   virtual absl::Time Deadline() const { return absl::InfiniteFuture(); }
+  // Lets up to `pieces` ComputePiece streams join with rows of `row_bytes` of
+  // a call of `num_tokens`;
+  // the token to hand the client. Their rows come out of Next() among the
+  // call's own, and the end message only after every piece that joined has
+  // ended.
+  virtual absl::StatusOr<std::string> OpenPieces(int pieces, int64_t row_bytes,
+                                                 int64_t num_tokens) {
+    return absl::FailedPreconditionError("this call takes no hidden pieces");
+  }
 };
 
 class ComputeJob {
@@ -63,6 +72,9 @@ class ComputeJob {
   // Waits while an optimizer step rewrites the head, then holds head_use_.
   absl::Status EnterHead(const std::string& head_id);
   absl::Status TakeStaging(const HeadSpec& head_spec);
+  // After the header is accepted: the token ComputePiece streams present
+  // (ComputeResponse.pieces) when the header asks for hidden_pieces.
+  absl::Status OpenPieces(int64_t pieces);
   // flce_compute_calls_total and the request log's transport= for this call.
   void RecordTransport();
   // The end message is the last one: nothing lands until the client has

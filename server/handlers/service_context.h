@@ -25,6 +25,7 @@
 #include "server/state/auth.h"
 #include "server/state/head_registry.h"
 #include "server/state/session_store.h"
+#include "server/state/compute_pieces.h"
 #include "server/state/local_peers.h"
 #include "server/state/shared_regions.h"
 #include "server/state/staging_budget.h"
@@ -48,6 +49,7 @@ struct ServiceContext {
   CheckpointLog* checkpoints = nullptr;  // SaveCheckpoint outcomes by request id
   SharedRegions* regions = nullptr;      // null = --local-transports=none
   LocalPeers* peers = nullptr;           // who may register regions
+  ComputePieces* pieces = nullptr;       // calls taking rows on other connections
   std::string instance_id;
   std::string version;
   // flce.v1 calls in progress, for --max-concurrent-streams.

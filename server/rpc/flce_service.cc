@@ -15,6 +15,7 @@
 #include "server/handlers/head_info.h"
 #include "server/handlers/optimizer_handlers.h"
 #include "server/observe/metrics.h"
+#include "server/rpc/compute_piece_reactor.h"
 #include "server/rpc/compute_reactor.h"
 #include "server/rpc/download_head_reactor.h"
 #include "server/rpc/embed_grad_reactor.h"
@@ -308,6 +309,7 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                     response->add_capabilities("optimizer");
                     response->add_capabilities("embed");
                     response->add_capabilities("targets_in_region");
+                    response->add_capabilities("hidden_pieces");
                     if (!ctx_.config.checkpoint_dir.empty()) {
                       response->add_capabilities("checkpoint");
                     }
@@ -365,6 +367,17 @@ grpc::ServerWriteReactor<v1::EmbedResponse>* FlceService::Embed(grpc::CallbackSe
         std::move(scope), ToGrpcStatus(who.status()));
   }
   return new EmbedReactor(ctx_, request, *who, std::move(scope));
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* FlceService::ComputePiece(
+    grpc::CallbackServerContext* call, grpc::ByteBuffer* response) {
+  auto scope = std::make_unique<RpcScope>(ctx_, "ComputePiece");
+  absl::StatusOr<Principal> who = Admit(ctx_, *call, *scope);
+  if (!who.ok()) {
+    return new RefusedReactor<grpc::ServerReadReactor<grpc::ByteBuffer>>(
+        std::move(scope), ToGrpcStatus(who.status()));
+  }
+  return new ComputePieceReactor(ctx_, response, *who, std::move(scope));
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* FlceService::EmbedGrad(

@@ -12,14 +12,14 @@
 
 namespace flce::server {
 
-// gRPC's CallbackService, but Compute and EmbedGrad take and give bytes:
+// gRPC's CallbackService, but Compute, ComputePiece and EmbedGrad take and give bytes:
 // they parse their request messages themselves, because gRPC reports a
 // message that does not parse exactly like the client's half-close, which
 // after the end message would land the call.
 using FlceServiceBase = v1::Flce::WithCallbackMethod_UploadHead<
     v1::Flce::WithCallbackMethod_LoadHeadFromFile<v1::Flce::WithCallbackMethod_DescribeHead<
         v1::Flce::WithCallbackMethod_ListHeads<v1::Flce::WithCallbackMethod_UnloadHead<
-            v1::Flce::WithRawCallbackMethod_Compute<v1::Flce::WithCallbackMethod_Commit<
+            v1::Flce::WithRawCallbackMethod_Compute<v1::Flce::WithRawCallbackMethod_ComputePiece<v1::Flce::WithCallbackMethod_Commit<
                 v1::Flce::WithCallbackMethod_FetchGrad<v1::Flce::WithCallbackMethod_ZeroGrad<
                     v1::Flce::WithCallbackMethod_ListSessions<
                         v1::Flce::WithCallbackMethod_DeleteSession<
@@ -33,7 +33,7 @@ using FlceServiceBase = v1::Flce::WithCallbackMethod_UploadHead<
                                                         v1::Flce::WithCallbackMethod_SaveCheckpoint<
                                                             v1::Flce::WithCallbackMethod_LoadCheckpoint<
                                                                 v1::Flce::WithCallbackMethod_Regions<
-                                                                    v1::Flce::Service>>>>>>>>>>>>>>>>>>>>>;
+                                                                    v1::Flce::Service>>>>>>>>>>>>>>>>>>>>>>;
 
 class FlceService final : public FlceServiceBase {
  public:
@@ -55,6 +55,8 @@ class FlceService final : public FlceServiceBase {
                                        v1::UnloadHeadResponse* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Compute(
       grpc::CallbackServerContext* call) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ComputePiece(grpc::CallbackServerContext* call,
+                                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* call,
                                    const v1::CommitRequest* request,
                                    v1::CommitResponse* response) override;

@@ -53,6 +53,7 @@ uint64_t ComputeFingerprint(const v1::ComputeHeader &header) {
   // (a new Regions stream) or in messages.
   defining.clear_shared();
   defining.clear_messages_reason();  // metrics only
+  defining.clear_hidden_pieces();    // how the rows travel, not what they are
   return DeterministicFingerprint(defining);
 }
 

@@ -19,7 +19,7 @@ from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence
 import grpc
 import torch
 
-from flce import cuda_ipc, host_memory, security, shm, tensors, wire
+from flce import cuda_ipc, host_memory, pieces, security, shm, tensors, wire
 from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.commit_queue import CommitQueue
@@ -206,7 +206,7 @@ class Client:
                  tls_key: Optional[str] = None, tls_server_name: Optional[str] = None,
                  auth_token: Optional[str] = None, auth_token_file: Optional[str] = None,
                  max_in_flight: int = 1, transport: str = "auto", unix_socket: bool = True,
-                 malloc_tuning: bool = True, async_commit: bool = True):
+                 malloc_tuning: bool = True, async_commit: bool = True, connections: int = 1):
         """max_in_flight: how many submitted calls (RemoteLMHead.submit) run at once; 1 lands
         their contributions in submission order. transport: how Compute sends hidden and
         gets grad_input: "auto" (where the server offers it to this client: GPU memory for
@@ -226,7 +226,9 @@ class Client:
         async_commit: loss.backward() (flce.autograd) starts its Commit as a gRPC future
         and returns; this client's calls that read or change a session's gradient
         wait for it first and raise its failure (flce.commit_queue). False: backward
-        waits for the Commit."""
+        waits for the Commit. connections: how many connections a Compute call's hidden
+        uses when it goes in messages (flce.pieces: the call's own and connections - 1
+        ComputePiece streams; servers 0.13+, others get the call's own); at most 9."""
         self.target = target
         self.session_id = session_id or f"py-{uuid.uuid4().hex[:12]}"
         self.chunk_bytes = chunk_bytes
@@ -239,6 +241,11 @@ class Client:
             raise ValueError(f"transport must be 'auto', 'grpc', 'shm' or 'cuda_ipc', got "
                              f"{transport!r}")
         self.transport = transport
+        if not 1 <= connections <= 9:
+            raise ValueError(f"connections must be in [1, 9], got {connections}")
+        self.connections = connections
+        self._piece_channels: List[grpc.Channel] = []
+        self._piece_stubs: List = []
         self._shared: Optional[SharedTransport] = None
         self._device_regions: Optional[SharedTransport] = None  # flce.cuda_ipc
         self._local: Optional[ServerInfo] = None  # the probe's answer, on the same host
@@ -258,12 +265,14 @@ class Client:
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)]
         made_channel = channel
+        self._creds: Optional[grpc.ChannelCredentials] = None
         tls_used = bool(tls or tls_ca or tls_cert or tls_key or tls_server_name)
         if channel is None:
             if tls_used:
                 if tls_server_name:
                     opts.append(("grpc.ssl_target_name_override", tls_server_name))
                 creds = security.channel_credentials(tls_ca, tls_cert, tls_key)
+                self._creds = creds
                 channel = grpc.secure_channel(target, creds, options=opts)
             else:
                 channel = grpc.insecure_channel(target, options=opts)
@@ -341,6 +350,8 @@ class Client:
                 regions.close()
         if self._unix_channel is not None:
             self._unix_channel.close()
+        for channel in self._piece_channels:
+            channel.close()
         self._raw_channel.close()
 
     def _probe_local(self) -> Optional[ServerInfo]:
@@ -619,27 +630,63 @@ class Client:
         self.last_transport = "grpc"
         self._prepare_bulk_call()
         header.messages_reason = self._why_messages(n)
+        row_bytes = h * hidden.element_size()
+        hid = tensors.host_contiguous(hidden)
+        chunks = list(tensors.row_chunks(hid, self.chunk_bytes))
+        streams = self._hidden_streams(len(chunks))
+        header.hidden_pieces = streams - 1
+        shares = pieces.deal(chunks, streams)
+        senders = pieces.PieceSenders(self._piece_stubs[:streams - 1], shares[1:], row_bytes,
+                                      self.timeout) if streams > 1 else None
 
         # hidden_size (field 18) is appended by hand: always sent, so that the server
         # checks it against the head's H whatever protobuf classes this install has
         header.targets = tensors.to_bytes_int32(targets)
         header_bytes = wire.encode_compute_header(header.SerializeToString(), h)
-        hid = tensors.host_contiguous(hidden)
 
         def requests():
             yield header_bytes
-            for row, piece in tensors.row_chunks(hid, self.chunk_bytes):
+            for row, piece in shares[0]:
                 yield wire.encode_hidden_chunk(row, piece)
-            # Only this says "done": the server lands nothing from a stream that just stops.
+            # Only this says "done": the server lands nothing from a stream that just stops
+            # (with pieces, it takes this message once every piece has ended).
             yield wire.encode_end_of_input(n)
 
         try:
             return self._run_compute(requests(), n, h, hidden.dtype, want_grad_input, wanted,
-                                     pinned)
+                                     pinned, on_pieces=senders.start if senders else None)
         except FlceError as err:
             err.request_id = header.request_id  # a retry with it is never applied twice
             self._first_transport.remember(header.request_id, "grpc")
             raise
+        finally:
+            if senders is not None:
+                senders.join()  # each is answered once the call has its rows, or has ended
+
+    def _hidden_streams(self, chunks: int) -> int:
+        """How many streams (the call's own and its pieces) carry a call's `chunks` row
+        chunks in messages: `connections`, where the server takes pieces, each stream at
+        least one chunk."""
+        if self.connections <= 1 or chunks <= 1:
+            return 1
+        info = self._probe_local()
+        if info is None or "hidden_pieces" not in info.capabilities:
+            return 1
+        streams = min(self.connections, chunks)
+        with self._executor_lock:
+            while len(self._piece_stubs) < streams - 1:
+                # a connection of its own each: gRPC shares one subchannel between channels
+                # of equal arguments unless told not to
+                opts = self._unix_options + [("grpc.use_local_subchannel_pool", 1)]
+                target = self.messages_target
+                channel = (grpc.secure_channel(target, self._creds, options=opts)
+                           if self._creds is not None and not target.startswith("unix:")
+                           else grpc.insecure_channel(target, options=opts))
+                self._piece_channels.append(channel)
+                self._piece_stubs.append(self._with_token(channel).stream_unary(
+                    "/flce.v1.Flce/ComputePiece", request_serializer=_serialize,
+                    response_deserializer=pb.ComputePieceResponse.FromString))
+        return streams
 
     def _why_messages(self, n: int) -> int:
         """The MessagesReason a call that sends hidden in messages tells the server (for
@@ -736,7 +783,7 @@ class Client:
     @translate("Compute")
     def _run_compute(self, requests: Iterable, n: int, h: int, dtype: torch.dtype,
                      want_grad_input: bool, wanted: Sequence[Tuple[str, torch.dtype]],
-                     on_gpu: bool) -> ComputeResult:
+                     on_gpu: bool, on_pieces=None) -> ComputeResult:
         pool = tensors.PinnedPool if on_gpu else self.pool
         grad = tensors.RowAssembler(n, h, dtype, pool) if want_grad_input else None
         per_token = {k: tensors.RowAssembler(n, 1, dt) for k, dt in wanted}
@@ -755,6 +802,11 @@ class Client:
                     _put("Compute", asm, chunk.token_offset, getattr(chunk, k))
             elif kind == "summary":
                 summary = msg.summary
+            elif kind == "pieces":
+                if on_pieces is None:
+                    raise FlceError("Compute", grpc.StatusCode.INTERNAL,
+                                    "server opened pieces that were not asked for")
+                on_pieces(msg.pieces.token)
         if summary is None:
             raise FlceError("Compute", grpc.StatusCode.INTERNAL, "stream ended without summary")
         for name, asm in ([("grad_input", grad)] if grad else []) + list(per_token.items()):

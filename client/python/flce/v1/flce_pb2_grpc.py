@@ -44,6 +44,11 @@ class FlceStub(object):
                 request_serializer=flce_dot_v1_dot_flce__pb2.ComputeRequest.SerializeToString,
                 response_deserializer=flce_dot_v1_dot_flce__pb2.ComputeResponse.FromString,
                 )
+        self.ComputePiece = channel.stream_unary(
+                '/flce.v1.Flce/ComputePiece',
+                request_serializer=flce_dot_v1_dot_flce__pb2.ComputePieceRequest.SerializeToString,
+                response_deserializer=flce_dot_v1_dot_flce__pb2.ComputePieceResponse.FromString,
+                )
         self.Commit = channel.unary_unary(
                 '/flce.v1.Flce/Commit',
                 request_serializer=flce_dot_v1_dot_flce__pb2.CommitRequest.SerializeToString,
@@ -156,6 +161,13 @@ class FlceServicer(object):
 
     def Compute(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ComputePiece(self, request_iterator, context):
+        """More of a Compute call's hidden rows on another connection (0.13.0).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -282,6 +294,11 @@ def add_FlceServicer_to_server(servicer, server):
                     servicer.Compute,
                     request_deserializer=flce_dot_v1_dot_flce__pb2.ComputeRequest.FromString,
                     response_serializer=flce_dot_v1_dot_flce__pb2.ComputeResponse.SerializeToString,
+            ),
+            'ComputePiece': grpc.stream_unary_rpc_method_handler(
+                    servicer.ComputePiece,
+                    request_deserializer=flce_dot_v1_dot_flce__pb2.ComputePieceRequest.FromString,
+                    response_serializer=flce_dot_v1_dot_flce__pb2.ComputePieceResponse.SerializeToString,
             ),
             'Commit': grpc.unary_unary_rpc_method_handler(
                     servicer.Commit,
@@ -467,6 +484,23 @@ class Flce(object):
         return grpc.experimental.stream_stream(request_iterator, target, '/flce.v1.Flce/Compute',
             flce_dot_v1_dot_flce__pb2.ComputeRequest.SerializeToString,
             flce_dot_v1_dot_flce__pb2.ComputeResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ComputePiece(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(request_iterator, target, '/flce.v1.Flce/ComputePiece',
+            flce_dot_v1_dot_flce__pb2.ComputePieceRequest.SerializeToString,
+            flce_dot_v1_dot_flce__pb2.ComputePieceResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
