@@ -49,12 +49,17 @@ void DeclareGlobal(FlagSet& flags) {
                "how compute and bench move hidden and grad_input: auto (shared memory where the "
                "server offers it on this host, else messages), grpc (messages) or shm",
                "auto");
+  flags.Int("connections",
+            "connections a compute or bench call's hidden uses in messages (1-9; servers 0.13+ "
+            "take more than one)",
+            "1");
 }
 
 // Every global flag: each may come before or after the subcommand, not both.
 constexpr const char* kGlobalFlags[] = {
     "target",   "timeout-s", "max-message-mb",  "tls",        "tls-ca",
-    "tls-cert", "tls-key",   "tls-server-name", "auth-token", "auth-token-file", "transport"};
+    "tls-cert", "tls-key",   "tls-server-name", "auth-token", "auth-token-file", "transport",
+    "connections"};
 
 // The bearer token from --auth-token, --auth-token-file or $FLCE_AUTH_TOKEN.
 absl::StatusOr<std::string> AuthToken(const FlagSet& flags) {
@@ -178,6 +183,13 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
                 kExitUsage);
   }
   options.max_message_bytes = max_mb << 20;
+  const int64_t connections = size_flags.i64("connections");
+  if (connections < 1 || connections > 9) {
+    return Fail(out,
+                absl::InvalidArgumentError("flce-client: --connections must be in [1, 9]"),
+                kExitUsage);
+  }
+  options.connections = static_cast<int>(connections);
   options.chunk_bytes = std::min<int64_t>(options.chunk_bytes, options.max_message_bytes / 2);
   options.tls = merged.flag("tls");
   options.tls_ca_file = merged.str("tls-ca");

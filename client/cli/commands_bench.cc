@@ -121,6 +121,7 @@ absl::StatusOr<CommandResult> RunBench(const FlagSet& flags, CliEnv& env) {
                         {"engine", last.summary.engine()},
                         {"strategy_used", last.summary.strategy_used()},
                         {"transport", last.transport},
+                        {"connections", last.connections},
                         {"step_ms",
                          {{"median", median_ms},
                           {"min", *std::min_element(step_ms.begin(), step_ms.end())},

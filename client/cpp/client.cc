@@ -2,6 +2,7 @@
 // client_upload.cc, client_compute.cc and client_fetch_grad.cc.
 #include "client/cpp/client.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
@@ -74,6 +75,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
                                                    options.max_message_bytes));
   }
   if (options.chunk_bytes <= 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
+  if (options.connections < 1 || options.connections > 9) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("connections must be in [1, 9]; got ", options.connections));
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
@@ -147,6 +152,43 @@ v1::Flce::Stub& Client::BulkStub() {
   unix_local_transports_.assign(there.local_transports().begin(), there.local_transports().end());
   messages_target_ = "unix:" + info->unix_socket();
   return *unix_stub_;
+}
+
+int Client::HiddenStreams(int64_t chunks) {
+  if (options_.connections <= 1 || chunks <= 1 || !made_channel_) return 1;
+  absl::StatusOr<v1::ServerInfo> info = ServerInfoOnce();
+  if (!info.ok() || !absl::c_linear_search(info->capabilities(), "hidden_pieces")) return 1;
+  const int streams = static_cast<int>(std::min<int64_t>(options_.connections, chunks));
+  const std::string target = messages_target();
+  std::lock_guard<std::mutex> lock(pieces_mu_);
+  while (static_cast<int>(piece_stubs_.size()) < streams - 1) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+    args.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
+    // A connection of its own: gRPC shares one subchannel between channels of
+    // equal arguments unless told not to.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+    if (target.rfind("unix:", 0) != 0) {
+      if (!options_.tls_server_name.empty()) {
+        args.SetSslTargetNameOverride(options_.tls_server_name);
+      }
+      absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> made =
+          ChannelCredentialsFor(options_);
+      if (!made.ok()) return 1;
+      credentials = *std::move(made);
+    }
+    piece_stubs_.push_back(
+        v1::Flce::NewStub(grpc::CreateCustomChannel(target, credentials, args)));
+  }
+  return streams;
+}
+
+std::vector<v1::Flce::Stub*> Client::PieceStubs(int pieces) {
+  std::lock_guard<std::mutex> lock(pieces_mu_);
+  std::vector<v1::Flce::Stub*> stubs;
+  for (int i = 0; i < pieces; ++i) stubs.push_back(piece_stubs_[i].get());
+  return stubs;
 }
 
 std::string Client::messages_target() {

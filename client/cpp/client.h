@@ -74,6 +74,7 @@ struct ComputeArgs {
 struct ComputeOutcome {
   std::string request_id;  // as sent (the caller's or a generated one)
   std::string transport;   // how hidden went: "shm" or "grpc" (messages)
+  int connections = 1;     // messages: the call's own stream and its ComputePiece streams
   // The targets went in the shared-memory region beside hidden rather than in
   // the header (servers with capability "targets_in_region", 0.7.0).
   bool targets_in_region = false;
@@ -204,6 +205,11 @@ class Client {
   void DropSharedTransport(const absl::Status& why);
   // Why a call sends hidden in messages, for the server's metrics.
   v1::MessagesReason WhyMessages();
+  // How many streams carry a call's `chunks` row chunks in messages (the
+  // call's own and its pieces): options_.connections where the server takes
+  // pieces, each at least one chunk; their stubs made once.
+  int HiddenStreams(int64_t chunks);
+  std::vector<v1::Flce::Stub*> PieceStubs(int pieces);
   // The payload bytes one message may carry: chunk_bytes (or `requested`),
   // capped to MessageLimit() less room for the message's other fields.
   int64_t ChunkBytes(int64_t requested);
@@ -231,6 +237,9 @@ class Client {
   bool local_asked_ = false;   // guarded by local_mu_
   std::string local_refusal_;  // guarded by local_mu_: why shm is out of reach
   RecentTransports recent_transports_;  // how recent failed calls sent hidden
+  std::mutex pieces_mu_;
+  // ComputePiece stubs, each on a connection of its own; guarded by pieces_mu_
+  std::vector<std::unique_ptr<v1::Flce::Stub>> piece_stubs_;
   // guarded by local_mu_: the same as the header's messages_reason
   v1::MessagesReason messages_reason_ = v1::MESSAGES_REASON_UNSPECIFIED;
   std::shared_ptr<SharedMemoryTransport> shm_;  // guarded by local_mu_

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
 #include "client/cpp/grpc_status.h"
+#include "client/cpp/hidden_pieces.h"
 #include "client/cpp/request_id.h"
 #include "client/cpp/row_assembler.h"
 #include "client/cpp/wire_dtype.h"
@@ -133,6 +135,19 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
     }
   }
 
+  // In messages, over several connections where the server takes pieces.
+  std::optional<HiddenPieces> pieces;
+  if (region == nullptr) {
+    const int streams = HiddenStreams((tokens + rows_per_chunk - 1) / rows_per_chunk);
+    if (streams > 1) {
+      header->set_hidden_pieces(streams - 1);
+      outcome.connections = streams;
+      pieces.emplace(PieceStubs(streams - 1),
+                     [this](grpc::ClientContext& piece) { Prepare(piece); }, args.hidden,
+                     row_bytes, rows_per_chunk);
+    }
+  }
+
   grpc::ClientContext context;
   Prepare(context);
   std::unique_ptr<grpc::ClientReaderWriter<v1::ComputeRequest, v1::ComputeResponse>> stream =
@@ -146,7 +161,8 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
       // than a fresh multi-MiB allocation (page faults and zeroing) per message.
       v1::ComputeRequest message;
       v1::HiddenChunk* piece = message.mutable_hidden();
-      for (int64_t row = 0; row < tokens; row += rows_per_chunk) {
+      for (int64_t row = 0, chunk = 0; row < tokens; row += rows_per_chunk, ++chunk) {
+        if (pieces.has_value() && !pieces->OwnChunk(chunk)) continue;  // a piece's
         const int64_t rows = std::min(rows_per_chunk, tokens - row);
         piece->set_token_offset(row);
         piece->mutable_data()->assign(args.hidden.data() + row * row_bytes, rows * row_bytes);
@@ -207,6 +223,13 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
         outcome.summary = response.summary();
         have_summary = true;
         break;
+      case v1::ComputeResponse::kPieces:
+        if (!pieces.has_value()) {
+          protocol = absl::InternalError("server opened pieces that were not asked for");
+        } else {
+          pieces->Start(response.pieces().token());
+        }
+        break;
       default:
         protocol = absl::InternalError("server sent an empty compute response");
     }
@@ -217,6 +240,7 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
     }
   }
   writer.join();
+  if (pieces.has_value()) pieces->Join();  // each answered once the call took its rows or ended
   const absl::Status status = FromGrpcStatus(stream->Finish());
   if (!protocol.ok()) return protocol;
   if (!status.ok()) return status;

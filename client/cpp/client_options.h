@@ -49,6 +49,10 @@ struct ClientOptions {
   // Embed, EmbedGrad) go through it once the same server instance answers
   // there; only for a channel Client::Connect made without TLS.
   bool unix_socket = true;
+  // How many connections a Compute call's hidden uses when it goes in
+  // messages: the call's own and connections - 1 ComputePiece streams (servers
+  // 0.13+; others get the call's own); 1-9, for a channel Client::Connect made.
+  int connections = 1;
 
   bool uses_tls() const {
     return tls || !tls_ca_file.empty() || !tls_cert_file.empty() || !tls_key_file.empty() ||

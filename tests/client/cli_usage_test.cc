@@ -76,6 +76,10 @@ TEST(CliUsageTest, GlobalFlagErrorsExit2) {
   std::ostringstream out, err;
   EXPECT_EQ(RunCli({"--max-message-mb", "0", "list-heads"}, out, err, false), 2);
   EXPECT_EQ(OneObject(out.str())["error"]["code"], "INVALID_ARGUMENT");
+  std::ostringstream out_connections;
+  EXPECT_EQ(RunCli({"--connections", "10", "list-heads"}, out_connections, err, false), 2);
+  EXPECT_NE(out_connections.str().find("--connections must be in [1, 9]"), std::string::npos)
+      << out_connections.str();
   std::ostringstream out2;
   EXPECT_EQ(RunCli({"--timeout-s", "-1", "health"}, out2, err, false), 2);
   std::ostringstream out3;

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "grpc/grpc.h"
 #include "gtest/gtest.h"
+#include "client/cpp/client.h"
 #include "tests/server/server_test_util.h"
 
 namespace flce::server::test {
@@ -291,6 +292,46 @@ TEST_F(ComputePiecesTest, TokensAndCountsAreChecked) {
   grpc::Status refused = too_many.End(kTokens, problem_.spec.hidden_size);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(refused.error_message(), HasSubstr("hidden_pieces = 9: must be in [0, 8]"));
+}
+
+// The C++ client deals a call's row chunks over its connections.
+TEST_F(ComputePiecesTest, TheCppClientSpreadsACallOverItsConnections) {
+  port_ = server().port();
+  auto connect = [&](int connections) {
+    ClientOptions options;
+    options.target = target();
+    options.transport = ClientOptions::Transport::kGrpc;
+    options.chunk_bytes = 7 * problem_.spec.hidden_size * 4;  // 9 chunks of 7 rows
+    options.connections = connections;
+    auto client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  };
+  auto compute = [&](Client& client, const std::string& session) {
+    ComputeArgs args;
+    args.header = MakeHeader(problem_, "h", session, "");
+    args.header.set_deterministic(true);
+    args.header.clear_targets();
+    args.targets = problem_.targets;
+    args.hidden = problem_.hidden_bytes;
+    return client.Compute(args);
+  };
+  std::unique_ptr<Client> one = connect(1), four = connect(4);
+  auto a = compute(*one, "one");
+  auto b = compute(*four, "four");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->connections, 1);
+  EXPECT_EQ(b->connections, 4);
+  EXPECT_EQ(a->summary.loss(), b->summary.loss());
+  EXPECT_EQ(a->grad_input, b->grad_input);
+  EXPECT_EQ(FetchGrad(stub(), "h", "one").weight, FetchGrad(stub(), "h", "four").weight);
+  EXPECT_EQ(Sample(server().metrics_text(),
+                   "flce_requests_total{code=\"OK\",rpc=\"ComputePiece\"}"),
+            3);
+  ClientOptions too_many;
+  too_many.connections = 10;
+  EXPECT_EQ(Client::Connect(too_many).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 class ComputePiecesAuthTest : public ComputePiecesTest {
