@@ -38,12 +38,16 @@ def main() -> int:
                         "server names a Unix socket")
     p.add_argument("--no-malloc-tuning", action="store_true",
                    help="flce.Client(malloc_tuning=False): glibc's malloc left as it is")
+    p.add_argument("--connections", type=int, default=1,
+                   help="flce.Client(connections=...): hidden in messages over this many "
+                        "connections (flce.pieces)")
     p.add_argument("--json", help="append the medians as one JSON line to this file")
     args = p.parse_args()
     n, h, v = args.tokens, args.hidden, args.vocab
     client = flce.Client(args.target, timeout=600, transport=args.transport,
                          unix_socket=not args.tcp_only,
-                         malloc_tuning=not args.no_malloc_tuning).wait_ready(60)
+                         malloc_tuning=not args.no_malloc_tuning,
+                         connections=args.connections).wait_ready(60)
     head = flce.RemoteLMHead(client, "bench-step")
     hidden, y = upload_problem(client, "bench-step", args, args.device)
     rows = []
@@ -81,6 +85,7 @@ def main() -> int:
             out.write(json.dumps({
                 "tokens": n, "hidden": h, "vocab": v, "device": args.device,
                 "transport": client.last_transport, "messages_target": client.messages_target,
+                "connections": args.connections,
                 "malloc_tuning": not args.no_malloc_tuning,
                 "steps": len(rows), "wall_ms": med[0] * 1e3, "engine_ms": med[3] * 1e3,
                 "server_total_ms": med[4] * 1e3, "main_thread_cpu_ms": med[1] * 1e3,

@@ -79,7 +79,7 @@ def main() -> int:
     y = torch.randint(0, 8, (n,), generator=g)
     mib = n * h * 2 / 2**20
 
-    def variant(name, *, chunk_mb=4, device="cpu", connections=1, options=(), **kw):
+    def variant(name, *, chunk_mb=4, device="cpu", connections=1, pieces=1, options=(), **kw):
         if only and name not in only:
             return
         clients = []
@@ -90,13 +90,15 @@ def main() -> int:
             ch = grpc.insecure_channel(args.target, options=opts + [
                 ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
             clients.append(flce.Client(args.target, channel=ch, timeout=600, transport="grpc",
+                                       connections=pieces,
                                        chunk_bytes=int(chunk_mb * 2**20),
                                        session_id=f"wire-{k}"))
         x = x_cpu.to(device)
         med, eng, walls = timed_calls(clients, x, y, args.calls, **kw)
         down = 0 if kw.get("forward_only") else mib
         row = {"variant": name, "target": args.target, "chunk_mb": chunk_mb, "device": device,
-               "connections": connections, "options": [list(o) for o in options],
+               "connections": connections, "pieces": pieces,
+               "options": [list(o) for o in options],
                "wall_ms_median": round(med, 2), "walls_ms": [round(w, 2) for w in walls],
                "engine_ms_median": round(eng, 2),
                "gb_per_s_up": round(mib * 2**20 / med / 1e6, 3),
@@ -119,7 +121,9 @@ def main() -> int:
                                             ("grpc.http2.lookahead_bytes", 64 << 20)))
     variant("max_frame_16mb", options=(("grpc.http2.max_frame_size", (16 << 20) - 1),))
     for k in (2, 4):
-        variant(f"connections_{k}", connections=k)
+        variant(f"connections_{k}", connections=k)  # k calls of n / k tokens
+    for k in (2, 4):
+        variant(f"pieces_{k}", pieces=k)  # one call over k connections (flce.pieces)
     variant("baseline_again")
     return 0
 

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# On the device machine (carry .served-dist, see pack_served.sh): a remote trainer's step in
+# messages over TCP loopback (bench/python/bench_step.py --tcp-only, hidden on the GPU) with
+# its hidden over 1, 2 and 4 connections (flce.Client(connections=N): ComputePiece), beside
+# flce_cuda_bench's default plan at the shape (the engine alone), at the wire issue's three
+# shapes. ROUNDS rounds, a fresh server per shape and round, the engine first in odd rounds
+# and last in even ones. Lines of $OUT/pieces.jsonl (bench_step.py) and $OUT/engine-*.json.
+set -u -o pipefail
+dist=$(pwd)/.served-dist; [ -x "$dist/server/flce-server" ] || tar -xJf "$dist/served.tar.xz"
+out=${OUT:-/tmp/flce-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+unset FLCE_CUDA_PLUGIN  # the server finds the plugin of its build tree by itself
+py=$(command -v python3)
+ROUNDS=${ROUNDS:-2}
+STEPS=${STEPS:-4}
+CONNECTIONS=${CONNECTIONS:-"1 2 4"}
+# index in flce_cuda_bench's --shapes : tokens : hidden : vocab
+SHAPES=${SHAPES:-"0:65535:1024:176245 2:8192:4096:128256 7:32768:4096:128256"}
+commit=$(cat "$dist/COMMIT")
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+
+engine() {  # engine INDEX ROUND
+  "$dist/bench/cuda/flce_cuda_bench" --shapes="$1" --strategies=auto --runs=5 \
+    --out="$out/engine-$1-$2.json" --commit="$commit" 2>&1 | tail -2
+}
+served() {  # served INDEX ROUND N H V
+  "$dist/server/flce-server" --port 50092 --metrics-port 0 >"$out/server-$1-$2.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 300); do
+    "$dist/client/cli/flce-client" --target 127.0.0.1:50092 health >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  local order=($CONNECTIONS)
+  (( $2 % 2 )) || order=($(printf '%s\n' "${order[@]}" | tac))
+  for c in "${order[@]}"; do
+    echo "round $2 shape $1 connections $c"
+    timeout 150 "$py" bench/python/bench_step.py --target 127.0.0.1:50092 --device cuda \
+      --tokens "$3" --hidden "$4" --vocab "$5" --tcp-only --connections "$c" --steps "$STEPS" \
+      --json "$out/pieces.jsonl" 2>&1 | tail -1
+  done
+  kill "$pid"; wait "$pid"
+}
+for round in $(seq 1 "$ROUNDS"); do
+  for shape in $SHAPES; do
+    IFS=: read -r index n h v <<<"$shape"
+    if (( round % 2 )); then
+      engine "$index" "$round"; served "$index" "$round" "$n" "$h" "$v"
+    else
+      served "$index" "$round" "$n" "$h" "$v"; engine "$index" "$round"
+    fi
+  done
+done
