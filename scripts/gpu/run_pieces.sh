@@ -20,10 +20,7 @@ SHAPES=${SHAPES:-"0:65535:1024:176245 2:8192:4096:128256 7:32768:4096:128256"}
 commit=$(cat "$dist/COMMIT")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
-engine() {  # engine INDEX ROUND
-  "$dist/bench/cuda/flce_cuda_bench" --shapes="$1" --strategies=auto --runs=5 \
-    --out="$out/engine-$1-$2.json" --commit="$commit" 2>&1 | tail -2
-}
+source "$(dirname "$0")/engine_rounds.sh"
 served() {  # served INDEX ROUND N H V
   "$dist/server/flce-server" --port 50092 --metrics-port 0 >"$out/server-$1-$2.log" 2>&1 &
   local pid=$!
@@ -41,13 +38,4 @@ served() {  # served INDEX ROUND N H V
   done
   kill "$pid"; wait "$pid"
 }
-for round in $(seq 1 "$ROUNDS"); do
-  for shape in $SHAPES; do
-    IFS=: read -r index n h v <<<"$shape"
-    if (( round % 2 )); then
-      engine "$index" "$round"; served "$index" "$round" "$n" "$h" "$v"
-    else
-      served "$index" "$round" "$n" "$h" "$v"; engine "$index" "$round"
-    fi
-  done
-done
+engine_rounds

@@ -424,6 +424,14 @@ grpc::Status RawStream(grpc::Channel* channel, const std::string& method,
   return status;
 }
 
+void ExpectNoContribution(v1::Flce::Stub& stub, const std::string& head_id,
+                          const std::string& session_id) {
+  FetchedGrad grad = FetchGrad(stub, head_id, session_id);
+  if (grad.status.error_code() == grpc::StatusCode::NOT_FOUND) return;
+  ASSERT_TRUE(grad.status.ok()) << grad.status.error_message();
+  EXPECT_EQ(grad.header.contributions(), 0);
+}
+
 double Sample(const std::string& text, const std::string& series) {
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     if (line.size() > series.size() && line.substr(0, series.size()) == series &&

@@ -156,6 +156,11 @@ ProblemSpec TinyF32Spec();
 // A free TCP port on 127.0.0.1 (bound and released).
 int FreePort();
 
+// Nothing of any call landed in (head_id, session): no session, or one
+// with no contribution.
+void ExpectNoContribution(v1::Flce::Stub& stub, const std::string& head_id,
+                          const std::string& session_id);
+
 // The value of the sample whose name-and-labels text in the Prometheus text
 // `text` is exactly `series` (as exported, e.g. `flce_heads_loaded` or
 // `flce_region_refusals_total{reason="tcp"}`), -1 when absent.
