@@ -43,7 +43,7 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
     return absl::InvalidArgumentError(
         absl::StrCat("one hidden row is ", row_bytes, " bytes, more than a chunk (", chunk, ")"));
   }
-  const int64_t rows_per_chunk = chunk / row_bytes;
+  int64_t rows_per_chunk = chunk / row_bytes;
 
   ComputeOutcome outcome;
   v1::ComputeRequest first;
@@ -140,6 +140,9 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   if (region == nullptr) {
     const int streams = HiddenStreams((tokens + rows_per_chunk - 1) / rows_per_chunk);
     if (streams > 1) {
+      // A chunk's worth in flight on all the streams together: the first rows
+      // arrive as early as on one stream.
+      rows_per_chunk = std::max<int64_t>(1, rows_per_chunk / streams);
       header->set_hidden_pieces(streams - 1);
       outcome.connections = streams;
       pieces.emplace(PieceStubs(streams - 1),

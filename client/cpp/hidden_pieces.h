@@ -1,6 +1,8 @@
 // The ComputePiece streams of one Compute call (servers 0.13+, capability
 // "hidden_pieces"): one HTTP/2 connection is served by one thread at each
-// end, so a call's hidden goes over several. Row chunk i goes to stream
+// end, so a call's hidden goes over several. The client cuts its chunks to
+// 1 / streams of a one-stream chunk (a chunk's worth in flight on all the
+// streams together); row chunk i goes to stream
 // i % streams; stream 0 is the call's own, stream s > 0 a ComputePiece call on
 // stub s - 1 (a connection of its own), started once the server has answered
 // the header with the call's token. Each stream sends in token order.

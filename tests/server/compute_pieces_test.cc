@@ -296,7 +296,8 @@ TEST_F(ComputePiecesTest, TheCppClientSpreadsACallOverItsConnections) {
     ClientOptions options;
     options.target = target();
     options.transport = ClientOptions::Transport::kGrpc;
-    options.chunk_bytes = 7 * problem_.spec.hidden_size * 4;  // 9 chunks of 7 rows
+    // 9 chunks of 7 rows: 4 streams, over which 60 chunks of one row are dealt
+    options.chunk_bytes = 7 * problem_.spec.hidden_size * 4;
     options.connections = connections;
     auto client = Client::Connect(options);
     EXPECT_TRUE(client.ok()) << client.status();

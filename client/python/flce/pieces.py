@@ -5,8 +5,9 @@ moves in messages. With `Client(connections=N)` a call whose hidden goes in mess
 the server for N - 1 pieces (`ComputeHeader.hidden_pieces`); the server answers the header
 with a token (`PiecesOpened`), and each piece sends its share of the rows on a connection
 of its own (gRPC channels with a local subchannel pool, so that they do not share one).
-The 4 MiB row chunks are dealt round-robin over the call's own stream and the pieces, each
-stream in token order, so the server takes the rows in order as they come. A piece that
+Row chunks of chunk_bytes / N are dealt round-robin over the call's own stream and the
+pieces (a chunk's worth in flight on all of them together, so that the first rows arrive as
+early as on one stream), each stream in token order, so the server takes the rows in order as they come. A piece that
 fails fails the whole call, which lands nothing; grad_input comes back on the call's own
 stream.
 """
