@@ -3,9 +3,11 @@ results bit for bit those of one connection, the pieces really on the wire, and 
 that does not take pieces served over one connection."""
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 
@@ -80,6 +82,28 @@ def test_a_server_without_pieces_gets_one_connection():
             assert client._piece_stubs == []
     finally:
         srv.stop(None)
+
+
+def test_a_piece_that_cannot_reach_the_server_fails_the_call_at_once(server, monkeypatch):
+    w, x, y = _problem(torch.float32)
+    head = f"pieces-{uuid.uuid4().hex[:8]}"
+    with flce.Client(server.target, timeout=60, transport="grpc", connections=2,
+                     chunk_bytes=32 << 10) as client:
+        client.upload_head(head, w)
+        client.compute(head, x, y)  # makes the piece's channel
+        # its connection now goes nowhere (a port nothing listens on)
+        unreachable = grpc.insecure_channel("127.0.0.1:1")
+        client._piece_stubs[0] = unreachable.stream_unary("/flce.v1.Flce/ComputePiece")
+        started = time.monotonic()
+        with pytest.raises(flce.FlceError) as err:
+            client.compute(head, x, y, session_id="unreached")
+        # at once, not after the server's wait for the piece to join (10 s)
+        assert time.monotonic() - started < 8
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "ComputePiece" in err.value.details
+        assert err.value.request_id
+        assert client.sessions(head) == [] or all(
+            s.session_id != "unreached" or s.contributions == 0 for s in client.sessions(head))
 
 
 def test_connections_are_checked():

@@ -23,7 +23,7 @@ from flce import cuda_ipc, host_memory, pieces, security, shm, tensors, wire
 from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.commit_queue import CommitQueue
-from flce.errors import FlceError, translate
+from flce.errors import FlceError, from_rpc_error, translate
 from flce.loss_options import LossOptions, keyword_arguments
 from flce.shm import SharedTransport
 from flce.results import (CheckpointInfo, CommitResult, ComputeSummary, DownloadHeader,
@@ -658,13 +658,22 @@ class Client:
 
         try:
             return self._run_compute(requests(), n, h, hidden.dtype, want_grad_input, wanted,
-                                     pinned, on_pieces=senders.start if senders else None)
+                                     pinned, on_pieces=senders.start if senders else None,
+                                     on_call=senders.bind if senders else None)
         except FlceError as err:
-            err.request_id = header.request_id  # a retry with it is never applied twice
             self._first_transport.remember(header.request_id, "grpc")
+            if (senders is not None and senders.failure is not None
+                    and err.code == grpc.StatusCode.CANCELLED):
+                # this client cancelled the call: a piece failed first
+                failure = from_rpc_error("ComputePiece", senders.failure)
+                raise FlceError("Compute", failure.code,
+                                f"hidden on another connection (ComputePiece) failed: "
+                                f"{failure.details}", request_id=header.request_id) from err
+            err.request_id = header.request_id  # a retry with it is never applied twice
             raise
         finally:
             if senders is not None:
+                senders.unbind()
                 senders.join()  # each is answered once the call has its rows, or has ended
 
     def _hidden_streams(self, chunks: int) -> int:
@@ -787,12 +796,15 @@ class Client:
     @translate("Compute")
     def _run_compute(self, requests: Iterable, n: int, h: int, dtype: torch.dtype,
                      want_grad_input: bool, wanted: Sequence[Tuple[str, torch.dtype]],
-                     on_gpu: bool, on_pieces=None) -> ComputeResult:
+                     on_gpu: bool, on_pieces=None, on_call=None) -> ComputeResult:
         pool = tensors.PinnedPool if on_gpu else self.pool
         grad = tensors.RowAssembler(n, h, dtype, pool) if want_grad_input else None
         per_token = {k: tensors.RowAssembler(n, 1, dt) for k, dt in wanted}
         summary = None
-        for msg in self._compute(requests, timeout=self.timeout):
+        call = self._compute(requests, timeout=self.timeout)
+        if on_call is not None:
+            on_call(call)
+        for msg in call:
             if isinstance(msg, wire.GradInputView):
                 if grad is None:
                     raise FlceError("Compute", grpc.StatusCode.INTERNAL,

@@ -46,7 +46,10 @@ class PieceSenders:
         self._row_bytes = row_bytes
         self._timeout = timeout
         self._threads: List[threading.Thread] = []
-        self.errors: List[grpc.RpcError] = []
+        self._lock = threading.Lock()
+        self._call = None  # the Compute call, while it runs
+        # the piece failure that cancelled the call, if one came first
+        self.failure: Optional[grpc.RpcError] = None
 
     def start(self, token: bytes) -> None:
         for stub, share in zip(self._stubs, self._shares):
@@ -66,8 +69,23 @@ class PieceSenders:
 
         try:
             stub(messages(), timeout=self._timeout)
-        except grpc.RpcError as err:  # the call's own status says what went wrong
-            self.errors.append(err)
+        except grpc.RpcError as err:
+            # The server fails the call with a piece that broke once it has joined; one that
+            # never reached it would keep the call waiting for it: the call is cancelled now.
+            with self._lock:
+                if self._call is not None and self.failure is None:
+                    self.failure = err
+                    self._call.cancel()
+
+    def bind(self, call) -> None:
+        """The running Compute call (a grpc call object with cancel())."""
+        with self._lock:
+            self._call = call
+
+    def unbind(self) -> None:
+        """The call has ended: nothing is cancelled from now on."""
+        with self._lock:
+            self._call = None
 
     def join(self) -> None:
         """Waits for every piece: the server answers each once the call has taken its
