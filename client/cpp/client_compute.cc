@@ -230,7 +230,7 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
         if (!pieces.has_value()) {
           protocol = absl::InternalError("server opened pieces that were not asked for");
         } else {
-          pieces->Start(response.pieces().token());
+          pieces->Start(response.pieces().token(), [&context] { context.TryCancel(); });
         }
         break;
       default:
@@ -243,8 +243,17 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
     }
   }
   writer.join();
-  if (pieces.has_value()) pieces->Join();  // each answered once the call took its rows or ended
-  const absl::Status status = FromGrpcStatus(stream->Finish());
+  const absl::Status finished = FromGrpcStatus(stream->Finish());
+  if (pieces.has_value()) {
+    pieces->CallEnded();
+    pieces->Join();  // each answered once the call took its rows, or has ended
+  }
+  // A call this client cancelled because a piece failed first fails with that.
+  const absl::Status status =
+      pieces.has_value() && finished.code() == absl::StatusCode::kCancelled &&
+              !pieces->failure().ok()
+          ? pieces->failure()
+          : finished;
   if (!protocol.ok()) return protocol;
   if (!status.ok()) return status;
   if (!have_summary) return absl::DataLossError("the call ended without a summary");

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "client/cpp/grpc_status.h"
+
 namespace flce {
 
 HiddenPieces::HiddenPieces(std::vector<v1::Flce::Stub*> stubs,
@@ -14,8 +17,12 @@ HiddenPieces::HiddenPieces(std::vector<v1::Flce::Stub*> stubs,
       row_bytes_(row_bytes),
       rows_per_chunk_(rows_per_chunk) {}
 
-void HiddenPieces::Start(const std::string& token) {
+void HiddenPieces::Start(const std::string& token, std::function<void()> cancel_call) {
   if (!threads_.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancel_call_ = std::move(cancel_call);
+  }
   for (int stream = 1; stream < streams(); ++stream) {
     threads_.emplace_back([this, stream, token] { Send(stream, token); });
   }
@@ -50,8 +57,26 @@ void HiddenPieces::Send(int stream, const std::string& token) {
   v1::ComputePieceRequest end;
   end.mutable_end()->set_num_tokens(rows_sent);
   if (open) writer->WriteLast(end, grpc::WriteOptions());
-  // A piece that fails fails the call: the call's own status says why.
-  writer->Finish().ok();
+  const absl::Status status = FromGrpcStatus(writer->Finish());
+  if (status.ok()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancel_call_ && failure_.ok()) {
+    failure_ = absl::Status(status.code(),
+                            absl::StrCat("hidden on another connection (ComputePiece) failed: ",
+                                         status.message()));
+    cancel_call_();
+    cancel_call_ = nullptr;
+  }
+}
+
+void HiddenPieces::CallEnded() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancel_call_ = nullptr;
+}
+
+absl::Status HiddenPieces::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
 }
 
 }  // namespace flce

@@ -13,10 +13,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "flce/v1/flce.grpc.pb.h"
 
@@ -34,8 +36,15 @@ class HiddenPieces {
   int streams() const { return static_cast<int>(stubs_.size()) + 1; }
   // Whether row chunk `chunk` (its first row / rows_per_chunk) is the call's own.
   bool OwnChunk(int64_t chunk) const { return chunk % streams() == 0; }
-  // Starts every piece with the call's token (once).
-  void Start(const std::string& token);
+  // Starts every piece with the call's token (once). A piece that fails while
+  // the call runs calls `cancel_call` (once): the server fails the call with
+  // a piece that broke after joining, but one that never reached it would
+  // keep the call waiting for it.
+  void Start(const std::string& token, std::function<void()> cancel_call);
+  // The call has ended: nothing is cancelled from now on.
+  void CallEnded();
+  // The piece failure that cancelled the call, OK if none did.
+  absl::Status failure() const;
   // Waits for every piece to be answered (the server answers each once the
   // call has taken its rows, or has ended).
   void Join();
@@ -49,6 +58,9 @@ class HiddenPieces {
   const int64_t row_bytes_;
   const int64_t rows_per_chunk_;
   std::vector<std::thread> threads_;
+  mutable std::mutex mu_;
+  std::function<void()> cancel_call_;  // guarded by mu_; empty once the call ended
+  absl::Status failure_;               // guarded by mu_
 };
 
 }  // namespace flce

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpc/grpc.h"
 #include "gtest/gtest.h"
@@ -328,6 +329,46 @@ TEST_F(ComputePiecesTest, TheCppClientSpreadsACallOverItsConnections) {
   ClientOptions too_many;
   too_many.connections = 10;
   EXPECT_EQ(Client::Connect(too_many).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A piece the server refuses before it joins (here: --max-concurrent-streams
+// counts the call itself) fails the call at once, with the piece's reason,
+// rather than after the server's wait for it.
+TEST_F(ComputePiecesTest, ThePiecesRefusalFailsTheCppClientsCallAtOnce) {
+  ServerConfig config = TestConfig();
+  config.max_concurrent_streams = 1;
+  TearDown();
+  Start(config);
+  port_ = server().port();
+  ClientOptions options;
+  options.target = target();
+  options.transport = ClientOptions::Transport::kGrpc;
+  options.chunk_bytes = 7 * problem_.spec.hidden_size * 4;
+  options.connections = 2;
+  auto client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ComputeArgs args;
+  args.header = MakeHeader(problem_, "h", "refused", "");
+  args.header.clear_targets();
+  args.targets = problem_.targets;
+  args.hidden = problem_.hidden_bytes;
+  const absl::Time started = absl::Now();
+  auto out = (*client)->Compute(args);
+  EXPECT_LT(absl::Now() - started, absl::Seconds(8));  // not the server's 10 s wait
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("ComputePiece"));
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("--max-concurrent-streams"));
+  // The failed call's worker may still count for a moment against the limit of 1.
+  FetchedGrad grad = FetchGrad(stub(), "h", "refused");
+  for (int i = 0; i < 100 && grad.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    grad = FetchGrad(stub(), "h", "refused");
+  }
+  if (grad.status.error_code() != grpc::StatusCode::NOT_FOUND) {
+    ASSERT_TRUE(grad.status.ok()) << grad.status.error_message();
+    EXPECT_EQ(grad.header.contributions(), 0);
+  }
 }
 
 class ComputePiecesAuthTest : public ComputePiecesTest {
