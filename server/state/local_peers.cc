@@ -7,14 +7,13 @@
 
 namespace flce::server {
 
-bool IsLocalPeer(const std::string& peer) {
-  return absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "fd:") ||
-         absl::StartsWith(peer, "ipv4:127.") || absl::StartsWith(peer, "ipv6:[::1]:") ||
-         absl::StartsWith(peer, "ipv6:%5B::1%5D:");
-}
-
 bool IsUnixSocketPeer(const std::string& peer) {
   return absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "fd:");
+}
+
+bool IsLocalPeer(const std::string& peer) {
+  return IsUnixSocketPeer(peer) || absl::StartsWith(peer, "ipv4:127.") ||
+         absl::StartsWith(peer, "ipv6:[::1]:") || absl::StartsWith(peer, "ipv6:%5B::1%5D:");
 }
 
 void LocalPeers::Record(int fd, uid_t uid) {
@@ -36,8 +35,8 @@ PeerIdentity LocalPeers::Identify(const std::string& peer) const {
     }
     return who;
   }
-  who.place = absl::StartsWith(peer, "unix:") ? PeerIdentity::Place::kUnixSocket
-                                              : PeerIdentity::Place::kLoopback;
+  who.place = IsUnixSocketPeer(peer) ? PeerIdentity::Place::kUnixSocket
+                                     : PeerIdentity::Place::kLoopback;
   return who;
 }
 
