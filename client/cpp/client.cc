@@ -40,6 +40,14 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
   return text.str();
 }
 
+// Every channel of a client sends and accepts messages up to its limit.
+grpc::ChannelArguments MessageSizeArguments(int64_t max_message_bytes) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
+  return args;
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
     const ClientOptions& options) {
   if (!options.uses_tls()) return grpc::InsecureChannelCredentials();
@@ -79,9 +87,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     return absl::InvalidArgumentError(
         absl::StrCat("connections must be in [1, 9]; got ", options.connections));
   }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  grpc::ChannelArguments args = MessageSizeArguments(options.max_message_bytes);
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       ChannelCredentialsFor(options);
@@ -93,6 +99,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   auto client = std::make_unique<Client>(std::move(channel), options);
   client->made_channel_ = true;
+  client->credentials_ = *std::move(credentials);
   return client;
 }
 
@@ -132,11 +139,9 @@ v1::Flce::Stub& Client::BulkStub() {
       access(info->unix_socket().c_str(), F_OK) != 0) {
     return *stub_;
   }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
-  args.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      "unix:" + info->unix_socket(), grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel("unix:" + info->unix_socket(), grpc::InsecureChannelCredentials(),
+                                MessageSizeArguments(options_.max_message_bytes));
   auto stub = v1::Flce::NewStub(channel);
   grpc::ClientContext context;
   Authorize(context);
@@ -162,24 +167,17 @@ int Client::HiddenStreams(int64_t chunks) {
   const std::string target = messages_target();
   std::lock_guard<std::mutex> lock(pieces_mu_);
   while (static_cast<int>(piece_stubs_.size()) < streams - 1) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
-    args.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
+    grpc::ChannelArguments args = MessageSizeArguments(options_.max_message_bytes);
     // A connection of its own: gRPC shares one subchannel between channels of
     // equal arguments unless told not to.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-    if (target.rfind("unix:", 0) != 0) {
-      if (!options_.tls_server_name.empty()) {
-        args.SetSslTargetNameOverride(options_.tls_server_name);
-      }
-      absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> made =
-          ChannelCredentialsFor(options_);
-      if (!made.ok()) return 1;
-      credentials = *std::move(made);
+    // The Unix socket the calls moved to is plaintext; the target as Connect reached it.
+    const bool unix_socket = target.rfind("unix:", 0) == 0;
+    if (!unix_socket && !options_.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options_.tls_server_name);
     }
-    piece_stubs_.push_back(
-        v1::Flce::NewStub(grpc::CreateCustomChannel(target, credentials, args)));
+    piece_stubs_.push_back(v1::Flce::NewStub(grpc::CreateCustomChannel(
+        target, unix_socket ? grpc::InsecureChannelCredentials() : credentials_, args)));
   }
   return streams;
 }

@@ -22,6 +22,7 @@
 #define FLCE_CLIENT_CPP_CLIENT_H_
 
 #include <grpcpp/channel.h>
+#include <grpcpp/security/credentials.h>
 
 #include <cstdint>
 #include <functional>
@@ -223,6 +224,7 @@ class Client {
   std::mutex limit_mu_;
   int64_t message_limit_ = 0;  // 0 = not asked yet
   bool made_channel_ = false;  // by Connect: its arguments can be made again
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;  // Connect's, for the pieces' channels
   std::mutex bulk_mu_;
   bool bulk_settled_ = false;                   // guarded by bulk_mu_
   std::shared_ptr<grpc::Channel> unix_channel_;  // guarded by bulk_mu_
