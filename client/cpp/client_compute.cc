@@ -120,7 +120,6 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
                                 way = outcome.transport] {
     if (!succeeded) recent_transports_.Remember(id, way);
   };
-  if (region == nullptr && tokens > 0) header->set_messages_reason(WhyMessages());
   if (region != nullptr) {
     std::memcpy(region->data(), args.hidden.data(), hidden_bytes);
     v1::SharedHidden* shared = header->mutable_shared();
@@ -135,9 +134,11 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
     }
   }
 
-  // In messages, over several connections where the server takes pieces.
+  // In messages (saying why), over several connections where the server
+  // takes pieces.
   std::optional<HiddenPieces> pieces;
   if (region == nullptr) {
+    header->set_messages_reason(WhyMessages());
     const int streams = HiddenStreams((tokens + rows_per_chunk - 1) / rows_per_chunk);
     if (streams > 1) {
       // A chunk's worth in flight on all the streams together: the first rows

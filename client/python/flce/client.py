@@ -632,12 +632,11 @@ class Client:
         header.messages_reason = self._why_messages(n)
         row_bytes = h * hidden.element_size()
         hid = tensors.host_contiguous(hidden)
-        chunks = list(tensors.row_chunks(hid, self.chunk_bytes))
-        streams = self._hidden_streams(len(chunks))
-        if streams > 1:
-            # chunk_bytes / streams each: a chunk's worth in flight on all the streams
-            # together, so that the first rows arrive as early as on one stream
-            chunks = list(tensors.row_chunks(hid, max(row_bytes, self.chunk_bytes // streams)))
+        rows_per_chunk = max(1, self.chunk_bytes // row_bytes) if row_bytes else max(n, 1)
+        streams = self._hidden_streams(-(-n // rows_per_chunk))
+        # with pieces, chunk_bytes / streams each: a chunk's worth in flight on all the
+        # streams together, so that the first rows arrive as early as on one stream
+        chunks = list(tensors.row_chunks(hid, max(row_bytes, self.chunk_bytes // streams)))
         header.hidden_pieces = streams - 1
         shares = pieces.deal(chunks, streams)
         senders = pieces.PieceSenders(self._piece_stubs[:streams - 1], shares[1:], row_bytes,
