@@ -149,10 +149,9 @@ class ComputeStream : public ComputeChannel,
       if (!queue.front().ok()) return queue.front().status();
       item.emplace(*std::move(queue.front()));
       queue.pop_front();
-      if (item->has_hidden() && piece_row_bytes_ > 0) {
+      if (item->has_hidden() && pieces_allowed_ > 0) {
         int64_t& floor = source == kOwnStream ? own_floor_ : pieces_[source].floor;
-        const int64_t rows =
-            static_cast<int64_t>(item->hidden().data().size()) / piece_row_bytes_;
+        const int64_t rows = RowsInLocked(item->hidden());
         floor = std::max(floor, item->hidden().token_offset() + rows);
         rows_taken_ += rows;
       }
@@ -208,8 +207,7 @@ class ComputeStream : public ComputeChannel,
       if (wrong.ok()) {
         switch (message->msg_case()) {
           case v1::ComputePieceRequest::kHidden: {
-            const int64_t bytes = static_cast<int64_t>(message->hidden().data().size());
-            piece.rows += piece_row_bytes_ > 0 ? bytes / piece_row_bytes_ : 0;
+            piece.rows += RowsInLocked(message->hidden());
             v1::ComputeRequest rows;
             rows.mutable_hidden()->Swap(message->mutable_hidden());
             piece.items.push_back(std::move(rows));
@@ -458,6 +456,11 @@ class ComputeStream : public ComputeChannel,
       return kUndecided;
     }
     return best;
+  }
+
+  // Whole rows in a chunk of a call that takes pieces (the job checks the rest).
+  int64_t RowsInLocked(const v1::HiddenChunk& chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int64_t>(chunk.data().size()) / piece_row_bytes_;
   }
 
   // The piece's item was taken: room for its next message, and its answer
