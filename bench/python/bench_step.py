@@ -41,6 +41,8 @@ def main() -> int:
     p.add_argument("--connections", type=int, default=1,
                    help="flce.Client(connections=...): hidden in messages over this many "
                         "connections (flce.pieces)")
+    p.add_argument("--chunk-tokens", type=int, default=0,
+                   help="the engine's token-chunk size the call asks for (0: the engine's choice)")
     p.add_argument("--json", help="append the medians as one JSON line to this file")
     args = p.parse_args()
     n, h, v = args.tokens, args.hidden, args.vocab
@@ -48,7 +50,7 @@ def main() -> int:
                          unix_socket=not args.tcp_only,
                          malloc_tuning=not args.no_malloc_tuning,
                          connections=args.connections).wait_ready(60)
-    head = flce.RemoteLMHead(client, "bench-step")
+    head = flce.RemoteLMHead(client, "bench-step", chunk_tokens=args.chunk_tokens)
     hidden, y = upload_problem(client, "bench-step", args, args.device)
     rows = []
     for step in range(args.steps + 1):  # the first is a warm-up
@@ -85,7 +87,7 @@ def main() -> int:
             out.write(json.dumps({
                 "tokens": n, "hidden": h, "vocab": v, "device": args.device,
                 "transport": client.last_transport, "messages_target": client.messages_target,
-                "connections": args.connections,
+                "connections": args.connections, "chunk_tokens": args.chunk_tokens,
                 "malloc_tuning": not args.no_malloc_tuning,
                 "steps": len(rows), "wall_ms": med[0] * 1e3, "engine_ms": med[3] * 1e3,
                 "server_total_ms": med[4] * 1e3, "main_thread_cpu_ms": med[1] * 1e3,

@@ -6,10 +6,12 @@ engine() {  # engine INDEX ROUND: flce_cuda_bench's default plan at the shape
   "$dist/bench/cuda/flce_cuda_bench" --shapes="$1" --strategies=auto --runs=5 \
     --out="$out/engine-$1-$2.json" --commit="$commit" 2>&1 | tail -3
 }
-# ROUNDS rounds over SHAPES; the engine first in odd rounds, last in even ones.
+# ROUNDS rounds over SHAPES, numbered from FIRST_ROUND (default 1); the engine first in odd
+# rounds, last in even ones.
 engine_rounds() {
   local round shape index n h v
-  for round in $(seq 1 "$ROUNDS"); do
+  local first=${FIRST_ROUND:-1}
+  for round in $(seq "$first" $((first + ROUNDS - 1))); do
     for shape in $SHAPES; do
       IFS=: read -r index n h v <<<"$shape"
       if (( round % 2 )); then
