@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace flce {
 
@@ -107,6 +108,20 @@ absl::Status ValidateComputeSpec(const HeadSpec& head, const ComputeSpec& spec) 
   if (!weights.ok()) return weights;
   weights = CheckPerTokenWeights("entropy_weights", spec.entropy_weights, n);
   if (!weights.ok()) return weights;
+  if (spec.policy.has_value()) {
+    // The objective replaces the cross-entropy's a_t: what shapes it alone.
+    if (!spec.token_weights.empty()) {
+      return absl::InvalidArgumentError(
+          "token_weights do not combine with a policy objective (its aggregation weighs the "
+          "tokens)");
+    }
+    if (o.label_smoothing != 0.0f || o.z_loss_scale != 0.0f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label_smoothing = ", o.label_smoothing, " and z_loss_scale = ", o.z_loss_scale,
+          " must be 0 with a policy objective (its loss is a function of the log-prob alone)"));
+    }
+    FLCE_RETURN_IF_ERROR(ValidatePolicyObjective(*spec.policy, n));
+  }
   if (spec.grad_out != nullptr) {
     const GradBuffer& g = *spec.grad_out;
     if (g.vocab_size() != head.vocab_size || g.hidden_size() != head.hidden_size ||

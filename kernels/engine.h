@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "core/compute_options.h"
 #include "core/dtype.h"
+#include "core/policy_objective.h"
 #include "kernels/optimizer.h"
 
 namespace flce {
@@ -160,6 +162,11 @@ struct ComputeSpec {
   LossOptions options;
   std::vector<float> token_weights;    // a_t; empty = from the reduction
   std::vector<float> entropy_weights;  // e_t; empty = 0
+  // A policy-gradient objective in place of the cross-entropy: the loss of
+  // token t is L_t(logp_t), weighted by the objective's w_t (token_weights,
+  // label smoothing and z-loss do not combine with it). Engines without it
+  // refuse the call (EngineInfo::policy_objectives).
+  std::optional<PolicyObjective> policy;
   OutputSelection outputs;
   Strategy strategy = Strategy::kAuto;
   bool deterministic = false;
@@ -199,6 +206,8 @@ struct ComputeResult {
   std::vector<float> logprob;
   std::vector<float> entropy;
   std::vector<uint8_t> correct;
+  // With ComputeSpec::policy: loss is sum_t w_t L_t; these its parts and statistics.
+  PolicyStats policy;
   // With ComputeSpec::grad_input_peer: the first non-finite grad_input
   // element (token * H + column), -1 when all are finite.
   int64_t grad_input_first_non_finite = -1;
@@ -230,6 +239,7 @@ struct EngineInfo {
   int64_t device_memory_used = 0;    // 0 where not applicable
   int64_t device_memory_total = 0;
   std::string device_uuid;  // "GPU-" + the UUID nvidia-smi shows; "" for the CPU
+  bool policy_objectives = false;  // computes ComputeSpec::policy
 };
 
 class Engine {

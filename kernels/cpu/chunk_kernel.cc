@@ -43,12 +43,14 @@ absl::Status RunChunk(CpuContext& ctx, const CpuHead& head, const LossOptions& o
   params.vocab_size = V;
   params.bias = head.bias();
   params.options = options;
+  params.policy = args.policy;
   // Rows are independent: one row per block balances best.
   ctx.pool.ParallelFor(M, 1, [&](int thread, int64_t begin, int64_t end) {
     float* scratch = ctx.scratch.data() + thread * kRowScratchPerVocab * V;
     for (int64_t i = begin; i < end; ++i) {
       args.stats[i] = ProcessRow(params, logits + i * V, scratch, args.targets[i],
-                                 args.token_weights[i], args.entropy_weights[i], want_dr);
+                                 args.token_weights[i], args.entropy_weights[i], want_dr,
+                                 args.policy_rows != nullptr ? &args.policy_rows[i] : nullptr);
     }
   });
   Lap(clock, times.row_pass);

@@ -21,6 +21,8 @@ struct ChunkArgs {
   const int32_t* targets = nullptr;  // M; < 0 = ignored
   const double* token_weights = nullptr;    // M; a_t
   const double* entropy_weights = nullptr;  // M; e_t
+  const PolicyObjective* policy = nullptr;  // set: policy_rows has M entries
+  const PolicyRow* policy_rows = nullptr;
   bool want_grad_input = false;
   CpuGradBuffer* grad = nullptr;     // nullptr: no grad_W / grad_b
   RowStats* stats = nullptr;         // M out

@@ -60,7 +60,9 @@ CpuComputeCall::CpuComputeCall(std::shared_ptr<CpuContext> ctx, std::shared_ptr<
   token_weights_.assign(BT, 0.0);
   for (int64_t t = 0; t < BT; ++t) {
     if (targets_[t] < 0) continue;
-    if (!spec_.token_weights.empty()) {
+    if (spec_.policy.has_value()) {
+      token_weights_[t] = spec_.policy->weights[t];
+    } else if (!spec_.token_weights.empty()) {
       token_weights_[t] = spec_.token_weights[t];
     } else if (spec_.reduction == Reduction::kMean) {
       token_weights_[t] = 1.0 / static_cast<double>(n_valid_);
@@ -147,6 +149,19 @@ absl::Status CpuComputeCall::Flush() {
     chunk_token_weights_[i] = token_weights_[t];
     chunk_entropy_weights_[i] = entropy_weights_[t];
   }
+  if (spec_.policy.has_value()) {
+    const PolicyObjective& policy = *spec_.policy;
+    chunk_policy_rows_.resize(M);
+    for (int64_t i = 0; i < M; ++i) {
+      const int64_t t = pending_tokens_[i];
+      PolicyRow& row = chunk_policy_rows_[i];
+      row.weight = token_weights_[t];
+      if (row.weight == 0.0) continue;  // its inputs are not read (they may be anything)
+      row.old_logp = policy.old_logp[t];
+      row.advantage = policy.advantages[t];
+      row.ref_logp = policy.ref_logp.empty() ? 0.0 : policy.ref_logp[t];
+    }
+  }
   ChunkArgs args;
   args.rows = M;
   args.hidden = pending_hidden_.data();
@@ -156,6 +171,10 @@ absl::Status CpuComputeCall::Flush() {
   args.want_grad_input = want_grad_input_;
   args.grad = grad_;
   args.stats = chunk_stats_.data();
+  if (spec_.policy.has_value()) {
+    args.policy = &*spec_.policy;
+    args.policy_rows = chunk_policy_rows_.data();
+  }
 
   // grad_input leaves the shared workspace as wire bytes before the lock is
   // released; the sink runs without it.
@@ -225,6 +244,9 @@ absl::StatusOr<ComputeResult> CpuComputeCall::Finish() {
     const bool valid = targets_[t] >= 0;
     if (valid) {
       result.loss += token_weights_[t] * st.loss;
+      if (spec_.policy.has_value() && token_weights_[t] != 0.0) {
+        result.policy.Add(st.policy, token_weights_[t], spec_.policy->kl_coef);
+      }
       result.z_loss += token_weights_[t] * s * st.lse * st.lse;
       if (want.accuracy) result.n_correct += st.correct ? 1 : 0;
     }

@@ -54,7 +54,7 @@ class CpuComputeCall : public ComputeCall {
   bool finished_ = false;
   int64_t n_valid_ = 0;
   std::vector<int32_t> targets_;  // -1 = ignored
-  std::vector<double> token_weights_;    // a_t
+  std::vector<double> token_weights_;    // a_t (w_t under a policy objective)
   std::vector<double> entropy_weights_;  // e_t
   std::vector<uint8_t> received_;
   int64_t received_count_ = 0;
@@ -68,6 +68,7 @@ class CpuComputeCall : public ComputeCall {
   std::vector<int32_t> chunk_targets_;
   std::vector<double> chunk_token_weights_;
   std::vector<double> chunk_entropy_weights_;
+  std::vector<PolicyRow> chunk_policy_rows_;  // under a policy objective
   std::vector<RowStats> chunk_stats_;
 };
 

@@ -28,6 +28,7 @@ EngineInfo CpuEngine::info() const {
   info.name = "cpu";
   info.workspace_budget_bytes = ctx_->budget;
   info.workspace_peak_bytes = ctx_->peak_bytes();
+  info.policy_objectives = true;
   return info;
 }
 

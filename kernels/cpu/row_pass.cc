@@ -103,7 +103,8 @@ ExpSums ExpShifted(const float* row, float m, int64_t V, float* q) {
 __attribute__((target_clones("avx2", "default")))
 #endif
 RowStats ProcessRow(const RowPassParams& params, float* row, float* scratch, int32_t target,
-                    double token_weight, double entropy_weight, bool want_dr) {
+                    double token_weight, double entropy_weight, bool want_dr,
+                    const PolicyRow* policy) {
   const int64_t V = params.vocab_size;
   const LossOptions& o = params.options;
   const double eps = o.label_smoothing;
@@ -135,6 +136,18 @@ RowStats ProcessRow(const RowPassParams& params, float* row, float* scratch, int
     stats.logprob = logprob;
     stats.loss = -(1.0 - eps) * logprob + eps * (lse - sum_z / V) + s * lse * lse;
     stats.correct = argmax == target;
+  }
+  if (params.policy != nullptr) {
+    // With eps = s = 0, l_t = -logprob: weighing its gradient by
+    // -w_t dL_t/dlogp_t gives dL_t/dz.
+    token_weight = 0.0;
+    stats.loss = 0.0;
+    if (valid && policy->weight != 0.0) {
+      stats.policy = EvaluatePolicyToken(*params.policy, logprob, policy->old_logp,
+                                         policy->advantage, policy->ref_logp);
+      stats.loss = stats.policy.loss;
+      token_weight = -policy->weight * stats.policy.dloss_dlogp;
+    }
   }
   if (!want_dr) return stats;
 

@@ -101,6 +101,30 @@ Tolerance ToleranceFor(const std::string& engine, DType head_dtype, DType hidden
   return tol;
 }
 
+namespace {
+
+// A token near a clip bound may fall on either side of it in fp32: each such
+// flip moves a count by one; the sums stay within the loss's tolerance.
+void ExpectPolicyStats(const PolicyStats& got, const ReferenceOutput& out, const Tolerance& tol) {
+  const ReferencePolicyStats& ref = out.policy;
+  EXPECT_EQ(got.tokens, ref.tokens);
+  const int64_t flips = 1 + ref.tokens / 200;
+  EXPECT_NEAR(got.clipped_low, ref.clipped_low, flips);
+  EXPECT_NEAR(got.clipped_high, ref.clipped_high, flips);
+  EXPECT_NEAR(got.dual_clipped, ref.dual_clipped, flips);
+  EXPECT_LE(ScalarError(got.ratio_sum, ref.ratio_sum), tol.loss) << "ratio_sum";
+  EXPECT_LE(ScalarError(got.ratio_min, ref.ratio_min), tol.loss) << "ratio_min";
+  EXPECT_LE(ScalarError(got.ratio_max, ref.ratio_max), tol.loss) << "ratio_max";
+  EXPECT_NEAR(got.kl_sum, ref.kl_sum, tol.loss * ref.kl_abs) << "kl_sum";
+  // Signed terms (advantages) may cancel: bounded by the loss's sum of |terms|.
+  EXPECT_NEAR(got.surrogate_loss, ref.surrogate_loss, tol.loss * out.loss_abs) << "surrogate_loss";
+  EXPECT_NEAR(got.kl_loss, ref.kl_loss, tol.loss * out.loss_abs) << "kl_loss";
+  EXPECT_NEAR(got.old_minus_logp_sum, ref.old_minus_logp_sum, tol.loss * ref.log_ratio_abs)
+      << "old_minus_logp_sum";
+}
+
+}  // namespace
+
 void ExpectMatchesReference(const EngineRun& run, const ReferenceOutput& ref,
                             const ComputeSpec& spec, const Tolerance& tol) {
   const ComputeResult& r = run.result;
@@ -127,6 +151,7 @@ void ExpectMatchesReference(const EngineRun& run, const ReferenceOutput& ref,
     EXPECT_TRUE(r.correct.empty());
   }
   EXPECT_FALSE(r.strategy_used.empty());
+  if (spec.policy.has_value()) ExpectPolicyStats(r.policy, ref, tol);
   if (std::getenv("FLCE_TEST_PRINT_ERRORS") != nullptr) {
     std::fprintf(stderr, "  errors: loss %.2e grad_input %.2e grad_W %.2e grad_b %.2e logprob %.2e\n",
                  ScalarError(r.loss, ref.loss),

@@ -129,6 +129,21 @@ ReferenceInput MakeReferenceInput(const Problem& problem, const ComputeSpec& spe
   in.options = spec.options;
   in.token_weights.assign(spec.token_weights.begin(), spec.token_weights.end());
   in.entropy_weights.assign(spec.entropy_weights.begin(), spec.entropy_weights.end());
+  if (spec.policy.has_value()) {
+    const PolicyObjective& o = *spec.policy;
+    in.has_policy = true;
+    in.policy.cispo = o.loss == PolicyLoss::kCispo;
+    in.policy.clip_low = o.clip_low;
+    in.policy.clip_high = o.clip_high;
+    in.policy.dual_clip = o.dual_clip;
+    in.policy.kl_coef = o.kl_coef;
+    in.policy.kl_k3 = o.kl_estimator == KlEstimator::kK3;
+    in.policy.log_ratio_clamp = o.log_ratio_clamp;
+    in.policy.old_logp.assign(o.old_logp.begin(), o.old_logp.end());
+    in.policy.advantages.assign(o.advantages.begin(), o.advantages.end());
+    in.policy.ref_logp.assign(o.ref_logp.begin(), o.ref_logp.end());
+    in.policy.weights = o.weights;
+  }
   return in;
 }
 

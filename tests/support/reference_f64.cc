@@ -53,6 +53,86 @@ bool CorrectIsUncertain(const std::vector<double>& z, const std::vector<double>&
   return z[y] + z_err[y] >= best_lower;
 }
 
+// What torch's autograd gives d max(a, b) (and d min): the chosen side's
+// derivative, half of each on a tie.
+double Chosen(bool first, bool tie, double d_first, double d_second) {
+  return tie ? 0.5 * (d_first + d_second) : (first ? d_first : d_second);
+}
+
+// torch.clamp: the value, and whether the gradient passes (bounds included).
+double ClampTo(double x, double lo, double hi, bool* passes) {
+  *passes = x >= lo && x <= hi;
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+// MATH.md's L_t and dL_t/dlogp_t of a token that counts; stats gathered.
+double PolicyTerm(const ReferencePolicy& pol, int64_t t, double logp, double* dloss,
+                  ReferencePolicyStats* stats) {
+  const double A = pol.advantages[t];
+  const double lo = 1.0 - pol.clip_low;
+  const double hi = 1.0 + pol.clip_high;
+  const double log_ratio = logp - pol.old_logp[t];
+  bool passes = false;
+  const double ratio = std::exp(ClampTo(log_ratio, -pol.log_ratio_clamp, pol.log_ratio_clamp,
+                                        &passes));
+  const double d_ratio = passes ? ratio : 0.0;
+  bool inside = false;
+  const double clipped = ClampTo(ratio, lo, hi, &inside);
+  double loss = 0.0;
+  double d = 0.0;
+  bool low = false, high = false, dual = false;
+  if (pol.cispo) {
+    loss = -A * clipped * logp;
+    d = -A * clipped;
+    low = ratio < lo;
+    high = ratio > hi;
+  } else {
+    const double plain = -A * ratio;
+    const double capped = -A * clipped;
+    loss = plain >= capped ? plain : capped;
+    d = Chosen(plain > capped, plain == capped, -A * d_ratio, inside ? -A * d_ratio : 0.0);
+    low = capped > plain && ratio < lo;
+    high = capped > plain && ratio > hi;
+    if (pol.dual_clip > 0.0 && A < 0.0) {
+      const double bound = -A * pol.dual_clip;
+      dual = loss > bound;
+      d = Chosen(loss < bound, loss == bound, d, 0.0);
+      loss = loss <= bound ? loss : bound;
+    }
+  }
+  double kl = 0.0;
+  double dkl = 0.0;
+  if (pol.kl_coef > 0.0) {
+    dkl = 1.0;
+    if (pol.kl_k3) {
+      bool in_delta = false, in_kl = false;
+      const double delta = ClampTo(pol.ref_logp[t] - logp, -20.0, 20.0, &in_delta);
+      kl = ClampTo(std::exp(delta) - delta - 1.0, -10.0, 10.0, &in_kl);
+      dkl = (in_delta && in_kl) ? 1.0 - std::exp(delta) : 0.0;
+    } else {
+      kl = logp - pol.ref_logp[t];
+    }
+    loss += pol.kl_coef * kl;
+    d += pol.kl_coef * dkl;
+  }
+  const double w = pol.weights[t];
+  if (stats->tokens == 0 || ratio < stats->ratio_min) stats->ratio_min = ratio;
+  if (stats->tokens == 0 || ratio > stats->ratio_max) stats->ratio_max = ratio;
+  ++stats->tokens;
+  stats->clipped_low += low;
+  stats->clipped_high += high;
+  stats->dual_clipped += dual;
+  stats->ratio_sum += ratio;
+  stats->old_minus_logp_sum -= log_ratio;
+  stats->kl_sum += kl;
+  stats->log_ratio_abs += std::abs(logp) + std::abs(pol.old_logp[t]);
+  stats->kl_abs += std::abs(dkl * logp) + std::abs(kl);
+  stats->surrogate_loss += w * (loss - pol.kl_coef * kl);
+  stats->kl_loss += w * pol.kl_coef * kl;
+  *dloss = d;
+  return loss;
+}
+
 }  // namespace
 
 ReferenceOutput ComputeReference(const ReferenceInput& in) {
@@ -86,7 +166,8 @@ ReferenceOutput ComputeReference(const ReferenceInput& in) {
     const double* h = &in.hidden[t * H];
     const int32_t y = in.targets[t];
     const bool valid = IsValid(in, y);
-    const double a = TokenWeight(in, t, out.n_valid);
+    double a = TokenWeight(in, t, out.n_valid);
+    double policy_a = 0.0;  // under a policy objective: the gradient's weight
     const double e = in.entropy_weights.empty() ? 0.0 : in.entropy_weights[t];
 
     for (int64_t j = 0; j < V; ++j) {
@@ -123,7 +204,16 @@ ReferenceOutput ComputeReference(const ReferenceInput& in) {
     out.entropy[t] = entropy;
     out.entropy_sum += entropy;
     if (valid) {
-      const double loss = lse - (1.0 - eps) * z[y] - (eps / V) * sum_z + s * lse * lse;
+      double loss = lse - (1.0 - eps) * z[y] - (eps / V) * sum_z + s * lse * lse;
+      if (in.has_policy) {
+        // L_t replaces l_t; the gradient is the cross-entropy's (eps = s = 0) times
+        // -w_t dL_t/dlogp_t. Tokens that do not count weigh nothing.
+        const double w = in.policy.weights[t];
+        double dloss = 0.0;
+        loss = w != 0.0 ? PolicyTerm(in.policy, t, z[y] - lse, &dloss, &out.policy) : 0.0;
+        a = w != 0.0 ? w : 0.0;
+        policy_a = -w * dloss;
+      }
       out.per_token_loss[t] = loss;
       out.logprob[t] = z[y] - lse;
       out.correct[t] = argmax == y ? 1 : 0;
@@ -133,6 +223,7 @@ ReferenceOutput ComputeReference(const ReferenceInput& in) {
       out.loss += a * loss;
       out.loss_abs += std::abs(a * loss);
       out.z_loss += a * s * lse * lse;
+      if (in.has_policy) a = policy_a;
     }
 
     for (int64_t j = 0; j < V; ++j) {

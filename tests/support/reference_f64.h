@@ -17,6 +17,27 @@
 
 namespace flce::test {
 
+// MATH.md's "Policy objectives", as plain numbers.
+struct ReferencePolicy {
+  bool cispo = false;  // else the clipped surrogate (PPO / GRPO / DAPO)
+  double clip_low = 0.2;
+  double clip_high = 0.2;
+  double dual_clip = 0.0;  // 0 = none
+  double kl_coef = 0.0;
+  bool kl_k3 = true;       // else k1
+  double log_ratio_clamp = 20.0;
+  std::vector<double> old_logp, advantages, ref_logp, weights;  // per token
+};
+
+struct ReferencePolicyStats {
+  int64_t tokens = 0, clipped_low = 0, clipped_high = 0, dual_clipped = 0;
+  double ratio_sum = 0.0, ratio_min = 0.0, ratio_max = 0.0;
+  double old_minus_logp_sum = 0.0, kl_sum = 0.0, surrogate_loss = 0.0, kl_loss = 0.0;
+  // How far the sums may move with logp's own rounding (they cancel: signed terms):
+  // sum_t |logp_t| + |old_logp_t|, and sum_t |dkl_t/dlogp_t| |logp_t| + |kl_t|.
+  double log_ratio_abs = 0.0, kl_abs = 0.0;
+};
+
 struct ReferenceInput {
   int64_t vocab_size = 0;   // V
   int64_t hidden_size = 0;  // H
@@ -30,6 +51,8 @@ struct ReferenceInput {
   LossOptions options;
   std::vector<double> token_weights;    // a_t; empty = from the reduction
   std::vector<double> entropy_weights;  // e_t; empty = 0
+  bool has_policy = false;
+  ReferencePolicy policy;  // with has_policy: a_t = -w_t dL_t/dlogp_t
 };
 
 struct ReferenceOutput {
@@ -60,6 +83,7 @@ struct ReferenceOutput {
   std::vector<double> grad_input_abs;   // BT x H
   std::vector<double> grad_weight_abs;  // V x H
   std::vector<double> grad_bias_abs;    // V
+  ReferencePolicyStats policy;          // with a policy objective
 };
 
 // Computes everything MATH.md defines for one request. The input is trusted

@@ -26,11 +26,16 @@ constexpr int kRowOutputs = 5;
 RowOutputs DeviceRowOutputs(float* outputs, int64_t stride, const OutputSelection& wanted);
 
 // ValidateComputeSpec (kernels/engine.h), then grad_out (when given): a
-// `Buffer`, the engine's own gradient buffer type.
+// `Buffer`, the engine's own gradient buffer type. No policy objective
+// (EngineInfo::policy_objectives is false).
 template <typename Buffer>
 absl::Status ValidateSpecFor(const ComputeSpec& spec, const HeadSpec& head,
                              const char* engine_name) {
   if (absl::Status st = ValidateComputeSpec(head, spec); !st.ok()) return st;
+  if (spec.policy.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ", engine_name, " engine does not compute policy objectives (the cpu engine does)"));
+  }
   if (spec.grad_out == nullptr) return absl::OkStatus();
   if (dynamic_cast<const Buffer*>(spec.grad_out) == nullptr) {
     return absl::InvalidArgumentError(
