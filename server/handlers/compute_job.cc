@@ -138,11 +138,18 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   FLCE_ASSIGN_OR_RETURN(
       spec_,
       ComputeSpecFromHeader(header_, head_spec, ComputeLimits{ctx_.config.max_request_tokens}));
+  if (spec_.policy.has_value() && !ctx_.engine->info().policy_objectives) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this server's engine (", ctx_.engine->info().name,
+        ") does not compute policy objectives: ServerInfo.capabilities has no "
+        "\"policy_objectives\""));
+  }
   row_bytes_ = head_spec.hidden_size * DTypeSize(spec_.hidden_dtype);
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddReceivedBytes(
         "Compute", static_cast<int64_t>(header.targets().size() + header.token_weights().size() +
-                                        header.entropy_weights().size()));
+                                        header.entropy_weights().size() +
+                                        header.policy().ByteSizeLong()));
   }
   rows_.emplace(spec_.num_tokens, "hidden");
   if (header.has_shared()) FLCE_RETURN_IF_ERROR(OpenSharedRegion(header.shared()));
@@ -534,6 +541,9 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
                           static_cast<double>(result.n_valid));
   }
   summary->set_entropy_sum(result.entropy_sum);
+  if (spec_.policy.has_value()) {
+    PolicySummaryToProto(spec_.policy->loss, result.policy, summary->mutable_policy());
+  }
   summary->set_strategy_used(result.strategy_used);
   summary->set_engine(ctx_.engine->info().name);
   summary->set_head_version(head_.version);

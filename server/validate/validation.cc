@@ -10,6 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "server/validate/policy_header.h"
 
 namespace flce::server {
 namespace {
@@ -199,6 +200,20 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
                                         spec.num_tokens, R::kMaxTokenWeight);
   if (!entropy_weights.ok()) return entropy_weights.status();
   spec.entropy_weights = std::move(*entropy_weights);
+
+  if (header.policy().loss() != v1::POLICY_LOSS_NONE) {
+    if (header.reduction() != v1::REDUCTION_MEAN) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reduction = ", v1::Reduction_Name(header.reduction()),
+          " does not apply to a policy objective: policy.aggregation weighs its tokens"));
+    }
+    FLCE_ASSIGN_OR_RETURN(spec.policy,
+                          PolicyFromHeader(header.policy(), spec.targets, spec.ignore_index));
+  } else if (header.has_policy() && header.policy().ByteSizeLong() > 0) {
+    return absl::InvalidArgumentError(
+        "policy has fields set but policy.loss is POLICY_LOSS_NONE: name the objective "
+        "(POLICY_LOSS_PPO_CLIP or POLICY_LOSS_CISPO)");
+  }
 
   const v1::OutputSelection& out = header.outputs();
   spec.outputs.grad_input = out.has_grad_input() ? out.grad_input() : !out.forward_only();

@@ -47,6 +47,59 @@ absl::Status UnknownEnumError(absl::string_view field,
       absl::StrCat(field, " = ", EnumValueText(type, value), " is not one of ", known));
 }
 
+absl::StatusOr<PolicyLoss> PolicyLossFromProto(v1::PolicyLoss loss) {
+  switch (loss) {
+    case v1::POLICY_LOSS_PPO_CLIP:
+      return PolicyLoss::kPpoClip;
+    case v1::POLICY_LOSS_CISPO:
+      return PolicyLoss::kCispo;
+    default:
+      return UnknownEnumError("policy.loss", v1::PolicyLoss_descriptor(), loss);
+  }
+}
+
+absl::StatusOr<KlEstimator> KlEstimatorFromProto(v1::KlEstimator estimator) {
+  switch (estimator) {
+    case v1::KL_ESTIMATOR_K3:
+      return KlEstimator::kK3;
+    case v1::KL_ESTIMATOR_K1:
+      return KlEstimator::kK1;
+    default:
+      return UnknownEnumError("policy.kl_estimator", v1::KlEstimator_descriptor(), estimator);
+  }
+}
+
+absl::StatusOr<LossAggregation> LossAggregationFromProto(v1::LossAggregation aggregation) {
+  switch (aggregation) {
+    case v1::LOSS_AGGREGATION_TOKEN_MEAN:
+      return LossAggregation::kTokenMean;
+    case v1::LOSS_AGGREGATION_SEQ_MEAN_TOKEN_SUM:
+      return LossAggregation::kSeqMeanTokenSum;
+    case v1::LOSS_AGGREGATION_SEQ_MEAN_TOKEN_MEAN:
+      return LossAggregation::kSeqMeanTokenMean;
+    default:
+      return UnknownEnumError("policy.aggregation", v1::LossAggregation_descriptor(),
+                              aggregation);
+  }
+}
+
+void PolicySummaryToProto(PolicyLoss loss, const PolicyStats& stats, v1::PolicySummary* out) {
+  out->set_loss(PolicyLossName(loss));
+  out->set_tokens(stats.tokens);
+  out->set_surrogate_loss(stats.surrogate_loss);
+  out->set_kl_loss(stats.kl_loss);
+  if (stats.tokens == 0) return;
+  const double n = static_cast<double>(stats.tokens);
+  out->set_clip_fraction_low(static_cast<double>(stats.clipped_low) / n);
+  out->set_clip_fraction_high(static_cast<double>(stats.clipped_high) / n);
+  out->set_dual_clip_fraction(static_cast<double>(stats.dual_clipped) / n);
+  out->set_approx_kl(stats.old_minus_logp_sum / n);
+  out->set_kl_mean(stats.kl_sum / n);
+  out->set_ratio_mean(stats.ratio_sum / n);
+  out->set_ratio_min(stats.ratio_min);
+  out->set_ratio_max(stats.ratio_max);
+}
+
 absl::StatusOr<Reduction> ReductionFromProto(v1::Reduction reduction) {
   switch (reduction) {
     case v1::REDUCTION_MEAN:

@@ -14,6 +14,7 @@
 #include "core/compute_options.h"
 #include "core/dtype.h"
 #include "core/optimizer_config.h"
+#include "core/policy_objective.h"
 #include "flce/v1/flce.pb.h"
 
 namespace flce {
@@ -33,6 +34,12 @@ absl::Status UnknownEnumError(absl::string_view field,
 // INVALID_ARGUMENT (UnknownEnumError) for a value the enum does not define.
 absl::StatusOr<Reduction> ReductionFromProto(v1::Reduction reduction);
 absl::StatusOr<Strategy> StrategyFromProto(v1::Strategy strategy);
+// POLICY_LOSS_NONE is no objective: the caller checks for it first.
+absl::StatusOr<PolicyLoss> PolicyLossFromProto(v1::PolicyLoss loss);
+absl::StatusOr<KlEstimator> KlEstimatorFromProto(v1::KlEstimator estimator);
+absl::StatusOr<LossAggregation> LossAggregationFromProto(v1::LossAggregation aggregation);
+// The summary's fractions and means over stats.tokens (0 when none counted).
+void PolicySummaryToProto(PolicyLoss loss, const PolicyStats& stats, v1::PolicySummary* out);
 
 // INVALID_ARGUMENT for OPTIMIZER_UNSPECIFIED or an unknown value.
 absl::StatusOr<OptimizerKind> OptimizerKindFromProto(v1::OptimizerKind kind);
