@@ -120,16 +120,17 @@ def _to_device(t: torch.Tensor, device) -> torch.Tensor:
 
 
 class FusedLoss(torch.autograd.Function):
-    """loss = reduction(ℓ) in one call; grad_W staged until backward commits it."""
+    """loss = reduction(ℓ) in one call (or a policy objective's loss); grad_W staged until
+    backward commits it."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, anchor: torch.Tensor, targets: torch.Tensor,
-                cfg: CallConfig, reduction: str, sink: Optional[list]):
+                cfg: CallConfig, reduction: str, sink: Optional[list], policy=None):
         staged = StagedContribution(cfg, new_request_id())
         try:
             result = _compute_deferred(cfg, hidden, targets, reduction=reduction,
                                        request_id=staged.request_id,
-                                       grad_input=ctx.needs_input_grad[0])
+                                       grad_input=ctx.needs_input_grad[0], policy=policy)
         except FlceError as err:
             if not err.non_finite:
                 staged.discard()
@@ -163,7 +164,7 @@ class FusedLoss(torch.autograd.Function):
             grad_input = _scaled(grad_input, grad_output, ctx.device)
         else:
             grad_input = None
-        return grad_input, None, None, None, None, None
+        return grad_input, None, None, None, None, None, None
 
 
 class PerTokenLoss(torch.autograd.Function):

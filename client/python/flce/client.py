@@ -25,6 +25,7 @@ from flce._pb import pb, pb_grpc
 from flce.commit_queue import CommitQueue
 from flce.errors import FlceError, from_rpc_error, translate
 from flce.loss_options import LossOptions, keyword_arguments
+from flce.policy import PolicyObjective
 from flce.shm import SharedTransport
 from flce.results import (CheckpointInfo, CommitResult, ComputeSummary, DownloadHeader,
                           EmbedGradSummary, EmbedHeader, GradHeader, GradNorm, HeadInfo,
@@ -565,8 +566,14 @@ class Client:
                 per_token_loss: bool = False, logprob: bool = False, entropy: bool = False,
                 accuracy: bool = False, deferred_commit: bool = False,
                 deterministic: bool = False, expected_head_version: Optional[int] = None,
-                pinned_result: Optional[bool] = None, **options) -> ComputeResult:
+                pinned_result: Optional[bool] = None,
+                policy: Optional[PolicyObjective] = None, **options) -> ComputeResult:
         """One Compute call over hidden [N, H] (fp32/fp16/bf16) and targets [N].
+
+        policy: a flce.PolicyObjective computed in place of the cross-entropy (the reduction
+        stays "mean"; its aggregation weighs the tokens). A server without the capability
+        "policy_objectives" is refused here, before anything is sent (one that predates
+        them would compute the cross-entropy instead).
 
         The loss options (ignore_index, label_smoothing, z_loss, softcap, temperature,
         strategy, chunk_tokens) are keyword arguments named and defaulted by
@@ -601,6 +608,9 @@ class Client:
                 if w.numel() != n:
                     raise ValueError(f"{name} must have {n} elements, got {w.numel()}")
                 setattr(header, name, tensors.to_bytes_fp32(w.reshape(-1)))
+        if policy is not None:
+            self._require_capability("policy_objectives", "a policy objective")
+            policy.fill(header, n)
 
         pinned = hidden.is_cuda if pinned_result is None else pinned_result
         wanted = [(k, dt) for k, dt in _TOKEN_FIELDS
@@ -674,6 +684,15 @@ class Client:
             if senders is not None:
                 senders.unbind()
                 senders.join()  # each is answered once the call has its rows, or has ended
+
+    def _require_capability(self, capability: str, what: str) -> None:
+        """FAILED_PRECONDITION, before any call, where the server does not name
+        `capability` in GetServerInfo."""
+        info = self._probe_local() or self.server_info()
+        if capability not in info.capabilities:
+            raise FlceError("Compute", grpc.StatusCode.FAILED_PRECONDITION,
+                            f"the server ({info.version}, engine {info.engine}) does not "
+                            f"compute {what}: its capabilities do not name {capability!r}")
 
     def _hidden_streams(self, chunks: int) -> int:
         """How many streams (the call's own and its pieces) carry a call's `chunks` row

@@ -34,6 +34,7 @@ from flce.errors import FlceError
 from flce.loss_options import NAMES, LossOptions, check_reduction, keyword_arguments
 from flce.optim import ServerOptimizer
 from flce.pipeline import InFlight, PendingLoss, submit_call
+from flce.policy import PolicyObjective
 from flce.results import (CheckpointInfo, ComputeSummary, EmbedGradSummary, EmbedHeader,
                           HeadInfo)
 
@@ -254,6 +255,27 @@ class RemoteLMHead(nn.Module):
             return loss
         return LMHeadOutput(loss, logprob.reshape(shape) if return_logprob else None,
                             entropy.reshape(shape) if return_entropy else None)
+
+    @keyword_arguments(overrides=True)
+    def policy_loss(self, hidden: torch.Tensor, targets: torch.Tensor,
+                    objective: PolicyObjective, **options) -> torch.Tensor:
+        """hidden [..., H], targets [...] → a policy objective's loss (flce.PolicyObjective,
+        per-token inputs shaped like targets), in one Compute call: differentiable like
+        forward's loss, with grad_W staged until backward. The summary's statistics (clip
+        fractions, approx KL, ratios) are in last_summary.policy. Loss options given here
+        override the module's for this call (label smoothing and z-loss do not combine with
+        an objective)."""
+        cfg = self._config(options)
+        if hidden.shape[:-1] != targets.shape:
+            raise ValueError(f"hidden {tuple(hidden.shape)} does not match targets "
+                             f"{tuple(targets.shape)}")
+        h2 = hidden.reshape(-1, hidden.shape[-1])
+        sink: list = []
+        anchor = self._weight_anchor if torch.is_grad_enabled() else self._weight_anchor.detach()
+        loss = FusedLoss.apply(h2, anchor, targets.reshape(-1), cfg, "mean", sink,
+                               objective.flattened())
+        self.last_summary = sink[-1] if sink else None  # None: the call overflowed
+        return loss
 
     # ------------------------------------------------------ asynchronous calls --
     @keyword_arguments(overrides=True)

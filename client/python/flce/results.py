@@ -182,6 +182,30 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class PolicySummary:
+    """ComputeSummary.policy: an objective's parts and what RL trainers log, over the
+    tokens that count (fractions and means; 0 when none counted)."""
+    loss: str
+    tokens: int
+    surrogate_loss: float
+    kl_loss: float
+    clip_fraction_low: float
+    clip_fraction_high: float
+    dual_clip_fraction: float
+    approx_kl: float
+    kl_mean: float
+    ratio_mean: float
+    ratio_min: float
+    ratio_max: float
+
+    @classmethod
+    def from_pb(cls, m) -> "PolicySummary":
+        return cls(m.loss, m.tokens, m.surrogate_loss, m.kl_loss, m.clip_fraction_low,
+                   m.clip_fraction_high, m.dual_clip_fraction, m.approx_kl, m.kl_mean,
+                   m.ratio_mean, m.ratio_min, m.ratio_max)
+
+
+@dataclass(frozen=True)
 class ComputeSummary:
     loss: float
     n_valid: int
@@ -199,12 +223,14 @@ class ComputeSummary:
     staged: bool
     committed: bool
     entropy_sum: float
+    policy: Optional[PolicySummary] = None  # with a policy objective: loss is sum_t w_t L_t
 
     @classmethod
     def from_pb(cls, m) -> "ComputeSummary":
         return cls(m.loss, m.n_valid, m.z_loss, m.accuracy, m.n_correct, m.strategy_used,
                    m.engine, m.head_version, m.server_instance_id, Timings.from_pb(m.timings),
-                   m.replayed, m.staged, m.committed, m.entropy_sum)
+                   m.replayed, m.staged, m.committed, m.entropy_sum,
+                   PolicySummary.from_pb(m.policy) if m.HasField("policy") else None)
 
 
 @dataclass(frozen=True)
