@@ -66,8 +66,8 @@ PolicyTokenTerms EvaluatePolicyToken(const PolicyObjective& o, double logp, doub
                                      double advantage, double ref_logp) {
   PolicyTokenTerms terms;
   const double A = advantage;
-  terms.log_ratio = logp - old_logp;
-  const Clamped delta = Clamp(terms.log_ratio, -o.log_ratio_clamp, o.log_ratio_clamp);
+  const Clamped delta = Clamp(logp - old_logp, -o.log_ratio_clamp, o.log_ratio_clamp);
+  terms.log_ratio = delta.value;
   const double r = std::exp(delta.value);
   const double dr = r * delta.slope;  // dr / dlogp
   terms.ratio = r;

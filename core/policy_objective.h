@@ -70,7 +70,7 @@ struct PolicyTokenTerms {
   double loss = 0.0;        // L_t: the surrogate plus kl_coef x the KL estimate
   double dloss_dlogp = 0.0;  // dL_t / dlogp_t, autograd's (ties split as torch splits them)
   double ratio = 1.0;       // r_t = exp(clamped logp - old_logp)
-  double log_ratio = 0.0;   // logp - old_logp, unclamped
+  double log_ratio = 0.0;   // logp - old_logp, clamped (verl's ppo_kl reads it so)
   double kl = 0.0;          // the KL estimate (0 without kl_coef)
   // ppo_clip: the clipped term is the larger and r is below / above its
   // bounds; cispo: r is (its weight is clipped).

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "client/cli/cli_main.h"
 #include "client/cli/command.h"
+#include "client/cli/compute_policy.h"
 #include "client/cli/json_views.h"
 #include "client/cli/tensor_files.h"
 #include "client/cpp/request_id.h"
@@ -86,6 +87,7 @@ void DeclareCompute(FlagSet& flags) {
   flags.Int("expected-version", "fail unless the head is at this version");
   flags.Bool("deterministic", "bitwise-repeatable results where the plan allows");
   flags.Int("chunk-tokens", "engine token-chunk size; 0 = the engine's choice", "0");
+  DeclarePolicyFlags(flags);
 }
 
 absl::StatusOr<CommandResult> RunCompute(const FlagSet& flags, CliEnv& env) {
@@ -143,6 +145,7 @@ absl::StatusOr<CommandResult> RunCompute(const FlagSet& flags, CliEnv& env) {
                           ReadFloat32(flags.str("entropy-weights"), tokens));
     header.set_entropy_weights(FloatBytes(weights));
   }
+  FLCE_RETURN_IF_ERROR(FillPolicy(flags, tokens, &header));
   const bool per_token = flags.has("per-token-out");
   v1::OutputSelection* outputs = header.mutable_outputs();
   outputs->set_forward_only(flags.flag("forward-only"));

@@ -86,6 +86,21 @@ nlohmann::json SummaryJson(const v1::ComputeSummary& summary, bool with_accuracy
     json["accuracy"] = summary.accuracy();
     json["n_correct"] = summary.n_correct();
   }
+  if (summary.has_policy()) {
+    const v1::PolicySummary& p = summary.policy();
+    json["policy"] = {{"loss", p.loss()},
+                      {"tokens", p.tokens()},
+                      {"surrogate_loss", p.surrogate_loss()},
+                      {"kl_loss", p.kl_loss()},
+                      {"clip_fraction_low", p.clip_fraction_low()},
+                      {"clip_fraction_high", p.clip_fraction_high()},
+                      {"dual_clip_fraction", p.dual_clip_fraction()},
+                      {"approx_kl", p.approx_kl()},
+                      {"kl_mean", p.kl_mean()},
+                      {"ratio_mean", p.ratio_mean()},
+                      {"ratio_min", p.ratio_min()},
+                      {"ratio_max", p.ratio_max()}};
+  }
   return json;
 }
 

@@ -23,6 +23,7 @@
 #include "client/cpp/request_id.h"
 #include "client/cpp/row_assembler.h"
 #include "client/cpp/wire_dtype.h"
+#include "core/status_macros.h"
 
 namespace flce {
 
@@ -44,6 +45,17 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
         absl::StrCat("one hidden row is ", row_bytes, " bytes, more than a chunk (", chunk, ")"));
   }
   int64_t rows_per_chunk = chunk / row_bytes;
+  // A server that predates policy objectives would ignore the field and
+  // compute the cross-entropy: refused here unless it names them.
+  if (args.header.policy().loss() != v1::POLICY_LOSS_NONE) {
+    FLCE_ASSIGN_OR_RETURN(v1::ServerInfo info, ServerInfoOnce());
+    if (!absl::c_linear_search(info.capabilities(), "policy_objectives")) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the server (", info.version(), ", engine ", info.engine(),
+          ") does not compute policy objectives: its capabilities do not name "
+          "\"policy_objectives\""));
+    }
+  }
 
   ComputeOutcome outcome;
   v1::ComputeRequest first;

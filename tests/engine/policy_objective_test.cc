@@ -114,7 +114,7 @@ TEST(EvaluatePolicyTokenTest, LogRatioClampStopsTheGradient) {
   const PolicyTokenTerms t = EvaluatePolicyToken(o, 0.0, -25.0, -1.0, 0.0);
   EXPECT_NEAR(t.ratio, std::exp(20.0), 1e-3);
   EXPECT_EQ(t.dloss_dlogp, 0.0);
-  EXPECT_EQ(t.log_ratio, 25.0);
+  EXPECT_EQ(t.log_ratio, 20.0);  // clamped, as verl's ppo_kl reads it
 }
 
 TEST(EvaluatePolicyTokenTest, CispoWeighsLogpByTheDetachedClippedRatio) {

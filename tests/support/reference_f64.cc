@@ -71,10 +71,10 @@ double PolicyTerm(const ReferencePolicy& pol, int64_t t, double logp, double* dl
   const double A = pol.advantages[t];
   const double lo = 1.0 - pol.clip_low;
   const double hi = 1.0 + pol.clip_high;
-  const double log_ratio = logp - pol.old_logp[t];
   bool passes = false;
-  const double ratio = std::exp(ClampTo(log_ratio, -pol.log_ratio_clamp, pol.log_ratio_clamp,
-                                        &passes));
+  const double log_ratio =
+      ClampTo(logp - pol.old_logp[t], -pol.log_ratio_clamp, pol.log_ratio_clamp, &passes);
+  const double ratio = std::exp(log_ratio);
   const double d_ratio = passes ? ratio : 0.0;
   bool inside = false;
   const double clipped = ClampTo(ratio, lo, hi, &inside);
@@ -123,7 +123,7 @@ double PolicyTerm(const ReferencePolicy& pol, int64_t t, double logp, double* dl
   stats->clipped_high += high;
   stats->dual_clipped += dual;
   stats->ratio_sum += ratio;
-  stats->old_minus_logp_sum -= log_ratio;
+  stats->old_minus_logp_sum -= log_ratio;  // clamped, as verl's ppo_kl
   stats->kl_sum += kl;
   stats->log_ratio_abs += std::abs(logp) + std::abs(pol.old_logp[t]);
   stats->kl_abs += std::abs(dkl * logp) + std::abs(kl);
