@@ -171,6 +171,9 @@ struct ComputeSpec {
   Strategy strategy = Strategy::kAuto;
   bool deterministic = false;
   int64_t chunk_tokens = 0;  // 0 = engine's choice
+  // Hidden arrives at a network's pace (messages rather than a region): an
+  // engine whose chunk waits for all its rows may choose smaller chunks.
+  bool wire_paced = false;
   // Where this call's grad_W (and grad_b) is ADDED, already multiplied by
   // grad_scale. nullptr = forward only (no gradient work at all).
   GradBuffer* grad_out = nullptr;

@@ -145,6 +145,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
         "\"policy_objectives\""));
   }
   row_bytes_ = head_spec.hidden_size * DTypeSize(spec_.hidden_dtype);
+  spec_.wire_paced = !header.has_shared();
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddReceivedBytes(
         "Compute", static_cast<int64_t>(header.targets().size() + header.token_weights().size() +

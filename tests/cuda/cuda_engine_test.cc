@@ -603,6 +603,35 @@ TEST(ChunkPlanTest, SeveralChunksComeOutEqual) {
   EXPECT_EQ(chunk_for(kMax + 100, 6000), 4352);  // a hint above the balanced size
 }
 
+// A call whose hidden arrives over the wire gets chunks of at most
+// ChunkPolicy::kWirePacedBytes of hidden (within its token bounds), unless
+// the caller names a chunk or asks for deterministic results (which keep the
+// budget's chunks on every transport). Host-only.
+TEST(ChunkPlanTest, WirePacedCallsGetSmallChunks) {
+  auto chunk_for = [](int64_t hidden, DType dtype, bool paced, int64_t hint) {
+    cuda::HeadView head;
+    head.dtype = DType::kBF16;
+    head.vocab = 1000;
+    head.padded_vocab = 1024;
+    head.hidden = hidden;
+    cuda::PlanRequest req;
+    req.strategy = Strategy::kChunked;
+    req.num_tokens = 32768;
+    req.hidden_dtype = dtype;
+    req.chunk_tokens = hint;
+    req.wire_paced = paced;
+    auto p = cuda::MakePlan(head, req, int64_t{2048} << 20);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? p->chunk_tokens : int64_t{-1};
+  };
+  EXPECT_EQ(chunk_for(4096, DType::kBF16, true, 0), 1024);   // 8 MiB of bf16 rows
+  EXPECT_EQ(chunk_for(4096, DType::kF32, true, 0), 512);     // fp32 rows: half as many
+  EXPECT_EQ(chunk_for(1024, DType::kBF16, true, 0), 2048);   // capped in tokens
+  EXPECT_EQ(chunk_for(32768, DType::kBF16, true, 0), 256);   // floored in tokens
+  EXPECT_EQ(chunk_for(4096, DType::kBF16, true, 3072), 3072);  // the caller's chunk wins
+  EXPECT_GT(chunk_for(4096, DType::kBF16, false, 0), 2048);  // regions: the budget's
+}
+
 // Every real logit is about -40 (bias), the padded columns' would be 0: if
 // padding leaked into the max, sum or argmax, loss and accuracy would be off.
 TEST(CudaEngineTest, PaddedColumnsNeverCount) {

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/engine_factory.h"
+#include "tests/server/delegating_engine.h"
 #include "tests/server/server_test_util.h"
 #include "tests/support/reference_f64.h"
 
@@ -197,33 +198,14 @@ TEST_F(PolicyTest, BadInputsAreNamedAndLandNothing) {
 
 // An engine that does not compute objectives: the server refuses before any
 // work instead of computing the cross-entropy.
-class NoPolicyEngine : public Engine {
+class NoPolicyEngine : public DelegatingEngine {
  public:
-  explicit NoPolicyEngine(std::unique_ptr<Engine> inner) : inner_(std::move(inner)) {}
+  using DelegatingEngine::DelegatingEngine;
   EngineInfo info() const override {
-    EngineInfo info = inner_->info();
+    EngineInfo info = DelegatingEngine::info();
     info.policy_objectives = false;
     return info;
   }
-  absl::StatusOr<std::unique_ptr<HeadBuilder>> BeginHead(const HeadSpec& spec) override {
-    return inner_->BeginHead(spec);
-  }
-  absl::StatusOr<std::unique_ptr<GradBuffer>> NewGradBuffer(const HeadSpec& spec) override {
-    return inner_->NewGradBuffer(spec);
-  }
-  absl::StatusOr<std::unique_ptr<ComputeCall>> StartCompute(std::shared_ptr<const Head> head,
-                                                            ComputeSpec spec,
-                                                            GradInputSink sink) override {
-    return inner_->StartCompute(std::move(head), std::move(spec), std::move(sink));
-  }
-  absl::StatusOr<std::unique_ptr<HeadOptimizer>> CreateOptimizer(
-      std::shared_ptr<const Head> head, const OptimizerConfig& config) override {
-    return inner_->CreateOptimizer(std::move(head), config);
-  }
-  bool healthy() const override { return inner_->healthy(); }
-
- private:
-  std::unique_ptr<Engine> inner_;
 };
 
 class PolicyRefusedTest : public PolicyTest {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -22,6 +23,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/state/shared_regions.h"
+#include "kernels/engine_factory.h"
+#include "tests/server/delegating_engine.h"
 #include "tests/server/region_helpers.h"
 #include "tests/server/server_test_util.h"
 
@@ -422,6 +425,56 @@ TEST_F(CudaIpcOnlyOnCpuTest, TakesNoRegionsAtAll) {
   EXPECT_TRUE(regions.RegisterDevice("", &status).empty());
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(status.error_message(), HasSubstr("cuda_ipc"));
+}
+
+// The engine is told which calls' hidden arrives at the wire's pace (in
+// messages), so that its plan may keep their chunks small; a region's rows
+// are all there at once.
+class WirePacedTest : public SharedMemoryTest {
+ protected:
+  class Recording : public DelegatingEngine {
+   public:
+    Recording(std::unique_ptr<Engine> inner, WirePacedTest* test)
+        : DelegatingEngine(std::move(inner)), test_(test) {}
+    absl::StatusOr<std::unique_ptr<ComputeCall>> StartCompute(std::shared_ptr<const Head> head,
+                                                              ComputeSpec spec,
+                                                              GradInputSink sink) override {
+      {
+        std::lock_guard<std::mutex> lock(test_->mu_);
+        test_->paced_.push_back(spec.wire_paced);
+      }
+      return DelegatingEngine::StartCompute(std::move(head), std::move(spec), std::move(sink));
+    }
+
+   private:
+    WirePacedTest* test_;
+  };
+
+  void SetUp() override {
+    ServerConfig config = TestConfig();
+    config.shm_transport = true;
+    auto cpu = CreateCpuEngine(EngineConfig{});
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    StartServer(config, std::make_unique<Recording>(std::move(*cpu), this));
+    problem_ = MakeProblem(TinyF32Spec());
+    ASSERT_TRUE(UploadHead(stub(), "h", problem_).ok());
+    hidden_bytes_ = static_cast<int64_t>(problem_.hidden_bytes.size());
+  }
+
+  std::mutex mu_;
+  std::vector<bool> paced_;
+};
+
+TEST_F(WirePacedTest, OnlyCallsInMessagesAreWirePaced) {
+  ASSERT_TRUE(Compute(stub(), MakeHeader(problem_, "h", "s", "messages"), problem_).status.ok());
+  ShmObject object(2 * hidden_bytes_);
+  std::memcpy(object.data(), problem_.hidden_bytes.data(), hidden_bytes_);
+  RegionStream regions(stub());
+  const std::string id = regions.Register(object, 2 * hidden_bytes_);
+  ComputeOutcome shared = SharedCompute(id, "s", "region");
+  ASSERT_TRUE(shared.status.ok()) << shared.status.error_message();
+  std::lock_guard<std::mutex> lock(mu_);
+  EXPECT_EQ(paced_, (std::vector<bool>{true, false}));
 }
 
 }  // namespace

@@ -36,6 +36,14 @@ struct ChunkPolicy {
   // size, rounded up to this, instead of full chunks and a short remainder
   // (whose GEMMs fill the GPU's last wave poorly; docs/perf/cuda.md).
   static constexpr int64_t kBalancedAlign = 256;
+  // A call whose hidden arrives over the wire at the wire's pace: the GPU
+  // cannot start a chunk before all its rows are in, and the last chunk's
+  // grad_input leaves only after the engine is done, so chunks carry at most
+  // this much hidden (and at most kWirePacedMaxTokens, at least
+  // kWirePacedMinTokens): both edges shrink with them (docs/perf/python.md).
+  static constexpr int64_t kWirePacedBytes = int64_t{8} << 20;
+  static constexpr int64_t kWirePacedMaxTokens = 2048;
+  static constexpr int64_t kWirePacedMinTokens = 256;
 };
 static_assert(ChunkPolicy::kMaxTokens % ChunkPolicy::kTokenAlign == 0, "aligned max chunk");
 

@@ -40,6 +40,9 @@ PlanRequest PlanRequestFor(const ComputeSpec& spec) {
   req.hidden_dtype = spec.hidden_dtype;
   req.chunk_tokens = spec.chunk_tokens;
   req.deterministic = spec.deterministic;
+  // Under deterministic the chunks stay the budget's whatever the transport,
+  // so that results are the same bits through messages and regions.
+  req.wire_paced = spec.wire_paced && !spec.deterministic;
   req.plain_logits = !(spec.options.softcap > 0.0f) && spec.options.temperature == 1.0f;
   return req;
 }

@@ -46,7 +46,14 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
                          "Raise --workspace-mb.");
       }
       chunk = BalancedChunk(chunk, n);
-      if (req.chunk_tokens > 0) chunk = std::min(chunk, req.chunk_tokens);
+      if (req.chunk_tokens > 0) {
+        chunk = std::min(chunk, req.chunk_tokens);
+      } else if (req.wire_paced) {
+        const int64_t by_bytes = AlignDown(ChunkPolicy::kWirePacedBytes / (head.hidden * hs_in),
+                                           ChunkPolicy::kTokenAlign);
+        chunk = std::min(chunk, std::clamp(by_bytes, ChunkPolicy::kWirePacedMinTokens,
+                                           ChunkPolicy::kWirePacedMaxTokens));
+      }
       chunk = std::min(chunk, AlignUp(n, ChunkPolicy::kTokenAlign));
       plan.chunk_tokens = chunk;
       plan.scratch_bytes = plan.tile_stats ? TileScratchBytes(chunk, head, tb)

@@ -79,6 +79,9 @@ struct PlanRequest {
   bool deterministic = false;
   bool streaming = true;     // chunked: reserve two upload/download slots too
   bool plain_logits = true;  // no softcap, temperature 1: the logits-stats GEMM may run
+  // Hidden arrives at the wire's pace (ComputeSpec::wire_paced, not under
+  // deterministic): chunked plans keep chunks small (ChunkPolicy).
+  bool wire_paced = false;
 };
 
 // RESOURCE_EXHAUSTED (needed vs available bytes) when the plan cannot fit the
