@@ -196,3 +196,21 @@ def test_a_server_without_objectives_is_refused_before_sending():
             assert "policy_objectives" in str(err.value)
     finally:
         srv.stop(None)
+
+
+def test_the_grpo_example_trains_its_toy_policy(server):
+    """client/python/examples/grpo_toy.py against the server: its reward climbs."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    example = REPO / "client" / "python" / "examples" / "grpo_toy.py"
+    run = subprocess.run([sys.executable, str(example), "--target", server.target,
+                          "--steps", "20"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    rewards = [json.loads(line)["mean_reward"] for line in run.stdout.splitlines()]
+    assert len(rewards) == 20
+    # one answer of 16 is right: ~0.06 at first
+    assert rewards[0] < 0.2
+    assert sum(rewards[-5:]) / 5 > 0.4, rewards
