@@ -65,7 +65,7 @@ def main() -> int:
         for _ in range(args.updates):
             objective = flce.PolicyObjective(old_logp=old, advantages=advantages,
                                              clip_low=0.2, clip_high=0.28)
-            loss = head.policy_loss(hidden.requires_grad_(False), tokens, objective)
+            loss = head.policy_loss(hidden, tokens, objective)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()

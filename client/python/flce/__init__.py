@@ -27,7 +27,8 @@ from flce.results import (CheckpointInfo, CommitResult, ComputeSummary,  # noqa:
 from flce import safetensors  # noqa: E402
 
 __all__ = ["Client", "ComputeResult", "GradResult", "HeadDownload", "FlceError",
-           "LMHeadOutput", "PendingLoss", "PolicyObjective", "PolicySummary", "RemoteEmbedding", "RemoteLMHead", "ignore_in_ddp", "ServerOptimizer",
+           "LMHeadOutput", "PendingLoss", "PolicyObjective", "PolicySummary",
+           "RemoteEmbedding", "RemoteLMHead", "ignore_in_ddp", "ServerOptimizer",
            "clip_grad_norm_", "safetensors", "CheckpointInfo", "CommitResult",
            "ComputeSummary", "ContributionState", "DType", "DownloadHeader",
            "EmbedGradSummary", "EmbedHeader", "GradHeader",
