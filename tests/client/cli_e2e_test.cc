@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -242,6 +243,71 @@ TEST_F(CliEndToEndTest, ReadmeCommandsMatchTheFloat64Reference) {
   grad = Ok({"fetch-grad", "--head", "h1", "--session", "s1", "--out", gw});
   EXPECT_EQ(grad["contributions"], 0);
   for (double value : ReadFloats(gw)) ASSERT_EQ(value, 0.0);
+}
+
+// compute --policy: the objective from .npy files (per-sequence advantages,
+// sequence ids, a mask) against the float64 reference given the weights by
+// hand; the statistics in the JSON; a per-token file of the wrong length named.
+TEST_F(CliEndToEndTest, ComputeWithAPolicyObjective) {
+  ProblemSpec ps;  // fp32, V=257, H=64, 48 tokens
+  ps.ignore_fraction = 0.0;
+  const Problem p = MakeProblem(ps);
+  SCOPED_TRACE("problem seed " + std::to_string(p.seed));
+  WriteProblem(p, "po_");
+  const int64_t n = ps.num_tokens;
+  ComputeSpec plain;
+  const ReferenceOutput logps = ComputeReference(MakeReferenceInput(p, plain));
+  std::vector<float> old(n);
+  std::vector<int32_t> sequences(n), mask(n);
+  for (int64_t t = 0; t < n; ++t) {
+    old[t] = static_cast<float>(logps.logprob[t] + 0.25 * std::sin(3.0 * t));
+    sequences[t] = static_cast<int32_t>(t / 12);  // four sequences
+    mask[t] = t % 5 == 0 ? 0 : 1;
+  }
+  const std::vector<float> per_sequence = {1.0f, -0.5f, 2.0f, -1.0f};
+  WriteArray(Path("po_old.npy"), NpyType::kF32, {n}, old.data(), n * 4);
+  WriteArray(Path("po_adv.npy"), NpyType::kF32, {4}, per_sequence.data(), 16);
+  WriteArray(Path("po_seq.npy"), NpyType::kI32, {n}, sequences.data(), n * 4);
+  WriteArray(Path("po_mask.npy"), NpyType::kI32, {n}, mask.data(), n * 4);
+
+  ComputeSpec spec;
+  PolicyObjective o;
+  o.clip_high = 0.28f;
+  o.old_logp = old;
+  int counted = 0;
+  for (int32_t m : mask) counted += m;
+  for (int64_t t = 0; t < n; ++t) {
+    o.advantages.push_back(per_sequence[t / 12]);
+    o.weights.push_back(mask[t] ? 1.0 / counted : 0.0);
+  }
+  spec.policy = o;
+  const ReferenceOutput ref = ComputeReference(MakeReferenceInput(p, spec));
+
+  Ok({"load-weight", "--head", "po", "--weight", Path("po_w.npy")});
+  const nlohmann::json out =
+      Ok({"compute", "--head", "po", "--session", "s", "--hidden", Path("po_h.npy"), "--targets",
+          Path("po_t32.npy"), "--out-grad-input", Path("po_gx.npy"), "--policy", "ppo_clip",
+          "--old-logp", Path("po_old.npy"), "--advantages", Path("po_adv.npy"),
+          "--sequence-ids", Path("po_seq.npy"), "--mask", Path("po_mask.npy"), "--clip-high",
+          "0.28"});
+  EXPECT_NEAR(out["loss"].get<double>(), ref.loss, 1e-5 * ref.loss_abs) << out;
+  ASSERT_TRUE(out.contains("policy")) << out;
+  EXPECT_EQ(out["policy"]["loss"], "ppo_clip");
+  EXPECT_EQ(out["policy"]["tokens"], counted);
+  EXPECT_LE(RelativeError(ReadFloats(Path("po_gx.npy")), ref.grad_input), 1e-5);
+
+  const CliRun short_file =
+      Cli({"compute", "--head", "po", "--session", "s", "--hidden", Path("po_h.npy"),
+           "--targets", Path("po_t32.npy"), "--policy", "ppo_clip", "--old-logp",
+           Path("po_adv.npy"), "--advantages", Path("po_adv.npy")});
+  EXPECT_NE(short_file.exit_code, 0) << Describe(short_file);
+  EXPECT_NE(short_file.out.find("po_adv.npy"), std::string::npos) << Describe(short_file);
+  const CliRun without = Cli({"compute", "--head", "po", "--session", "s", "--hidden",
+                              Path("po_h.npy"), "--targets", Path("po_t32.npy"), "--policy",
+                              "cispo", "--advantages", Path("po_adv.npy")});
+  EXPECT_NE(without.exit_code, 0) << Describe(without);
+  EXPECT_NE(without.out.find("--policy needs --old-logp and --advantages"), std::string::npos)
+      << Describe(without);
 }
 
 TEST_F(CliEndToEndTest, EveryOtherSubcommand) {

@@ -7,6 +7,8 @@
 #include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/engine_factory.h"
@@ -233,6 +235,22 @@ TEST_F(PolicyRefusedTest, AServerWhoseEngineLacksThemSaysSo) {
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(out.status.error_message(), HasSubstr("does not compute policy objectives"));
   EXPECT_FALSE(out.has_summary);
+
+  // The C++ client refuses it itself, from the capabilities, before sending.
+  ClientOptions options;
+  options.target = absl::StrCat("127.0.0.1:", server().port());
+  options.timeout = absl::Seconds(20);
+  auto client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ComputeArgs args;
+  args.header = PolicyHeader("client-refused");
+  args.targets = problem_.targets;
+  args.hidden = problem_.hidden_bytes;
+  absl::StatusOr<::flce::ComputeOutcome> refused = (*client)->Compute(args);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("its capabilities do not name \"policy_objectives\""));
 }
 
 }  // namespace
