@@ -39,85 +39,9 @@ const char* LossAggregationName(LossAggregation aggregation) {
   return "unknown";
 }
 
-namespace {
-
-// clamp(x, lo, hi) and its autograd derivative: torch.clamp passes the
-// gradient where lo <= x <= hi, bounds included.
-struct Clamped {
-  double value;
-  double slope;
-};
-Clamped Clamp(double x, double lo, double hi) {
-  if (x < lo) return {lo, 0.0};
-  if (x > hi) return {hi, 0.0};
-  return {x, 1.0};
-}
-
-// The derivative torch.maximum / torch.minimum give each side: the chosen
-// one's, or half of each on a tie.
-double PickSlope(bool first_chosen, bool tie, double d_first, double d_second) {
-  if (tie) return 0.5 * (d_first + d_second);
-  return first_chosen ? d_first : d_second;
-}
-
-}  // namespace
-
-PolicyTokenTerms EvaluatePolicyToken(const PolicyObjective& o, double logp, double old_logp,
-                                     double advantage, double ref_logp) {
-  PolicyTokenTerms terms;
-  const double A = advantage;
-  const Clamped delta = Clamp(logp - old_logp, -o.log_ratio_clamp, o.log_ratio_clamp);
-  terms.log_ratio = delta.value;
-  const double r = std::exp(delta.value);
-  const double dr = r * delta.slope;  // dr / dlogp
-  terms.ratio = r;
-  const Clamped rc = Clamp(r, 1.0 - o.clip_low, 1.0 + o.clip_high);
-  if (o.loss == PolicyLoss::kCispo) {
-    // The clipped ratio is a constant weight (detached): only logp carries
-    // the gradient.
-    terms.loss = -A * rc.value * logp;
-    terms.dloss_dlogp = -A * rc.value;
-    terms.clipped_low = r < 1.0 - o.clip_low;
-    terms.clipped_high = r > 1.0 + o.clip_high;
-  } else {
-    const double s1 = -A * r;
-    const double s2 = -A * rc.value;
-    const double ds1 = -A * dr;
-    const double ds2 = -A * rc.slope * dr;
-    double loss = std::max(s1, s2);
-    double dloss = PickSlope(s1 > s2, s1 == s2, ds1, ds2);
-    if (s2 > s1) {
-      terms.clipped_low = r < 1.0 - o.clip_low;
-      terms.clipped_high = r > 1.0 + o.clip_high;
-    }
-    if (o.dual_clip > 0.0f && A < 0.0) {
-      const double s3 = -A * o.dual_clip;  // a constant
-      terms.dual_clipped = loss > s3;
-      dloss = PickSlope(loss < s3, loss == s3, dloss, 0.0);
-      loss = std::min(loss, s3);
-    }
-    terms.loss = loss;
-    terms.dloss_dlogp = dloss;
-  }
-  if (o.kl_coef > 0.0f) {
-    double kl = 0.0;
-    double dkl = 0.0;
-    if (o.kl_estimator == KlEstimator::kK1) {
-      kl = logp - ref_logp;
-      dkl = 1.0;
-    } else {
-      const Clamped d = Clamp(ref_logp - logp, -PolicyRanges::kDefaultLogRatioClamp,
-                              PolicyRanges::kDefaultLogRatioClamp);
-      const double e = std::exp(d.value);
-      const Clamped k = Clamp(e - d.value - 1.0, -PolicyRanges::kKlClamp, PolicyRanges::kKlClamp);
-      kl = k.value;
-      dkl = k.slope * (e - 1.0) * -d.slope;  // d/dlogp of (ref - logp) is -1
-    }
-    terms.kl = kl;
-    terms.loss += o.kl_coef * kl;
-    terms.dloss_dlogp += o.kl_coef * dkl;
-  }
-  return terms;
+PolicyTokenTerms EvaluatePolicyToken(const PolicyObjective& objective, double logp,
+                                     double old_logp, double advantage, double ref_logp) {
+  return EvaluatePolicyTokenT<double>(objective, logp, old_logp, advantage, ref_logp);
 }
 
 void PolicyStats::Add(const PolicyTokenTerms& terms, double weight, double kl_coef) {

@@ -1,7 +1,7 @@
 // A policy-gradient objective in place of the cross-entropy (docs/MATH.md,
 // "Policy objectives"): what an engine needs per token, resolved from the
-// wire's per-sequence form, and the per-token arithmetic every engine
-// shares. The loss of token t is a function of its log-prob alone, so an
+// wire's per-sequence form (the per-token arithmetic every engine shares is
+// policy_token.h's). The loss of token t is a function of its log-prob alone, so an
 // engine folds it into the row pass as the weight a_t = -w_t dL_t/dlogp_t on
 // the cross-entropy's gradient, inside the chunk that computes logp_t.
 #ifndef FLCE_CORE_POLICY_OBJECTIVE_H_
@@ -12,18 +12,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/policy_token.h"
 
 namespace flce {
-
-enum class PolicyLoss {
-  kPpoClip,  // PPO / GRPO / DAPO: max(-A r, -A clip(r)), optional dual clip
-  kCispo,    // -A sg(clip(r)) logp
-};
-
-enum class KlEstimator {
-  kK1,  // logp - ref_logp
-  kK3,  // exp(ref_logp - logp) - (ref_logp - logp) - 1
-};
 
 // How the per-token losses become one number (verl's loss_agg_mode names).
 enum class LossAggregation {
@@ -37,25 +28,8 @@ const char* PolicyLossName(PolicyLoss loss);
 const char* KlEstimatorName(KlEstimator estimator);
 const char* LossAggregationName(LossAggregation aggregation);
 
-// The ranges every layer accepts (the server's wire check and the engines'
-// spec check share them).
-struct PolicyRanges {
-  static constexpr float kMaxClipHigh = 10.0f;
-  static constexpr float kMaxDualClip = 100.0f;
-  static constexpr float kMaxKlCoef = 1e3f;
-  static constexpr float kMaxLogRatioClamp = 50.0f;
-  static constexpr float kDefaultLogRatioClamp = 20.0f;  // verl's
-  static constexpr float kKlClamp = 10.0f;               // the k3 estimator's, as verl's
-};
-
-struct PolicyObjective {
-  PolicyLoss loss = PolicyLoss::kPpoClip;
-  float clip_low = 0.2f;   // epsilon_low: the ratio's lower bound is 1 - clip_low
-  float clip_high = 0.2f;  // epsilon_high: its upper bound is 1 + clip_high
-  float dual_clip = 0.0f;  // c > 1: -A r is bounded by -c A where A < 0; 0 = none
-  float kl_coef = 0.0f;    // beta; > 0 needs ref_logp
-  KlEstimator kl_estimator = KlEstimator::kK3;
-  float log_ratio_clamp = PolicyRanges::kDefaultLogRatioClamp;
+// The objective's parameters (PolicyTokenParams) and its per-token inputs.
+struct PolicyObjective : PolicyTokenParams {
   // Per token (num_tokens each; ref_logp empty without the KL term). w_t is
   // the aggregation's weight, 0 for tokens that do not count (masked,
   // ignored): their old_logp / advantage / ref_logp are not read.
@@ -65,19 +39,7 @@ struct PolicyObjective {
   std::vector<double> weights;
 };
 
-// What one token contributes, from its log-prob under the current weights.
-struct PolicyTokenTerms {
-  double loss = 0.0;        // L_t: the surrogate plus kl_coef x the KL estimate
-  double dloss_dlogp = 0.0;  // dL_t / dlogp_t, autograd's (ties split as torch splits them)
-  double ratio = 1.0;       // r_t = exp(clamped logp - old_logp)
-  double log_ratio = 0.0;   // logp - old_logp, clamped (verl's ppo_kl reads it so)
-  double kl = 0.0;          // the KL estimate (0 without kl_coef)
-  // ppo_clip: the clipped term is the larger and r is below / above its
-  // bounds; cispo: r is (its weight is clipped).
-  bool clipped_low = false;
-  bool clipped_high = false;
-  bool dual_clipped = false;  // A < 0 and -c A is the smaller
-};
+using PolicyTokenTerms = PolicyTokenTermsT<double>;
 
 PolicyTokenTerms EvaluatePolicyToken(const PolicyObjective& objective, double logp,
                                      double old_logp, double advantage, double ref_logp);

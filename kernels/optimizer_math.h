@@ -9,13 +9,8 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/host_device.h"
 #include "core/optimizer_config.h"
-
-#if defined(__CUDACC__)
-#define FLCE_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FLCE_HOST_DEVICE inline
-#endif
 
 namespace flce {
 

@@ -160,9 +160,11 @@ __device__ __forceinline__ RowState BlockReduceState(RowState st, RowState* scra
 }
 
 // Row finalisation: LSE, the per-row outputs and what the gradient pass needs.
-__device__ __forceinline__ RowGrad FinishRow(const RowState& st, int32_t y, float a, float e,
-                                             const LossParams& p, RowOutputs out, int64_t row) {
+__device__ __forceinline__ RowGrad FinishRow(const RowState& st, const RowInputs& in, int64_t row,
+                                             const LossParams& p, RowOutputs out) {
   RowGrad g;
+  const int32_t y = in.target[row];
+  const float a = in.token_weight[row];
   const bool valid = y >= 0;
   const float log_s = logf(st.s);
   const float lse = st.m + log_s;
@@ -173,7 +175,30 @@ __device__ __forceinline__ RowGrad FinishRow(const RowState& st, int32_t y, floa
   const float nll = (st.m - st.zy) + log_s;
   const float smooth = (st.m - st.sum_z / static_cast<float>(p.vocab)) + log_s;
   const float zl = p.z_loss_scale * lse * lse;
-  const float loss = (1.0f - p.label_smoothing) * nll + p.label_smoothing * smooth + zl;
+  float loss = (1.0f - p.label_smoothing) * nll + p.label_smoothing * smooth + zl;
+  float coef_loss = valid ? p.grad_scale * a : 0.0f;
+  if (p.has_policy) {
+    // No smoothing and no z-loss come with an objective, so l_t = -logp_t:
+    // weighing its gradient by -w_t dL_t/dlogp_t gives dL_t/dz.
+    loss = 0.0f;
+    coef_loss = 0.0f;
+    PolicyTokenTermsT<float> terms;
+    const bool counts = valid && a != 0.0f;
+    if (counts) {
+      const float ref = in.ref_logp != nullptr ? in.ref_logp[row] : 0.0f;
+      terms = EvaluatePolicyTokenT<float>(p.policy, -nll, in.old_logp[row], in.advantage[row], ref);
+      loss = terms.loss;
+      coef_loss = -p.grad_scale * a * terms.dloss_dlogp;
+    }
+    if (out.ratio) out.ratio[row] = counts ? terms.ratio : 0.0f;
+    if (out.log_ratio) out.log_ratio[row] = counts ? terms.log_ratio : 0.0f;
+    if (out.kl) out.kl[row] = counts ? terms.kl : 0.0f;
+    if (out.policy_flags) {
+      out.policy_flags[row] = (terms.clipped_low ? kPolicyClippedLow : 0) |
+                              (terms.clipped_high ? kPolicyClippedHigh : 0) |
+                              (terms.dual_clipped ? kPolicyDualClipped : 0);
+    }
+  }
   if (out.loss) out.loss[row] = valid ? loss : 0.0f;
   if (out.z_loss) out.z_loss[row] = valid ? zl : 0.0f;
   if (out.logprob) out.logprob[row] = valid ? -nll : 0.0f;
@@ -183,8 +208,8 @@ __device__ __forceinline__ RowGrad FinishRow(const RowState& st, int32_t y, floa
   g.lse = lse;
   g.mean_shift = mean_shift;
   g.logprob = valid ? -nll : 0.0f;
-  g.coef_loss = valid ? p.grad_scale * a : 0.0f;
-  g.coef_entropy = p.grad_scale * e;
+  g.coef_loss = coef_loss;
+  g.coef_entropy = p.grad_scale * in.entropy_weight[row];
   g.target = y;
   g.pad = 0;
   return g;

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "core/policy_token.h"
+
 namespace flce::cuda {
 
 struct LossParams {
@@ -17,6 +19,11 @@ struct LossParams {
   // Some e_t != 0: the backward needs per-element entropy terms, so the
   // logits-stats path keeps its dlogits pass (a hint; rows are checked again).
   bool entropy_weighted = false;
+  // A policy objective replaces the cross-entropy (ComputeSpec::policy): the
+  // row's loss is L_t and a_t becomes -w_t dL_t/dlogp_t (RowInputs carry w_t
+  // as token_weight and the objective's per-token inputs).
+  bool has_policy = false;
+  PolicyTokenParams policy;
 };
 
 // Device arrays, one entry per row of the launch.
@@ -24,6 +31,10 @@ struct RowInputs {
   const int32_t* target = nullptr;        // -1 = ignored
   const float* token_weight = nullptr;    // a_t (0 for ignored tokens)
   const float* entropy_weight = nullptr;  // e_t
+  // Under a policy objective (else null); ref_logp is read only with kl_coef.
+  const float* old_logp = nullptr;
+  const float* advantage = nullptr;
+  const float* ref_logp = nullptr;
 };
 
 // Device arrays, one entry per row of the launch.
@@ -33,7 +44,54 @@ struct RowOutputs {
   float* logprob = nullptr;  // z_y - LSE (0 for ignored tokens)
   float* entropy = nullptr;
   int32_t* argmax = nullptr;
+  // Under a policy objective, for the tokens that count (w_t != 0).
+  float* ratio = nullptr;      // r_t
+  float* log_ratio = nullptr;  // the clamped logp - old_logp
+  float* kl = nullptr;         // the KL estimate
+  int32_t* policy_flags = nullptr;  // kPolicyClippedLow | kPolicyClippedHigh | kPolicyDualClipped
 };
+
+enum PolicyFlag : int32_t {
+  kPolicyClippedLow = 1,
+  kPolicyClippedHigh = 2,
+  kPolicyDualClipped = 4,
+};
+
+// The row arrays a call may carry, each one entry per token: the inputs
+// (target, a_t, e_t, then the objective's old_logp, advantage, ref_logp) and
+// the outputs (loss, z-loss, logprob, entropy, argmax, then the objective's
+// ratio, log-ratio, KL, flags). Calls without an objective use the first
+// three and the first five.
+constexpr int kRowInputs = 6;
+constexpr int kPlainRowInputs = 3;
+constexpr int kRowOutputs = 9;
+constexpr int kPlainRowOutputs = 5;
+
+// Both sets of row pointers moved `begin` rows on (null stays null).
+inline RowInputs ShiftRows(RowInputs in, int64_t begin) {
+  auto shift = [begin](auto* p) { return p == nullptr ? p : p + begin; };
+  in.target = shift(in.target);
+  in.token_weight = shift(in.token_weight);
+  in.entropy_weight = shift(in.entropy_weight);
+  in.old_logp = shift(in.old_logp);
+  in.advantage = shift(in.advantage);
+  in.ref_logp = shift(in.ref_logp);
+  return in;
+}
+
+inline RowOutputs ShiftRows(RowOutputs out, int64_t begin) {
+  auto shift = [begin](auto* p) { return p == nullptr ? p : p + begin; };
+  out.loss = shift(out.loss);
+  out.z_loss = shift(out.z_loss);
+  out.logprob = shift(out.logprob);
+  out.entropy = shift(out.entropy);
+  out.argmax = shift(out.argmax);
+  out.ratio = shift(out.ratio);
+  out.log_ratio = shift(out.log_ratio);
+  out.kl = shift(out.kl);
+  out.policy_flags = shift(out.policy_flags);
+  return out;
+}
 
 // Online-softmax state of one row over the columns seen so far. sez is
 // sum_j exp(z_j - m) (z_j - m): kept relative to the running max so that a

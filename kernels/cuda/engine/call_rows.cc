@@ -10,16 +10,6 @@
 
 namespace flce::cuda {
 
-RowOutputs DeviceRowOutputs(float* outputs, int64_t stride, const OutputSelection& wanted) {
-  RowOutputs out;
-  out.loss = outputs;
-  out.z_loss = outputs + stride;
-  out.logprob = outputs + 2 * stride;
-  if (wanted.entropy) out.entropy = outputs + 3 * stride;
-  if (wanted.accuracy) out.argmax = reinterpret_cast<int32_t*>(outputs + 4 * stride);
-  return out;
-}
-
 LossParams LossParamsFor(const ComputeSpec& spec, int64_t vocab) {
   LossParams p;
   p.vocab = vocab;
@@ -30,6 +20,10 @@ LossParams LossParamsFor(const ComputeSpec& spec, int64_t vocab) {
   p.grad_scale = spec.options.grad_scale;
   p.entropy_weighted = std::any_of(spec.entropy_weights.begin(), spec.entropy_weights.end(),
                                    [](float e) { return e != 0.0f; });
+  if (spec.policy.has_value()) {
+    p.has_policy = true;
+    p.policy = *spec.policy;
+  }
   return p;
 }
 
@@ -58,9 +52,12 @@ CallRows::CallRows(const ComputeSpec& spec) {
     n_valid += ignored ? 0 : 1;
   }
   token_weight.assign(n, 0.0f);
+  policy = spec.policy.has_value();
   for (int64_t t = 0; t < n; ++t) {
     if (target[t] < 0) continue;
-    if (!spec.token_weights.empty()) {
+    if (policy) {
+      token_weight[t] = static_cast<float>(spec.policy->weights[t]);
+    } else if (!spec.token_weights.empty()) {
       token_weight[t] = spec.token_weights[t];
     } else if (spec.reduction == Reduction::kMean) {
       token_weight[t] = 1.0f / static_cast<float>(n_valid);
@@ -69,6 +66,25 @@ CallRows::CallRows(const ComputeSpec& spec) {
     }
   }
   entropy_weight = spec.entropy_weights.empty() ? std::vector<float>(n, 0.0f) : spec.entropy_weights;
+  if (policy) {
+    // Tokens that do not count are not read: whatever the caller sent there
+    // (NaN included) stays on the host.
+    const PolicyObjective& o = *spec.policy;
+    kl_coef = o.kl_coef;
+    old_logp.assign(n, 0.0f);
+    advantage.assign(n, 0.0f);
+    ref_logp.assign(n, 0.0f);
+    for (int64_t t = 0; t < n; ++t) {
+      if (token_weight[t] == 0.0f) continue;
+      old_logp[t] = o.old_logp[t];
+      advantage[t] = o.advantages[t];
+      if (!o.ref_logp.empty()) ref_logp[t] = o.ref_logp[t];
+    }
+    ratio.assign(n, 0.0f);
+    log_ratio.assign(n, 0.0f);
+    kl.assign(n, 0.0f);
+    policy_flags.assign(n, 0);
+  }
   loss.assign(n, 0.0f);
   z_loss.assign(n, 0.0f);
   logprob.assign(n, 0.0f);
@@ -111,12 +127,65 @@ absl::Status CallRows::CheckAllGiven() const {
                                                     " is missing"));
 }
 
-void CallRows::Store(const float* outputs, int64_t stride, int64_t begin, int64_t rows) {
-  std::memcpy(loss.data() + begin, outputs, rows * 4);
-  std::memcpy(z_loss.data() + begin, outputs + stride, rows * 4);
-  std::memcpy(logprob.data() + begin, outputs + 2 * stride, rows * 4);
-  std::memcpy(entropy.data() + begin, outputs + 3 * stride, rows * 4);
-  std::memcpy(argmax.data() + begin, outputs + 4 * stride, rows * 4);
+void CallRows::CopyInputs(int64_t begin, int64_t rows, void* block, int64_t stride) const {
+  char* at = static_cast<char*>(block);
+  auto put = [&](const auto& values, int index) {
+    std::memcpy(at + index * stride * 4, values.data() + begin, rows * 4);
+  };
+  put(target, 0);
+  put(token_weight, 1);
+  put(entropy_weight, 2);
+  if (!policy) return;
+  put(old_logp, 3);
+  put(advantage, 4);
+  put(ref_logp, 5);
+}
+
+RowInputs CallRows::DeviceInputs(void* block, int64_t stride) const {
+  float* f = static_cast<float*>(block);
+  RowInputs in;
+  in.target = reinterpret_cast<const int32_t*>(f);
+  in.token_weight = f + stride;
+  in.entropy_weight = f + 2 * stride;
+  if (policy) {
+    in.old_logp = f + 3 * stride;
+    in.advantage = f + 4 * stride;
+    in.ref_logp = f + 5 * stride;
+  }
+  return in;
+}
+
+RowOutputs CallRows::DeviceOutputs(float* block, int64_t stride,
+                                   const OutputSelection& wanted) const {
+  RowOutputs out;
+  out.loss = block;
+  out.z_loss = block + stride;
+  out.logprob = block + 2 * stride;
+  if (wanted.entropy) out.entropy = block + 3 * stride;
+  if (wanted.accuracy) out.argmax = reinterpret_cast<int32_t*>(block + 4 * stride);
+  if (policy) {
+    out.ratio = block + 5 * stride;
+    out.log_ratio = block + 6 * stride;
+    out.kl = block + 7 * stride;
+    out.policy_flags = reinterpret_cast<int32_t*>(block + 8 * stride);
+  }
+  return out;
+}
+
+void CallRows::Store(const float* block, int64_t stride, int64_t begin, int64_t rows) {
+  auto take = [&](auto& values, int index) {
+    std::memcpy(values.data() + begin, block + index * stride, rows * 4);
+  };
+  take(loss, 0);
+  take(z_loss, 1);
+  take(logprob, 2);
+  take(entropy, 3);
+  take(argmax, 4);
+  if (!policy) return;
+  take(ratio, 5);
+  take(log_ratio, 6);
+  take(kl, 7);
+  take(policy_flags, 8);
 }
 
 void CallRows::FillResult(const OutputSelection& wanted, ComputeResult& result) const {
@@ -127,6 +196,17 @@ void CallRows::FillResult(const OutputSelection& wanted, ComputeResult& result) 
     result.loss += static_cast<double>(token_weight[t]) * loss[t];
     result.z_loss += static_cast<double>(token_weight[t]) * z_loss[t];
     if (wanted.accuracy) result.n_correct += argmax[t] == target[t] ? 1 : 0;
+    if (policy && token_weight[t] != 0.0f) {
+      PolicyTokenTerms terms;
+      terms.loss = loss[t];
+      terms.ratio = ratio[t];
+      terms.log_ratio = log_ratio[t];
+      terms.kl = kl[t];
+      terms.clipped_low = (policy_flags[t] & kPolicyClippedLow) != 0;
+      terms.clipped_high = (policy_flags[t] & kPolicyClippedHigh) != 0;
+      terms.dual_clipped = (policy_flags[t] & kPolicyDualClipped) != 0;
+      result.policy.Add(terms, token_weight[t], kl_coef);
+    }
   }
   result.n_valid = n_valid;
   if (wanted.per_token_loss) result.per_token_loss = loss;
@@ -138,23 +218,20 @@ void CallRows::FillResult(const OutputSelection& wanted, ComputeResult& result) 
   }
 }
 
-absl::Status UploadRowInputs(const CallRows& rows, int32_t* target, float* token_weight,
-                             float* entropy_weight, cudaStream_t stream, DeviceHealth* health) {
+absl::Status UploadRowInputs(const CallRows& rows, void* block, cudaStream_t stream,
+                             DeviceHealth* health) {
   const int64_t n = static_cast<int64_t>(rows.target.size());
+  std::vector<float> host(static_cast<size_t>(rows.input_arrays()) * n);
+  rows.CopyInputs(0, n, host.data(), n);
   FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(target, rows.target.data(), n * 4, cudaMemcpyHostToDevice, stream), health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(token_weight, rows.token_weight.data(), n * 4,
-                                            cudaMemcpyHostToDevice, stream),
-                            health);
-  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(entropy_weight, rows.entropy_weight.data(), n * 4,
-                                            cudaMemcpyHostToDevice, stream),
-                            health);
+      cudaMemcpyAsync(block, host.data(), host.size() * 4, cudaMemcpyHostToDevice, stream), health);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), health);
   return absl::OkStatus();
 }
 
 absl::Status DownloadRowOutputs(const float* outputs, int64_t n, cudaStream_t stream,
                                 DeviceHealth* health, CallRows& rows) {
-  std::vector<float> host(kRowOutputs * n);
+  std::vector<float> host(static_cast<size_t>(rows.output_arrays()) * n);
   FLCE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host.data(), outputs, host.size() * 4, cudaMemcpyDeviceToHost, stream),
       health);

@@ -19,23 +19,12 @@
 
 namespace flce::cuda {
 
-// Row outputs per token on the device and in downloads: loss, z-loss,
-// logprob, entropy, argmax, each `stride` entries. The entropy and the
-// argmax are left null (not computed) unless the call asked for them.
-constexpr int kRowOutputs = 5;
-RowOutputs DeviceRowOutputs(float* outputs, int64_t stride, const OutputSelection& wanted);
-
 // ValidateComputeSpec (kernels/engine.h), then grad_out (when given): a
-// `Buffer`, the engine's own gradient buffer type. No policy objective
-// (EngineInfo::policy_objectives is false).
+// `Buffer`, the engine's own gradient buffer type.
 template <typename Buffer>
 absl::Status ValidateSpecFor(const ComputeSpec& spec, const HeadSpec& head,
                              const char* engine_name) {
   if (absl::Status st = ValidateComputeSpec(head, spec); !st.ok()) return st;
-  if (spec.policy.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the ", engine_name, " engine does not compute policy objectives (the cpu engine does)"));
-  }
   if (spec.grad_out == nullptr) return absl::OkStatus();
   if (dynamic_cast<const Buffer*>(spec.grad_out) == nullptr) {
     return absl::InvalidArgumentError(
@@ -49,6 +38,11 @@ LossParams LossParamsFor(const ComputeSpec& spec, int64_t vocab);
 // What the planner needs of the spec (streaming left to the caller).
 PlanRequest PlanRequestFor(const ComputeSpec& spec);
 
+// The per-token rows of one call on the host: its inputs as the row kernels
+// read them and its outputs as they come back. On the device and in the
+// pinned staging both are blocks of arrays, `stride` entries each, in
+// row_types.h's order: input_arrays() of the inputs, output_arrays() of the
+// outputs (more under a policy objective).
 struct CallRows {
   explicit CallRows(const ComputeSpec& spec);
   // Hidden rows [offset, offset + rows) arrive: INVALID_ARGUMENT when they
@@ -58,25 +52,39 @@ struct CallRows {
                       DType dtype);
   // FAILED_PRECONDITION naming the first token no hidden row was given for.
   absl::Status CheckAllGiven() const;
-  // Output rows [begin, begin + rows) from a download laid out as above.
-  void Store(const float* outputs, int64_t stride, int64_t begin, int64_t rows);
+
+  int input_arrays() const { return policy ? kRowInputs : kPlainRowInputs; }
+  int output_arrays() const { return policy ? kRowOutputs : kPlainRowOutputs; }
+  // Input rows [begin, begin + rows) into a host block of `stride`.
+  void CopyInputs(int64_t begin, int64_t rows, void* block, int64_t stride) const;
+  // Pointers into a device block of `stride` (the entropy and the argmax
+  // null unless the call asked for them).
+  RowInputs DeviceInputs(void* block, int64_t stride) const;
+  RowOutputs DeviceOutputs(float* block, int64_t stride, const OutputSelection& wanted) const;
+  // Output rows [begin, begin + rows) from a host block of `stride`.
+  void Store(const float* block, int64_t stride, int64_t begin, int64_t rows);
   // Loss, z-loss, entropy, n_valid and the per-token outputs asked for;
-  // n_correct with accuracy.
+  // n_correct with accuracy; the objective's statistics.
   void FillResult(const OutputSelection& wanted, ComputeResult& result) const;
 
+  bool policy = false;
+  float kl_coef = 0.0f;
   std::vector<int32_t> target;  // -1 = ignored
-  std::vector<float> token_weight;
+  std::vector<float> token_weight;  // a_t; w_t under a policy objective
   std::vector<float> entropy_weight;
+  std::vector<float> old_logp, advantage, ref_logp;  // under a policy objective
   int64_t n_valid = 0;
   std::vector<float> loss, z_loss, logprob, entropy;
   std::vector<int32_t> argmax;
+  std::vector<float> ratio, log_ratio, kl;  // under a policy objective
+  std::vector<int32_t> policy_flags;
   std::vector<uint8_t> given;
 };
 
-// Starts copying the per-token inputs (targets, a_t, e_t) to the device
-// arrays on `stream`; `rows` must outlive the copies.
-absl::Status UploadRowInputs(const CallRows& rows, int32_t* target, float* token_weight,
-                             float* entropy_weight, cudaStream_t stream, DeviceHealth* health);
+// Copies the per-token inputs to a device block of stride n on `stream` and
+// waits for the copy.
+absl::Status UploadRowInputs(const CallRows& rows, void* block, cudaStream_t stream,
+                             DeviceHealth* health);
 
 // A whole request's results on the device, for calls that compute at
 // Finish: the per-token outputs (laid out as above, stride n) into `rows`,

@@ -49,8 +49,8 @@ absl::Status CudaComputeCall::Init() {
 absl::Status CudaComputeCall::InitStreaming() {
   const int64_t c = plan_.chunk_tokens;
   DeviceHealth* health = engine_->context()->health();
-  const int64_t pinned_slot = Carver::Round(c * hidden_row_bytes_) * 2 + Carver::Round(3 * c * 4) +
-                              Carver::Round(kRowOutputs * c * 4);
+  const int64_t pinned_slot = Carver::Round(c * hidden_row_bytes_) * 2 +
+                              Carver::Round(kRowInputs * c * 4) + Carver::Round(kRowOutputs * c * 4);
   const int64_t checks_bytes = Carver::Round(2 * sizeof(RowCheckWords));
   FLCE_ASSIGN_OR_RETURN(slot_memory_, engine_->TakeSlotMemory(
                                           2 * plan_.stream_slot_bytes + checks_bytes,
@@ -61,13 +61,11 @@ absl::Status CudaComputeCall::InitStreaming() {
   for (Slot& s : slots_) {
     s.hidden = dc.TakeBytes(c * hidden_row_bytes_);
     s.grad_input = dc.TakeBytes(c * hidden_row_bytes_);
-    s.target = dc.Take<int32_t>(c);
-    s.token_weight = dc.Take<float>(c);
-    s.entropy_weight = dc.Take<float>(c);
+    s.rows_in = dc.TakeBytes(kRowInputs * c * 4);
     s.outputs = dc.Take<float>(kRowOutputs * c);
     s.h_hidden = hc.TakeBytes(c * hidden_row_bytes_);
     s.h_grad_input = hc.TakeBytes(c * hidden_row_bytes_);
-    s.h_rows_in = hc.TakeBytes(3 * c * 4);
+    s.h_rows_in = hc.TakeBytes(kRowInputs * c * 4);
     s.h_outputs = hc.Take<float>(kRowOutputs * c);
     for (cudaEvent_t* ev : {&s.uploaded, &s.computed, &s.downloaded}) {
       FLCE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), health);
@@ -82,7 +80,7 @@ absl::Status CudaComputeCall::InitBuffered() {
   const int64_t n = std::max<int64_t>(spec_.num_tokens, 1);
   DeviceHealth* health = engine_->context()->health();
   const int64_t bytes = Carver::Round(n * hidden_row_bytes_) * 2 +
-                        Carver::Round(n * 4) * (3 + kRowOutputs) +
+                        Carver::Round(kRowInputs * n * 4) + Carver::Round(kRowOutputs * n * 4) +
                         Carver::Round(2 * sizeof(RowCheckWords)) + 256;
   absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(bytes, health);
   if (!buffer.ok()) {
@@ -96,17 +94,12 @@ absl::Status CudaComputeCall::InitBuffered() {
   Carver c(static_cast<char*>(request_.get()));
   d_hidden_ = c.TakeBytes(n * hidden_row_bytes_);
   d_grad_input_ = c.TakeBytes(n * hidden_row_bytes_);
-  d_target_ = c.Take<int32_t>(n);
-  d_token_weight_ = c.Take<float>(n);
-  d_entropy_weight_ = c.Take<float>(n);
+  d_rows_in_ = c.TakeBytes(kRowInputs * n * 4);
   d_outputs_ = c.Take<float>(kRowOutputs * n);
   d_checks_ = c.Take<RowCheckWords>(2);
   FLCE_RETURN_IF_ERROR(SetGradInputPeer());
   cudaStream_t up = engine_->upload_stream();
-  FLCE_RETURN_IF_ERROR(
-      UploadRowInputs(rows_, d_target_, d_token_weight_, d_entropy_weight_, up, health));
-  FLCE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(up), health);
-  return absl::OkStatus();
+  return UploadRowInputs(rows_, d_rows_in_, up, health);
 }
 
 CudaComputeCall::~CudaComputeCall() { Teardown(); }
@@ -329,14 +322,6 @@ absl::Status CudaComputeCall::AddStreaming(int64_t offset, int64_t rows, const F
   return absl::OkStatus();
 }
 
-RowInputs CudaComputeCall::DeviceRowInputs(const Slot& slot) const {
-  RowInputs in;
-  in.target = slot.target;
-  in.token_weight = slot.token_weight;
-  in.entropy_weight = slot.entropy_weight;
-  return in;
-}
-
 absl::Status CudaComputeCall::Flush() {
   if (pending_rows_ == 0) return absl::OkStatus();
   DeviceHealth* health = engine_->context()->health();
@@ -349,18 +334,10 @@ absl::Status CudaComputeCall::Flush() {
   cudaStream_t compute = engine_->exec().stream;
   cudaStream_t down = engine_->download_stream();
 
-  int32_t* h_target = reinterpret_cast<int32_t*>(s.h_rows_in);
-  float* h_a = reinterpret_cast<float*>(s.h_rows_in) + c;
-  float* h_e = reinterpret_cast<float*>(s.h_rows_in) + 2 * c;
-  std::memcpy(h_target, rows_.target.data() + s.begin, rows * 4);
-  std::memcpy(h_a, rows_.token_weight.data() + s.begin, rows * 4);
-  std::memcpy(h_e, rows_.entropy_weight.data() + s.begin, rows * 4);
-  FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(s.target, h_target, rows * 4, cudaMemcpyHostToDevice, up), health);
-  FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(s.token_weight, h_a, rows * 4, cudaMemcpyHostToDevice, up), health);
-  FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(s.entropy_weight, h_e, rows * 4, cudaMemcpyHostToDevice, up), health);
+  rows_.CopyInputs(s.begin, rows, s.h_rows_in, c);
+  FLCE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.rows_in, s.h_rows_in, rows_.input_arrays() * c * 4,
+                                            cudaMemcpyHostToDevice, up),
+                            health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.uploaded, up), health);
 
   auto* grad = static_cast<CudaGradBuffer*>(spec_.grad_out);
@@ -368,8 +345,8 @@ absl::Status CudaComputeCall::Flush() {
   r.rows = rows;
   r.hidden_dtype = spec_.hidden_dtype;
   r.hidden = s.hidden;
-  r.in = DeviceRowInputs(s);
-  r.out = DeviceRowOutputs(s.outputs, c, spec_.outputs);
+  r.in = rows_.DeviceInputs(s.rows_in, c);
+  r.out = rows_.DeviceOutputs(s.outputs, c, spec_.outputs);
   r.grad_input = spec_.outputs.grad_input ? s.grad_input : nullptr;
   r.grad_weight = grad != nullptr ? grad->weight() : nullptr;
   r.grad_bias = grad != nullptr ? grad->bias() : nullptr;
@@ -392,7 +369,8 @@ absl::Status CudaComputeCall::Flush() {
         health);
   }
   FLCE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(s.h_outputs, s.outputs, kRowOutputs * c * 4, cudaMemcpyDeviceToHost, down),
+      cudaMemcpyAsync(s.h_outputs, s.outputs, rows_.output_arrays() * c * 4,
+                      cudaMemcpyDeviceToHost, down),
       health);
   FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.downloaded, down), health);
   {
@@ -459,10 +437,8 @@ absl::Status CudaComputeCall::FinishBuffered() {
   r.rows = n;
   r.hidden_dtype = spec_.hidden_dtype;
   r.hidden = d_hidden_;
-  r.in.target = d_target_;
-  r.in.token_weight = d_token_weight_;
-  r.in.entropy_weight = d_entropy_weight_;
-  r.out = DeviceRowOutputs(d_outputs_, n, spec_.outputs);
+  r.in = rows_.DeviceInputs(d_rows_in_, n);
+  r.out = rows_.DeviceOutputs(d_outputs_, n, spec_.outputs);
   r.grad_input = spec_.outputs.grad_input ? d_grad_input_ : nullptr;
   r.grad_weight = grad != nullptr ? grad->weight() : nullptr;
   r.grad_bias = grad != nullptr ? grad->bias() : nullptr;

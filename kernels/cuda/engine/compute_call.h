@@ -60,14 +60,12 @@ class CudaComputeCall : public ComputeCall {
     // Device.
     char* hidden = nullptr;
     char* grad_input = nullptr;
-    int32_t* target = nullptr;
-    float* token_weight = nullptr;
-    float* entropy_weight = nullptr;
-    float* outputs = nullptr;  // 5 x chunk: loss, z-loss, logprob, entropy, argmax
+    char* rows_in = nullptr;   // CallRows' input block, stride chunk
+    float* outputs = nullptr;  // CallRows' output block, stride chunk
     // Pinned host.
     char* h_hidden = nullptr;
     char* h_grad_input = nullptr;
-    char* h_rows_in = nullptr;  // target, a, e: 3 x chunk x 4 bytes
+    char* h_rows_in = nullptr;
     float* h_outputs = nullptr;
     cudaEvent_t uploaded = nullptr;
     cudaEvent_t computed = nullptr;
@@ -101,7 +99,6 @@ class CudaComputeCall : public ComputeCall {
   void WorkerLoop();
   void FailWith(const absl::Status& status);
   void Teardown();
-  RowInputs DeviceRowInputs(const Slot& slot) const;
 
   CudaEngine* engine_;
   std::shared_ptr<const CudaHead> head_;
@@ -134,9 +131,7 @@ class CudaComputeCall : public ComputeCall {
   int64_t request_bytes_ = 0;
   char* d_hidden_ = nullptr;
   char* d_grad_input_ = nullptr;
-  int32_t* d_target_ = nullptr;
-  float* d_token_weight_ = nullptr;
-  float* d_entropy_weight_ = nullptr;
+  char* d_rows_in_ = nullptr;
   float* d_outputs_ = nullptr;
 
   // CUDA IPC: [0] hidden rows read from peer memory, [1] grad_input written to it.

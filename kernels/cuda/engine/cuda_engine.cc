@@ -58,6 +58,7 @@ EngineInfo CudaEngine::info() const {
   info.workspace_budget_bytes = workspace_.budget();
   info.workspace_peak_bytes = workspace_.peak();
   info.device_uuid = ctx_->uuid();
+  info.policy_objectives = true;
   size_t free_b = 0, total_b = 0;
   if (healthy() && cudaSetDevice(ctx_->ordinal()) == cudaSuccess &&
       cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {

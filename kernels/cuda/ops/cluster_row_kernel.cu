@@ -106,8 +106,7 @@ __global__ void __launch_bounds__(Policy::kThreads)
       total = MergeStates(total, *cluster.map_shared_rank(&block_state, r));
     RowOutputs out = args.out;
     if (rank != 0) out = RowOutputs{};  // one writer per row
-    row_grad =
-        FinishRow(total, y, args.in.token_weight[row], args.in.entropy_weight[row], p, out, row);
+    row_grad = FinishRow(total, args.in, row, p, out);
   }
   cluster.sync();  // no block leaves while another still reads its state
   if (args.dlogits == nullptr) return;

@@ -81,9 +81,7 @@ __global__ void __launch_bounds__(Policy::kThreads)
   }
   st = BlockReduceState<Policy::kThreads>(st, scratch);
   if (threadIdx.x == 0) {
-    float a = args.in.token_weight[row];
-    float e = args.in.entropy_weight[row];
-    row_grad = FinishRow(st, y, a, e, p, args.out, row);
+    row_grad = FinishRow(st, args.in, row, p, args.out);
   }
   __syncthreads();
   if (args.dlogits == nullptr) return;

@@ -55,8 +55,7 @@ __global__ void FinishRowsKernel(const RowState* state, int64_t rows, RowInputs 
                                  RowOutputs out, LossParams params, RowGrad* grad) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= rows) return;
-  grad[row] = FinishRow(state[row], in.target[row], in.token_weight[row],
-                        in.entropy_weight[row], params, out, row);
+  grad[row] = FinishRow(state[row], in, row, params, out);
 }
 
 template <typename T>

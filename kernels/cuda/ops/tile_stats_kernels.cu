@@ -104,8 +104,7 @@ __global__ void __launch_bounds__(kFinishThreads) TileFinishKernel(TileRowArgs a
   if (threadIdx.x == 0) {
     const int32_t y = a.in.target[row];
     st.zy = y >= 0 ? a.target_logit[row] : 0.0f;
-    const RowGrad g =
-        FinishRow(st, y, a.in.token_weight[row], a.in.entropy_weight[row], a.params, a.out, row);
+    const RowGrad g = FinishRow(st, a.in, row, a.params, a.out);
     if (a.grad != nullptr) a.grad[row] = g;
     if (a.row_reference != nullptr) RowScaledFinish(a, row, st, g);
     row_lse = g.lse;

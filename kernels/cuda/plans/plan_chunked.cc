@@ -75,15 +75,8 @@ absl::Status RunChunkOverlapped(const Exec& exec, const HeadView& head, const De
     a.rows = rows[h];
     a.logits = args.logits + first[h] * head.padded_vocab;
     a.dlogits = const_cast<float*>(a.logits);
-    a.in.target += first[h];
-    a.in.token_weight += first[h];
-    a.in.entropy_weight += first[h];
-    auto shift = [&](auto* p) { return p == nullptr ? p : p + first[h]; };
-    a.out.loss = shift(a.out.loss);
-    a.out.z_loss = shift(a.out.z_loss);
-    a.out.logprob = shift(a.out.logprob);
-    a.out.entropy = shift(a.out.entropy);
-    a.out.argmax = shift(a.out.argmax);
+    a.in = ShiftRows(a.in, first[h]);
+    a.out = ShiftRows(a.out, first[h]);
     FLCE_RETURN_IF_ERROR(LaunchRows(exec, head, a, exec.side));
     FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(exec.events[2 + h], exec.side), exec.health);
   }

@@ -155,15 +155,8 @@ DeviceRequest Slice(const DeviceRequest& r, int64_t begin, int64_t rows, int64_t
   const int64_t hs = DTypeSize(r.hidden_dtype);
   out.hidden = static_cast<const char*>(r.hidden) + begin * hidden * hs;
   if (r.grad_input) out.grad_input = static_cast<char*>(r.grad_input) + begin * hidden * hs;
-  out.in.target = r.in.target + begin;
-  out.in.token_weight = r.in.token_weight + begin;
-  out.in.entropy_weight = r.in.entropy_weight + begin;
-  auto shift = [begin](auto* p) { return p == nullptr ? p : p + begin; };
-  out.out.loss = shift(r.out.loss);
-  out.out.z_loss = shift(r.out.z_loss);
-  out.out.logprob = shift(r.out.logprob);
-  out.out.entropy = shift(r.out.entropy);
-  out.out.argmax = shift(r.out.argmax);
+  out.in = ShiftRows(r.in, begin);
+  out.out = ShiftRows(r.out, begin);
   return out;
 }
 

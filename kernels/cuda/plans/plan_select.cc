@@ -60,7 +60,8 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
                                            : ScratchBytes(chunk, head.padded_vocab, tb, 0);
       if (req.streaming) {
         plan.stream_slot_bytes =
-            Carver::Round(chunk * head.hidden * hs_in) * 2 + Carver::Round(chunk * 4) * 8 + 256;
+            Carver::Round(chunk * head.hidden * hs_in) * 2 + Carver::Round(kRowInputs * chunk * 4) +
+            Carver::Round(kRowOutputs * chunk * 4);
       }
       return plan;
     }

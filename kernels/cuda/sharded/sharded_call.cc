@@ -69,7 +69,8 @@ absl::Status ShardedComputeCall::Init() {
     FLCE_RETURN_IF_ERROR(shard.context()->Enter());
     ShardBuffers& b = buffers_[s];
     const int64_t device_bytes = Carver::Round(n * hidden_row_bytes_) * (s == 0 ? 2 : 1) +
-                                 Carver::Round(n * 4) * (3 + kRowOutputs) + 256;
+                                 Carver::Round(kRowInputs * n * 4) +
+                                 Carver::Round(kRowOutputs * n * 4) + 256;
     const int64_t pinned_bytes = s == 0 ? n * hidden_row_bytes_ : 0;
     absl::StatusOr<std::unique_ptr<CudaEngine::SlotMemory>> memory =
         shard.TakeSlotMemory(device_bytes, pinned_bytes);
@@ -88,14 +89,9 @@ absl::Status ShardedComputeCall::Init() {
       b.grad_input = c.TakeBytes(n * hidden_row_bytes_);
       staging_ = static_cast<char*>(b.memory->pinned.get());
     }
-    b.target = c.Take<int32_t>(n);
-    b.token_weight = c.Take<float>(n);
-    b.entropy_weight = c.Take<float>(n);
+    b.rows_in = c.TakeBytes(kRowInputs * n * 4);
     b.outputs = c.Take<float>(kRowOutputs * n);
-    // The host vectors live as long as the call; the uploads are waited for
-    // before the first block computes (the upload event).
-    FLCE_RETURN_IF_ERROR(UploadRowInputs(rows_, b.target, b.token_weight, b.entropy_weight,
-                                         shard.upload_stream(), health));
+    FLCE_RETURN_IF_ERROR(UploadRowInputs(rows_, b.rows_in, shard.upload_stream(), health));
   }
   return absl::OkStatus();
 }
@@ -187,10 +183,8 @@ absl::Status ShardedComputeCall::RunBlock(int64_t begin, int64_t rows) {
     whole.rows = n;
     whole.hidden_dtype = spec_.hidden_dtype;
     whole.hidden = b.hidden;
-    whole.in.target = b.target;
-    whole.in.token_weight = b.token_weight;
-    whole.in.entropy_weight = b.entropy_weight;
-    whole.out = DeviceRowOutputs(b.outputs, n, spec_.outputs);
+    whole.in = rows_.DeviceInputs(b.rows_in, n);
+    whole.out = rows_.DeviceOutputs(b.outputs, n, spec_.outputs);
     whole.grad_input = s == 0 && spec_.outputs.grad_input ? b.grad_input : nullptr;
     CudaGradBuffer* part = grad != nullptr ? grad->part(s) : nullptr;
     whole.grad_weight = part != nullptr ? part->weight() : nullptr;

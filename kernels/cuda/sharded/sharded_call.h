@@ -40,10 +40,8 @@ class ShardedComputeCall : public ComputeCall {
     cudaEvent_t uploaded = nullptr;
     char* hidden = nullptr;
     char* grad_input = nullptr;  // the first shard only
-    int32_t* target = nullptr;
-    float* token_weight = nullptr;
-    float* entropy_weight = nullptr;
-    float* outputs = nullptr;  // kRowOutputs x n
+    char* rows_in = nullptr;   // CallRows' input block, stride n
+    float* outputs = nullptr;  // CallRows' output block, stride n
   };
 
   ShardedComputeCall(ShardedEngine* engine, std::shared_ptr<const ShardedHead> head,

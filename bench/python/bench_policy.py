@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+"""A GRPO step against a plain cross-entropy step through RemoteLMHead, in one process.
+
+Three step kinds on the same head, hidden and targets, interleaved (the order reversed every
+round) so that both see the same machine state:
+  plain     head(x, y): the cross-entropy, one Compute call;
+  grpo      head.policy_loss(x, y, PolicyObjective(...)): the clipped surrogate in one call;
+  two_call  head(x, y, return_logprob=True) and the surrogate computed here from the
+            log-probs: the way before objectives ran on the server (a forward call, then a
+            weighted call in backward that recomputes the logits).
+Each step is timed from the client (forward + backward, the staged grad_W committed) and
+reports the server's engine time; the medians, the ratios to plain, and whether plain and
+grpo ran the same plan (ComputeSummary.strategy_used) are printed and, with --json, appended.
+
+    /usr/bin/python3 bench/python/bench_policy.py --target 127.0.0.1:50051 --device cuda \
+        --transport cuda_ipc
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client" / "python"))
+import flce  # noqa: E402
+from seed_step import add_shape_args, upload_problem  # noqa: E402
+
+KINDS = ("plain", "grpo", "two_call")
+
+
+def surrogate(logp, old_logp, advantages, valid, clip_low, clip_high):
+    """verl's compute_policy_loss (vanilla), token-mean over the valid tokens."""
+    ratio = torch.exp(torch.clamp(logp - old_logp, -20.0, 20.0))
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(-advantages * ratio, -advantages * clipped)
+    return (per_token * valid).sum() / valid.sum()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_shape_args(p)
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds (one step of each kind)")
+    p.add_argument("--device", default="cuda", help="where hidden lives (cpu or cuda)")
+    p.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm", "cuda_ipc"))
+    p.add_argument("--tcp-only", action="store_true",
+                   help="flce.Client(unix_socket=False): messages over TCP")
+    p.add_argument("--json", help="append the medians as one JSON line to this file")
+    args = p.parse_args()
+    client = flce.Client(args.target, timeout=600, transport=args.transport,
+                         unix_socket=not args.tcp_only).wait_ready(60)
+    head = flce.RemoteLMHead(client, "bench-policy")
+    hidden, y = upload_problem(client, "bench-policy", args, args.device)
+    valid = (y != -100).float()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        logp_now = head(hidden, y, return_logprob=True).logprob.float()
+    # Old log-probs around the current ones (ratios on both sides of the bounds) and
+    # advantages of both signs, as a GRPO batch would have them.
+    noise = (torch.randn(y.shape, generator=g) * 0.2).to(logp_now.device)
+    old_logp = (logp_now + noise).detach()
+    advantages = torch.randn(y.shape, generator=g).to(logp_now.device)
+    objective = flce.PolicyObjective(old_logp=old_logp, advantages=advantages, clip_low=0.2,
+                                     clip_high=0.28)
+
+    def step(kind: str):
+        x = hidden.detach().requires_grad_(True)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if kind == "plain":
+            loss = head(x, y)
+            engine = head.last_summary.timings.engine_ms
+        elif kind == "grpo":
+            loss = head.policy_loss(x, y, objective)
+            engine = head.last_summary.timings.engine_ms
+        else:
+            out = head(x, y, return_logprob=True)
+            engine = head.last_summary.timings.engine_ms
+            loss = surrogate(out.logprob.float(), old_logp, advantages, valid, 0.2, 0.28)
+        summary = head.last_summary
+        loss.backward()
+        if kind == "two_call":
+            engine += head.last_summary.timings.engine_ms  # the weighted call of backward
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0, engine / 1e3, summary.strategy_used, float(loss)
+
+    for kind in KINDS:  # warm-up
+        step(kind)
+    times = {k: [] for k in KINDS}
+    engines = {k: [] for k in KINDS}
+    strategies = {k: set() for k in KINDS}
+    for r in range(args.rounds):
+        order = KINDS if r % 2 == 0 else tuple(reversed(KINDS))
+        for kind in order:
+            wall, engine, strategy, loss = step(kind)
+            times[kind].append(wall)
+            engines[kind].append(engine)
+            strategies[kind].add(strategy)
+            print(f"round {r} {kind:8s}: wall {wall * 1e3:6.1f} ms  engine {engine * 1e3:6.1f} ms"
+                  f"  {strategy}  loss {loss:.4f}", flush=True)
+    med = {k: statistics.median(times[k]) * 1e3 for k in KINDS}
+    med_engine = {k: statistics.median(engines[k]) * 1e3 for k in KINDS}
+    same_plan = strategies["plain"] == strategies["grpo"] and len(strategies["plain"]) == 1
+    print(f"medians of {args.rounds}: " + ", ".join(
+        f"{k} {med[k]:.1f} ms ({med[k] / med['plain']:.3f}x)" for k in KINDS)
+        + f"; plans {', '.join(f'{k} {sorted(strategies[k])}' for k in KINDS)}"
+        + f"; transport {client.last_transport}")
+    if args.json:
+        import json
+        with open(args.json, "a") as out:
+            out.write(json.dumps({
+                "tokens": args.tokens, "hidden": args.hidden, "vocab": args.vocab,
+                "device": args.device, "transport": client.last_transport,
+                "rounds": args.rounds, "wall_ms": med, "engine_ms": med_engine,
+                "ratio_to_plain": {k: med[k] / med["plain"] for k in KINDS},
+                "strategies": {k: sorted(strategies[k]) for k in KINDS},
+                "same_plan": same_plan}) + "\n")
+    client.unload_head("bench-policy")
+    return 0 if same_plan else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
