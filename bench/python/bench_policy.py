@@ -9,7 +9,8 @@ round) so that both see the same machine state:
             log-probs: the way before objectives ran on the server (a forward call, then a
             weighted call in backward that recomputes the logits).
 Each step is timed from the client (forward + backward, the staged grad_W committed) and
-reports the server's engine time; the medians, the ratios to plain, and whether plain and
+reports the server's engine time of its first call (two_call's weighted call in backward has
+no summary here); the medians, the ratios to plain, and whether plain and
 grpo ran the same plan (ComputeSummary.strategy_used) are printed and, with --json, appended.
 
     /usr/bin/python3 bench/python/bench_policy.py --target 127.0.0.1:50051 --device cuda \
@@ -83,8 +84,6 @@ def main() -> int:
             loss = surrogate(out.logprob.float(), old_logp, advantages, valid, 0.2, 0.28)
         summary = head.last_summary
         loss.backward()
-        if kind == "two_call":
-            engine += head.last_summary.timings.engine_ms  # the weighted call of backward
         if args.device == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0, engine / 1e3, summary.strategy_used, float(loss)

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# On the device machine (carry .gpu-dist and .served-dist: pack_cuda.sh, pack_served.sh):
+#   scripts/gpu/run_policy.sh tests   the CUDA engine's policy objectives and every plan's
+#                                     rows: the engine conformance suite's CUDA cases (its
+#                                     policy cases included), the CUDA, peer and sharded tests,
+#                                     the policy cases with the own backward GEMMs and the
+#                                     pre-Hopper plans, the Python policy tests on a GPU server;
+#   scripts/gpu/run_policy.sh bench   bench/python/bench_policy.py at SHAPE (the seed shape by
+#                                     default), hidden on the GPU, through CUDA IPC and through
+#                                     messages over TCP, a fresh server per round (ROUNDS),
+#                                     the transports' order reversed every round.
+# Logs and $OUT/policy.jsonl in $OUT.
+set -u -o pipefail
+mode=${1:-tests}
+out=${OUT:-/tmp/flce-out}
+mkdir -p "$out"
+gpu=$(pwd)/.gpu-dist; [ -x "$gpu/flce_cuda_tests" ] || tar -xJf "$gpu/gpu.tar.xz"
+dist=$(pwd)/.served-dist; [ -x "$dist/server/flce-server" ] || tar -xJf "$dist/served.tar.xz"
+export LD_LIBRARY_PATH=$dist/lib:$gpu/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+py=$(command -v python3)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+rc=0
+summary() { grep -E '^\[  FAILED|^\[  PASSED|^\[==========\]|Failure|Expected|Which|actual' | tail -${1:-30}; }
+if [[ $mode == tests ]]; then
+  export FLCE_CUDA_PLUGIN=$gpu/libflce_cuda.so
+  FLCE_TEST_PRINT_ERRORS=1 "$gpu/flce_engine_tests" --gtest_filter='*cuda*' 2>&1 |
+    tee "$out/engine_tests.log" | summary 40
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  for t in flce_cuda_tests flce_cuda_peer_tests flce_sharded_tests; do
+    "$gpu/$t" 2>&1 | tee "$out/$t.log" | summary 20
+    [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  done
+  FLCE_CUDA_BACKWARD=own FLCE_TEST_PRINT_ERRORS=1 "$gpu/flce_engine_tests" \
+    --gtest_filter='*Policy*cuda*' 2>&1 | tee "$out/policy_own_backward.log" | summary 10
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  FLCE_CUDA_GENERIC=1 FLCE_TEST_PRINT_ERRORS=1 "$gpu/flce_engine_tests" \
+    --gtest_filter='*Policy*cuda*' 2>&1 | tee "$out/policy_generic.log" | summary 10
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  unset FLCE_CUDA_PLUGIN  # the server finds the plugin of its build tree by itself
+  (cd tests/python && FLCE_SERVER_BIN=$dist/server/flce-server FLCE_TEST_SERVER_DEVICE=cuda \
+     timeout 240 "$py" -m pytest -q -p no:cacheprovider -rs test_policy.py) \
+    >"$out/pytest-policy-cuda.log" 2>&1 || rc=1
+  echo "pytest test_policy.py (cuda server): $(tail -1 "$out/pytest-policy-cuda.log")"
+fi
+if [[ $mode == bench ]]; then
+  unset FLCE_CUDA_PLUGIN
+  read -r n h v <<<"${SHAPE:-65535 1024 176245}"
+  for round in $(seq 1 "${ROUNDS:-3}"); do
+    "$dist/server/flce-server" --port 50093 --metrics-port 0 >"$out/server-$round.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 300); do
+      "$dist/client/cli/flce-client" --target 127.0.0.1:50093 health >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+    order=("--transport cuda_ipc" "--transport grpc --tcp-only")
+    (( round % 2 )) || order=("${order[1]}" "${order[0]}")
+    for transport in "${order[@]}"; do
+      echo "round $round: $transport"
+      timeout 200 "$py" bench/python/bench_policy.py --target 127.0.0.1:50093 --device cuda \
+        --tokens "$n" --hidden "$h" --vocab "$v" $transport --rounds "${BENCH_ROUNDS:-5}" \
+        --json "$out/policy.jsonl" 2>&1 | tail -1
+      [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+    done
+    kill "$pid"; wait "$pid"
+  done
+  echo "commit $(cat "$dist/COMMIT")" | tee "$out/commit.txt"
+fi
+exit $rc
