@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "kernels/preference_call.h"
 
 namespace flce {
 
@@ -122,6 +123,30 @@ absl::Status ValidateComputeSpec(const HeadSpec& head, const ComputeSpec& spec) 
     }
     FLCE_RETURN_IF_ERROR(ValidatePolicyObjective(*spec.policy, n));
   }
+  if (spec.preference.has_value()) {
+    if (spec.policy.has_value()) {
+      return absl::InvalidArgumentError(
+          "a call carries a policy objective or a preference objective, not both");
+    }
+    if (!spec.token_weights.empty()) {
+      return absl::InvalidArgumentError(
+          "token_weights do not combine with a preference objective (it weighs the tokens)");
+    }
+    if (o.label_smoothing != 0.0f || o.z_loss_scale != 0.0f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label_smoothing = ", o.label_smoothing, " and z_loss_scale = ", o.z_loss_scale,
+          " must be 0 with a preference objective (its loss is a function of the log-probs "
+          "alone)"));
+    }
+    if (spec.outputs.per_token_loss) {
+      return absl::InvalidArgumentError(
+          "per_token_loss is not an output of a preference objective (its loss is per pair; "
+          "ask for logprob)");
+    }
+    std::vector<uint8_t> counts(n);
+    for (int64_t t = 0; t < n; ++t) counts[t] = spec.targets[t] != spec.ignore_index;
+    FLCE_RETURN_IF_ERROR(ValidatePreferenceObjective(*spec.preference, counts));
+  }
   if (spec.grad_out != nullptr) {
     const GradBuffer& g = *spec.grad_out;
     if (g.vocab_size() != head.vocab_size || g.hidden_size() != head.hidden_size ||
@@ -133,6 +158,24 @@ absl::Status ValidateComputeSpec(const HeadSpec& head, const ComputeSpec& spec) 
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ComputeCall>> StartComputeCall(Engine& engine,
+                                                              std::shared_ptr<const Head> head,
+                                                              ComputeSpec spec,
+                                                              GradInputSink sink) {
+  if (spec.preference.has_value()) {
+    return PreferenceComputeCall::Start(engine, std::move(head), std::move(spec),
+                                        std::move(sink));
+  }
+  return engine.StartCompute(std::move(head), std::move(spec), std::move(sink));
+}
+
+absl::Status RefuseTwoPassSpec(const ComputeSpec& spec, const char* engine_name) {
+  if (!spec.preference.has_value()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the ", engine_name,
+      " engine runs a preference objective's two passes only through StartComputeCall"));
 }
 
 }  // namespace flce

@@ -30,6 +30,7 @@
 #include "core/compute_options.h"
 #include "core/dtype.h"
 #include "core/policy_objective.h"
+#include "core/preference_objective.h"
 #include "kernels/optimizer.h"
 
 namespace flce {
@@ -167,6 +168,12 @@ struct ComputeSpec {
   // label smoothing and z-loss do not combine with it). Engines without it
   // refuse the call (EngineInfo::policy_objectives).
   std::optional<PolicyObjective> policy;
+  // A sequence-level preference objective over pairs of responses (DPO, IPO,
+  // hinge, SimPO, ORPO): two passes over the rows, the log-probs and then the
+  // cross-entropy's gradient weighted by a_t = -dL/dlogp_t. Started through
+  // StartComputeCall, which runs both passes on any engine; an engine handed
+  // one directly refuses it.
+  std::optional<PreferenceObjective> preference;
   OutputSelection outputs;
   Strategy strategy = Strategy::kAuto;
   bool deterministic = false;
@@ -211,6 +218,8 @@ struct ComputeResult {
   std::vector<uint8_t> correct;
   // With ComputeSpec::policy: loss is sum_t w_t L_t; these its parts and statistics.
   PolicyStats policy;
+  // With ComputeSpec::preference: loss is the objective's; its parts and statistics.
+  PreferenceStats preference;
   // With ComputeSpec::grad_input_peer: the first non-finite grad_input
   // element (token * H + column), -1 when all are finite.
   int64_t grad_input_first_non_finite = -1;
@@ -282,6 +291,17 @@ class Engine {
   // False after an unrecoverable (sticky) device error: the process should exit.
   virtual bool healthy() const = 0;
 };
+
+// Starts a compute call on `engine`: the engine's own call, or for a
+// preference objective the two passes over the engine's calls
+// (kernels/preference_call.h). Every caller starts calls this way.
+absl::StatusOr<std::unique_ptr<ComputeCall>> StartComputeCall(Engine& engine,
+                                                              std::shared_ptr<const Head> head,
+                                                              ComputeSpec spec, GradInputSink sink);
+
+// FAILED_PRECONDITION for a spec that only StartComputeCall runs (a
+// preference objective): what an engine's StartCompute checks first.
+absl::Status RefuseTwoPassSpec(const ComputeSpec& spec, const char* engine_name);
 
 struct EngineConfig {
   int64_t workspace_bytes = int64_t{2048} << 20;

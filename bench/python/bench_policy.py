@@ -1,13 +1,16 @@
 #!/usr/bin/python3
-"""A GRPO step against a plain cross-entropy step through RemoteLMHead, in one process.
+"""GRPO and DPO steps against a plain cross-entropy step through RemoteLMHead, in one process.
 
-Three step kinds on the same head, hidden and targets, interleaved (the order reversed every
-round) so that both see the same machine state:
+Four step kinds on the same head, hidden and targets, interleaved (the order reversed every
+round) so that all see the same machine state:
   plain     head(x, y): the cross-entropy, one Compute call;
   grpo      head.policy_loss(x, y, PolicyObjective(...)): the clipped surrogate in one call;
   two_call  head(x, y, return_logprob=True) and the surrogate computed here from the
             log-probs: the way before objectives ran on the server (a forward call, then a
-            weighted call in backward that recomputes the logits).
+            weighted call in backward that recomputes the logits);
+  dpo       head.preference_loss(x, y, PreferenceObjective(...)): DPO over pairs of
+            512-token responses with given reference log-probs, one call (two passes over
+            the rows inside the server).
 Each step is timed from the client (forward + backward, the staged grad_W committed) and
 reports the server's engine time of its first call (two_call's weighted call in backward has
 no summary here); the medians, the ratios to plain, and whether plain and
@@ -30,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client" / "python"
 import flce  # noqa: E402
 from seed_step import add_shape_args, upload_problem  # noqa: E402
 
-KINDS = ("plain", "grpo", "two_call")
+KINDS = ("plain", "grpo", "two_call", "dpo")
+RESPONSE_TOKENS = 512
 
 
 def surrogate(logp, old_logp, advantages, valid, clip_low, clip_high):
@@ -66,6 +70,15 @@ def main() -> int:
     advantages = torch.randn(y.shape, generator=g).to(logp_now.device)
     objective = flce.PolicyObjective(old_logp=old_logp, advantages=advantages, clip_low=0.2,
                                      clip_high=0.28)
+    # Consecutive 512-token responses, alternately chosen and rejected; the last odd one
+    # (and any rest) belongs to no pair.
+    pairs = args.tokens // (2 * RESPONSE_TOKENS)
+    sequence = torch.arange(args.tokens) // RESPONSE_TOKENS
+    sequence[sequence >= 2 * pairs] = -1
+    ref = torch.randn(2 * pairs, generator=g) + float(logp_now.sum()) / max(1, args.tokens) * \
+        RESPONSE_TOKENS
+    preference = flce.PreferenceObjective(sequence_of_token=sequence.to(torch.int32),
+                                          num_pairs=pairs, ref_logp=ref, beta=0.1)
 
     def step(kind: str):
         x = hidden.detach().requires_grad_(True)
@@ -77,6 +90,9 @@ def main() -> int:
             engine = head.last_summary.timings.engine_ms
         elif kind == "grpo":
             loss = head.policy_loss(x, y, objective)
+            engine = head.last_summary.timings.engine_ms
+        elif kind == "dpo":
+            loss = head.preference_loss(x, y, preference)
             engine = head.last_summary.timings.engine_ms
         else:
             out = head(x, y, return_logprob=True)
@@ -104,7 +120,8 @@ def main() -> int:
                   f"  {strategy}  loss {loss:.4f}", flush=True)
     med = {k: statistics.median(times[k]) * 1e3 for k in KINDS}
     med_engine = {k: statistics.median(engines[k]) * 1e3 for k in KINDS}
-    same_plan = strategies["plain"] == strategies["grpo"] and len(strategies["plain"]) == 1
+    same_plan = (strategies["plain"] == strategies["grpo"] == strategies["dpo"]
+                 and len(strategies["plain"]) == 1)
     print(f"medians of {args.rounds}: " + ", ".join(
         f"{k} {med[k]:.1f} ms ({med[k] / med['plain']:.3f}x)" for k in KINDS)
         + f"; plans {', '.join(f'{k} {sorted(strategies[k])}' for k in KINDS)}"

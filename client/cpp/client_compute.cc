@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/algorithm/container.h"
@@ -45,15 +46,19 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
         absl::StrCat("one hidden row is ", row_bytes, " bytes, more than a chunk (", chunk, ")"));
   }
   int64_t rows_per_chunk = chunk / row_bytes;
-  // A server that predates policy objectives would ignore the field and
-  // compute the cross-entropy: refused here unless it names them.
-  if (args.header.policy().loss() != v1::POLICY_LOSS_NONE) {
+  // A server that predates an objective would ignore the field and compute
+  // the cross-entropy: refused here unless it names the objective's kind.
+  for (const auto& [set, capability, what] :
+       {std::tuple{args.header.policy().loss() != v1::POLICY_LOSS_NONE, "policy_objectives",
+                   "policy objectives"},
+        std::tuple{args.header.preference().loss() != v1::PREFERENCE_LOSS_NONE,
+                   "preference_objectives", "preference objectives"}}) {
+    if (!set) continue;
     FLCE_ASSIGN_OR_RETURN(v1::ServerInfo info, ServerInfoOnce());
-    if (!absl::c_linear_search(info.capabilities(), "policy_objectives")) {
+    if (!absl::c_linear_search(info.capabilities(), capability)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the server (", info.version(), ", engine ", info.engine(),
-          ") does not compute policy objectives: its capabilities do not name "
-          "\"policy_objectives\""));
+          "the server (", info.version(), ", engine ", info.engine(), ") does not compute ",
+          what, ": its capabilities do not name \"", capability, "\""));
     }
   }
 

@@ -63,6 +63,7 @@ absl::StatusOr<std::unique_ptr<GradBuffer>> CpuEngine::NewGradBuffer(const HeadS
 
 absl::StatusOr<std::unique_ptr<ComputeCall>> CpuEngine::StartCompute(
     std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) {
+  FLCE_RETURN_IF_ERROR(RefuseTwoPassSpec(spec, "cpu"));
   FLCE_ASSIGN_OR_RETURN(
       std::unique_ptr<CpuComputeCall> call,
       CpuComputeCall::Create(ctx_, std::move(head), std::move(spec), std::move(sink)));

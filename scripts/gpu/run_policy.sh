@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the device machine (carry .gpu-dist and .served-dist: pack_cuda.sh, pack_served.sh):
-#   scripts/gpu/run_policy.sh tests   the CUDA engine's policy objectives and every plan's
+#   scripts/gpu/run_policy.sh tests   the CUDA engine's policy and preference objectives and every plan's
 #                                     rows: the engine conformance suite's CUDA cases (its
 #                                     policy cases included), the CUDA, peer and sharded tests,
 #                                     the policy cases with the own backward GEMMs and the
@@ -31,16 +31,16 @@ if [[ $mode == tests ]]; then
     [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   done
   FLCE_CUDA_BACKWARD=own FLCE_TEST_PRINT_ERRORS=1 "$gpu/flce_engine_tests" \
-    --gtest_filter='*Policy*cuda*' 2>&1 | tee "$out/policy_own_backward.log" | summary 10
+    --gtest_filter='*Policy*cuda*:*Preference*cuda*' 2>&1 | tee "$out/policy_own_backward.log" | summary 10
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   FLCE_CUDA_GENERIC=1 FLCE_TEST_PRINT_ERRORS=1 "$gpu/flce_engine_tests" \
-    --gtest_filter='*Policy*cuda*' 2>&1 | tee "$out/policy_generic.log" | summary 10
+    --gtest_filter='*Policy*cuda*:*Preference*cuda*' 2>&1 | tee "$out/policy_generic.log" | summary 10
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   unset FLCE_CUDA_PLUGIN  # the server finds the plugin of its build tree by itself
   (cd tests/python && FLCE_SERVER_BIN=$dist/server/flce-server FLCE_TEST_SERVER_DEVICE=cuda \
-     timeout 240 "$py" -m pytest -q -p no:cacheprovider -rs test_policy.py) \
-    >"$out/pytest-policy-cuda.log" 2>&1 || rc=1
-  echo "pytest test_policy.py (cuda server): $(tail -1 "$out/pytest-policy-cuda.log")"
+     timeout 300 "$py" -m pytest -q -p no:cacheprovider -rs test_policy.py \
+     test_policy_training.py test_preference.py) >"$out/pytest-objectives-cuda.log" 2>&1 || rc=1
+  echo "pytest of the objectives (cuda server): $(tail -1 "$out/pytest-objectives-cuda.log")"
 fi
 if [[ $mode == bench ]]; then
   unset FLCE_CUDA_PLUGIN

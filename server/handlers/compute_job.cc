@@ -150,7 +150,8 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
     ctx_.metrics->AddReceivedBytes(
         "Compute", static_cast<int64_t>(header.targets().size() + header.token_weights().size() +
                                         header.entropy_weights().size() +
-                                        header.policy().ByteSizeLong()));
+                                        header.policy().ByteSizeLong() +
+                                        header.preference().ByteSizeLong()));
   }
   rows_.emplace(spec_.num_tokens, "hidden");
   if (header.has_shared()) FLCE_RETURN_IF_ERROR(OpenSharedRegion(header.shared()));
@@ -188,7 +189,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
                                           });
   }
   FLCE_ASSIGN_OR_RETURN(
-      call_, ctx_.engine->StartCompute(head_.head, spec_,
+      call_, StartComputeCall(*ctx_.engine, head_.head, spec_,
                                        [this](int64_t offset, int64_t rows, std::string data) {
                                          // Engines call it only when grad_input is asked for.
                                          if (grad_input_) {
@@ -544,6 +545,10 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   summary->set_entropy_sum(result.entropy_sum);
   if (spec_.policy.has_value()) {
     PolicySummaryToProto(spec_.policy->loss, result.policy, summary->mutable_policy());
+  }
+  if (spec_.preference.has_value()) {
+    PreferenceSummaryToProto(spec_.preference->loss, result.preference,
+                             summary->mutable_preference());
   }
   summary->set_strategy_used(result.strategy_used);
   summary->set_engine(ctx_.engine->info().name);

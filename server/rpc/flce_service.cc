@@ -311,6 +311,8 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                     response->add_capabilities("targets_in_region");
                     response->add_capabilities("hidden_pieces");
                     if (info.policy_objectives) response->add_capabilities("policy_objectives");
+                    // Two passes over any engine's calls (StartComputeCall).
+                    response->add_capabilities("preference_objectives");
                     if (!ctx_.config.checkpoint_dir.empty()) {
                       response->add_capabilities("checkpoint");
                     }

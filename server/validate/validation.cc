@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "server/validate/policy_header.h"
+#include "server/validate/preference_header.h"
 
 namespace flce::server {
 namespace {
@@ -213,6 +214,23 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
     return absl::InvalidArgumentError(
         "policy has fields set but policy.loss is POLICY_LOSS_NONE: name the objective "
         "(POLICY_LOSS_PPO_CLIP or POLICY_LOSS_CISPO)");
+  }
+  if (header.preference().loss() != v1::PREFERENCE_LOSS_NONE) {
+    if (spec.policy.has_value()) {
+      return absl::InvalidArgumentError(
+          "policy and preference are both set: a call carries one objective");
+    }
+    if (header.reduction() != v1::REDUCTION_MEAN) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reduction = ", v1::Reduction_Name(header.reduction()),
+          " does not apply to a preference objective: its loss is a mean over pairs"));
+    }
+    FLCE_ASSIGN_OR_RETURN(spec.preference, PreferenceFromHeader(header.preference(), spec.targets,
+                                                                spec.ignore_index));
+  } else if (header.has_preference() && header.preference().ByteSizeLong() > 0) {
+    return absl::InvalidArgumentError(
+        "preference has fields set but preference.loss is PREFERENCE_LOSS_NONE: name the "
+        "objective (e.g. PREFERENCE_LOSS_DPO_SIGMOID)");
   }
 
   const v1::OutputSelection& out = header.outputs();

@@ -145,7 +145,7 @@ absl::StatusOr<CallOutput> RunCall(Engine& engine, std::shared_ptr<const Head> h
     collector->Receive(offset, rows, data);
   };
   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<ComputeCall> call,
-                        engine.StartCompute(std::move(head), std::move(spec), sink));
+                        StartComputeCall(engine, std::move(head), std::move(spec), sink));
 
   const int64_t block = options.rows_per_block > 0 ? options.rows_per_block : std::max<int64_t>(BT, 1);
   std::vector<int64_t> starts;

@@ -144,6 +144,18 @@ ReferenceInput MakeReferenceInput(const Problem& problem, const ComputeSpec& spe
     in.policy.ref_logp.assign(o.ref_logp.begin(), o.ref_logp.end());
     in.policy.weights = o.weights;
   }
+  if (spec.preference.has_value()) {
+    const PreferenceObjective& o = *spec.preference;
+    in.has_preference = true;
+    in.preference.loss = static_cast<ReferencePreference::Loss>(static_cast<int>(o.loss));
+    in.preference.beta = o.beta;
+    in.preference.gamma = o.gamma;
+    in.preference.label_smoothing = o.label_smoothing;
+    in.preference.normalizer = o.normalizer;
+    in.preference.pairs = o.num_pairs;
+    in.preference.sequence_of_token = o.sequence_of_token;
+    in.preference.ref_logp = o.ref_logp;
+  }
   return in;
 }
 

@@ -135,7 +135,116 @@ double PolicyTerm(const ReferencePolicy& pol, int64_t t, double logp, double* dl
 
 }  // namespace
 
+namespace {
+
+// One pair's loss from its responses' summed log-probs (S), counted tokens
+// (n) and the reference's sums, as MATH.md writes it.
+double PairLoss(const ReferencePreference& o, double s_c, double s_r, double n_c, double n_r,
+                double ref_c, double ref_r) {
+  auto softplus = [](double x) { return std::log1p(std::exp(-std::abs(x))) + std::max(x, 0.0); };
+  switch (o.loss) {
+    case ReferencePreference::kDpoSigmoid: {
+      const double x = o.beta * ((s_c - ref_c) - (s_r - ref_r));
+      return (1.0 - o.label_smoothing) * softplus(-x) + o.label_smoothing * softplus(x);
+    }
+    case ReferencePreference::kIpo: {
+      const double h = (s_c - ref_c) / n_c - (s_r - ref_r) / n_r;
+      return (h - 1.0 / (2.0 * o.beta)) * (h - 1.0 / (2.0 * o.beta));
+    }
+    case ReferencePreference::kDpoHinge:
+      return std::max(0.0, 1.0 - o.beta * ((s_c - ref_c) - (s_r - ref_r)));
+    case ReferencePreference::kSimPo:
+      return softplus(-(o.beta * (s_c / n_c - s_r / n_r) - o.gamma));
+    case ReferencePreference::kOrpo: {
+      auto log_odds = [](double m) {
+        m = std::min(m, -1e-7);
+        return m - std::log(1.0 - std::exp(m));
+      };
+      return o.beta * softplus(-(log_odds(s_c / n_c) - log_odds(s_r / n_r)));
+    }
+  }
+  return 0.0;
+}
+
+// The two passes: the log-probs from a plain run, the objective and its
+// derivatives by the sequences' sums (central differences: no calculus shared
+// with the engines), then a run weighted by a_t = -dL/dlogp_t.
+ReferenceOutput PreferenceReference(const ReferenceInput& in) {
+  const ReferencePreference& o = in.preference;
+  ReferenceInput plain = in;
+  plain.has_preference = false;
+  plain.token_weights.clear();
+  plain.reduction = Reduction::kSum;
+  const ReferenceOutput first = ComputeReference(plain);
+  const int64_t sequences = 2 * o.pairs;
+  std::vector<double> sum(sequences, 0.0), count(sequences, 0.0);
+  double chosen_tokens = 0.0;
+  for (int64_t t = 0; t < in.num_tokens; ++t) {
+    const int32_t s = o.sequence_of_token[t];
+    if (s < 0 || !IsValid(in, in.targets[t])) continue;
+    sum[s] += first.logprob[t];
+    count[s] += 1.0;
+    if (s % 2 == 0) chosen_tokens += 1.0;
+  }
+  const double k = 1.0 / (o.normalizer > 0.0 ? o.normalizer : static_cast<double>(o.pairs));
+  std::vector<double> dsum(sequences, 0.0);
+  ReferencePreferenceStats stats;
+  for (int64_t p = 0; p < o.pairs; ++p) {
+    const int64_t c = 2 * p, r = c + 1;
+    const double ref_c = o.ref_logp.empty() ? 0.0 : o.ref_logp[c];
+    const double ref_r = o.ref_logp.empty() ? 0.0 : o.ref_logp[r];
+    auto loss = [&](double s_c, double s_r) {
+      return PairLoss(o, s_c, s_r, count[c], count[r], ref_c, ref_r);
+    };
+    const double hc = 1e-6 * std::max(1.0, std::abs(sum[c]));
+    const double hr = 1e-6 * std::max(1.0, std::abs(sum[r]));
+    dsum[c] = k * (loss(sum[c] + hc, sum[r]) - loss(sum[c] - hc, sum[r])) / (2.0 * hc);
+    dsum[r] = k * (loss(sum[c], sum[r] + hr) - loss(sum[c], sum[r] - hr)) / (2.0 * hr);
+    stats.pair_loss += k * loss(sum[c], sum[r]);
+    double reward_c, reward_r;
+    if (o.loss == ReferencePreference::kSimPo) {
+      reward_c = o.beta * sum[c] / count[c];
+      reward_r = o.beta * sum[r] / count[r];
+    } else if (o.loss == ReferencePreference::kOrpo) {
+      reward_c = o.beta * std::min(sum[c] / count[c], -1e-7);
+      reward_r = o.beta * std::min(sum[r] / count[r], -1e-7);
+    } else if (o.loss == ReferencePreference::kIpo) {
+      reward_c = o.beta * (sum[c] - ref_c) / count[c];
+      reward_r = o.beta * (sum[r] - ref_r) / count[r];
+    } else {
+      reward_c = o.beta * (sum[c] - ref_c);
+      reward_r = o.beta * (sum[r] - ref_r);
+    }
+    stats.chosen_reward_sum += reward_c;
+    stats.rejected_reward_sum += reward_r;
+    stats.reward_accurate += reward_c > reward_r ? 1 : 0;
+  }
+  ReferenceInput weighted = in;
+  weighted.has_preference = false;
+  weighted.token_weights.assign(in.num_tokens, 0.0);
+  for (int64_t t = 0; t < in.num_tokens; ++t) {
+    const int32_t s = o.sequence_of_token[t];
+    if (s < 0 || !IsValid(in, in.targets[t])) continue;
+    double d = dsum[s];
+    if (o.loss == ReferencePreference::kOrpo && s % 2 == 0) {
+      // ORPO's NLL: the mean of -logp over the call's chosen tokens.
+      stats.nll_loss += -first.logprob[t] / chosen_tokens;
+      d -= 1.0 / chosen_tokens;
+    }
+    weighted.token_weights[t] = -d;
+  }
+  ReferenceOutput out = ComputeReference(weighted);
+  out.loss = stats.pair_loss + stats.nll_loss;
+  out.loss_abs = std::abs(stats.pair_loss) + std::abs(stats.nll_loss);
+  out.z_loss = 0.0;
+  out.preference = stats;
+  return out;
+}
+
+}  // namespace
+
 ReferenceOutput ComputeReference(const ReferenceInput& in) {
+  if (in.has_preference) return PreferenceReference(in);
   const int64_t V = in.vocab_size;
   const int64_t H = in.hidden_size;
   const int64_t BT = in.num_tokens;

@@ -38,6 +38,20 @@ struct ReferencePolicyStats {
   double log_ratio_abs = 0.0, kl_abs = 0.0;
 };
 
+// MATH.md's "Preference objectives", as plain numbers.
+struct ReferencePreference {
+  enum Loss { kDpoSigmoid, kIpo, kDpoHinge, kSimPo, kOrpo } loss = kDpoSigmoid;
+  double beta = 0.1, gamma = 0.0, label_smoothing = 0.0, normalizer = 0.0;
+  int64_t pairs = 0;
+  std::vector<int32_t> sequence_of_token;  // per token; -1 = no response's
+  std::vector<double> ref_logp;            // per sequence (2 x pairs), or empty
+};
+
+struct ReferencePreferenceStats {
+  double pair_loss = 0.0, nll_loss = 0.0, chosen_reward_sum = 0.0, rejected_reward_sum = 0.0;
+  int64_t reward_accurate = 0;
+};
+
 struct ReferenceInput {
   int64_t vocab_size = 0;   // V
   int64_t hidden_size = 0;  // H
@@ -53,6 +67,8 @@ struct ReferenceInput {
   std::vector<double> entropy_weights;  // e_t; empty = 0
   bool has_policy = false;
   ReferencePolicy policy;  // with has_policy: a_t = -w_t dL_t/dlogp_t
+  bool has_preference = false;
+  ReferencePreference preference;  // with has_preference: two passes, a_t = -dL/dlogp_t
 };
 
 struct ReferenceOutput {
@@ -84,6 +100,7 @@ struct ReferenceOutput {
   std::vector<double> grad_weight_abs;  // V x H
   std::vector<double> grad_bias_abs;    // V
   ReferencePolicyStats policy;          // with a policy objective
+  ReferencePreferenceStats preference;  // with a preference objective
 };
 
 // Computes everything MATH.md defines for one request. The input is trusted

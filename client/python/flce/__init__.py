@@ -9,7 +9,7 @@
     pending = head.submit(hidden, targets)  # asynchronous: pending.backward() later
 """
 # the package's one version: pyproject.toml reads it from here (without importing flce)
-__version__ = "0.14.0"
+__version__ = "0.15.0"
 
 from flce.client import Client, ComputeResult, GradResult, HeadDownload  # noqa: E402
 from flce.clip import clip_grad_norm_  # noqa: E402
@@ -18,16 +18,18 @@ from flce.module import LMHeadOutput, RemoteEmbedding, RemoteLMHead, ignore_in_d
 from flce.optim import ServerOptimizer  # noqa: E402
 from flce.pipeline import PendingLoss  # noqa: E402
 from flce.policy import PolicyObjective  # noqa: E402
+from flce.preference import PreferenceObjective  # noqa: E402
 from flce.results import (CheckpointInfo, CommitResult, ComputeSummary,  # noqa: E402
                           ContributionState, DType, DownloadHeader, EmbedGradSummary,
                           EmbedHeader, GradHeader, GradNorm,
                           GradVersions, HeadInfo, OptimizerGroup, OptimizerInfo,
-                          OptimizerKind, PolicySummary, ServerInfo, SessionInfo, StepOutcome,
+                          OptimizerKind, PolicySummary, PreferenceSummary, ServerInfo, SessionInfo, StepOutcome,
                           StepResult, Timings, UnloadResult)
 from flce import safetensors  # noqa: E402
 
 __all__ = ["Client", "ComputeResult", "GradResult", "HeadDownload", "FlceError",
            "LMHeadOutput", "PendingLoss", "PolicyObjective", "PolicySummary",
+           "PreferenceObjective", "PreferenceSummary",
            "RemoteEmbedding", "RemoteLMHead", "ignore_in_ddp", "ServerOptimizer",
            "clip_grad_norm_", "safetensors", "CheckpointInfo", "CommitResult",
            "ComputeSummary", "ContributionState", "DType", "DownloadHeader",

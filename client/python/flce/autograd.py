@@ -23,6 +23,7 @@ import torch
 from flce.client import Client, new_request_id
 from flce.errors import FlceError
 from flce.loss_options import LossOptions
+from flce.preference import PreferenceObjective
 
 
 def _inf_like(hidden: torch.Tensor) -> torch.Tensor:
@@ -119,18 +120,26 @@ def _to_device(t: torch.Tensor, device) -> torch.Tensor:
     return t.to(device, non_blocking=t.is_pinned())
 
 
+def _objective_argument(objective) -> dict:
+    """Client.compute's keyword for a policy or preference objective (none: {})."""
+    if objective is None:
+        return {}
+    return {"preference" if isinstance(objective, PreferenceObjective) else "policy": objective}
+
+
 class FusedLoss(torch.autograd.Function):
-    """loss = reduction(ℓ) in one call (or a policy objective's loss); grad_W staged until
-    backward commits it."""
+    """loss = reduction(ℓ) in one call (or a policy or preference objective's loss); grad_W
+    staged until backward commits it."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, anchor: torch.Tensor, targets: torch.Tensor,
-                cfg: CallConfig, reduction: str, sink: Optional[list], policy=None):
+                cfg: CallConfig, reduction: str, sink: Optional[list], objective=None):
         staged = StagedContribution(cfg, new_request_id())
         try:
             result = _compute_deferred(cfg, hidden, targets, reduction=reduction,
                                        request_id=staged.request_id,
-                                       grad_input=ctx.needs_input_grad[0], policy=policy)
+                                       grad_input=ctx.needs_input_grad[0],
+                                       **_objective_argument(objective))
         except FlceError as err:
             if not err.non_finite:
                 staged.discard()

@@ -26,6 +26,7 @@ from flce.commit_queue import CommitQueue
 from flce.errors import FlceError, from_rpc_error, translate
 from flce.loss_options import LossOptions, keyword_arguments
 from flce.policy import PolicyObjective
+from flce.preference import PreferenceObjective
 from flce.shm import SharedTransport
 from flce.results import (CheckpointInfo, CommitResult, ComputeSummary, DownloadHeader,
                           EmbedGradSummary, EmbedHeader, GradHeader, GradNorm, HeadInfo,
@@ -567,13 +568,15 @@ class Client:
                 accuracy: bool = False, deferred_commit: bool = False,
                 deterministic: bool = False, expected_head_version: Optional[int] = None,
                 pinned_result: Optional[bool] = None,
-                policy: Optional[PolicyObjective] = None, **options) -> ComputeResult:
+                policy: Optional[PolicyObjective] = None,
+                preference: Optional[PreferenceObjective] = None, **options) -> ComputeResult:
         """One Compute call over hidden [N, H] (fp32/fp16/bf16) and targets [N].
 
         policy: a flce.PolicyObjective computed in place of the cross-entropy (the reduction
         stays "mean"; its aggregation weighs the tokens). A server without the capability
         "policy_objectives" is refused here, before anything is sent (one that predates
-        them would compute the cross-entropy instead).
+        them would compute the cross-entropy instead). preference: a
+        flce.PreferenceObjective likewise (capability "preference_objectives"); not both.
 
         The loss options (ignore_index, label_smoothing, z_loss, softcap, temperature,
         strategy, chunk_tokens) are keyword arguments named and defaulted by
@@ -611,6 +614,11 @@ class Client:
         if policy is not None:
             self._require_capability("policy_objectives", "a policy objective")
             policy.fill(header, n)
+        if preference is not None:
+            if policy is not None:
+                raise ValueError("a call carries a policy or a preference objective, not both")
+            self._require_capability("preference_objectives", "a preference objective")
+            preference.fill(header, n)
 
         pinned = hidden.is_cuda if pinned_result is None else pinned_result
         wanted = [(k, dt) for k, dt in _TOKEN_FIELDS

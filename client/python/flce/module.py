@@ -35,6 +35,7 @@ from flce.loss_options import NAMES, LossOptions, check_reduction, keyword_argum
 from flce.optim import ServerOptimizer
 from flce.pipeline import InFlight, PendingLoss, submit_call
 from flce.policy import PolicyObjective
+from flce.preference import PreferenceObjective
 from flce.results import (CheckpointInfo, ComputeSummary, EmbedGradSummary, EmbedHeader,
                           HeadInfo)
 
@@ -265,6 +266,26 @@ class RemoteLMHead(nn.Module):
         fractions, approx KL, ratios) are in last_summary.policy. Loss options given here
         override the module's for this call (label smoothing and z-loss do not combine with
         an objective)."""
+        cfg = self._config(options)
+        if hidden.shape[:-1] != targets.shape:
+            raise ValueError(f"hidden {tuple(hidden.shape)} does not match targets "
+                             f"{tuple(targets.shape)}")
+        h2 = hidden.reshape(-1, hidden.shape[-1])
+        sink: list = []
+        anchor = self._weight_anchor if torch.is_grad_enabled() else self._weight_anchor.detach()
+        loss = FusedLoss.apply(h2, anchor, targets.reshape(-1), cfg, "mean", sink,
+                               objective.flattened())
+        self.last_summary = sink[-1] if sink else None  # None: the call overflowed
+        return loss
+
+    @keyword_arguments(overrides=True)
+    def preference_loss(self, hidden: torch.Tensor, targets: torch.Tensor,
+                        objective: PreferenceObjective, **options) -> torch.Tensor:
+        """hidden [..., H], targets [...] → a preference objective's loss over pairs of
+        responses (flce.PreferenceObjective; its per-token sequence map shaped like
+        targets), in one Compute call that sends hidden once (the server goes over the rows
+        twice): differentiable like forward's loss, with grad_W staged until backward. The
+        rewards, accuracy and margins are in last_summary.preference."""
         cfg = self._config(options)
         if hidden.shape[:-1] != targets.shape:
             raise ValueError(f"hidden {tuple(hidden.shape)} does not match targets "

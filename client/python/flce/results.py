@@ -206,6 +206,28 @@ class PolicySummary:
 
 
 @dataclass(frozen=True)
+class PreferenceSummary:
+    """ComputeSummary.preference: a preference objective's parts and what preference
+    trainers log, as means over the call's pairs."""
+    loss: str
+    pairs: int
+    pair_loss: float
+    nll_loss: float
+    chosen_reward_mean: float
+    rejected_reward_mean: float
+    reward_accuracy: float
+    reward_margin_mean: float
+    chosen_logp_mean: float
+    rejected_logp_mean: float
+
+    @classmethod
+    def from_pb(cls, m) -> "PreferenceSummary":
+        return cls(m.loss, m.pairs, m.pair_loss, m.nll_loss, m.chosen_reward_mean,
+                   m.rejected_reward_mean, m.reward_accuracy, m.reward_margin_mean,
+                   m.chosen_logp_mean, m.rejected_logp_mean)
+
+
+@dataclass(frozen=True)
 class ComputeSummary:
     loss: float
     n_valid: int
@@ -224,13 +246,16 @@ class ComputeSummary:
     committed: bool
     entropy_sum: float
     policy: Optional[PolicySummary] = None  # with a policy objective: loss is sum_t w_t L_t
+    preference: Optional[PreferenceSummary] = None  # with a preference objective
 
     @classmethod
     def from_pb(cls, m) -> "ComputeSummary":
         return cls(m.loss, m.n_valid, m.z_loss, m.accuracy, m.n_correct, m.strategy_used,
                    m.engine, m.head_version, m.server_instance_id, Timings.from_pb(m.timings),
                    m.replayed, m.staged, m.committed, m.entropy_sum,
-                   PolicySummary.from_pb(m.policy) if m.HasField("policy") else None)
+                   PolicySummary.from_pb(m.policy) if m.HasField("policy") else None,
+                   PreferenceSummary.from_pb(m.preference) if m.HasField("preference")
+                   else None)
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,7 @@ absl::Status CudaEngine::ReadPeerMemory(const PeerMemory& memory, int64_t offset
 
 absl::StatusOr<std::unique_ptr<ComputeCall>> CudaEngine::StartCompute(
     std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) {
+  FLCE_RETURN_IF_ERROR(RefuseTwoPassSpec(spec, "CUDA"));
   FLCE_RETURN_IF_ERROR(ctx_->Enter());
   FLCE_ASSIGN_OR_RETURN(
       auto call, CudaComputeCall::Start(this, std::move(head), std::move(spec), std::move(sink)));

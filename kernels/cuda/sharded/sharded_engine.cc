@@ -101,6 +101,7 @@ absl::StatusOr<std::unique_ptr<GradBuffer>> ShardedEngine::NewGradBuffer(const H
 
 absl::StatusOr<std::unique_ptr<ComputeCall>> ShardedEngine::StartCompute(
     std::shared_ptr<const Head> head, ComputeSpec spec, GradInputSink sink) {
+  FLCE_RETURN_IF_ERROR(RefuseTwoPassSpec(spec, "sharded CUDA"));
   FLCE_ASSIGN_OR_RETURN(auto call,
                         ShardedComputeCall::Start(this, std::move(head), std::move(spec),
                                                   std::move(sink)));

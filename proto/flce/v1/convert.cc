@@ -58,6 +58,39 @@ absl::StatusOr<PolicyLoss> PolicyLossFromProto(v1::PolicyLoss loss) {
   }
 }
 
+absl::StatusOr<PreferenceLoss> PreferenceLossFromProto(v1::PreferenceLoss loss) {
+  switch (loss) {
+    case v1::PREFERENCE_LOSS_DPO_SIGMOID:
+      return PreferenceLoss::kDpoSigmoid;
+    case v1::PREFERENCE_LOSS_IPO:
+      return PreferenceLoss::kIpo;
+    case v1::PREFERENCE_LOSS_DPO_HINGE:
+      return PreferenceLoss::kDpoHinge;
+    case v1::PREFERENCE_LOSS_SIMPO:
+      return PreferenceLoss::kSimPo;
+    case v1::PREFERENCE_LOSS_ORPO:
+      return PreferenceLoss::kOrpo;
+    default:
+      return UnknownEnumError("preference.loss", v1::PreferenceLoss_descriptor(), loss);
+  }
+}
+
+void PreferenceSummaryToProto(PreferenceLoss loss, const PreferenceStats& stats,
+                              v1::PreferenceSummary* out) {
+  out->set_loss(PreferenceLossName(loss));
+  out->set_pairs(stats.pairs);
+  out->set_pair_loss(stats.pair_loss);
+  out->set_nll_loss(stats.nll_loss);
+  if (stats.pairs == 0) return;
+  const double p = static_cast<double>(stats.pairs);
+  out->set_chosen_reward_mean(stats.chosen_reward_sum / p);
+  out->set_rejected_reward_mean(stats.rejected_reward_sum / p);
+  out->set_reward_accuracy(static_cast<double>(stats.reward_accurate) / p);
+  out->set_reward_margin_mean((stats.chosen_reward_sum - stats.rejected_reward_sum) / p);
+  out->set_chosen_logp_mean(stats.chosen_logp_sum / p);
+  out->set_rejected_logp_mean(stats.rejected_logp_sum / p);
+}
+
 absl::StatusOr<KlEstimator> KlEstimatorFromProto(v1::KlEstimator estimator) {
   switch (estimator) {
     case v1::KL_ESTIMATOR_K3:

@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/optimizer_config.h"
 #include "core/policy_objective.h"
+#include "core/preference_objective.h"
 #include "flce/v1/flce.pb.h"
 
 namespace flce {
@@ -40,6 +41,11 @@ absl::StatusOr<KlEstimator> KlEstimatorFromProto(v1::KlEstimator estimator);
 absl::StatusOr<LossAggregation> LossAggregationFromProto(v1::LossAggregation aggregation);
 // The summary's fractions and means over stats.tokens (0 when none counted).
 void PolicySummaryToProto(PolicyLoss loss, const PolicyStats& stats, v1::PolicySummary* out);
+// PREFERENCE_LOSS_NONE is no objective: the caller checks for it first.
+absl::StatusOr<PreferenceLoss> PreferenceLossFromProto(v1::PreferenceLoss loss);
+// The summary's means over stats.pairs.
+void PreferenceSummaryToProto(PreferenceLoss loss, const PreferenceStats& stats,
+                              v1::PreferenceSummary* out);
 
 // INVALID_ARGUMENT for OPTIMIZER_UNSPECIFIED or an unknown value.
 absl::StatusOr<OptimizerKind> OptimizerKindFromProto(v1::OptimizerKind kind);
