@@ -266,17 +266,7 @@ class RemoteLMHead(nn.Module):
         fractions, approx KL, ratios) are in last_summary.policy. Loss options given here
         override the module's for this call (label smoothing and z-loss do not combine with
         an objective)."""
-        cfg = self._config(options)
-        if hidden.shape[:-1] != targets.shape:
-            raise ValueError(f"hidden {tuple(hidden.shape)} does not match targets "
-                             f"{tuple(targets.shape)}")
-        h2 = hidden.reshape(-1, hidden.shape[-1])
-        sink: list = []
-        anchor = self._weight_anchor if torch.is_grad_enabled() else self._weight_anchor.detach()
-        loss = FusedLoss.apply(h2, anchor, targets.reshape(-1), cfg, "mean", sink,
-                               objective.flattened())
-        self.last_summary = sink[-1] if sink else None  # None: the call overflowed
-        return loss
+        return self._objective_loss(hidden, targets, objective, options)
 
     @keyword_arguments(overrides=True)
     def preference_loss(self, hidden: torch.Tensor, targets: torch.Tensor,
@@ -286,6 +276,11 @@ class RemoteLMHead(nn.Module):
         targets), in one Compute call that sends hidden once (the server goes over the rows
         twice): differentiable like forward's loss, with grad_W staged until backward. The
         rewards, accuracy and margins are in last_summary.preference."""
+        return self._objective_loss(hidden, targets, objective, options)
+
+    def _objective_loss(self, hidden: torch.Tensor, targets: torch.Tensor, objective,
+                        options: Mapping) -> torch.Tensor:
+        """One Compute call with a policy or preference objective, as FusedLoss."""
         cfg = self._config(options)
         if hidden.shape[:-1] != targets.shape:
             raise ValueError(f"hidden {tuple(hidden.shape)} does not match targets "
