@@ -9,6 +9,7 @@
 #include "client/cli/cli_main.h"
 #include "client/cli/command.h"
 #include "client/cli/compute_policy.h"
+#include "client/cli/compute_preference.h"
 #include "client/cli/json_views.h"
 #include "client/cli/tensor_files.h"
 #include "client/cpp/request_id.h"
@@ -49,10 +50,6 @@ v1::Reduction ReductionOf(const std::string& name) {
   return v1::REDUCTION_MEAN;
 }
 
-std::string FloatBytes(const std::vector<float>& values) {
-  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4);
-}
-
 }  // namespace
 
 void DeclareCompute(FlagSet& flags) {
@@ -88,6 +85,7 @@ void DeclareCompute(FlagSet& flags) {
   flags.Bool("deterministic", "bitwise-repeatable results where the plan allows");
   flags.Int("chunk-tokens", "engine token-chunk size; 0 = the engine's choice", "0");
   DeclarePolicyFlags(flags);
+  DeclarePreferenceFlags(flags);
 }
 
 absl::StatusOr<CommandResult> RunCompute(const FlagSet& flags, CliEnv& env) {
@@ -138,14 +136,15 @@ absl::StatusOr<CommandResult> RunCompute(const FlagSet& flags, CliEnv& env) {
   if (flags.has("token-weights")) {
     FLCE_ASSIGN_OR_RETURN(std::vector<float> weights,
                           ReadFloat32(flags.str("token-weights"), tokens));
-    header.set_token_weights(FloatBytes(weights));
+    header.set_token_weights(ArrayBytes(weights));
   }
   if (flags.has("entropy-weights")) {
     FLCE_ASSIGN_OR_RETURN(std::vector<float> weights,
                           ReadFloat32(flags.str("entropy-weights"), tokens));
-    header.set_entropy_weights(FloatBytes(weights));
+    header.set_entropy_weights(ArrayBytes(weights));
   }
   FLCE_RETURN_IF_ERROR(FillPolicy(flags, tokens, &header));
+  FLCE_RETURN_IF_ERROR(FillPreference(flags, tokens, &header));
   const bool per_token = flags.has("per-token-out");
   v1::OutputSelection* outputs = header.mutable_outputs();
   outputs->set_forward_only(flags.flag("forward-only"));

@@ -101,6 +101,19 @@ nlohmann::json SummaryJson(const v1::ComputeSummary& summary, bool with_accuracy
                       {"ratio_min", p.ratio_min()},
                       {"ratio_max", p.ratio_max()}};
   }
+  if (summary.has_preference()) {
+    const v1::PreferenceSummary& p = summary.preference();
+    json["preference"] = {{"loss", p.loss()},
+                          {"pairs", p.pairs()},
+                          {"pair_loss", p.pair_loss()},
+                          {"nll_loss", p.nll_loss()},
+                          {"chosen_reward_mean", p.chosen_reward_mean()},
+                          {"rejected_reward_mean", p.rejected_reward_mean()},
+                          {"reward_accuracy", p.reward_accuracy()},
+                          {"reward_margin_mean", p.reward_margin_mean()},
+                          {"chosen_logp_mean", p.chosen_logp_mean()},
+                          {"rejected_logp_mean", p.rejected_logp_mean()}};
+  }
   return json;
 }
 

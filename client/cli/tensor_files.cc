@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/npy.h"
@@ -109,6 +110,17 @@ absl::StatusOr<std::vector<float>> ReadFloat32(const std::string& path, int64_t 
   std::vector<float> values(n);
   std::memcpy(values.data(), array.data.data(), n * 4);
   return values;
+}
+
+absl::StatusOr<std::vector<int32_t>> ReadInt32PerToken(const std::string& flag,
+                                                       const std::string& path, int64_t n) {
+  FLCE_ASSIGN_OR_RETURN(Targets ints, ReadTargets(path));
+  if (static_cast<int64_t>(ints.values.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", path, " has ",
+                                                   ints.values.size(), " entries, expected ", n,
+                                                   " (one per token)"));
+  }
+  return std::move(ints.values);
 }
 
 absl::Status WriteWireTensor(const std::string& path, const WireTensor& tensor) {

@@ -35,6 +35,17 @@ absl::StatusOr<Targets> ReadTargets(const std::string& path);
 // Reads fp32 per-token weights ('<f4' only), n elements in any shape.
 absl::StatusOr<std::vector<float>> ReadFloat32(const std::string& path, int64_t n);
 
+// Reads '<i4' or '<i8' integers (any shape) that must number n, one per
+// token; errors name `flag` and the file.
+absl::StatusOr<std::vector<int32_t>> ReadInt32PerToken(const std::string& flag,
+                                                       const std::string& path, int64_t n);
+
+// A vector's elements as the little-endian bytes a message's array field holds.
+template <typename T>
+std::string ArrayBytes(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
 // fp32 -> '<f4', fp16 -> '<f2', bf16 -> '<u2'.
 absl::Status WriteWireTensor(const std::string& path, const WireTensor& tensor);
 absl::Status WriteFloat32(const std::string& path, const std::vector<int64_t>& shape,

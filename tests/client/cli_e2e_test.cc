@@ -310,6 +310,81 @@ TEST_F(CliEndToEndTest, ComputeWithAPolicyObjective) {
       << Describe(without);
 }
 
+// compute --preference: DPO over two pairs from .npy files (a prompt token of
+// no sequence, the reference per sequence, then per token) against the
+// float64 reference; the summary in the JSON; files of the wrong length and
+// flags without their objective named.
+TEST_F(CliEndToEndTest, ComputeWithAPreferenceObjective) {
+  ProblemSpec ps;  // fp32, V=257, H=64, 48 tokens
+  ps.ignore_fraction = 0.0;
+  const Problem p = MakeProblem(ps);
+  SCOPED_TRACE("problem seed " + std::to_string(p.seed));
+  WriteProblem(p, "pr_");
+  const int64_t n = ps.num_tokens;
+  std::vector<int32_t> sequence(n);
+  for (int64_t t = 0; t < n; ++t) {
+    sequence[t] = t % 12 == 0 ? -1 : static_cast<int32_t>(t / 12);  // four responses
+  }
+  const std::vector<float> ref_per_sequence = {-60.5f, -58.0f, -61.25f, -57.75f};
+  std::vector<float> ref_per_token(n, 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    if (sequence[t] >= 0) ref_per_token[t] = ref_per_sequence[sequence[t]] / 11.0f;
+  }
+  WriteArray(Path("pr_seq.npy"), NpyType::kI32, {n}, sequence.data(), n * 4);
+  WriteArray(Path("pr_ref.npy"), NpyType::kF32, {4}, ref_per_sequence.data(), 16);
+  WriteArray(Path("pr_ref_tok.npy"), NpyType::kF32, {n}, ref_per_token.data(), n * 4);
+
+  ComputeSpec spec;
+  PreferenceObjective o;
+  o.beta = 0.25f;
+  o.num_pairs = 2;
+  o.sequence_of_token = sequence;
+  o.ref_logp.assign(ref_per_sequence.begin(), ref_per_sequence.end());
+  spec.preference = o;
+  const ReferenceOutput ref = ComputeReference(MakeReferenceInput(p, spec));
+
+  Ok({"load-weight", "--head", "pr", "--weight", Path("pr_w.npy")});
+  const std::vector<std::string> base = {"compute",          "--head",   "pr",
+                                         "--session",        "s",        "--hidden",
+                                         Path("pr_h.npy"),   "--targets", Path("pr_t32.npy")};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  for (const char* ref_file : {"pr_ref.npy", "pr_ref_tok.npy"}) {
+    SCOPED_TRACE(ref_file);
+    const nlohmann::json out = Ok(with({"--out-grad-input", Path("pr_gx.npy"), "--preference",
+                                        "dpo_sigmoid", "--sequence-of-token", Path("pr_seq.npy"),
+                                        "--ref-logp", Path(ref_file), "--beta", "0.25"}));
+    EXPECT_NEAR(out["loss"].get<double>(), ref.loss, 1e-5 * std::max(1.0, ref.loss_abs)) << out;
+    ASSERT_TRUE(out.contains("preference")) << out;
+    EXPECT_EQ(out["preference"]["loss"], "dpo_sigmoid");
+    EXPECT_EQ(out["preference"]["pairs"], 2);
+    EXPECT_NEAR(out["preference"]["pair_loss"].get<double>(), ref.preference.pair_loss, 1e-5);
+    EXPECT_LE(RelativeError(ReadFloats(Path("pr_gx.npy")), ref.grad_input), 1e-5);
+  }
+
+  const CliRun wrong_length =
+      Cli(with({"--preference", "dpo_sigmoid", "--sequence-of-token", Path("pr_seq.npy"),
+                "--ref-logp", Path("pr_h.npy")}));
+  EXPECT_NE(wrong_length.exit_code, 0) << Describe(wrong_length);
+  EXPECT_NE(wrong_length.out.find("--ref-logp"), std::string::npos) << Describe(wrong_length);
+  const CliRun no_sequences = Cli(with({"--preference", "simpo"}));
+  EXPECT_NE(no_sequences.exit_code, 0) << Describe(no_sequences);
+  EXPECT_NE(no_sequences.out.find("--preference needs --sequence-of-token"), std::string::npos)
+      << Describe(no_sequences);
+  const CliRun orphan = Cli(with({"--beta", "0.5"}));
+  EXPECT_NE(orphan.exit_code, 0) << Describe(orphan);
+  EXPECT_NE(orphan.out.find("--beta belongs to --preference"), std::string::npos)
+      << Describe(orphan);
+  const CliRun both = Cli(with({"--preference", "orpo", "--sequence-of-token", Path("pr_seq.npy"),
+                                "--policy", "cispo", "--old-logp", Path("pr_ref_tok.npy"),
+                                "--advantages", Path("pr_ref_tok.npy")}));
+  EXPECT_NE(both.exit_code, 0) << Describe(both);
+  EXPECT_NE(both.out.find("two objectives"), std::string::npos) << Describe(both);
+}
+
 TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
   const nlohmann::json health = Ok({"health"});
   EXPECT_EQ(health["status"], "SERVING");

@@ -361,7 +361,8 @@ double MaxIgnoredRowLead(const Problem& p) {
 // outputs bitwise those of the run with it, gradients within tolerance; and
 // without entropy and accuracy (the statistics taken around the target's
 // logit, e not capped): within tolerance, no entropy, bitwise repeatable,
-// with either kernel that serves that call. The logits ~N(0, 30^2)
+// with either kernel that serves that call, and the same call without the
+// backward bitwise equal in its per-token outputs. The logits ~N(0, 30^2)
 // with targets at the argmax keep every valid row on the row-scaled path
 // while ignored rows lie more than 88 nats above their reference x . W_0,
 // where an uncapped exp overflows (0 times inf in the backward GEMMs).
@@ -449,6 +450,21 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
       EXPECT_EQ(lean_run->result.per_token_loss, again->result.per_token_loss);
       EXPECT_TRUE(lean_run->grad_input == again->grad_input);
       EXPECT_TRUE(lean_run->grad_weight == again->grad_weight);
+
+      // A forward-only call (a preference objective's first pass, a
+      // trainer's log-prob call) takes the same GEMM and finish: its
+      // per-token outputs are those of the call with the backward, bit for bit.
+      ComputeSpec forward = lean;
+      forward.outputs.grad_input = false;
+      HarnessOptions no_grad = same_blocks;
+      no_grad.with_grad_buffer = false;
+      auto forward_run = RunProblem(**engine, problem, forward, no_grad);
+      ASSERT_TRUE(forward_run.ok()) << forward_run.status();
+      EXPECT_TRUE(forward_run->grad_input.empty());
+      EXPECT_LE(RelativeError(ToDoubles(forward_run->result.logprob), ref.logprob), 1e-4);
+      EXPECT_EQ(forward_run->result.loss, lean_run->result.loss);
+      EXPECT_EQ(forward_run->result.per_token_loss, lean_run->result.per_token_loss);
+      EXPECT_EQ(forward_run->result.logprob, lean_run->result.logprob);
     }
     if (c.weight_scale == 30.0 && c.at_argmax) {
       EXPECT_GT(MaxIgnoredRowLead(problem), 88.0) << "the case lost what it is for";
@@ -624,12 +640,12 @@ TEST(ChunkPlanTest, WirePacedCallsGetSmallChunks) {
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? p->chunk_tokens : int64_t{-1};
   };
-  EXPECT_EQ(chunk_for(4096, DType::kBF16, true, 0), 1024);   // 8 MiB of bf16 rows
-  EXPECT_EQ(chunk_for(4096, DType::kF32, true, 0), 512);     // fp32 rows: half as many
-  EXPECT_EQ(chunk_for(1024, DType::kBF16, true, 0), 2048);   // capped in tokens
-  EXPECT_EQ(chunk_for(32768, DType::kBF16, true, 0), 256);   // floored in tokens
+  EXPECT_EQ(chunk_for(4096, DType::kBF16, true, 0), 1024);     // 8 MiB of bf16 rows
+  EXPECT_EQ(chunk_for(4096, DType::kF32, true, 0), 512);       // fp32 rows: half as many
+  EXPECT_EQ(chunk_for(1024, DType::kBF16, true, 0), 2048);     // capped in tokens
+  EXPECT_EQ(chunk_for(32768, DType::kBF16, true, 0), 256);     // floored in tokens
   EXPECT_EQ(chunk_for(4096, DType::kBF16, true, 3072), 3072);  // the caller's chunk wins
-  EXPECT_GT(chunk_for(4096, DType::kBF16, false, 0), 2048);  // regions: the budget's
+  EXPECT_GT(chunk_for(4096, DType::kBF16, false, 0), 2048);    // regions: the budget's
 }
 
 // Every real logit is about -40 (bias), the padded columns' would be 0: if

@@ -101,14 +101,17 @@ absl::Status RunChunkOverlapped(const Exec& exec, const HeadView& head, const De
   return Backward(exec, head, rest, s, x, s.logits, ld_d);
 }
 
-// The row-scaled backward serves bf16 heads without label smoothing or
-// entropy weights (their dlogits are not one scale per row away from e).
-// FLCE_CUDA_DLOGITS_PASS=1 keeps the dlogits pass (tests compare both).
-bool UseRowScaled(const HeadView& head, const DeviceRequest& r) {
+// The row reference M_t = x_t . W_y serves bf16 heads without label
+// smoothing or entropy weights (their dlogits are not one scale per row away
+// from e): with a backward, the row-scaled one; without (a forward-only call,
+// a preference objective's first pass), the same GEMM and finish, which lets
+// the call take the ping-pong kernel. FLCE_CUDA_DLOGITS_PASS=1 keeps the
+// plain e and the dlogits pass (tests compare both).
+bool UseRowReference(const HeadView& head, const DeviceRequest& r) {
   const char* env = std::getenv("FLCE_CUDA_DLOGITS_PASS");
   if (env != nullptr && std::string(env) == "1") return false;
-  return RowScaledCapable(head) && WantsBackward(r) && r.grad_bias == nullptr &&
-         r.params.label_smoothing == 0.0f && !r.params.entropy_weighted;
+  return RowScaledCapable(head) && r.grad_bias == nullptr && r.params.label_smoothing == 0.0f &&
+         !r.params.entropy_weighted;
 }
 
 // The own grad_input GEMM's arguments for a chunk of `rows`: where rows x H
@@ -244,12 +247,12 @@ absl::Status RowScaledBackward(const Exec& exec, const HeadView& head, const Til
 
 // The same chunk without the dlogits pass (row_scaled_backward.cuh): e
 // relative to M_t = x_t . W_y, one scale per row applied around the two
-// backward GEMMs (own or cuBLAS: backward_gemm.cuh). Rows it cannot serve raise a device flag; the
-// launches after the finish then redo the chunk on the dlogits-pass path (each reads the flag and
-// returns at once in the common case).
-absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const TileScratch& s,
-                               const DeviceRequest& r, const void* x, LogitsStatsArgs g,
-                               TileRowArgs t) {
+// backward GEMMs (own or cuBLAS: backward_gemm.cuh), if the call has any. Rows it cannot serve
+// raise a device flag; the launches after the finish then redo the chunk on the dlogits-pass path
+// (each reads the flag and returns at once in the common case).
+absl::Status RunRowReferenceChunk(const Exec& exec, const HeadView& head, const TileScratch& s,
+                                  const DeviceRequest& r, const void* x, LogitsStatsArgs g,
+                                  TileRowArgs t) {
   const RowScaledScratch& q = s.scaled;
   FLCE_RETURN_IF_ERROR(LaunchRowReference(head.dtype, x, head.weight, r.in.target, r.rows,
                                           head.hidden, q.reference, q.fallback, exec.stream,
@@ -271,6 +274,10 @@ absl::Status RunRowScaledChunk(const Exec& exec, const HeadView& head, const Til
   t.run_if = q.fallback;
   FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
   FLCE_RETURN_IF_ERROR(LaunchTileFinish(t, exec.stream, exec.health));
+  if (!WantsBackward(r)) {
+    MarkStage(exec, "fallback_checks");
+    return absl::OkStatus();
+  }
   FLCE_RETURN_IF_ERROR(LaunchTileGrad(head.dtype, t, exec.stream, exec.health));
   MarkStage(exec, "fallback_checks");
   // E is now either row-scaled e (with the target entries rewritten) or
@@ -292,7 +299,7 @@ absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Pla
   LogitsStatsArgs g;
   TileRowArgs t;
   TileChunkArgs(head, r, s, x, &g, &t);
-  if (UseRowScaled(head, r)) return RunRowScaledChunk(exec, head, s, r, x, g, t);
+  if (UseRowReference(head, r)) return RunRowReferenceChunk(exec, head, s, r, x, g, t);
   FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
   FLCE_RETURN_IF_ERROR(LaunchTileFinish(t, exec.stream, exec.health));
   if (!WantsBackward(r)) return absl::OkStatus();
