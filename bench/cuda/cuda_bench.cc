@@ -40,6 +40,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/cuda/bench_data.cuh"
 #include "bench/cuda/gpu_energy.h"
+#include "bench/cuda/quack_rebuild.cuh"
 #include "bench/round_order.h"
 #include "kernels/cuda/base/policy.h"
 #include "kernels/cuda/base/stage_timer.h"
@@ -68,13 +69,16 @@ using cuda::PlanRequest;
 struct Shape {
   int64_t bt, h, v;
 };
+
+constexpr char kQuackRebuild[] = "cublas_quack_rebuild";
 // 0-2: the shapes (the default); 3, 4: heads of H 2048 and 1536, between
 // the first shape's H and the others' (--shapes=3,4); 5, 6: heads of H 3072 and
 // 8192 (3B- and 70B-class), on either side of H = 4096 (--shapes=5,6); 7: an 8B-class
-// head at 32768 tokens, the largest shape of the served-step measurements (--shapes=7).
+// head at 32768 tokens, the largest shape of the served-step measurements (--shapes=7);
+// 8: the shape QuACK and Liger-Kernel publish their H200 times at (--shapes=8).
 constexpr Shape kShapes[] = {{65535, 1024, 176245}, {16384, 4096, 151936}, {8192, 4096, 128256},
                              {32768, 2048, 128256}, {32768, 1536, 151936}, {16384, 3072, 128256},
-                             {8192, 8192, 128256}, {32768, 4096, 128256}};
+                             {8192, 8192, 128256},  {32768, 4096, 128256}, {4096, 4096, 128256}};
 constexpr int kShapeCount = static_cast<int>(sizeof(kShapes) / sizeof(kShapes[0]));
 
 struct Flags {
@@ -104,6 +108,9 @@ struct Flags {
   // asks for per-token entropy / for entropy and accuracy (the GEMM's tile
   // max and sez sum / and the argmax); every other entry is a call for the
   // loss, per-token loss and logprob and the gradients only.
+  // cublas_quack_rebuild: not the engine but QuACK v0.6.1's pipeline rebuilt
+  // with cuBLAS (bench/cuda/quack_rebuild.cuh), checked against float64 once
+  // per process before it is timed; not in the default list.
   // NAME@VAR=VALUE (e.g. chunked@FLCE_CUDA_STATS_GROUP=16): strategy NAME
   // with an engine switch set for its runs; NAME@A=1@B=2 sets two.
   std::vector<std::string> strategies = {"chunked",
@@ -606,6 +613,7 @@ int Main(int argc, char** argv) {
   CHECK_CUBLAS(cublasCreate(&cublas));
   CHECK_CUBLAS(cublasSetStream(cublas, stream));
   nlohmann::json records = nlohmann::json::array();
+  bool quack_checked = false;
 
   std::string energy_why;
   const std::optional<GpuEnergy> energy = GpuEnergy::ForCurrentDevice(&energy_why);
@@ -789,6 +797,10 @@ int Main(int argc, char** argv) {
       CudaEngine* runner = nullptr;
       Plan plan;
       DeviceRequest r;
+      // Set for a pipeline that is not the engine's (cublas_quack_rebuild):
+      // it runs instead of a plan; its scratch in direct_workspace_bytes.
+      std::function<absl::Status()> direct;
+      int64_t direct_workspace_bytes = 0;
       double scale = 1.0;
       int runs = 0, warmup = 0;
       absl::Status status;
@@ -801,6 +813,7 @@ int Main(int argc, char** argv) {
     };
     std::vector<Entry> entries;
     entries.reserve(flags.strategies.size());
+    std::vector<DeviceBuffer> direct_buffers;  // the direct entries' scratch
     for (const std::string& spelled : flags.strategies) {
       Entry e;
       e.spelled = spelled;
@@ -834,6 +847,48 @@ int Main(int argc, char** argv) {
       }
       e.rec = shape_record(spelled);
       e.rec["workspace_budget_mib"] = flags.workspace_mb;
+      if (name == kQuackRebuild) {
+        if (!quack_checked) {
+          const nlohmann::json check = ValidateQuackRebuild(cublas, stream);
+          std::printf("  %s against float64: %s\n", kQuackRebuild, check.dump().c_str());
+          records.push_back(check);
+          if (!check.value("ok", false)) return 1;
+          quack_checked = true;
+        }
+        const int64_t chunk = QuackRebuildArgs{}.chunk;
+        auto logits = DeviceBuffer::Allocate(chunk * vp * 2, engine->context()->health());
+        auto loss = DeviceBuffer::Allocate(sh.bt * 4, engine->context()->health());
+        if (!logits.ok() || !loss.ok()) {
+          std::fprintf(stderr, "%s: scratch allocation failed\n", kQuackRebuild);
+          return 1;
+        }
+        QuackRebuildArgs q;
+        q.rows = sh.bt;
+        q.hidden = sh.h;
+        q.vocab = sh.v;
+        q.padded_vocab = vp;
+        q.x = xbuf->get();
+        q.w = head->view().weight;
+        q.target = target;
+        q.grad_scale = 1.0f / static_cast<float>(n_valid);
+        q.logits = logits->get();
+        q.loss = static_cast<float*>(loss->get());
+        q.grad_input = gibuf->get();
+        q.grad_weight = grad->weight();
+        e.direct_workspace_bytes = logits->bytes();
+        e.rec["chunk_tokens"] = chunk;
+        direct_buffers.push_back(std::move(*logits));
+        direct_buffers.push_back(std::move(*loss));
+        e.direct = [&cublas, &stream, q]() {
+          std::string why;
+          if (RunQuackRebuild(cublas, q, stream, &why)) return absl::OkStatus();
+          return absl::InternalError(why);
+        };
+        e.runs = flags.runs;
+        e.warmup = flags.warmup;
+        entries.push_back(std::move(e));
+        continue;
+      }
       PlanRequest pr;
       pr.strategy = strategy;
       pr.num_tokens = sh.bt;
@@ -878,6 +933,10 @@ int Main(int argc, char** argv) {
     }
     const auto call = [&](Entry& e) {
       return [&]() {
+        if (e.direct) {
+          e.status = e.direct();
+          return e.status.ok();
+        }
         set_env(e);
         e.status = e.runner->RunOnDevice(*head, e.plan, e.r);
         clear_env(e);
@@ -939,26 +998,32 @@ int Main(int argc, char** argv) {
       ms *= e.scale;
       if (joules >= 0) joules *= e.scale;
       const Plan& plan = e.plan;
-      const int64_t ws = plan.scratch_bytes +
+      const int64_t ws =
+          e.direct ? e.direct_workspace_bytes
+                   : plan.scratch_bytes +
                          (plan.strategy == Strategy::kChunked ? 2 * plan.stream_slot_bytes : 0);
-      rec["strategy_used"] = StrategyName(plan.strategy);
-      if (plan.strategy == Strategy::kChunked) {
-        rec["logits_path"] = plan.tile_stats ? "logits_stats_gemm" : "cublas_fp32";
+      if (e.direct) {
+        rec["strategy_used"] = e.spelled;
+      } else {
+        rec["strategy_used"] = StrategyName(plan.strategy);
+        if (plan.strategy == Strategy::kChunked) {
+          rec["logits_path"] = plan.tile_stats ? "logits_stats_gemm" : "cublas_fp32";
+        }
         rec["chunk_tokens"] = plan.chunk_tokens;
+        rec["split_cols"] = plan.split_cols;
       }
       rec["ms"] = ms;
       rec["ratio"] = ratio;
       rec["tflops"] = flops / ms / 1e9;
       rec["joules"] = joules;
       rec["workspace_peak_mib"] = ws / 1048576.0;
-      rec["chunk_tokens"] = plan.chunk_tokens;
-      rec["split_cols"] = plan.split_cols;
       rec["runs"] = flags.interleave ? flags.runs : e.runs;
       std::printf(
           "  %-12s %9.2f ms  %6.0f TFLOP/s  %5.3fx bound  workspace %7.1f MiB  (chunk %lld, split "
           "%lld)%s%s",
           e.spelled.c_str(), ms, flops / ms / 1e9, ratio, ws / 1048576.0,
-          (long long)plan.chunk_tokens, (long long)plan.split_cols, Joules(joules).c_str(),
+          static_cast<long long>(rec.value("chunk_tokens", int64_t{0})),
+          static_cast<long long>(rec.value("split_cols", int64_t{0})), Joules(joules).c_str(),
           e.scale != 1.0 ? "  [extrapolated]" : "");
       if (rec.contains("paired_difference_ms")) {
         std::printf("  %+.2f ms against %s (median of the rounds' differences)",
