@@ -39,6 +39,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/cuda/bench_data.cuh"
+#include "bench/cuda/best_algo_bound.h"
 #include "bench/cuda/gpu_energy.h"
 #include "bench/cuda/quack_rebuild.cuh"
 #include "bench/round_order.h"
@@ -71,6 +72,7 @@ struct Shape {
 };
 
 constexpr char kQuackRebuild[] = "cublas_quack_rebuild";
+constexpr char kBestAlgoBound[] = "gemm_bound_best_algos";
 // 0-2: the shapes (the default); 3, 4: heads of H 2048 and 1536, between
 // the first shape's H and the others' (--shapes=3,4); 5, 6: heads of H 3072 and
 // 8192 (3B- and 70B-class), on either side of H = 4096 (--shapes=5,6); 7: an 8B-class
@@ -111,6 +113,10 @@ struct Flags {
   // cublas_quack_rebuild: not the engine but QuACK v0.6.1's pipeline rebuilt
   // with cuBLAS (bench/cuda/quack_rebuild.cuh), checked against float64 once
   // per process before it is timed; not in the default list.
+  // gemm_bound_best_algos: the three-GEMM bound's products in 8192-token
+  // chunks, each with the fastest of cuBLASLt's heuristic algorithms
+  // (bench/cuda/best_algo_bound.h), checked on sampled entries; not in the
+  // default list.
   // NAME@VAR=VALUE (e.g. chunked@FLCE_CUDA_STATS_GROUP=16): strategy NAME
   // with an engine switch set for its runs; NAME@A=1@B=2 sets two.
   std::vector<std::string> strategies = {"chunked",
@@ -612,6 +618,8 @@ int Main(int argc, char** argv) {
   cublasHandle_t cublas;
   CHECK_CUBLAS(cublasCreate(&cublas));
   CHECK_CUBLAS(cublasSetStream(cublas, stream));
+  cublasLtHandle_t lt;
+  CHECK_CUBLAS(cublasLtCreate(&lt));
   nlohmann::json records = nlohmann::json::array();
   bool quack_checked = false;
 
@@ -889,6 +897,46 @@ int Main(int argc, char** argv) {
         entries.push_back(std::move(e));
         continue;
       }
+      if (name == kBestAlgoBound) {
+        BoundBuffers bb;
+        bb.rows = sh.bt;
+        bb.hidden = sh.h;
+        bb.padded_vocab = vp;
+        bb.x = xbuf->get();
+        bb.w = head->view().weight;
+        bb.logits = lbuf->get();
+        bb.grad_input = gibuf->get();
+        bb.grad_weight = grad->weight();
+        nlohmann::json search;
+        std::string why;
+        std::shared_ptr<BestAlgoBound> best = BestAlgoBound::Search(lt, stream, bb, kChunk,
+                                                                    &search, &why);
+        if (best == nullptr) {
+          std::fprintf(stderr, "%s: %s\n", kBestAlgoBound, why.c_str());
+          return 1;
+        }
+        search["strategy"] = kBestAlgoBound;
+        search["record"] = "algorithm search";
+        std::printf("  %s: chosen ranks", kBestAlgoBound);
+        for (const auto& product : search["products"]) {
+          std::printf(" %s #%d (%.3f ms, heuristic's first %s)",
+                      product["product"].get<std::string>().c_str(),
+                      product["chosen_rank"].get<int>(), product["chosen_ms"].get<double>(),
+                      product["heuristic_first_ms"].dump().c_str());
+        }
+        std::printf("\n");
+        records.push_back(search);
+        e.rec["chunk_tokens"] = kChunk;
+        e.direct = [best]() {
+          std::string why;
+          if (best->Run(&why)) return absl::OkStatus();
+          return absl::InternalError(why);
+        };
+        e.runs = flags.runs;
+        e.warmup = flags.warmup;
+        entries.push_back(std::move(e));
+        continue;
+      }
       PlanRequest pr;
       pr.strategy = strategy;
       pr.num_tokens = sh.bt;
@@ -1034,6 +1082,7 @@ int Main(int argc, char** argv) {
       records.push_back(rec);
     }
   }
+  cublasLtDestroy(lt);
   cublasDestroy(cublas);
   if (!flags.out.empty()) {
     std::ofstream out(flags.out);
