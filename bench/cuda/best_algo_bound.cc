@@ -66,6 +66,29 @@ bool Fetch(const void* base, bool fp32, int64_t first, int64_t stride, int64_t c
   return true;
 }
 
+// One configuration attribute of an algorithm, read with its own type
+// (cuBLASLt refuses a buffer of another size).
+template <typename T>
+int64_t AlgoAttr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T value{};
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return -1;
+  }
+  return static_cast<int64_t>(value);
+}
+
+// What an algorithm is, as cuBLASLt's configuration attributes name it (-1: not readable).
+nlohmann::json Describe(const cublasLtMatmulAlgo_t& algo) {
+  return {{"algo_id", AlgoAttr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID)},
+          {"tile", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID)},
+          {"stages", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID)},
+          {"splitk", AlgoAttr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)},
+          {"cluster", AlgoAttr<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)},
+          {"swizzle", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)}};
+}
+
 }  // namespace
 
 // One product in column-major cuBLAS terms (as bound_step calls cublasGemmEx):
@@ -199,7 +222,10 @@ struct BestAlgoBound::Product {
     nlohmann::json algos = nlohmann::json::array();
     for (int i = 0; i < count; ++i) {
       const double med = usable[i] ? Median(ms[i]) : -1.0;
-      algos.push_back({{"heuristic_rank", i}, {"ms", usable[i] ? nlohmann::json(med) : nullptr}});
+      nlohmann::json entry = Describe(found[i].algo);
+      entry["heuristic_rank"] = i;
+      entry["ms"] = usable[i] ? nlohmann::json(med) : nullptr;
+      algos.push_back(entry);
       if (usable[i] && (best < 0 || med < Median(ms[best]))) best = i;
     }
     if (best < 0) {
