@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench/cuda/bench_check.h"
+#include "bench/cuda/lt_algo.h"
 
 namespace flce::bench {
 namespace {
@@ -64,29 +65,6 @@ bool Fetch(const void* base, bool fp32, int64_t first, int64_t stride, int64_t c
     }
   }
   return true;
-}
-
-// One configuration attribute of an algorithm, read with its own type
-// (cuBLASLt refuses a buffer of another size).
-template <typename T>
-int64_t AlgoAttr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  T value{};
-  size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written) !=
-      CUBLAS_STATUS_SUCCESS) {
-    return -1;
-  }
-  return static_cast<int64_t>(value);
-}
-
-// What an algorithm is, as cuBLASLt's configuration attributes name it (-1: not readable).
-nlohmann::json Describe(const cublasLtMatmulAlgo_t& algo) {
-  return {{"algo_id", AlgoAttr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID)},
-          {"tile", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID)},
-          {"stages", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID)},
-          {"splitk", AlgoAttr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)},
-          {"cluster", AlgoAttr<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)},
-          {"swizzle", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)}};
 }
 
 }  // namespace
@@ -222,7 +200,7 @@ struct BestAlgoBound::Product {
     nlohmann::json algos = nlohmann::json::array();
     for (int i = 0; i < count; ++i) {
       const double med = usable[i] ? Median(ms[i]) : -1.0;
-      nlohmann::json entry = Describe(found[i].algo);
+      nlohmann::json entry = DescribeAlgo(found[i].algo);
       entry["heuristic_rank"] = i;
       entry["ms"] = usable[i] ? nlohmann::json(med) : nullptr;
       algos.push_back(entry);

@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "bench/cuda/bench_check.h"
 #include "bench/cuda/bench_data.cuh"
+#include "bench/cuda/lt_algo.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -95,14 +96,6 @@ Flags ParseFlags(int argc, char** argv) {
     }
   }
   return f;
-}
-
-template <typename T>
-T AlgoAttr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  T value{};
-  size_t written = 0;
-  CHECK_CUBLAS(cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written));
-  return value;
 }
 
 using flce::bench::Median;
@@ -205,19 +198,12 @@ nlohmann::json RunProblem(const Flags& flags, const Problem& p, cublasHandle_t b
   for (int i = 0; i < count; ++i) {
     const cublasLtMatmulAlgo_t& algo = found[i].algo;
     const double med = Median(ms[i + 1]);
-    const nlohmann::json a_rec = {
-        {"heuristic_rank", i},
-        {"algo_id", AlgoAttr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID)},
-        {"tile", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID)},
-        {"stages", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID)},
-        {"splitk", AlgoAttr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)},
-        {"reduction", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)},
-        {"cluster", AlgoAttr<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)},
-        {"swizzle", AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)},
-        {"workspace_bytes", found[i].workspaceSize},
-        {"ms", med},
-        {"ratio_to_default", med / base},
-        {"round_ms", ms[i + 1]}};
+    nlohmann::json a_rec = flce::bench::DescribeAlgo(algo);
+    a_rec.update({{"heuristic_rank", i},
+                  {"workspace_bytes", found[i].workspaceSize},
+                  {"ms", med},
+                  {"ratio_to_default", med / base},
+                  {"round_ms", ms[i + 1]}});
     std::printf(
         "  heuristic #%-2d id %3d tile %3u stages %3u cluster %2u splitk %d  %8.3f ms  %5.0f "
         "TFLOP/s  %.3fx default\n",
