@@ -36,11 +36,18 @@ void DeclarePolicyFlags(FlagSet& flags) {
 absl::Status FillPolicy(const FlagSet& flags, int64_t tokens, v1::ComputeHeader* header) {
   const std::string loss = flags.str("policy");
   if (loss.empty()) {
-    for (const char* name : {"old-logp", "advantages", "ref-logp", "sequence-ids", "mask"}) {
-      // The reference log-probs also serve --preference.
-      if (flags.has(name) &&
-          !(std::string(name) == "ref-logp" && !flags.str("preference").empty())) {
+    for (const char* name : {"old-logp", "advantages", "sequence-ids", "mask"}) {
+      if (flags.has(name)) {
         return UsageError("compute", absl::StrCat("--", name, " belongs to --policy"));
+      }
+    }
+    // The reference log-probs and the normalizer also serve --preference.
+    if (flags.str("preference").empty()) {
+      for (const char* name : {"ref-logp", "normalizer"}) {
+        if (flags.has(name)) {
+          return UsageError("compute",
+                            absl::StrCat("--", name, " belongs to --policy or --preference"));
+        }
       }
     }
     return absl::OkStatus();

@@ -378,6 +378,11 @@ TEST_F(CliEndToEndTest, ComputeWithAPreferenceObjective) {
   EXPECT_NE(orphan.exit_code, 0) << Describe(orphan);
   EXPECT_NE(orphan.out.find("--beta belongs to --preference"), std::string::npos)
       << Describe(orphan);
+  const CliRun no_objective = Cli(with({"--ref-logp", Path("pr_ref.npy")}));
+  EXPECT_NE(no_objective.exit_code, 0) << Describe(no_objective);
+  EXPECT_NE(no_objective.out.find("--ref-logp belongs to --policy or --preference"),
+            std::string::npos)
+      << Describe(no_objective);
   const CliRun both = Cli(with({"--preference", "orpo", "--sequence-of-token", Path("pr_seq.npy"),
                                 "--policy", "cispo", "--old-logp", Path("pr_ref_tok.npy"),
                                 "--advantages", Path("pr_ref_tok.npy")}));
