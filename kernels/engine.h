@@ -220,6 +220,8 @@ struct ComputeResult {
   PolicyStats policy;
   // With ComputeSpec::preference: loss is the objective's; its parts and statistics.
   PreferenceStats preference;
+  // With ComputeSpec::preference: the log-prob pass's part of engine_ms.
+  double preference_first_pass_ms = 0.0;
   // With ComputeSpec::grad_input_peer: the first non-finite grad_input
   // element (token * H + column), -1 when all are finite.
   int64_t grad_input_first_non_finite = -1;

@@ -101,6 +101,7 @@ absl::StatusOr<ComputeResult> PreferenceComputeCall::Finish() {
   result.loss = objective.loss;
   result.z_loss = 0.0;
   result.preference = objective.stats;
+  result.preference_first_pass_ms = first.engine_ms;
   result.engine_ms += first.engine_ms;
   result.wait_ms += first.wait_ms;
   return result;

@@ -8,9 +8,14 @@
 // LoadCudaEngine, so the same source builds against an older tree to time
 // that tree's plugin in the same GPU session.
 //
+// --forward times calls without a backward instead (the loss and the
+// log-probs only: a trainer's log-prob call, a preference objective's first
+// pass).
+//
 // Usage:
 //   flce_small_bench --plugin=build/kernels/cuda/libflce_cuda.so --runs=21 --out=small.json
 //   flce_small_bench --plugin=... --shapes=1x896x151937,4x896x151937   (BTxHxV: these instead)
+//   flce_small_bench --plugin=... --forward --shapes=65535x1024x176245
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +39,7 @@ struct Flags {
   std::string out;
   std::string label = "this build";
   int runs = 21;
+  bool forward = false;
   std::vector<std::string> shapes;  // BTxHxV; empty: the twelve above
 };
 
@@ -86,6 +92,8 @@ bool Parse(int argc, char** argv, Flags* f) {
       f->label = v;
     } else if (const char* v = value("runs")) {
       f->runs = std::max(1, std::atoi(v));
+    } else if (arg == "--forward") {
+      f->forward = true;
     } else if (const char* v = value("shapes")) {
       f->shapes = absl::StrSplit(v, ',', absl::SkipEmpty());
     } else {
@@ -165,8 +173,9 @@ int main(int argc, char** argv) {
       flce::ComputeSpec spec;
       spec.num_tokens = bt;
       spec.hidden_dtype = DType::kBF16;
-      spec.outputs.grad_input = true;
-      spec.grad_out = grad->get();
+      spec.outputs.grad_input = !flags.forward;
+      spec.outputs.logprob = flags.forward;
+      spec.grad_out = flags.forward ? nullptr : grad->get();
       std::uniform_int_distribution<int32_t> target(0, static_cast<int32_t>(v - 1));
       std::uniform_real_distribution<float> u(0.0f, 1.0f);
       for (int64_t t = 0; t < bt; ++t) spec.targets.push_back(u(rng) < 0.05f ? -100 : target(rng));
@@ -184,6 +193,7 @@ int main(int argc, char** argv) {
       results.push_back({{"BT", bt},
                          {"H", h},
                          {"V", v},
+                         {"forward_only", flags.forward},
                          {"median_ms", median},
                          {"min_ms", ms.front()},
                          {"runs", flags.runs}});

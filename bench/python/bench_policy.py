@@ -13,7 +13,8 @@ round) so that all see the same machine state:
             the rows inside the server).
 Each step is timed from the client (forward + backward, the staged grad_W committed) and
 reports the server's engine time of its first call (two_call's weighted call in backward has
-no summary here); the medians, the ratios to plain, and whether plain and
+no summary here; dpo's is split into its log-prob pass and its gradient pass by
+PreferenceSummary.first_pass_ms); the medians, the ratios to plain, and whether plain and
 grpo ran the same plan (ComputeSummary.strategy_used) are printed and, with --json, appended.
 
     /usr/bin/python3 bench/python/bench_policy.py --target 127.0.0.1:50051 --device cuda \
@@ -102,30 +103,43 @@ def main() -> int:
         loss.backward()
         if args.device == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - t0, engine / 1e3, summary.strategy_used, float(loss)
+        first_pass = summary.preference.first_pass_ms / 1e3 if kind == "dpo" else 0.0
+        return (time.perf_counter() - t0, engine / 1e3, first_pass, summary.strategy_used,
+                float(loss))
 
     for kind in KINDS:  # warm-up
         step(kind)
     times = {k: [] for k in KINDS}
     engines = {k: [] for k in KINDS}
     strategies = {k: set() for k in KINDS}
+    dpo_first_pass = []
     for r in range(args.rounds):
         order = KINDS if r % 2 == 0 else tuple(reversed(KINDS))
         for kind in order:
-            wall, engine, strategy, loss = step(kind)
+            wall, engine, first_pass, strategy, loss = step(kind)
             times[kind].append(wall)
             engines[kind].append(engine)
             strategies[kind].add(strategy)
+            passes = ""
+            if kind == "dpo":
+                dpo_first_pass.append(first_pass)
+                passes = (f" (log-prob pass {first_pass * 1e3:6.1f}, gradient pass"
+                          f" {(engine - first_pass) * 1e3:6.1f})")
             print(f"round {r} {kind:8s}: wall {wall * 1e3:6.1f} ms  engine {engine * 1e3:6.1f} ms"
-                  f"  {strategy}  loss {loss:.4f}", flush=True)
+                  f"{passes}  {strategy}  loss {loss:.4f}", flush=True)
     med = {k: statistics.median(times[k]) * 1e3 for k in KINDS}
     med_engine = {k: statistics.median(engines[k]) * 1e3 for k in KINDS}
+    med_first_pass = statistics.median(dpo_first_pass) * 1e3
+    med_second_pass = statistics.median(
+        [e - f for e, f in zip(engines["dpo"], dpo_first_pass)]) * 1e3
     same_plan = (strategies["plain"] == strategies["grpo"] == strategies["dpo"]
                  and len(strategies["plain"]) == 1)
     print(f"medians of {args.rounds}: " + ", ".join(
         f"{k} {med[k]:.1f} ms ({med[k] / med['plain']:.3f}x)" for k in KINDS)
         + f"; plans {', '.join(f'{k} {sorted(strategies[k])}' for k in KINDS)}"
-        + f"; transport {client.last_transport}")
+        + f"; transport {client.last_transport}"
+        + f"; dpo engine: log-prob pass {med_first_pass:.1f} ms, gradient pass"
+          f" {med_second_pass:.1f} ms")
     if args.json:
         import json
         with open(args.json, "a") as out:
@@ -133,6 +147,7 @@ def main() -> int:
                 "tokens": args.tokens, "hidden": args.hidden, "vocab": args.vocab,
                 "device": args.device, "transport": client.last_transport,
                 "rounds": args.rounds, "wall_ms": med, "engine_ms": med_engine,
+                "dpo_pass_engine_ms": {"log_prob": med_first_pass, "gradient": med_second_pass},
                 "ratio_to_plain": {k: med[k] / med["plain"] for k in KINDS},
                 "strategies": {k: sorted(strategies[k]) for k in KINDS},
                 "same_plan": same_plan}) + "\n")

@@ -112,7 +112,8 @@ nlohmann::json SummaryJson(const v1::ComputeSummary& summary, bool with_accuracy
                           {"reward_accuracy", p.reward_accuracy()},
                           {"reward_margin_mean", p.reward_margin_mean()},
                           {"chosen_logp_mean", p.chosen_logp_mean()},
-                          {"rejected_logp_mean", p.rejected_logp_mean()}};
+                          {"rejected_logp_mean", p.rejected_logp_mean()},
+                          {"first_pass_ms", p.first_pass_ms()}};
   }
   return json;
 }

@@ -3,7 +3,8 @@
 # problems, this build and the reference build alternated (ref, this, this, ref, ...), each
 # result in $OUT/small-<which>-<round>.json. ROUNDS (default 2) and RUNS (calls per shape,
 # default 21) set the sample; SHAPES (BTxHxV,...) times those shapes instead of the twelve
-# (a shape listed twice is timed twice in a row: the first time warms a process up).
+# (a shape listed twice is timed twice in a row: the first time warms a process up);
+# FORWARD=1 times calls without a backward (flce_small_bench --forward).
 set -u -o pipefail
 dist=$(pwd)/.small-dist; [ -d "$dist/this" ] || tar -xJf "$dist/small.tar.xz"
 out=${OUT:-/tmp/flce-out}
@@ -17,7 +18,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     echo "== $which ($(cat "$dist/$which/COMMIT")), round $round"
     "$dist/$which/flce_small_bench" --plugin="$dist/$which/libflce_cuda.so" --runs="${RUNS:-21}" \
       --label="$which $(cat "$dist/$which/COMMIT")" --out="$out/small-$which-$round.json" \
-      ${SHAPES:+--shapes="$SHAPES"} || rc=1
+      ${SHAPES:+--shapes="$SHAPES"} ${FORWARD:+--forward} || rc=1
   done
 done
 exit $rc

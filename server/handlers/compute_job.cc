@@ -549,6 +549,7 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   if (spec_.preference.has_value()) {
     PreferenceSummaryToProto(spec_.preference->loss, result.preference,
                              summary->mutable_preference());
+    summary->mutable_preference()->set_first_pass_ms(result.preference_first_pass_ms);
   }
   summary->set_strategy_used(result.strategy_used);
   summary->set_engine(ctx_.engine->info().name);

@@ -362,6 +362,7 @@ TEST_F(CliEndToEndTest, ComputeWithAPreferenceObjective) {
     EXPECT_EQ(out["preference"]["loss"], "dpo_sigmoid");
     EXPECT_EQ(out["preference"]["pairs"], 2);
     EXPECT_NEAR(out["preference"]["pair_loss"].get<double>(), ref.preference.pair_loss, 1e-5);
+    EXPECT_GT(out["preference"]["first_pass_ms"].get<double>(), 0.0);
     EXPECT_LE(RelativeError(ReadFloats(Path("pr_gx.npy")), ref.grad_input), 1e-5);
   }
 

@@ -73,6 +73,9 @@ class PreferenceConformanceTest : public EngineTest {
     EXPECT_NEAR(got.rejected_reward_sum, ref.preference.rejected_reward_sum,
                 tol * (1.0 + std::abs(ref.preference.rejected_reward_sum)));
     EXPECT_NEAR(got.reward_accurate, ref.preference.reward_accurate, 1);
+    // The log-prob pass is timed and is a part of the call's engine time.
+    EXPECT_GT(run->result.preference_first_pass_ms, 0.0);
+    EXPECT_LT(run->result.preference_first_pass_ms, run->result.engine_ms);
   }
 };
 

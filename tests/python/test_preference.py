@@ -151,6 +151,7 @@ def test_preference_loss_is_an_autograd_drop_in(server):
     assert 0.0 <= stats.reward_accuracy <= 1.0
     assert stats.reward_margin_mean == pytest.approx(
         stats.chosen_reward_mean - stats.rejected_reward_mean)
+    assert 0.0 < stats.first_pass_ms < head.last_summary.timings.engine_ms
 
 
 def test_bad_inputs_are_named_and_nothing_lands(server):

@@ -219,12 +219,14 @@ class PreferenceSummary:
     reward_margin_mean: float
     chosen_logp_mean: float
     rejected_logp_mean: float
+    # The server's two passes over the rows: the log-prob pass's part of timings.engine_ms.
+    first_pass_ms: float
 
     @classmethod
     def from_pb(cls, m) -> "PreferenceSummary":
         return cls(m.loss, m.pairs, m.pair_loss, m.nll_loss, m.chosen_reward_mean,
                    m.rejected_reward_mean, m.reward_accuracy, m.reward_margin_mean,
-                   m.chosen_logp_mean, m.rejected_logp_mean)
+                   m.chosen_logp_mean, m.rejected_logp_mean, m.first_pass_ms)
 
 
 @dataclass(frozen=True)

@@ -259,6 +259,7 @@ absl::Status RunRowReferenceChunk(const Exec& exec, const HeadView& head, const 
                                           exec.health));
   MarkStage(exec, "row_reference");
   g.row_reference = q.reference;
+  g.store_e = WantsBackward(r);
   FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
   MarkStage(exec, "logits_stats_gemm");
   TileRowArgs scaled = t;

@@ -65,6 +65,9 @@ struct LogitsStatsArgs {
   // The launch does nothing unless *run_if != 0 (a fallback decided on the
   // device); null = always run.
   const int32_t* run_if = nullptr;
+  // false: nothing reads e after the finish (a call without a backward), so
+  // a kernel may leave exp_out unwritten; the ping-pong kernel does.
+  bool store_e = true;
 };
 
 // The partials the GEMM writes for `args` are taken around the row reference

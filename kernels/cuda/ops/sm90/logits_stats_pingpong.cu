@@ -35,7 +35,9 @@ using namespace sm90;  // NOLINT: the kernel is written in these primitives
 // 192 accumulator registers per thread (two m64n192 fragments). In CTA
 // pairs (kPair = 2, a cluster of two over adjacent token tiles of one W
 // tile: CtaTiles) each CTA loads half of every W tile into both by TMA
-// multicast: 30% fewer bytes from L2 per flop at 192 columns.
+// multicast: 30% fewer bytes from L2 per flop at 192 columns. Without
+// kStoreE (a call without a backward) e stays in registers: the stats are
+// the same, and the DRAM writes of e go.
 template <int kBN>
 struct PingPong {
   static constexpr int kFloats = kBN / 2;  // a thread's accumulators per 64-row half
@@ -81,7 +83,7 @@ __device__ __forceinline__ void AddToPartial(const KernelArgs& a, int64_t k, flo
 // columns, its row sums added into the partials the columns fall in: `lo`
 // from the tile's first column, `hi` from the first 256-column boundary
 // inside the tile on (a multiple of 64 columns in).
-template <int kBN>
+template <int kBN, bool kStoreE>
 __device__ __forceinline__ void PingPongEpilogueHalf(
     const float (&acc)[kBN / 2], int64_t row0, int32_t n_tile, int32_t box_row, int consumer,
     const int32_t (&y)[2], const float (&reference)[2], const KernelArgs& a,
@@ -96,7 +98,9 @@ __device__ __forceinline__ void PingPongEpilogueHalf(
   float g[kGroups][2] = {};
   uint32_t packed[16 * kGroups];
   ReferenceExp<kGroups, kGroups>(acc, ref_log2, g, packed);
-  StageAndStore<kGroups>(packed, boxes, e_map, consumer, first, box_row, a.padded_vocab);
+  if constexpr (kStoreE) {
+    StageAndStore<kGroups>(packed, boxes, e_map, consumer, first, box_row, a.padded_vocab);
+  }
   const int32_t lo_partial = first / kPartial;
   const int32_t boundary = (lo_partial + 1) * kPartial - first;  // columns into the tile
   float lo[2] = {0.0f, 0.0f}, hi[2] = {0.0f, 0.0f};
@@ -143,7 +147,7 @@ __device__ __forceinline__ void IssueTileMmas(float (&acc)[2][kBN / 2], uint64_t
 }
 #endif  // FLCE_SM90A
 
-template <int kBN, int kPair>
+template <int kBN, int kPair, bool kStoreE>
 __global__ void __launch_bounds__(kThreads, 1)
     PingPongReferenceKernel(const __grid_constant__ CUtensorMap x_map,
                             const __grid_constant__ CUtensorMap w_map,
@@ -220,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (col0 + kBN - 2 >= a.vocab) MaskColumns(acc[h], a.vocab - col0);
-      PingPongEpilogueHalf<kBN>(acc[h], row0 + h * 64, at_tile.n, at_tile.m * kBM + h * 64, c, y[h],
+      PingPongEpilogueHalf<kBN, kStoreE>(acc[h], row0 + h * 64, at_tile.n, at_tile.m * kBM + h * 64, c, y[h],
                                 reference[h], a, &e_map, sm.out[c]);
     }
   }
@@ -231,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kBN, int kPair>
+template <int kBN, int kPair, bool kStoreE = true>
 absl::Status Launch(const LogitsStatsArgs& args, const CUtensorMap& x_map, const CUtensorMap& e_map,
                     const KernelArgs& k, cudaStream_t stream, DeviceHealth* health) {
   constexpr size_t kSharedBytes = PingPong<kBN>::kSharedBytes;
@@ -242,7 +246,7 @@ absl::Status Launch(const LogitsStatsArgs& args, const CUtensorMap& x_map, const
   const size_t sums = static_cast<size_t>(k.rows) * static_cast<size_t>(k.n_tiles);
   FLCE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(args.stats.sum_exp, 0, sums * sizeof(float), stream),
                             health);
-  constexpr auto kernel = PingPongReferenceKernel<kBN, kPair>;
+  constexpr auto kernel = PingPongReferenceKernel<kBN, kPair, kStoreE>;
   FLCE_CUDA_RETURN_IF_ERROR(AllowDynamicShared<kernel>(kSharedBytes), health);
   // Units: single tiles, or pairs of token tiles each taken by a cluster.
   const int64_t units =
@@ -281,8 +285,13 @@ absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_ma
                             const CUtensorMap& e_map, const KernelArgs& k, int tile_cols,
                             cudaStream_t stream, DeviceHealth* health) {
   if (tile_cols == 192) {
-    if (PingPongPairs(args.rows)) return Launch<192, 2>(args, x_map, e_map, k, stream, health);
-    return Launch<192, 1>(args, x_map, e_map, k, stream, health);
+    const bool pairs = PingPongPairs(args.rows);
+    if (!args.store_e) {
+      return pairs ? Launch<192, 2, false>(args, x_map, e_map, k, stream, health)
+                   : Launch<192, 1, false>(args, x_map, e_map, k, stream, health);
+    }
+    return pairs ? Launch<192, 2>(args, x_map, e_map, k, stream, health)
+                 : Launch<192, 1>(args, x_map, e_map, k, stream, health);
   }
   return Launch<128, 1>(args, x_map, e_map, k, stream, health);
 }
