@@ -54,6 +54,9 @@ def main() -> int:
     p.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm", "cuda_ipc"))
     p.add_argument("--tcp-only", action="store_true",
                    help="flce.Client(unix_socket=False): messages over TCP")
+    p.add_argument("--gap-ms", type=float, default=0.0,
+                   help="idle time before each timed step, so that every step starts from the "
+                        "same GPU state (a loop's steps follow each other without one)")
     p.add_argument("--json", help="append the medians as one JSON line to this file")
     args = p.parse_args()
     client = flce.Client(args.target, timeout=600, transport=args.transport,
@@ -116,6 +119,8 @@ def main() -> int:
     for r in range(args.rounds):
         order = KINDS if r % 2 == 0 else tuple(reversed(KINDS))
         for kind in order:
+            if args.gap_ms > 0:
+                time.sleep(args.gap_ms / 1e3)
             wall, engine, first_pass, strategy, loss = step(kind)
             times[kind].append(wall)
             engines[kind].append(engine)
@@ -146,7 +151,8 @@ def main() -> int:
             out.write(json.dumps({
                 "tokens": args.tokens, "hidden": args.hidden, "vocab": args.vocab,
                 "device": args.device, "transport": client.last_transport,
-                "rounds": args.rounds, "wall_ms": med, "engine_ms": med_engine,
+                "rounds": args.rounds, "gap_ms": args.gap_ms, "wall_ms": med,
+                "engine_ms": med_engine,
                 "dpo_pass_engine_ms": {"log_prob": med_first_pass, "gradient": med_second_pass},
                 "ratio_to_plain": {k: med[k] / med["plain"] for k in KINDS},
                 "strategies": {k: sorted(strategies[k]) for k in KINDS},
