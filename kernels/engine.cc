@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kernels/preference_call.h"
+#include "kernels/preference_pipelined_call.h"
 
 namespace flce {
 
@@ -164,6 +165,10 @@ absl::StatusOr<std::unique_ptr<ComputeCall>> StartComputeCall(Engine& engine,
                                                               std::shared_ptr<const Head> head,
                                                               ComputeSpec spec,
                                                               GradInputSink sink) {
+  if (PipelinedPreferenceCall::Suits(spec)) {
+    return PipelinedPreferenceCall::Start(engine, std::move(head), std::move(spec),
+                                          std::move(sink));
+  }
   if (spec.preference.has_value()) {
     return PreferenceComputeCall::Start(engine, std::move(head), std::move(spec),
                                         std::move(sink));

@@ -296,7 +296,9 @@ class Engine {
 
 // Starts a compute call on `engine`: the engine's own call, or for a
 // preference objective the two passes over the engine's calls
-// (kernels/preference_call.h). Every caller starts calls this way.
+// (kernels/preference_call.h; pipelined with the rows' arrival where they
+// come at a network's pace: kernels/preference_pipelined_call.h). Every
+// caller starts calls this way.
 absl::StatusOr<std::unique_ptr<ComputeCall>> StartComputeCall(Engine& engine,
                                                               std::shared_ptr<const Head> head,
                                                               ComputeSpec spec, GradInputSink sink);

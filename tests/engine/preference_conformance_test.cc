@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "kernels/preference_pipelined_call.h"
 #include "tests/engine/engine_test_fixture.h"
 
 namespace flce::test {
@@ -73,9 +74,50 @@ class PreferenceConformanceTest : public EngineTest {
     EXPECT_NEAR(got.rejected_reward_sum, ref.preference.rejected_reward_sum,
                 tol * (1.0 + std::abs(ref.preference.rejected_reward_sum)));
     EXPECT_NEAR(got.reward_accurate, ref.preference.reward_accurate, 1);
-    // The log-prob pass is timed and is a part of the call's engine time.
+    // The log-prob pass is timed; after the rows it is a part of the call's
+    // engine time (pipelined with their arrival, it overlaps the rest).
     EXPECT_GT(run->result.preference_first_pass_ms, 0.0);
-    EXPECT_LT(run->result.preference_first_pass_ms, run->result.engine_ms);
+    if (!PipelinedPreferenceCall::Suits(spec)) {
+      EXPECT_LT(run->result.preference_first_pass_ms, run->result.engine_ms);
+    }
+  }
+
+  // Rows over the wire (wire_paced), in shuffled pieces of 7 against
+  // segments of 16 tokens: the pipelined call.
+  static ComputeSpec OverTheWire(ComputeSpec spec) {
+    spec.wire_paced = true;
+    spec.chunk_tokens = 16;
+    return spec;
+  }
+  static HarnessOptions ShuffledPieces() {
+    HarnessOptions options;
+    options.rows_per_block = 7;
+    return options;
+  }
+
+  // Pair p's chosen response in the first half of the call and its rejected
+  // one in the second (TRL's concatenated layout): no pair has all its
+  // log-probs before the second half's rows have come.
+  PreferenceObjective ConcatenatedObjective(Problem& problem, int32_t pairs) {
+    const int64_t n = problem.spec.num_tokens;
+    PreferenceObjective o = ObjectiveFor(problem, PreferenceLoss::kDpoSigmoid, pairs);
+    const int64_t half = n / 2, per = half / pairs;
+    std::fill(o.sequence_of_token.begin(), o.sequence_of_token.end(), -1);
+    for (int32_t p = 0; p < pairs; ++p) {
+      for (int64_t t = p * per + 1; t < (p + 1) * per; ++t) {
+        o.sequence_of_token[t] = 2 * p;
+        o.sequence_of_token[half + t] = 2 * p + 1;
+      }
+      problem.targets[p * per + 1] = 1;
+      problem.targets[half + p * per + 1] = 2;
+    }
+    const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, BaseSpec()));
+    std::fill(o.ref_logp.begin(), o.ref_logp.end(), 0.0);
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t s = o.sequence_of_token[t];
+      if (s >= 0 && problem.targets[t] != problem.spec.ignore_index) o.ref_logp[s] += ref.logprob[t] + 0.01 * s;
+    }
+    return o;
   }
 };
 
@@ -141,6 +183,91 @@ TEST_P(PreferenceConformanceTest, NormalizerBf16OddShapeSmallChunks) {
   HarnessOptions options;
   options.rows_per_block = 7;  // rows arrive in pieces, out of step with the chunks
   ExpectConforms(problem, spec, options);
+}
+
+// With rows at a network's pace the passes run segment by segment as the
+// rows come (kernels/preference_pipelined_call.h): the same losses, gradients
+// and statistics, for responses next to each other and far apart.
+TEST_P(PreferenceConformanceTest, PipelinedWithTheRowsArrivalConforms) {
+  ProblemSpec ps;
+  ps.num_tokens = 203;
+  for (PreferenceLoss loss : {PreferenceLoss::kDpoSigmoid, PreferenceLoss::kSimPo,
+                              PreferenceLoss::kOrpo}) {
+    SCOPED_TRACE(PreferenceLossName(loss));
+    Problem problem = MakeProblem(ps);
+    ComputeSpec spec = OverTheWire(SpecWith(ObjectiveFor(problem, loss, 5)));
+    spec.outputs.logprob = true;
+    ASSERT_TRUE(PipelinedPreferenceCall::Suits(spec));
+    ExpectConforms(problem, spec, ShuffledPieces());
+    ExpectStats(problem, spec);
+  }
+  Problem problem = MakeProblem(ps);
+  ComputeSpec concatenated = OverTheWire(SpecWith(ConcatenatedObjective(problem, 4)));
+  ExpectConforms(problem, concatenated, ShuffledPieces());
+  // Deterministic calls keep the two passes (the blocks would change grad_W's sums).
+  concatenated.deterministic = true;
+  EXPECT_FALSE(PipelinedPreferenceCall::Suits(concatenated));
+}
+
+// The pipelined call checks the rows as the engines do, in the call's own
+// token numbers, and a bad row in a later segment fails the whole call.
+TEST_P(PreferenceConformanceTest, PipelinedCallNamesBadRowsInTheCallsTokens) {
+  ProblemSpec ps;
+  ps.num_tokens = 90;
+  ps.hidden_dtype = DType::kF32;
+  Problem problem = MakeProblem(ps);
+  ComputeSpec spec = OverTheWire(SpecWith(ObjectiveFor(problem, PreferenceLoss::kDpoSigmoid)));
+  spec.num_tokens = problem.spec.num_tokens;
+  spec.hidden_dtype = problem.spec.hidden_dtype;
+  spec.targets = problem.targets;
+  spec.ignore_index = problem.spec.ignore_index;
+  spec.outputs.grad_input = false;
+  absl::StatusOr<std::shared_ptr<const Head>> head = BuildHead(*engine_, problem, 3);
+  ASSERT_TRUE(head.ok()) << head.status();
+  const int64_t h = problem.spec.hidden_size;
+  const float* rows = problem.hidden.data();
+  auto start = [&]() {
+    auto call = StartComputeCall(*engine_, *head, spec, nullptr);
+    EXPECT_TRUE(call.ok()) << call.status();
+    return call.ok() ? std::move(*call) : nullptr;
+  };
+
+  std::unique_ptr<ComputeCall> call = start();
+  ASSERT_NE(call, nullptr);
+  ASSERT_TRUE(call->AddHidden(0, 40, rows).ok());
+  std::vector<float> spoiled(rows + 40 * h, rows + 50 * h);
+  spoiled[3 * h + 2] = NAN;  // token 43, a later segment than the first
+  absl::Status st = call->AddHidden(40, 10, spoiled.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("hidden row of token 43 has a non-finite value at column 2"),
+            std::string::npos)
+      << st;
+  EXPECT_FALSE(call->Finish().ok());
+
+  call = start();
+  ASSERT_NE(call, nullptr);
+  ASSERT_TRUE(call->AddHidden(10, 30, rows + 10 * h).ok());
+  st = call->AddHidden(35, 10, rows + 35 * h);
+  EXPECT_NE(st.message().find("hidden rows [35, 45) overlap rows already given (token 35)"),
+            std::string::npos)
+      << st;
+
+  call = start();
+  ASSERT_NE(call, nullptr);
+  ASSERT_TRUE(call->AddHidden(0, 60, rows).ok());
+  st = call->AddHidden(61, 29, rows + 61 * h);
+  ASSERT_TRUE(st.ok()) << st;
+  absl::StatusOr<ComputeResult> unfinished = call->Finish();
+  ASSERT_FALSE(unfinished.ok());
+  EXPECT_EQ(unfinished.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(unfinished.status().message().find("token 60 of 90 is missing"), std::string::npos)
+      << unfinished.status();
+
+  // Dropped before Finish with segments in flight: nothing hangs.
+  call = start();
+  ASSERT_NE(call, nullptr);
+  ASSERT_TRUE(call->AddHidden(0, 50, rows).ok());
+  call.reset();
 }
 
 TEST_P(PreferenceConformanceTest, BadObjectivesAreNamedAndNothingRuns) {
