@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<ComputeCall>> PipelinedPreferenceCall::Start(
   c.gathered_.entropy.assign(c.spec_.outputs.entropy ? n : 0, 0.0f);
   c.gathered_.correct.assign(c.spec_.outputs.accuracy ? n : 0, 0);
   c.worker_ = std::thread([&c] { c.WorkerLoop(); });
+  c.finisher_ = std::thread([&c] { c.FinisherLoop(); });
   return std::unique_ptr<ComputeCall>(std::move(call));
 }
 
@@ -96,11 +97,15 @@ PipelinedPreferenceCall::~PipelinedPreferenceCall() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  if (finisher_.joinable()) finisher_.join();
 }
 
 void PipelinedPreferenceCall::Fail(const absl::Status& st) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (status_.ok()) status_ = st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = st;
+  }
+  cv_.notify_all();
 }
 
 absl::Status PipelinedPreferenceCall::status() const {
@@ -206,7 +211,38 @@ void PipelinedPreferenceCall::WorkerLoop() {
     absl::Status st = segment != nullptr ? FinishSegment(*segment) : RunReadyBlocks(true);
     if (st.ok() && segment != nullptr) st = RunReadyBlocks(false);
     if (!st.ok()) Fail(st);
+    if (end && st.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_block_ = true;
+      }
+      cv_.notify_all();
+    }
     if (end || !st.ok()) return;
+  }
+}
+
+void PipelinedPreferenceCall::FinisherLoop() {
+  for (;;) {
+    Block block;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !status_.ok() || !started_.empty() || last_block_; });
+      if (stop_ || !status_.ok()) return;
+      if (started_.empty()) return;  // last_block_: every block finished
+      block.begin = started_.front().begin;
+      block.call = std::move(started_.front().call);
+    }
+    absl::Status st = FinishBlock(block);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      started_.pop_front();  // only now: the worker counts it in flight until here
+    }
+    cv_.notify_all();
+    if (!st.ok()) {
+      Fail(st);
+      return;
+    }
   }
 }
 
@@ -240,12 +276,20 @@ absl::Status PipelinedPreferenceCall::RunReadyBlocks(bool final) {
     return absl::InternalError(absl::StrCat("token ", end, " has no gradient weight at Finish"));
   }
   if (end == cursor_ || (!final && end - cursor_ < segment_tokens_)) return absl::OkStatus();
-  FLCE_RETURN_IF_ERROR(RunBlock(cursor_, end));
+  FLCE_RETURN_IF_ERROR(StartBlock(cursor_, end));
   cursor_ = end;
   return absl::OkStatus();
 }
 
-absl::Status PipelinedPreferenceCall::RunBlock(int64_t begin, int64_t end) {
+absl::Status PipelinedPreferenceCall::StartBlock(int64_t begin, int64_t end) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] {
+      return stop_ || !status_.ok() || started_.size() < kBlocksInFlight;
+    });
+    if (stop_) return absl::CancelledError("the call was dropped");
+    if (!status_.ok()) return status_;
+  }
   // Every pair with a token in [begin, end) has all its log-probs: their
   // weights are final whatever the other pairs' placeholders are.
   PreferenceEvaluation objective = EvaluatePreference(*spec_.preference, logp_, counts_);
@@ -255,17 +299,29 @@ absl::Status PipelinedPreferenceCall::RunBlock(int64_t begin, int64_t end) {
   GradInputSink sink;
   if (sink_) {
     sink = [this, begin](int64_t offset, int64_t rows, std::string data) {
+      std::lock_guard<std::mutex> lock(sink_mu_);
       sink_(begin + offset, rows, std::move(data));
     };
   }
   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<ComputeCall> call,
                         engine_.StartCompute(head_, std::move(block), std::move(sink)));
   FLCE_RETURN_IF_ERROR(call->AddHidden(0, end - begin, held_.get() + begin * row_bytes_));
-  FLCE_ASSIGN_OR_RETURN(ComputeResult r, call->Finish());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_.push_back(Block{begin, std::move(call)});
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status PipelinedPreferenceCall::FinishBlock(Block& block) {
+  const int64_t begin = block.begin;
+  FLCE_ASSIGN_OR_RETURN(ComputeResult r, block.call->Finish());
+  block.call.reset();
   gathered_.n_valid += r.n_valid;
   gathered_.n_correct += r.n_correct;
   gathered_.entropy_sum += r.entropy_sum;
-  wait_ms_ += r.wait_ms;
+  block_wait_ms_ += r.wait_ms;
   if (gathered_.strategy_used.empty()) {
     gathered_.strategy_used = r.strategy_used;
   } else if (r.strategy_used != gathered_.strategy_used &&
@@ -299,6 +355,7 @@ absl::StatusOr<ComputeResult> PipelinedPreferenceCall::Finish() {
   }
   cv_.notify_all();
   worker_.join();
+  finisher_.join();
   FLCE_RETURN_IF_ERROR(status());
   PreferenceEvaluation objective = EvaluatePreference(*spec_.preference, logp_, counts_);
   ComputeResult result = std::move(gathered_);
@@ -306,7 +363,7 @@ absl::StatusOr<ComputeResult> PipelinedPreferenceCall::Finish() {
   result.z_loss = 0.0;
   result.preference = objective.stats;
   result.preference_first_pass_ms = first_pass_ms_;
-  result.wait_ms = wait_ms_;
+  result.wait_ms = wait_ms_ + block_wait_ms_;
   // As a wire-paced call's: from the start to the last block, the wire's pace included.
   result.engine_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                               start_time_)

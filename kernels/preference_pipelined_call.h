@@ -10,8 +10,10 @@
 // log-prob the pair's a_t are final. The gradient pass then runs over the
 // longest run of tokens from the front whose a_t are final, in blocks of at
 // least a segment, each a weighted call of its own adding into the same
-// grad_W. The results are the two-pass call's up to the order of grad_W's
-// sums, which is why deterministic calls keep the two-pass call.
+// grad_W; a block is finished (its grad_input delivered) by a second thread
+// while the next one computes. The results are the two-pass call's up to the
+// order of grad_W's sums, which is why deterministic calls keep the two-pass
+// call.
 #ifndef FLCE_KERNELS_PREFERENCE_PIPELINED_CALL_H_
 #define FLCE_KERNELS_PREFERENCE_PIPELINED_CALL_H_
 
@@ -35,6 +37,9 @@ class PipelinedPreferenceCall : public ComputeCall {
   // small enough that the gradient pass trails the upload by a few
   // milliseconds of wire, large enough that each call fills the GPU.
   static constexpr int64_t kSegmentTokens = 8192;
+  // Gradient-pass blocks started and not yet finished: one computing while
+  // the one before hands its grad_input to the wire.
+  static constexpr size_t kBlocksInFlight = 2;
 
   // Whether a spec with a preference objective takes this call.
   static bool Suits(const ComputeSpec& spec);
@@ -53,6 +58,10 @@ class PipelinedPreferenceCall : public ComputeCall {
     int64_t received = 0;
     std::unique_ptr<ComputeCall> call;  // the first pass over [begin, end)
   };
+  struct Block {
+    int64_t begin = 0;
+    std::unique_ptr<ComputeCall> call;  // the gradient pass over the block's rows
+  };
 
   PipelinedPreferenceCall(Engine& engine, std::shared_ptr<const Head> head, ComputeSpec spec,
                           GradInputSink sink, int64_t row_bytes, int64_t segment_tokens);
@@ -68,7 +77,9 @@ class PipelinedPreferenceCall : public ComputeCall {
   // Runs the gradient pass over the ready run from the front: a block of at
   // least a segment, or (final) whatever is left.
   absl::Status RunReadyBlocks(bool final);
-  absl::Status RunBlock(int64_t begin, int64_t end);
+  absl::Status StartBlock(int64_t begin, int64_t end);
+  void FinisherLoop();
+  absl::Status FinishBlock(Block& block);
   bool Ready(int64_t token) const;
   void Fail(const absl::Status& status);
   absl::Status status() const;
@@ -93,19 +104,26 @@ class PipelinedPreferenceCall : public ComputeCall {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Segment*> whole_;  // segments with every row, in the order they completed
+  std::deque<Block> started_;   // blocks started, in token order
   bool end_ = false;            // Finish: no more segments will come
+  bool last_block_ = false;     // the worker has started every block
   bool stop_ = false;           // destroyed before Finish
   absl::Status status_;
+  std::mutex sink_mu_;          // blocks in flight deliver grad_input one at a time
 
-  // The worker's alone.
+  // The worker's alone (segments, starting blocks).
   std::thread worker_;
   std::vector<float> logp_;               // the first pass's, per token
   std::vector<uint8_t> segment_done_;     // the first pass has run over the segment
   std::vector<int64_t> pair_remaining_;   // per pair: counted tokens without a log-prob
-  int64_t cursor_ = 0;                    // the gradient pass has run over [0, cursor_)
-  ComputeResult gathered_;                // the gradient pass's blocks, merged
+  int64_t cursor_ = 0;                    // the gradient pass has started over [0, cursor_)
   double first_pass_ms_ = 0.0;
   double wait_ms_ = 0.0;
+
+  // The finisher's alone (finishing blocks).
+  std::thread finisher_;
+  ComputeResult gathered_;  // the gradient pass's blocks, merged
+  double block_wait_ms_ = 0.0;
 };
 
 }  // namespace flce
