@@ -161,6 +161,28 @@ absl::Status ValidateComputeSpec(const HeadSpec& head, const ComputeSpec& spec) 
   return absl::OkStatus();
 }
 
+absl::Status CheckHiddenRowRange(int64_t offset, int64_t rows, const std::vector<uint8_t>& given) {
+  const int64_t n = static_cast<int64_t>(given.size());
+  if (offset < 0 || rows < 0 || offset > n - rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden rows [", offset, ", ", offset + rows, ") outside [0, ", n, ")"));
+  }
+  for (int64_t t = offset; t < offset + rows; ++t) {
+    if (given[t]) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden rows [", offset, ", ", offset + rows,
+                                                     ") overlap rows already given (token ", t,
+                                                     ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NonFiniteHiddenRow(int64_t offset, int64_t bad, int64_t hidden) {
+  return absl::InvalidArgumentError(absl::StrCat("hidden row of token ", offset + bad / hidden,
+                                                 " has a non-finite value at column ",
+                                                 bad % hidden));
+}
+
 absl::StatusOr<std::unique_ptr<ComputeCall>> StartComputeCall(Engine& engine,
                                                               std::shared_ptr<const Head> head,
                                                               ComputeSpec spec,

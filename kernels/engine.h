@@ -294,6 +294,13 @@ class Engine {
   virtual bool healthy() const = 0;
 };
 
+// AddHidden's refusals, as every engine words them: rows [offset, offset +
+// rows) outside the call's tokens or overlapping rows already given (`given`:
+// one flag per token of the call), and a row holding a non-finite value
+// (element `bad` of the rows from token `offset`, `hidden` per row).
+absl::Status CheckHiddenRowRange(int64_t offset, int64_t rows, const std::vector<uint8_t>& given);
+absl::Status NonFiniteHiddenRow(int64_t offset, int64_t bad, int64_t hidden);
+
 // Starts a compute call on `engine`: the engine's own call, or for a
 // preference objective the two passes over the engine's calls
 // (kernels/preference_call.h; pipelined with the rows' arrival where they

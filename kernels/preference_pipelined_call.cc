@@ -113,32 +113,11 @@ absl::Status PipelinedPreferenceCall::status() const {
   return status_;
 }
 
-// The engines' range and overlap checks, in the call's token numbers (the
-// segments' calls number their rows from their first; they scan the values).
-absl::Status PipelinedPreferenceCall::CheckRows(int64_t offset, int64_t rows) const {
-  const int64_t n = spec_.num_tokens;
-  if (offset < 0 || rows < 0 || offset > n - rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hidden rows [", offset, ", ", offset + rows, ") outside [0, ", n, ")"));
-  }
-  for (int64_t t = offset; t < offset + rows; ++t) {
-    if (received_[t]) {
-      return absl::InvalidArgumentError(absl::StrCat("hidden rows [", offset, ", ", offset + rows,
-                                                     ") overlap rows already given (token ", t,
-                                                     ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status PipelinedPreferenceCall::InCallTokens(const absl::Status& refused, int64_t offset,
                                                    int64_t rows, const void* data) const {
   const int64_t hidden = head_->spec().hidden_size;
   const int64_t bad = FirstNonFinite(spec_.hidden_dtype, data, rows * hidden);
-  if (bad < 0) return refused;
-  return absl::InvalidArgumentError(absl::StrCat("hidden row of token ", offset + bad / hidden,
-                                                 " has a non-finite value at column ",
-                                                 bad % hidden));
+  return bad < 0 ? refused : NonFiniteHiddenRow(offset, bad, hidden);
 }
 
 absl::Status PipelinedPreferenceCall::AddHidden(int64_t token_offset, int64_t rows,
@@ -146,7 +125,9 @@ absl::Status PipelinedPreferenceCall::AddHidden(int64_t token_offset, int64_t ro
   std::lock_guard<std::mutex> lock(intake_mu_);
   if (finished_) return absl::FailedPreconditionError("AddHidden after Finish");
   FLCE_RETURN_IF_ERROR(status());
-  absl::Status checked = CheckRows(token_offset, rows);
+  // In the call's token numbers (the segments' calls number their rows from
+  // their first; they scan the values).
+  absl::Status checked = CheckHiddenRowRange(token_offset, rows, received_);
   if (!checked.ok()) {
     Fail(checked);
     return checked;

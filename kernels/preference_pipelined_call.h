@@ -66,7 +66,6 @@ class PipelinedPreferenceCall : public ComputeCall {
   PipelinedPreferenceCall(Engine& engine, std::shared_ptr<const Head> head, ComputeSpec spec,
                           GradInputSink sink, int64_t row_bytes, int64_t segment_tokens);
 
-  absl::Status CheckRows(int64_t token_offset, int64_t rows) const;
   // A segment's refusal of rows [offset, offset + rows) restated in the
   // call's token numbers where it was a non-finite value.
   absl::Status InCallTokens(const absl::Status& refused, int64_t offset, int64_t rows,

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace flce::cuda {
 
@@ -98,23 +99,9 @@ absl::Status CallRows::Accept(int64_t offset, int64_t rows, const void* host_row
   const int64_t n = static_cast<int64_t>(given.size());
   if (host_rows != nullptr && rows > 0 && offset >= 0 && offset + rows <= n) {
     const int64_t bad = FirstNonFinite(dtype, host_rows, rows * hidden);
-    if (bad >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("hidden row of token ", offset + bad / hidden,
-                                                     " has a non-finite value at column ",
-                                                     bad % hidden));
-    }
+    if (bad >= 0) return NonFiniteHiddenRow(offset, bad, hidden);
   }
-  if (offset < 0 || rows < 0 || offset + rows > n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hidden rows [", offset, ", ", offset + rows, ") outside [0, ", n, ")"));
-  }
-  for (int64_t t = offset; t < offset + rows; ++t) {
-    if (given[t]) {
-      return absl::InvalidArgumentError(absl::StrCat("hidden rows [", offset, ", ", offset + rows,
-                                                     ") overlap rows already given (token ", t,
-                                                     ")"));
-    }
-  }
+  FLCE_RETURN_IF_ERROR(CheckHiddenRowRange(offset, rows, given));
   std::fill(given.begin() + offset, given.begin() + offset + rows, 1);
   return absl::OkStatus();
 }
