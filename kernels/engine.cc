@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kernels/preference_call.h"
+#include "kernels/preference_passes.h"
 #include "kernels/preference_pipelined_call.h"
 
 namespace flce {
@@ -144,9 +145,7 @@ absl::Status ValidateComputeSpec(const HeadSpec& head, const ComputeSpec& spec) 
           "per_token_loss is not an output of a preference objective (its loss is per pair; "
           "ask for logprob)");
     }
-    std::vector<uint8_t> counts(n);
-    for (int64_t t = 0; t < n; ++t) counts[t] = spec.targets[t] != spec.ignore_index;
-    FLCE_RETURN_IF_ERROR(ValidatePreferenceObjective(*spec.preference, counts));
+    FLCE_RETURN_IF_ERROR(ValidatePreferenceObjective(*spec.preference, CountedTokens(spec)));
   }
   if (spec.grad_out != nullptr) {
     const GradBuffer& g = *spec.grad_out;

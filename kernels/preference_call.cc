@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/status_macros.h"
+#include "kernels/preference_passes.h"
 
 namespace flce {
 
@@ -23,14 +24,9 @@ absl::StatusOr<std::unique_ptr<ComputeCall>> PreferenceComputeCall::Start(
   const int64_t row_bytes = head->spec().hidden_size * DTypeSize(spec.hidden_dtype);
   std::unique_ptr<PreferenceComputeCall> call(new PreferenceComputeCall(
       engine, head, std::move(spec), std::move(sink), row_bytes));
-  ComputeSpec first = call->spec_;
-  first.preference.reset();
-  first.outputs = OutputSelection{};
-  first.outputs.grad_input = false;
-  first.outputs.logprob = true;
-  first.grad_out = nullptr;
-  first.grad_input_peer = nullptr;
-  FLCE_ASSIGN_OR_RETURN(call->first_, engine.StartCompute(head, std::move(first), nullptr));
+  FLCE_ASSIGN_OR_RETURN(
+      call->first_,
+      engine.StartCompute(head, LogProbPassSpec(call->spec_, 0, call->spec_.num_tokens), nullptr));
   call->held_rows_.assign(call->spec_.num_tokens, 0);
   // Pages of rows that never come (peer memory's calls) are never touched.
   call->held_.reset(new char[std::max<int64_t>(call->spec_.num_tokens, 1) * row_bytes]);
@@ -65,9 +61,8 @@ absl::StatusOr<ComputeResult> PreferenceComputeCall::Finish() {
   FLCE_ASSIGN_OR_RETURN(ComputeResult first, first_->Finish());
   first_.reset();
   const int64_t n = spec_.num_tokens;
-  std::vector<uint8_t> counts(n);
-  for (int64_t t = 0; t < n; ++t) counts[t] = spec_.targets[t] != spec_.ignore_index;
-  PreferenceEvaluation objective = EvaluatePreference(*spec_.preference, first.logprob, counts);
+  PreferenceEvaluation objective =
+      EvaluatePreference(*spec_.preference, first.logprob, CountedTokens(spec_));
 
   ComputeSpec second = spec_;
   second.preference.reset();

@@ -7,26 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "kernels/preference_passes.h"
 
 namespace flce {
 namespace {
-
-template <typename T>
-std::vector<T> Slice(const std::vector<T>& v, int64_t begin, int64_t end) {
-  if (v.empty()) return {};
-  return std::vector<T>(v.begin() + begin, v.begin() + end);
-}
-
-// The caller's spec over tokens [begin, end), without the objective.
-ComputeSpec SliceSpec(const ComputeSpec& spec, int64_t begin, int64_t end) {
-  ComputeSpec s = spec;
-  s.preference.reset();
-  s.num_tokens = end - begin;
-  s.targets = Slice(spec.targets, begin, end);
-  s.token_weights.clear();
-  s.entropy_weights = Slice(spec.entropy_weights, begin, end);
-  return s;
-}
 
 template <typename T>
 void Place(const std::vector<T>& part, int64_t at, std::vector<T>* whole) {
@@ -62,8 +46,7 @@ absl::StatusOr<std::unique_ptr<ComputeCall>> PipelinedPreferenceCall::Start(
       engine, std::move(head), std::move(spec), std::move(sink), row_bytes, segment));
   PipelinedPreferenceCall& c = *call;
   const int64_t n = c.spec_.num_tokens;
-  c.counts_.resize(n);
-  for (int64_t t = 0; t < n; ++t) c.counts_[t] = c.spec_.targets[t] != c.spec_.ignore_index;
+  c.counts_ = CountedTokens(c.spec_);
   c.held_.reset(new char[std::max<int64_t>(n, 1) * row_bytes]);
   c.received_.assign(n, 0);
   for (int64_t b = 0; b < n; b += segment) {
@@ -154,13 +137,9 @@ absl::Status PipelinedPreferenceCall::AddHidden(int64_t token_offset, int64_t ro
 absl::Status PipelinedPreferenceCall::FeedSegment(Segment& segment, int64_t offset, int64_t rows,
                                                   const char* data) {
   if (segment.call == nullptr) {
-    ComputeSpec first = SliceSpec(spec_, segment.begin, segment.end);
-    first.entropy_weights.clear();
-    first.outputs = OutputSelection{};
-    first.outputs.grad_input = false;
-    first.outputs.logprob = true;
-    first.grad_out = nullptr;
-    FLCE_ASSIGN_OR_RETURN(segment.call, engine_.StartCompute(head_, std::move(first), nullptr));
+    FLCE_ASSIGN_OR_RETURN(
+        segment.call,
+        engine_.StartCompute(head_, LogProbPassSpec(spec_, segment.begin, segment.end), nullptr));
   }
   FLCE_RETURN_IF_ERROR(segment.call->AddHidden(offset - segment.begin, rows, data));
   segment.received += rows;
@@ -275,7 +254,8 @@ absl::Status PipelinedPreferenceCall::StartBlock(int64_t begin, int64_t end) {
   // weights are final whatever the other pairs' placeholders are.
   PreferenceEvaluation objective = EvaluatePreference(*spec_.preference, logp_, counts_);
   ComputeSpec block = SliceSpec(spec_, begin, end);
-  block.token_weights = Slice(objective.token_weights, begin, end);
+  block.token_weights.assign(objective.token_weights.begin() + begin,
+                             objective.token_weights.begin() + end);
   block.wire_paced = false;  // every row of the block is here
   GradInputSink sink;
   if (sink_) {
