@@ -28,8 +28,6 @@ absl::StatusOr<std::unique_ptr<ComputeCall>> PreferenceComputeCall::Start(
       call->first_,
       engine.StartCompute(head, LogProbPassSpec(call->spec_, 0, call->spec_.num_tokens), nullptr));
   call->held_rows_.assign(call->spec_.num_tokens, 0);
-  // Pages of rows that never come (peer memory's calls) are never touched.
-  call->held_.reset(new char[std::max<int64_t>(call->spec_.num_tokens, 1) * row_bytes]);
   return std::unique_ptr<ComputeCall>(std::move(call));
 }
 
@@ -39,7 +37,9 @@ absl::Status PreferenceComputeCall::AddHidden(int64_t token_offset, int64_t rows
   // The first pass checks the rows (range, overlap, finiteness) before they are kept.
   FLCE_RETURN_IF_ERROR(first_->AddHidden(token_offset, rows, data));
   if (rows == 0) return absl::OkStatus();
-  std::memcpy(held_.get() + token_offset * row_bytes_, data, rows * row_bytes_);
+  // Taken with the first host rows: a call whose rows are all in peer memory holds none.
+  if (held_.data() == nullptr) held_ = HeldRows(spec_.num_tokens * row_bytes_);
+  std::memcpy(held_.data() + token_offset * row_bytes_, data, rows * row_bytes_);
   std::fill(held_rows_.begin() + token_offset, held_rows_.begin() + token_offset + rows, 1);
   return absl::OkStatus();
 }
@@ -79,7 +79,7 @@ absl::StatusOr<ComputeResult> PreferenceComputeCall::Finish() {
     }
     int64_t end = t;
     while (end < n && held_rows_[end] && end - t < kPieceRows) ++end;
-    FLCE_RETURN_IF_ERROR(call->AddHidden(t, end - t, held_.get() + t * row_bytes_));
+    FLCE_RETURN_IF_ERROR(call->AddHidden(t, end - t, held_.data() + t * row_bytes_));
     t = end;
   }
   for (const PeerPiece& piece : peer_pieces_) {

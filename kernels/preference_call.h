@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/engine.h"
+#include "kernels/held_rows.h"
 
 namespace flce {
 
@@ -47,7 +48,7 @@ class PreferenceComputeCall : public ComputeCall {
   GradInputSink sink_;
   int64_t row_bytes_;
   std::unique_ptr<ComputeCall> first_;  // the log-probs
-  std::unique_ptr<char[]> held_;        // host rows, num_tokens x row_bytes
+  HeldRows held_;                       // host rows, num_tokens x row_bytes
   std::vector<uint8_t> held_rows_;      // per token: its row is in held_
   std::vector<PeerPiece> peer_pieces_;
   bool finished_ = false;

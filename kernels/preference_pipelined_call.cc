@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<ComputeCall>> PipelinedPreferenceCall::Start(
   PipelinedPreferenceCall& c = *call;
   const int64_t n = c.spec_.num_tokens;
   c.counts_ = CountedTokens(c.spec_);
-  c.held_.reset(new char[std::max<int64_t>(n, 1) * row_bytes]);
+  c.held_ = HeldRows(n * row_bytes);
   c.received_.assign(n, 0);
   for (int64_t b = 0; b < n; b += segment) {
     Segment s;
@@ -117,7 +117,7 @@ absl::Status PipelinedPreferenceCall::AddHidden(int64_t token_offset, int64_t ro
   }
   if (rows == 0) return absl::OkStatus();
   const char* bytes = static_cast<const char*>(data);
-  std::memcpy(held_.get() + token_offset * row_bytes_, bytes, rows * row_bytes_);
+  std::memcpy(held_.data() + token_offset * row_bytes_, bytes, rows * row_bytes_);
   std::fill(received_.begin() + token_offset, received_.begin() + token_offset + rows, 1);
   for (int64_t t = token_offset; t < token_offset + rows;) {
     Segment& segment = segments_[t / segment_tokens_];
@@ -266,7 +266,7 @@ absl::Status PipelinedPreferenceCall::StartBlock(int64_t begin, int64_t end) {
   }
   FLCE_ASSIGN_OR_RETURN(std::unique_ptr<ComputeCall> call,
                         engine_.StartCompute(head_, std::move(block), std::move(sink)));
-  FLCE_RETURN_IF_ERROR(call->AddHidden(0, end - begin, held_.get() + begin * row_bytes_));
+  FLCE_RETURN_IF_ERROR(call->AddHidden(0, end - begin, held_.data() + begin * row_bytes_));
   {
     std::lock_guard<std::mutex> lock(mu_);
     started_.push_back(Block{begin, std::move(call)});

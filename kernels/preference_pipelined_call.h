@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/engine.h"
+#include "kernels/held_rows.h"
 
 namespace flce {
 
@@ -94,7 +95,7 @@ class PipelinedPreferenceCall : public ComputeCall {
 
   // The receiving side (AddHidden), under intake_mu_.
   std::mutex intake_mu_;
-  std::unique_ptr<char[]> held_;  // num_tokens x row_bytes, written once per row
+  HeldRows held_;  // num_tokens x row_bytes, written once per row
   std::vector<uint8_t> received_;
   std::vector<Segment> segments_;
   bool finished_ = false;

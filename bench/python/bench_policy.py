@@ -58,6 +58,8 @@ def main() -> int:
                    help="idle time before each timed step, so that every step starts from the "
                         "same GPU state (a loop's steps follow each other without one)")
     p.add_argument("--json", help="append the medians as one JSON line to this file")
+    p.add_argument("--label", default="",
+                   help="recorded in the JSON line (e.g. which server build ran)")
     args = p.parse_args()
     client = flce.Client(args.target, timeout=600, transport=args.transport,
                          unix_socket=not args.tcp_only).wait_ready(60)
@@ -149,7 +151,7 @@ def main() -> int:
         import json
         with open(args.json, "a") as out:
             out.write(json.dumps({
-                "tokens": args.tokens, "hidden": args.hidden, "vocab": args.vocab,
+                "label": args.label, "tokens": args.tokens, "hidden": args.hidden, "vocab": args.vocab,
                 "device": args.device, "transport": client.last_transport,
                 "rounds": args.rounds, "gap_ms": args.gap_ms, "wall_ms": med,
                 "engine_ms": med_engine,

@@ -1,15 +1,22 @@
 // What the server does per received or sent byte of a Compute call besides
 // moving it: HiddenFingerprint over every hidden row (request-id reuse) and
 // FirstNonFinite over hidden (bad input) and grad_input (overflow). Sized as
-// the first bench shape's step: 65535 rows of H = 1024 bf16, 128 MiB.
+// the first bench shape's step: 65535 rows of H = 1024 bf16, 128 MiB; and a preference
+// call's copy of its rows, into fresh or kept memory; a grad_input chunk cut into
+// response messages.
 //
 //   build/bench/server/flce_host_bench --benchmark_out=host.json
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "benchmark/benchmark.h"
 #include "core/dtype.h"
+#include "kernels/held_rows.h"
 #include "server/validate/request_fingerprint.h"
 
 namespace {
@@ -56,6 +63,70 @@ void BM_FirstNonFiniteBf16(benchmark::State& state) {
   SetBytes(state);
 }
 BENCHMARK(BM_FirstNonFiniteBf16)->Unit(benchmark::kMillisecond);
+
+// A preference objective's call keeps its rows between its passes: the copy
+// per 4 MiB message into memory taken for the call, fresh (mapped anew, first
+// touch faults and zeroes each page) or kept from the call before.
+template <bool kKept>
+void BM_HoldRows(benchmark::State& state) {
+  const auto& rows = Bf16Rows();
+  const int64_t bytes = kRows * kHidden * 2;
+  constexpr int64_t kMessage = 4 << 20;
+  for (auto _ : state) {
+    flce::HeldRows kept;
+    std::unique_ptr<char[]> fresh;
+    char* held = nullptr;
+    if (kKept) {
+      kept = flce::HeldRows(bytes);
+      held = kept.data();
+    } else {
+      fresh.reset(new char[bytes]);
+      held = fresh.get();
+    }
+    const char* from = reinterpret_cast<const char*>(rows.data());
+    for (int64_t at = 0; at < bytes; at += kMessage) {
+      std::memcpy(held + at, from + at, std::min(kMessage, bytes - at));
+    }
+    benchmark::DoNotOptimize(held);
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state);
+}
+BENCHMARK(BM_HoldRows<false>)->Name("BM_HoldRowsFresh")->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_HoldRows<true>)->Name("BM_HoldRowsKept")->Unit(benchmark::kMillisecond);
+
+// A chunk's grad_input on its way out as 4 MiB messages (8192 rows of H = 4096
+// bf16, 64 MiB, from the chunk's pinned download buffer): as one string that is
+// then cut into the messages (fresh memory per chunk, above the mmap
+// threshold) or cut into the messages straight from the download buffer.
+template <bool kWhole>
+void BM_GradInputChunkToMessages(benchmark::State& state) {
+  constexpr int64_t kBytes = int64_t{64} << 20;
+  constexpr int64_t kMessage = 4 << 20;
+  static const std::vector<char> download(kBytes, 1);
+  for (auto _ : state) {
+    std::vector<std::string> messages;
+    if (kWhole) {
+      std::string chunk(download.data(), kBytes);
+      for (int64_t at = 0; at < kBytes; at += kMessage) {
+        messages.push_back(chunk.substr(at, kMessage));
+      }
+    } else {
+      for (int64_t at = 0; at < kBytes; at += kMessage) {
+        messages.emplace_back(download.data() + at, kMessage);
+      }
+    }
+    benchmark::DoNotOptimize(messages.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * kBytes);
+}
+BENCHMARK(BM_GradInputChunkToMessages<true>)
+    ->Name("BM_GradInputChunkWholeThenMessages")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GradInputChunkToMessages<false>)
+    ->Name("BM_GradInputChunkStraightToMessages")
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

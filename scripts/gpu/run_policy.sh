@@ -9,6 +9,11 @@
 #                                     default), hidden on the GPU, through CUDA IPC and through
 #                                     messages over TCP, a fresh server per round (ROUNDS),
 #                                     the transports' order reversed every round.
+#                                     DISTS=".served-dist .ref-dist" pairs builds (pack the
+#                                     reference with DIST_NAME=.ref-dist): each round runs every
+#                                     build, the order reversed every round; TRANSPORTS picks
+#                                     ("cuda_ipc messages" by default). The servers' request
+#                                     logs (each Compute's input_ms and finish_ms) land in $OUT.
 # Logs and $OUT/policy.jsonl in $OUT.
 set -u -o pipefail
 mode=${1:-tests}
@@ -45,24 +50,35 @@ fi
 if [[ $mode == bench ]]; then
   unset FLCE_CUDA_PLUGIN
   read -r n h v <<<"${SHAPE:-65535 1024 176245}"
+  read -r -a dists <<<"${DISTS:-.served-dist}"
+  for d in "${dists[@]}"; do [ -x "$d/server/flce-server" ] || tar -xJf "$d/served.tar.xz"; done
+  read -r -a transports <<<"${TRANSPORTS:-cuda_ipc messages}"
   for round in $(seq 1 "${ROUNDS:-3}"); do
-    "$dist/server/flce-server" --port 50093 --metrics-port 0 >"$out/server-$round.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 300); do
-      "$dist/client/cli/flce-client" --target 127.0.0.1:50093 health >/dev/null 2>&1 && break
-      sleep 0.1
+    order=("${dists[@]}")
+    (( round % 2 )) || order=($(printf '%s\n' "${dists[@]}" | tac))
+    for d in "${order[@]}"; do
+      label=$(cat "$d/COMMIT")
+      LD_LIBRARY_PATH=$(pwd)/$d/lib:$gpu/lib:/usr/local/cuda/lib64 "$(pwd)/$d/server/flce-server" \
+        --port 50093 --metrics-port 0 >>"$out/server-${d#.}.log" 2>&1 &
+      pid=$!
+      for _ in $(seq 1 300); do
+        "$(pwd)/$d/client/cli/flce-client" --target 127.0.0.1:50093 health >/dev/null 2>&1 && break
+        sleep 0.1
+      done
+      t_order=("${transports[@]}")
+      (( round % 2 )) || t_order=($(printf '%s\n' "${transports[@]}" | tac))
+      for transport in "${t_order[@]}"; do
+        flags="--transport cuda_ipc"
+        [[ $transport == messages ]] && flags="--transport grpc --tcp-only"
+        echo "round $round: $label $transport"
+        timeout 200 "$py" bench/python/bench_policy.py --target 127.0.0.1:50093 --device cuda \
+          --tokens "$n" --hidden "$h" --vocab "$v" $flags --rounds "${BENCH_ROUNDS:-5}" \
+          --label "$label" --json "$out/policy.jsonl" 2>&1 | tail -1
+        [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+      done
+      kill "$pid"; wait "$pid"
     done
-    order=("--transport cuda_ipc" "--transport grpc --tcp-only")
-    (( round % 2 )) || order=("${order[1]}" "${order[0]}")
-    for transport in "${order[@]}"; do
-      echo "round $round: $transport"
-      timeout 200 "$py" bench/python/bench_policy.py --target 127.0.0.1:50093 --device cuda \
-        --tokens "$n" --hidden "$h" --vocab "$v" $transport --rounds "${BENCH_ROUNDS:-5}" \
-        --json "$out/policy.jsonl" 2>&1 | tail -1
-      [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
-    done
-    kill "$pid"; wait "$pid"
   done
-  echo "commit $(cat "$dist/COMMIT")" | tee "$out/commit.txt"
+  for d in "${dists[@]}"; do echo "$d $(cat "$d/COMMIT")"; done | tee "$out/commit.txt"
 fi
 exit $rc
