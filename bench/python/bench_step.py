@@ -44,6 +44,8 @@ def main() -> int:
     p.add_argument("--chunk-tokens", type=int, default=0,
                    help="the engine's token-chunk size the call asks for (0: the engine's choice)")
     p.add_argument("--json", help="append the medians as one JSON line to this file")
+    p.add_argument("--label", default="",
+                   help="recorded in the JSON line (e.g. which server setting ran)")
     args = p.parse_args()
     n, h, v = args.tokens, args.hidden, args.vocab
     client = flce.Client(args.target, timeout=600, transport=args.transport,
@@ -85,7 +87,7 @@ def main() -> int:
         import json
         with open(args.json, "a") as out:
             out.write(json.dumps({
-                "tokens": n, "hidden": h, "vocab": v, "device": args.device,
+                "label": args.label, "tokens": n, "hidden": h, "vocab": v, "device": args.device,
                 "transport": client.last_transport, "messages_target": client.messages_target,
                 "connections": args.connections, "chunk_tokens": args.chunk_tokens,
                 "malloc_tuning": not args.no_malloc_tuning,

@@ -95,13 +95,13 @@ void BM_HoldRows(benchmark::State& state) {
 BENCHMARK(BM_HoldRows<false>)->Name("BM_HoldRowsFresh")->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_HoldRows<true>)->Name("BM_HoldRowsKept")->Unit(benchmark::kMillisecond);
 
-// A chunk's grad_input on its way out as 4 MiB messages (8192 rows of H = 4096
-// bf16, 64 MiB, from the chunk's pinned download buffer): as one string that is
-// then cut into the messages (fresh memory per chunk, above the mmap
-// threshold) or cut into the messages straight from the download buffer.
+// A chunk's grad_input on its way out as 4 MiB messages, from the chunk's pinned
+// download buffer: as one string that is then cut into the messages (what the
+// server does) or cut into the messages straight from the download buffer.
+// Sized as a call with rows in messages chunks at H = 4096 bf16: 1024 rows, 8 MiB.
 template <bool kWhole>
 void BM_GradInputChunkToMessages(benchmark::State& state) {
-  constexpr int64_t kBytes = int64_t{64} << 20;
+  constexpr int64_t kBytes = int64_t{8} << 20;
   constexpr int64_t kMessage = 4 << 20;
   static const std::vector<char> download(kBytes, 1);
   for (auto _ : state) {
