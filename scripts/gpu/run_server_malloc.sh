@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the device machine (carry .served-dist: pack_served.sh): plain training steps through
 # messages over TCP (bench/python/bench_step.py, hidden on the GPU) against the server with
-# glibc's malloc as it is and with its trim threshold raised (GLIBC_TUNABLES: freed memory
-# stays mapped, so a grad_input chunk's buffer is not faulted in anew for every chunk),
+# glibc's malloc as it is and with fixed thresholds (GLIBC_TUNABLES: trim 1 GiB, mmap 32 MiB,
+# so freed memory stays mapped and a grad_input chunk's buffer is not faulted in anew for
+# every chunk; setting either alone turns glibc's dynamic mmap threshold off),
 # alternated per round (the order reversed every round), a fresh server each time, at
 # SHAPES ("tokens hidden vocab", comma-separated). Lines in $OUT/server-malloc.jsonl,
 # "label" naming the setting.
@@ -13,7 +14,7 @@ dist=$(pwd)/.served-dist; [ -x "$dist/server/flce-server" ] || tar -xJf "$dist/s
 export LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 py=$(command -v python3)
-kept="glibc.malloc.trim_threshold=1073741824"
+kept="glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_threshold=33554432"
 IFS=, read -r -a shapes <<<"${SHAPES:-8192 4096 128256,32768 4096 128256}"
 rc=0
 for round in $(seq 1 "${ROUNDS:-2}"); do
