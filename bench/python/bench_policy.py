@@ -14,8 +14,8 @@ round) so that all see the same machine state:
 Each step is timed from the client (forward + backward, the staged grad_W committed) and
 reports the server's engine time of its first call (two_call's weighted call in backward has
 no summary here; dpo's is split into its log-prob pass and its gradient pass by
-PreferenceSummary.first_pass_ms); the medians, the ratios to plain, and whether plain and
-grpo ran the same plan (ComputeSummary.strategy_used) are printed and, with --json, appended.
+PreferenceSummary.first_pass_ms, except with rows in messages, where the passes overlap); the
+medians, the ratios to plain, and whether plain and grpo ran the same plan (ComputeSummary.strategy_used) are printed and, with --json, appended.
 
     /usr/bin/python3 bench/python/bench_policy.py --target 127.0.0.1:50051 --device cuda \
         --transport cuda_ipc
@@ -130,8 +130,9 @@ def main() -> int:
             passes = ""
             if kind == "dpo":
                 dpo_first_pass.append(first_pass)
-                passes = (f" (log-prob pass {first_pass * 1e3:6.1f}, gradient pass"
-                          f" {(engine - first_pass) * 1e3:6.1f})")
+                if client.last_transport != "grpc":
+                    passes = (f" (log-prob pass {first_pass * 1e3:6.1f}, gradient pass"
+                              f" {(engine - first_pass) * 1e3:6.1f})")
             print(f"round {r} {kind:8s}: wall {wall * 1e3:6.1f} ms  engine {engine * 1e3:6.1f} ms"
                   f"{passes}  {strategy}  loss {loss:.4f}", flush=True)
     med = {k: statistics.median(times[k]) * 1e3 for k in KINDS}
@@ -139,23 +140,30 @@ def main() -> int:
     med_first_pass = statistics.median(dpo_first_pass) * 1e3
     med_second_pass = statistics.median(
         [e - f for e, f in zip(engines["dpo"], dpo_first_pass)]) * 1e3
+    # With rows in messages the server pipelines the passes with the upload and with each
+    # other (API.md, first_pass_ms): their times overlap and do not split the engine time.
+    passes_overlap = client.last_transport == "grpc"
+    if passes_overlap:
+        split, pass_ms = "passes overlap (rows in messages)", None
+    else:
+        split = f"log-prob pass {med_first_pass:.1f} ms, gradient pass {med_second_pass:.1f} ms"
+        pass_ms = {"log_prob": med_first_pass, "gradient": med_second_pass}
     same_plan = (strategies["plain"] == strategies["grpo"] == strategies["dpo"]
                  and len(strategies["plain"]) == 1)
     print(f"medians of {args.rounds}: " + ", ".join(
         f"{k} {med[k]:.1f} ms ({med[k] / med['plain']:.3f}x)" for k in KINDS)
         + f"; plans {', '.join(f'{k} {sorted(strategies[k])}' for k in KINDS)}"
         + f"; transport {client.last_transport}"
-        + f"; dpo engine: log-prob pass {med_first_pass:.1f} ms, gradient pass"
-          f" {med_second_pass:.1f} ms")
+        + f"; dpo engine: {split}")
     if args.json:
         import json
         with open(args.json, "a") as out:
             out.write(json.dumps({
-                "label": args.label, "tokens": args.tokens, "hidden": args.hidden, "vocab": args.vocab,
-                "device": args.device, "transport": client.last_transport,
+                "label": args.label, "tokens": args.tokens, "hidden": args.hidden,
+                "vocab": args.vocab, "device": args.device, "transport": client.last_transport,
                 "rounds": args.rounds, "gap_ms": args.gap_ms, "wall_ms": med,
                 "engine_ms": med_engine,
-                "dpo_pass_engine_ms": {"log_prob": med_first_pass, "gradient": med_second_pass},
+                "dpo_pass_engine_ms": pass_ms,
                 "ratio_to_plain": {k: med[k] / med["plain"] for k in KINDS},
                 "strategies": {k: sorted(strategies[k]) for k in KINDS},
                 "same_plan": same_plan}) + "\n")
