@@ -15,7 +15,8 @@ Each step is timed from the client (forward + backward, the staged grad_W commit
 reports the server's engine time of its first call (two_call's weighted call in backward has
 no summary here; dpo's is split into its log-prob pass and its gradient pass by
 PreferenceSummary.first_pass_ms, except with rows in messages, where the passes overlap); the
-medians, the ratios to plain, and whether plain and grpo ran the same plan (ComputeSummary.strategy_used) are printed and, with --json, appended.
+medians, the ratios to plain, and whether plain and grpo ran the same plan
+(ComputeSummary.strategy_used) are printed and, with --json, appended.
 
     /usr/bin/python3 bench/python/bench_policy.py --target 127.0.0.1:50051 --device cuda \
         --transport cuda_ipc
