@@ -16,6 +16,7 @@
 #                                     logs (each Compute's input_ms and finish_ms) land in $OUT.
 # Logs and $OUT/policy.jsonl in $OUT.
 set -u -o pipefail
+source "$(dirname "$0")/wait_for_server.sh"
 mode=${1:-tests}
 out=${OUT:-/tmp/flce-out}
 mkdir -p "$out"
@@ -61,10 +62,7 @@ if [[ $mode == bench ]]; then
       LD_LIBRARY_PATH=$(pwd)/$d/lib:$gpu/lib:/usr/local/cuda/lib64 "$(pwd)/$d/server/flce-server" \
         --port 50093 --metrics-port 0 >>"$out/server-${d#.}.log" 2>&1 &
       pid=$!
-      for _ in $(seq 1 300); do
-        "$(pwd)/$d/client/cli/flce-client" --target 127.0.0.1:50093 health >/dev/null 2>&1 && break
-        sleep 0.1
-      done
+      wait_for_server "$(pwd)/$d/client/cli/flce-client" 127.0.0.1:50093 || rc=1
       t_order=("${transports[@]}")
       (( round % 2 )) || t_order=($(printf '%s\n' "${transports[@]}" | tac))
       for transport in "${t_order[@]}"; do

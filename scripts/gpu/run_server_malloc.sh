@@ -8,6 +8,7 @@
 # SHAPES ("tokens hidden vocab", comma-separated). Lines in $OUT/server-malloc.jsonl,
 # "label" naming the setting.
 set -u -o pipefail
+source "$(dirname "$0")/wait_for_server.sh"
 out=${OUT:-/tmp/flce-out}
 mkdir -p "$out"
 dist=$(pwd)/.served-dist; [ -x "$dist/server/flce-server" ] || tar -xJf "$dist/served.tar.xz"
@@ -26,10 +27,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     GLIBC_TUNABLES=$tunables "$dist/server/flce-server" --port 50095 --metrics-port 0 \
       --device cuda >>"$out/server-malloc-$setting.log" 2>&1 &
     pid=$!
-    for _ in $(seq 1 300); do
-      "$dist/client/cli/flce-client" --target 127.0.0.1:50095 health >/dev/null 2>&1 && break
-      sleep 0.1
-    done
+    wait_for_server "$dist/client/cli/flce-client" 127.0.0.1:50095 || rc=1
     for shape in "${shapes[@]}"; do
       read -r n h v <<<"$shape"
       echo "round $round: $setting ${n}x${h}x${v}"
