@@ -44,16 +44,22 @@ std::string ChooseUnixSocket(const std::string& flag) {
   return "";
 }
 
-// Where /metrics listens when --metrics-host is not given: the host of the
-// gRPC address ("127.0.0.1" of "127.0.0.1:50051"). Debian's civetweb (under
-// prometheus-cpp) binds IPv4 only, so IPv6's wildcard and loopback map to
-// IPv4's; another IPv6 address fails the start, asking for --metrics-host.
-std::string DefaultMetricsHost(const std::string& address) {
+// The host of a gRPC address, brackets off ("::1" of "[::1]:50051").
+std::string ListenHost(const std::string& address) {
   size_t colon = address.rfind(':');
   std::string host = colon == std::string::npos ? address : address.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
+  return host;
+}
+
+// Where /metrics listens when --metrics-host is not given: the host of the
+// gRPC address ("127.0.0.1" of "127.0.0.1:50051"). Debian's civetweb (under
+// prometheus-cpp) binds IPv4 only, so IPv6's wildcard and loopback map to
+// IPv4's; another IPv6 address fails the start, asking for --metrics-host.
+std::string DefaultMetricsHost(const std::string& address) {
+  const std::string host = ListenHost(address);
   if (host == "::") return "0.0.0.0";
   if (host == "::1") return "127.0.0.1";
   return host;
@@ -225,6 +231,18 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
         config.max_region_bytes_per_tenant);
     ctx_.regions = regions_.get();
   }
+  if (config.data_port >= 0) {
+    if (!config.tls_cert.empty()) {
+      return absl::InvalidArgumentError(
+          "--data-port with TLS: the data plane carries rows in plaintext; use one or the other");
+    }
+    DataPlaneListener::Options options;
+    options.max_frame_bytes = config.max_message_bytes;
+    FLCE_ASSIGN_OR_RETURN(data_listener_,
+                          DataPlaneListener::Listen(ListenHost(config.address), config.data_port,
+                                                    pieces_.get(), metrics_.get(), options));
+    ctx_.data_plane_port = data_listener_->port();
+  }
   ctx_.instance_id = RandomInstanceId();
   ctx_.version = FLCE_VERSION;
   FLCE_RETURN_IF_ERROR(PreloadHead());
@@ -260,10 +278,14 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
     return absl::UnavailableError(absl::StrCat("cannot listen on unix:", unix_socket));
   }
   socket_file_ = RememberSocketFile(unix_socket);
+  if (data_listener_ != nullptr) data_listener_->Start();
   server_->GetHealthCheckService()->SetServingStatus(true);
   LogSecurity(config, auth_->token_count());
   LogInfo(absl::StrCat("serving flce.v1.Flce on port ", port_,
                        unix_socket.empty() ? "" : absl::StrCat(" and unix:", unix_socket),
+                       data_listener_ == nullptr
+                           ? ""
+                           : absl::StrCat(", data plane on port ", data_listener_->port()),
                        ", instance ", ctx_.instance_id,
                        metrics_->port() != 0 ? absl::StrCat(", /metrics on ", metrics_host,
                                                             " port ", metrics_->port())
@@ -373,6 +395,8 @@ void FlceServer::StopServing(absl::Duration drain) {
                             " compute workers still running after the drain; waiting for them"));
     workers_.WaitIdle(absl::InfiniteDuration());
   }
+  // After the calls: those in flight read their rows and send grad_input there.
+  if (data_listener_ != nullptr) data_listener_->Stop();
   RemoveSocketFile(socket_file_);
   LogInfo("stopped");
   absl::MutexLock lock(&mu_);

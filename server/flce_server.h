@@ -26,6 +26,7 @@
 #include "server/handlers/service_context.h"
 #include "server/observe/metrics.h"
 #include "server/rpc/flce_service.h"
+#include "server/rpc/data_plane_listener.h"
 #include "server/rpc/unix_socket_listener.h"
 #include "server/rpc/unix_socket_path.h"
 #include "server/state/auth.h"
@@ -56,6 +57,8 @@ class FlceServer {
   FlceServer& operator=(const FlceServer&) = delete;
 
   int port() const { return port_; }
+  // The data plane's port (--data-port as bound); 0 without one.
+  int data_port() const { return ctx_.data_plane_port; }
   int metrics_port() const { return metrics_->port(); }
   // What /metrics serves now, whether or not it is served (tests).
   std::string metrics_text() const { return metrics_->Text(); }
@@ -99,6 +102,7 @@ class FlceServer {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::unique_ptr<UnixSocketListener> unix_listener_;  // null under TLS: gRPC listens
+  std::unique_ptr<DataPlaneListener> data_listener_;   // null without --data-port
   SocketFile socket_file_;  // removed at shutdown if still this server's
 
   absl::Mutex shutdown_mu_;  // held for the whole shutdown

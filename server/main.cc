@@ -80,6 +80,9 @@ ABSL_FLAG(int64_t, max_region_mb, 8192,
           "on a GPU, and CUDA IPC memory); 0 = no cap");
 ABSL_FLAG(int, region_lease_s, 60,
           "a region registration stream that sends nothing for this long is released");
+ABSL_FLAG(int, data_port, -1,
+          "TCP port of the data plane: Compute calls' hidden rows and grad_input as raw bytes "
+          "beside gRPC, on --host (0 = any free port, -1 = none; not with TLS)");
 ABSL_FLAG(std::string, head_file, "", ".safetensors file to preload a head from");
 ABSL_FLAG(std::string, head_tensor, "lm_head.weight", "weight tensor in --head-file");
 ABSL_FLAG(std::string, head_bias_tensor, "", "bias tensor in --head-file (optional)");
@@ -200,6 +203,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.region_lease = absl::Seconds(absl::GetFlag(FLAGS_region_lease_s));
+  if (absl::GetFlag(FLAGS_data_port) < -1 || absl::GetFlag(FLAGS_data_port) > 65535) {
+    std::fprintf(stderr,
+                 "flce-server: --data-port must be a TCP port, 0 (any free one) or -1 (none), "
+                 "got %d\n",
+                 absl::GetFlag(FLAGS_data_port));
+    return 2;
+  }
+  config.data_port = absl::GetFlag(FLAGS_data_port);
   config.head_file = absl::GetFlag(FLAGS_head_file);
   config.head_tensor = absl::GetFlag(FLAGS_head_tensor);
   config.head_bias_tensor = absl::GetFlag(FLAGS_head_bias_tensor);

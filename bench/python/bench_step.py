@@ -41,6 +41,9 @@ def main() -> int:
     p.add_argument("--connections", type=int, default=1,
                    help="flce.Client(connections=...): hidden in messages over this many "
                         "connections (flce.pieces)")
+    p.add_argument("--data-plane", default="auto", choices=("auto", "on", "off"),
+                   help="flce.Client(data_plane=...): rows and grad_input on the server's data "
+                        "plane (flce-server --data-port) instead of messages")
     p.add_argument("--chunk-tokens", type=int, default=0,
                    help="the engine's token-chunk size the call asks for (0: the engine's choice)")
     p.add_argument("--json", help="append the medians as one JSON line to this file")
@@ -51,7 +54,9 @@ def main() -> int:
     client = flce.Client(args.target, timeout=600, transport=args.transport,
                          unix_socket=not args.tcp_only,
                          malloc_tuning=not args.no_malloc_tuning,
-                         connections=args.connections).wait_ready(60)
+                         connections=args.connections,
+                         data_plane={"auto": None, "on": True, "off": False}[args.data_plane]
+                         ).wait_ready(60)
     head = flce.RemoteLMHead(client, "bench-step", chunk_tokens=args.chunk_tokens)
     hidden, y = upload_problem(client, "bench-step", args, args.device)
     rows = []

@@ -5,7 +5,9 @@ negligible, so what is timed is hidden going up and grad_input coming down in me
 Variants (each the median of --calls calls after one warm-up, one JSON line each):
 chunk sizes, hidden on the CPU or a GPU, forward-only (hidden up, nothing down), extra
 gRPC channel options, and the tokens split over several concurrent calls on channels of
-their own (one TCP connection each) to see whether more connections carry more.
+their own (one TCP connection each) to see whether more connections carry more. Against a
+server with --data-port, the data_plane variants move the same bytes on the data plane
+(flce.data_plane) instead of in messages; every other variant keeps to messages.
 
     /usr/bin/python3 bench/python/bench_wire.py --target 127.0.0.1:50051 [--device cuda]
 """
@@ -79,7 +81,8 @@ def main() -> int:
     y = torch.randint(0, 8, (n,), generator=g)
     mib = n * h * 2 / 2**20
 
-    def variant(name, *, chunk_mb=4, device="cpu", connections=1, pieces=1, options=(), **kw):
+    def variant(name, *, chunk_mb=4, device="cpu", connections=1, pieces=1, options=(),
+                data_plane=False, **kw):
         if only and name not in only:
             return
         clients = []
@@ -90,14 +93,14 @@ def main() -> int:
             ch = grpc.insecure_channel(args.target, options=opts + [
                 ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
             clients.append(flce.Client(args.target, channel=ch, timeout=600, transport="grpc",
-                                       connections=pieces,
+                                       connections=pieces, data_plane=data_plane,
                                        chunk_bytes=int(chunk_mb * 2**20),
                                        session_id=f"wire-{k}"))
         x = x_cpu.to(device)
         med, eng, walls = timed_calls(clients, x, y, args.calls, **kw)
         down = 0 if kw.get("forward_only") else mib
         row = {"variant": name, "target": args.target, "chunk_mb": chunk_mb, "device": device,
-               "connections": connections, "pieces": pieces,
+               "connections": connections, "pieces": pieces, "data_plane": data_plane,
                "options": [list(o) for o in options],
                "wall_ms_median": round(med, 2), "walls_ms": [round(w, 2) for w in walls],
                "engine_ms_median": round(eng, 2),
@@ -124,6 +127,11 @@ def main() -> int:
         variant(f"connections_{k}", connections=k)  # k calls of n / k tokens
     for k in (2, 4):
         variant(f"pieces_{k}", pieces=k)  # one call over k connections (flce.pieces)
+    if "data_plane" in first.server_info().capabilities:
+        variant("data_plane", data_plane=True)
+        variant("data_plane_forward_only", data_plane=True, forward_only=True)
+        if args.device != "cpu":
+            variant("data_plane_hidden_on_gpu", data_plane=True, device=args.device)
     variant("baseline_again")
     return 0
 

@@ -53,13 +53,18 @@ void DeclareGlobal(FlagSet& flags) {
             "connections a compute or bench call's hidden uses in messages (1-9; servers 0.13+ "
             "take more than one)",
             "1");
+  flags.String("data-plane",
+               "whether compute and bench send hidden and get grad_input as raw bytes on a TCP "
+               "connection beside gRPC where they would use messages: auto (where the server "
+               "offers it: flce-server --data-port), on (or an error) or off",
+               "auto");
 }
 
 // Every global flag: each may come before or after the subcommand, not both.
 constexpr const char* kGlobalFlags[] = {
     "target",   "timeout-s", "max-message-mb",  "tls",        "tls-ca",
     "tls-cert", "tls-key",   "tls-server-name", "auth-token", "auth-token-file", "transport",
-    "connections"};
+    "connections", "data-plane"};
 
 // The bearer token from --auth-token, --auth-token-file or $FLCE_AUTH_TOKEN.
 absl::StatusOr<std::string> AuthToken(const FlagSet& flags) {
@@ -212,6 +217,19 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     return Fail(out,
                 absl::InvalidArgumentError(absl::StrCat(
                     "flce-client: --transport must be auto, grpc or shm; got \"", transport, "\"")),
+                kExitUsage);
+  }
+  const std::string data_plane = merged.str("data-plane");
+  if (data_plane == "auto") {
+    options.data_plane = ClientOptions::DataPlane::kAuto;
+  } else if (data_plane == "on") {
+    options.data_plane = ClientOptions::DataPlane::kOn;
+  } else if (data_plane == "off") {
+    options.data_plane = ClientOptions::DataPlane::kOff;
+  } else {
+    return Fail(out,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "flce-client: --data-plane must be auto, on or off; got \"", data_plane, "\"")),
                 kExitUsage);
   }
   absl::StatusOr<std::string> token = AuthToken(merged);

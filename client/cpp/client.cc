@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -180,6 +181,46 @@ int Client::HiddenStreams(int64_t chunks) {
         target, unix_socket ? grpc::InsecureChannelCredentials() : credentials_, args)));
   }
   return streams;
+}
+
+absl::StatusOr<std::unique_ptr<DataPlaneLink>> Client::OpenDataPlane() {
+  using Mode = ClientOptions::DataPlane;
+  if (options_.data_plane == Mode::kOff) return nullptr;
+  {
+    std::lock_guard<std::mutex> lock(local_mu_);
+    if (!data_plane_off_.empty() && options_.data_plane == Mode::kAuto) return nullptr;
+  }
+  absl::StatusOr<v1::ServerInfo> info = ServerInfoOnce();
+  const std::optional<std::string> host =
+      made_channel_ ? TcpHostOf(options_.target) : std::nullopt;
+  std::string why;
+  if (!info.ok()) {
+    why = absl::StrCat("the server does not answer GetServerInfo (", info.status().message(), ")");
+  } else if (!absl::c_linear_search(info->capabilities(), "data_plane") ||
+             info->data_plane_port() == 0) {
+    why = absl::StrCat("the server (", info->version(), ") has no data plane (--data-port)");
+  } else if (options_.uses_tls()) {
+    why = "this client uses TLS, which the data plane does not carry";
+  } else if (!host.has_value()) {
+    why = made_channel_ ? absl::StrCat("the target ", options_.target, " is not a TCP address")
+                        : "the client was given a channel, not a target";
+  }
+  if (!why.empty()) {
+    if (options_.data_plane == Mode::kOn) {
+      return absl::FailedPreconditionError(absl::StrCat("data plane asked for, but ", why));
+    }
+    return nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<DataPlaneLink>> link =
+      DataPlaneLink::Connect(*host, info->data_plane_port());
+  if (link.ok() || options_.data_plane == Mode::kOn) return link;
+  std::lock_guard<std::mutex> lock(local_mu_);
+  if (data_plane_off_.empty()) {
+    data_plane_off_ = std::string(link.status().message());
+    std::fprintf(stderr, "flce: not using the server's data plane (%s); Compute calls send "
+                 "hidden in messages\n", data_plane_off_.c_str());
+  }
+  return nullptr;
 }
 
 std::vector<v1::Flce::Stub*> Client::PieceStubs(int pieces) {

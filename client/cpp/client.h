@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "client/cpp/client_options.h"
+#include "client/cpp/data_plane_link.h"
 #include "client/cpp/health_check.h"
 #include "client/cpp/recent_transports.h"
 #include "client/cpp/shared_memory_transport.h"
@@ -74,7 +75,7 @@ struct ComputeArgs {
 
 struct ComputeOutcome {
   std::string request_id;  // as sent (the caller's or a generated one)
-  std::string transport;   // how hidden went: "shm" or "grpc" (messages)
+  std::string transport;   // how hidden went: "shm", "data_plane" or "grpc" (messages)
   int connections = 1;     // messages: the call's own stream and its ComputePiece streams
   // The targets went in the shared-memory region beside hidden rather than in
   // the header (servers with capability "targets_in_region", 0.7.0).
@@ -211,6 +212,10 @@ class Client {
   // pieces, each at least one chunk; their stubs made once.
   int HiddenStreams(int64_t chunks);
   std::vector<v1::Flce::Stub*> PieceStubs(int pieces);
+  // A connection to the server's data plane for the next call where this
+  // client uses it (options_.data_plane), else nullptr; FAILED_PRECONDITION or
+  // UNAVAILABLE with kOn where it cannot.
+  absl::StatusOr<std::unique_ptr<DataPlaneLink>> OpenDataPlane();
   // The payload bytes one message may carry: chunk_bytes (or `requested`),
   // capped to MessageLimit() less room for the message's other fields.
   int64_t ChunkBytes(int64_t requested);
@@ -245,6 +250,7 @@ class Client {
   // guarded by local_mu_: the same as the header's messages_reason
   v1::MessagesReason messages_reason_ = v1::MESSAGES_REASON_UNSPECIFIED;
   std::shared_ptr<SharedMemoryTransport> shm_;  // guarded by local_mu_
+  std::string data_plane_off_;  // guarded by local_mu_: why kAuto stopped trying it
 };
 
 }  // namespace flce

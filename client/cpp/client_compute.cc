@@ -154,8 +154,15 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   // In messages (saying why), over several connections where the server
   // takes pieces.
   std::optional<HiddenPieces> pieces;
+  std::unique_ptr<DataPlaneLink> link;  // the data plane: rows and grad_input beside the stream
   if (region == nullptr) {
     header->set_messages_reason(WhyMessages());
+    FLCE_ASSIGN_OR_RETURN(link, OpenDataPlane());
+  }
+  if (link != nullptr) {
+    header->set_data_plane(true);
+    outcome.transport = "data_plane";
+  } else if (region == nullptr) {
     const int streams = HiddenStreams((tokens + rows_per_chunk - 1) / rows_per_chunk);
     if (streams > 1) {
       // A chunk's worth in flight on all the streams together: the first rows
@@ -176,7 +183,7 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
 
   std::thread writer([&] {
     if (!stream->Write(first)) return;  // the server ended the call; Finish says why
-    if (region == nullptr) {
+    if (region == nullptr && link == nullptr) {
       // One message reused for every chunk: its data string keeps its
       // capacity, so each chunk is one copy into memory already mapped rather
       // than a fresh multi-MiB allocation (page faults and zeroing) per message.
@@ -213,11 +220,12 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
     switch (response.msg_case()) {
       case v1::ComputeResponse::kGradInput: {
         const v1::GradInputChunk& piece = response.grad_input();
-        if (!want_grad_input || region != nullptr) {
-          protocol = absl::InternalError(region != nullptr
-                                             ? "server sent grad_input in messages for a call "
-                                               "whose grad_input goes to a region"
-                                             : "server sent grad_input that was not asked for");
+        if (!want_grad_input || region != nullptr || link != nullptr) {
+          protocol = absl::InternalError(
+              region != nullptr || link != nullptr
+                  ? "server sent grad_input in messages for a call whose grad_input goes to a "
+                    "region or the data plane"
+                  : "server sent grad_input that was not asked for");
           break;
         }
         protocol = grad_input.Place(piece.token_offset(), piece.num_tokens(), piece.data());
@@ -245,7 +253,10 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
         have_summary = true;
         break;
       case v1::ComputeResponse::kPieces:
-        if (!pieces.has_value()) {
+        if (link != nullptr) {
+          link->Start(response.pieces().token(), args.hidden, row_bytes, rows_per_chunk,
+                      want_grad_input ? &grad_input : nullptr);
+        } else if (!pieces.has_value()) {
           protocol = absl::InternalError("server opened pieces that were not asked for");
         } else {
           pieces->Start(response.pieces().token(), [&context] { context.TryCancel(); });
@@ -272,6 +283,11 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
               !pieces->failure().ok()
           ? pieces->failure()
           : finished;
+  if (link != nullptr) {
+    if (!protocol.ok() || !status.ok()) link->Close();  // its threads stop now
+    absl::Status received = link->Finish();
+    if (protocol.ok() && status.ok() && !received.ok()) protocol = received;
+  }
   if (!protocol.ok()) return protocol;
   if (!status.ok()) return status;
   if (!have_summary) return absl::DataLossError("the call ended without a summary");

@@ -53,6 +53,14 @@ struct ClientOptions {
   // messages: the call's own and connections - 1 ComputePiece streams (servers
   // 0.13+; others get the call's own); 1-9, for a channel Client::Connect made.
   int connections = 1;
+  // A Compute call whose hidden would go in messages sends its rows and gets
+  // grad_input as raw bytes on a TCP connection of its own instead (the data
+  // plane: servers 0.16+ started with --data-port, without TLS; a channel
+  // Client::Connect made to a TCP target). kAuto: where the server offers
+  // it, messages from the first connection that fails on (said on stderr);
+  // kOn: always, else an error; kOff: never.
+  enum class DataPlane { kAuto, kOn, kOff };
+  DataPlane data_plane = DataPlane::kAuto;
 
   bool uses_tls() const {
     return tls || !tls_ca_file.empty() || !tls_cert_file.empty() || !tls_key_file.empty() ||

@@ -22,24 +22,36 @@ RowAssembler::RowAssembler(const char* name, int64_t rows, int64_t row_bytes, vo
 RowAssembler::RowAssembler(const char* name, int64_t rows, int64_t row_bytes, std::string* buffer)
     : RowAssembler(name, rows, row_bytes, Sized(buffer, rows * row_bytes)) {}
 
-absl::Status RowAssembler::Place(int64_t at, int64_t n, absl::string_view data) {
+absl::Status RowAssembler::CheckRange(int64_t at, int64_t n) const {
   if (at < 0 || n <= 0 || at > rows_ - n) {
     return absl::InternalError(absl::StrCat("server sent ", name_, " rows [", at, ", ", at + n,
                                             ") outside [0, ", rows_, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status RowAssembler::Place(int64_t at, int64_t n, absl::string_view data) {
+  if (absl::Status range = CheckRange(at, n); !range.ok()) return range;
   if (static_cast<int64_t>(data.size()) != n * row_bytes_) {
     return absl::InternalError(absl::StrCat("server sent ", data.size(), " bytes for ", n, " ",
                                             name_, " rows; expected ", n * row_bytes_));
   }
+  absl::StatusOr<char*> at_bytes = Reserve(at, n);
+  if (!at_bytes.ok()) return at_bytes.status();
+  std::memcpy(*at_bytes, data.data(), data.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> RowAssembler::Reserve(int64_t at, int64_t n) {
+  if (absl::Status range = CheckRange(at, n); !range.ok()) return range;
   for (int64_t r = at; r < at + n; ++r) {
     if (seen_[r]) {
       return absl::InternalError(absl::StrCat("server sent ", name_, " row ", r, " twice"));
     }
-    seen_[r] = 1;
   }
-  std::memcpy(dst_ + at * row_bytes_, data.data(), data.size());
+  std::fill(seen_.begin() + at, seen_.begin() + at + n, 1);
   received_ += n;
-  return absl::OkStatus();
+  return dst_ + at * row_bytes_;
 }
 
 absl::Status RowAssembler::CheckComplete(absl::string_view what) const {

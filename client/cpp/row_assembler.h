@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace flce {
@@ -26,11 +27,18 @@ class RowAssembler {
 
   // INTERNAL when [at, at + n) is outside, repeats a row or data is not n rows.
   absl::Status Place(int64_t at, int64_t n, absl::string_view data);
+  // Where rows [at, at + n) go, counted as placed: the caller writes them
+  // there (a socket's read). INTERNAL as Place.
+  absl::StatusOr<char*> Reserve(int64_t at, int64_t n);
+  int64_t row_bytes() const { return row_bytes_; }
+  bool complete() const { return received_ == rows_; }
   // DATA_LOSS naming how many rows never came, and the first of them.
   absl::Status CheckComplete(absl::string_view what) const;
   bool any() const { return received_ > 0; }
 
  private:
+  absl::Status CheckRange(int64_t at, int64_t n) const;
+
   const char* name_ = "";
   int64_t rows_ = 0;
   int64_t row_bytes_ = 0;

@@ -1,5 +1,5 @@
 # Sourced by the device machine's scripts that start flce-server themselves
-# (run_policy.sh, run_server_malloc.sh).
+# (run_policy.sh, run_server_malloc.sh, run_data_plane.sh).
 wait_for_server() {  # wait_for_server CLI TARGET: until TARGET answers health, at most 30 s
   local cli=$1 target=$2
   for _ in $(seq 1 300); do

@@ -68,6 +68,11 @@ struct ServerConfig {
   // the CUDA engine page-locks, and CUDA IPC memory opened); 0 = no cap.
   int64_t max_region_bytes_per_tenant = int64_t{8} << 30;
   absl::Duration region_lease = absl::Seconds(60);  // a Regions stream silent longer is released
+  // --data-port: hidden rows and grad_input as raw bytes on TCP connections
+  // beside gRPC (ComputeHeader.data_plane), on the host of `address`. -1 = no
+  // data plane, 0 = a free port (FlceServer::data_port() says which).
+  // Plaintext only: refused with TLS.
+  int data_port = -1;
   // Preloaded head; empty head_file = the embedded demo head (if enabled).
   std::string head_file;
   std::string head_tensor = "lm_head.weight";

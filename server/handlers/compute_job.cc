@@ -69,7 +69,7 @@ absl::Status ComputeJob::Run() {
         absl::StrCat("first message must be a header (got ", Describe(*first), ")"));
   }
   absl::Status status = Setup(first->header());
-  if (status.ok()) status = OpenPieces(first->header().hidden_pieces());
+  if (status.ok()) status = OpenPieces(first->header());
   if (status.ok()) scope_->mark_phase("setup");
   if (status.ok() && region_ != nullptr) {
     status = region_->device() != nullptr ? AddRowsFromDevice() : AddRowsFromRegion();
@@ -206,27 +206,42 @@ void ComputeJob::RecordTransport() {
   if (region_ != nullptr && header_.has_shared()) {
     transport = region_->base() == nullptr ? "cuda_ipc" : "shm";
   } else {
-    transport = IsUnixSocketPeer(scope_->peer()) ? "messages_unix_socket" : "messages_tcp";
+    transport = header_.data_plane()                 ? "data_plane"
+                : IsUnixSocketPeer(scope_->peer()) ? "messages_unix_socket"
+                                                   : "messages_tcp";
     reason = MessagesReasonLabel(header_.messages_reason());
   }
   scope_->set_transport(transport);
   if (ctx_.metrics != nullptr) ctx_.metrics->RecordComputeTransport(transport, reason);
 }
 
-absl::Status ComputeJob::OpenPieces(int64_t pieces) {
-  if (pieces == 0) return absl::OkStatus();
+absl::Status ComputeJob::OpenPieces(const v1::ComputeHeader& header) {
+  const int64_t pieces = header.hidden_pieces();
+  if (pieces == 0 && !header.data_plane()) return absl::OkStatus();
   if (pieces < 0 || pieces > ComputePieces::kMaxPiecesPerCall) {
     return absl::InvalidArgumentError(absl::StrCat("hidden_pieces = ", pieces, ": must be in [0, ",
                                                    ComputePieces::kMaxPiecesPerCall, "]"));
   }
+  if (header.data_plane() && pieces != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data_plane with hidden_pieces = ", pieces,
+        ": the data-plane connection carries the rows that pieces would; ask for one or the other"));
+  }
+  const char* asked = header.data_plane() ? "data_plane" : "hidden_pieces";
   if (region_ != nullptr) {
     return absl::InvalidArgumentError(
-        "hidden_pieces in a call whose hidden is in a region (ComputeHeader.shared): a region "
-        "carries every row");
+        absl::StrCat(asked, " in a call whose hidden is in a region (ComputeHeader.shared): a "
+                            "region carries every row"));
+  }
+  if (header.data_plane() && ctx_.data_plane_port == 0) {
+    return absl::FailedPreconditionError(
+        "data_plane: this server has no data plane (started without --data-port; "
+        "GetServerInfo.data_plane_port is 0): send hidden in messages");
   }
   FLCE_ASSIGN_OR_RETURN(std::string token,
-                        channel_->OpenPieces(static_cast<int>(pieces), row_bytes_,
-                                             spec_.num_tokens));
+                        channel_->OpenPieces(header.data_plane() ? 1 : static_cast<int>(pieces),
+                                             row_bytes_, spec_.num_tokens, header.data_plane()));
+  if (header.data_plane()) data_plane_token_ = token;
   auto opened = std::make_unique<v1::ComputeResponse>();
   opened->mutable_pieces()->set_token(std::move(token));
   channel_->Send(std::move(opened));
@@ -413,6 +428,10 @@ void ComputeJob::SendGradInput(int64_t token_offset, int64_t rows, std::string d
     if (region_write_status_.ok()) region_write_status_ = copied;
     return;
   }
+  if (!data_plane_token_.empty()) {
+    SendGradInputOnDataPlane(token_offset, rows, data);
+    return;
+  }
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddSentBytes("Compute", static_cast<int64_t>(data.size()));
   }
@@ -430,6 +449,24 @@ void ComputeJob::SendGradInput(int64_t token_offset, int64_t rows, std::string d
     }
     channel_->Send(std::move(response));
   }
+}
+
+void ComputeJob::SendGradInputOnDataPlane(int64_t token_offset, int64_t rows,
+                                          const std::string& data) {
+  // Called from the sender's one thread only.
+  absl::Status written;
+  if (data_plane_ == nullptr) data_plane_ = ctx_.pieces->DataPlaneWriter(data_plane_token_);
+  if (data_plane_ == nullptr) {
+    written = absl::InternalError(
+        "data plane: grad_input is ready but no data-plane connection holds the call");
+  } else {
+    written = data_plane_->Write(token_offset, rows, data);
+  }
+  if (written.ok() && ctx_.metrics != nullptr) {
+    ctx_.metrics->AddDataPlaneBytes("out", static_cast<int64_t>(data.size()));
+  }
+  absl::MutexLock lock(&region_write_mu_);
+  if (data_plane_status_.ok()) data_plane_status_ = written;
 }
 
 absl::Status ComputeJob::GradInputStatus() {
@@ -487,6 +524,7 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   {
     absl::MutexLock lock(&region_write_mu_);
     FLCE_RETURN_IF_ERROR(region_write_status_);
+    FLCE_RETURN_IF_ERROR(data_plane_status_);
   }
   if (result.grad_input_first_non_finite >= 0) {
     const int64_t h = head_.head->spec().hidden_size;

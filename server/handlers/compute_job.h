@@ -47,13 +47,13 @@ class ComputeChannel {
   virtual absl::Status WaitForSent() = 0;
   // When the client stops waiting for the call.
   virtual absl::Time Deadline() const { return absl::InfiniteFuture(); }
-  // Lets up to `pieces` ComputePiece streams join with rows of `row_bytes` of
-  // a call of `num_tokens`;
-  // the token to hand the client. Their rows come out of Next() among the
-  // call's own, and the end message only after every piece that joined has
-  // ended.
+  // Lets up to `pieces` ComputePiece streams (with `data_plane`, one
+  // data-plane connection) join with rows of `row_bytes` of a call of
+  // `num_tokens`; the token to hand the client. Their rows come out of Next()
+  // among the call's own, and the end message only after every piece that
+  // joined has ended.
   virtual absl::StatusOr<std::string> OpenPieces(int pieces, int64_t row_bytes,
-                                                 int64_t num_tokens) {
+                                                 int64_t num_tokens, bool data_plane) {
     return absl::FailedPreconditionError("this call takes no hidden pieces");
   }
 };
@@ -72,9 +72,10 @@ class ComputeJob {
   // Waits while an optimizer step rewrites the head, then holds head_use_.
   absl::Status EnterHead(const std::string& head_id);
   absl::Status TakeStaging(const HeadSpec& head_spec);
-  // After the header is accepted: the token ComputePiece streams present
-  // (ComputeResponse.pieces) when the header asks for hidden_pieces.
-  absl::Status OpenPieces(int64_t pieces);
+  // After the header is accepted: the token ComputePiece streams or the
+  // data-plane connection present (ComputeResponse.pieces) when the header
+  // asks for hidden_pieces or data_plane.
+  absl::Status OpenPieces(const v1::ComputeHeader& header);
   // flce_compute_calls_total and the request log's transport= for this call.
   void RecordTransport();
   // The end message is the last one: nothing lands until the client has
@@ -96,8 +97,10 @@ class ComputeJob {
   // flce_shared_memory_bytes_total or flce_cuda_ipc_bytes_total, by the region's kind.
   void AddLocalTransportBytes(const char* direction, int64_t bytes);
   absl::Status Complete(const v1::EndOfInput& end);
-  // Sends grad_input rows checked finite by grad_input_, split to messages.
+  // Sends grad_input rows checked finite by grad_input_: into the region, on
+  // the data plane, or split to messages.
   void SendGradInput(int64_t token_offset, int64_t rows, std::string data);
+  void SendGradInputOnDataPlane(int64_t token_offset, int64_t rows, const std::string& data);
   absl::Status GradInputStatus();
   void SendTokenOutputs(const ComputeResult& result);
   void Abandon();
@@ -136,6 +139,11 @@ class ComputeJob {
   int64_t grad_input_offset_ = 0;
   absl::Mutex region_write_mu_;
   absl::Status region_write_status_ ABSL_GUARDED_BY(region_write_mu_);
+  // ComputeHeader.data_plane: the token its connection joined with, and the
+  // connection once grad_input is first written to it.
+  std::string data_plane_token_;
+  std::shared_ptr<BulkWriter> data_plane_;
+  absl::Status data_plane_status_ ABSL_GUARDED_BY(region_write_mu_);
 };
 
 }  // namespace flce::server

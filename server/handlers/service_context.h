@@ -50,6 +50,7 @@ struct ServiceContext {
   SharedRegions* regions = nullptr;      // null = --local-transports=none
   LocalPeers* peers = nullptr;           // who may register regions
   ComputePieces* pieces = nullptr;       // calls taking rows on other connections
+  int data_plane_port = 0;               // --data-port as bound; 0 = no data plane
   std::string instance_id;
   std::string version;
   // flce.v1 calls in progress, for --max-concurrent-streams.

@@ -84,6 +84,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
            .Register(registry);
   metrics->cuda_ipc_->Add({{"direction", "in"}});
   metrics->cuda_ipc_->Add({{"direction", "out"}});
+  metrics->data_plane_ =
+      &prometheus::BuildCounter()
+           .Name("flce_data_plane_bytes_total")
+           .Help("Compute bytes on data-plane connections (--data-port) instead of messages (in: "
+                 "hidden, out: grad_input)")
+           .Register(registry);
+  metrics->data_plane_->Add({{"direction", "in"}});
+  metrics->data_plane_->Add({{"direction", "out"}});
   metrics->compute_transports_ =
       &prometheus::BuildCounter()
            .Name("flce_compute_calls_total")
@@ -214,6 +222,10 @@ void Metrics::AddSentBytes(absl::string_view rpc, int64_t bytes) {
 void Metrics::AddSharedMemoryBytes(absl::string_view direction, int64_t bytes) {
   shared_memory_->Add({{"direction", std::string(direction)}})
       .Increment(static_cast<double>(bytes));
+}
+
+void Metrics::AddDataPlaneBytes(absl::string_view direction, int64_t bytes) {
+  data_plane_->Add({{"direction", std::string(direction)}}).Increment(static_cast<double>(bytes));
 }
 
 void Metrics::AddCudaIpcBytes(absl::string_view direction, int64_t bytes) {

@@ -86,10 +86,11 @@ class Metrics {
   // Compute data through a shared-memory region: direction "in" or "out".
   void AddSharedMemoryBytes(absl::string_view direction, int64_t bytes);
   void AddCudaIpcBytes(absl::string_view direction, int64_t bytes);
+  void AddDataPlaneBytes(absl::string_view direction, int64_t bytes);
   // flce_compute_calls_total{transport,reason}: one per Compute call whose
   // header was accepted. transport: "messages_tcp", "messages_unix_socket",
-  // "shm" or "cuda_ipc"; reason: why messages (MessagesReasonLabel), "region"
-  // for the other two.
+  // "data_plane", "shm" or "cuda_ipc"; reason: why not a region (MessagesReasonLabel), "region"
+  // for the last two.
   void RecordComputeTransport(absl::string_view transport, absl::string_view reason);
   // flce_region_refusals_total{reason}: a Regions stream or registration
   // refused (kRegionRefusalReasons).
@@ -141,6 +142,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* sent_ = nullptr;
   prometheus::Family<prometheus::Counter>* shared_memory_ = nullptr;
   prometheus::Family<prometheus::Counter>* cuda_ipc_ = nullptr;
+  prometheus::Family<prometheus::Counter>* data_plane_ = nullptr;
   prometheus::Family<prometheus::Counter>* compute_transports_ = nullptr;
   prometheus::Family<prometheus::Counter>* region_refusals_ = nullptr;
   prometheus::Family<prometheus::Gauge>* head_weight_ = nullptr;

@@ -167,8 +167,8 @@ class ComputeStream : public ComputeChannel,
   }
 
   // --- pieces (the job's thread, and the pieces' reactors) ------------------------
-  absl::StatusOr<std::string> OpenPieces(int pieces, int64_t row_bytes,
-                                         int64_t num_tokens) override {
+  absl::StatusOr<std::string> OpenPieces(int pieces, int64_t row_bytes, int64_t num_tokens,
+                                         bool data_plane) override {
     {
       absl::MutexLock lock(&mu_);
       pieces_allowed_ = pieces;
@@ -176,7 +176,7 @@ class ComputeStream : public ComputeChannel,
       piece_call_rows_ = num_tokens;
       pieces_join_by_ = absl::Now() + kPieceJoinTime;
     }
-    piece_token_ = ctx_.pieces->Register(who_.tenant, weak_from_this());
+    piece_token_ = ctx_.pieces->Register(who_.tenant, weak_from_this(), data_plane);
     return piece_token_;
   }
 

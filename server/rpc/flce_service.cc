@@ -310,6 +310,10 @@ grpc::ServerUnaryReactor* FlceService::GetServerInfo(grpc::CallbackServerContext
                     response->add_capabilities("embed");
                     response->add_capabilities("targets_in_region");
                     response->add_capabilities("hidden_pieces");
+                    if (ctx_.data_plane_port != 0) {
+                      response->add_capabilities("data_plane");
+                      response->set_data_plane_port(ctx_.data_plane_port);
+                    }
                     if (info.policy_objectives) response->add_capabilities("policy_objectives");
                     // Two passes over any engine's calls (StartComputeCall).
                     response->add_capabilities("preference_objectives");

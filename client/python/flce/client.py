@@ -19,7 +19,7 @@ from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence
 import grpc
 import torch
 
-from flce import cuda_ipc, host_memory, pieces, security, shm, tensors, wire
+from flce import cuda_ipc, data_plane, host_memory, pieces, security, shm, tensors, wire
 from flce.buffers import BufferPool
 from flce._pb import pb, pb_grpc
 from flce.commit_queue import CommitQueue
@@ -208,7 +208,8 @@ class Client:
                  tls_key: Optional[str] = None, tls_server_name: Optional[str] = None,
                  auth_token: Optional[str] = None, auth_token_file: Optional[str] = None,
                  max_in_flight: int = 1, transport: str = "auto", unix_socket: bool = True,
-                 malloc_tuning: bool = True, async_commit: bool = True, connections: int = 1):
+                 malloc_tuning: bool = True, async_commit: bool = True, connections: int = 1,
+                 data_plane: Optional[bool] = None):
         """max_in_flight: how many submitted calls (RemoteLMHead.submit) run at once; 1 lands
         their contributions in submission order. transport: how Compute sends hidden and
         gets grad_input: "auto" (where the server offers it to this client: GPU memory for
@@ -230,7 +231,13 @@ class Client:
         wait for it first and raise its failure (flce.commit_queue). False: backward
         waits for the Commit. connections: how many connections a Compute call's hidden
         uses when it goes in messages (flce.pieces: the call's own and connections - 1
-        ComputePiece streams; servers 0.13+, others get the call's own); at most 9."""
+        ComputePiece streams; servers 0.13+, others get the call's own); at most 9.
+        data_plane: a Compute call whose hidden would go in messages sends its rows and gets
+        grad_input as raw bytes on a TCP connection of its own instead (flce.data_plane;
+        servers 0.16+ started with --data-port, without TLS): None (the default) where the
+        server offers it and `target` is a TCP address, falling back to messages with a
+        warning when the connection cannot be opened; True: always, else an error; False:
+        never."""
         self.target = target
         self.session_id = session_id or f"py-{uuid.uuid4().hex[:12]}"
         self.chunk_bytes = chunk_bytes
@@ -246,6 +253,8 @@ class Client:
         if not 1 <= connections <= 9:
             raise ValueError(f"connections must be in [1, 9], got {connections}")
         self.connections = connections
+        self.data_plane = data_plane
+        self._data_plane_off = ""  # why the data plane stopped being tried, once it has
         self._piece_channels: List[grpc.Channel] = []
         self._piece_stubs: List = []
         self._shared: Optional[SharedTransport] = None
@@ -254,7 +263,7 @@ class Client:
         self._local_why = ""  # why local transports are out of reach, when they are
         # MessagesReason of a region kind this client stopped using, once it has
         self._dropped_reason = pb.MESSAGES_REASON_UNSPECIFIED
-        # how the last Compute moved hidden: "cuda_ipc", "shm" or "grpc"
+        # how the last Compute moved hidden: "cuda_ipc", "shm", "data_plane" or "grpc"
         self.last_transport = ""
         # the transport of each recent call that failed, by request id, for its retries
         self._first_transport = _RecentTransports()
@@ -269,6 +278,7 @@ class Client:
         made_channel = channel
         self._creds: Optional[grpc.ChannelCredentials] = None
         tls_used = bool(tls or tls_ca or tls_cert or tls_key or tls_server_name)
+        self._tls_used = tls_used
         if channel is None:
             if tls_used:
                 if tls_server_name:
@@ -649,7 +659,11 @@ class Client:
         self._prepare_bulk_call()
         header.messages_reason = self._why_messages(n)
         row_bytes = h * hidden.element_size()
+        link = self._open_data_plane(n)
         hid = tensors.host_contiguous(hidden)
+        if link is not None:
+            return self._compute_on_data_plane(link, header, hid, targets, row_bytes,
+                                               want_grad_input, wanted, pinned)
         rows_per_chunk = max(1, self.chunk_bytes // row_bytes) if row_bytes else max(n, 1)
         streams = self._hidden_streams(-(-n // rows_per_chunk))
         # with pieces, chunk_bytes / streams each: a chunk's worth in flight on all the
@@ -692,6 +706,58 @@ class Client:
             if senders is not None:
                 senders.unbind()
                 senders.join()  # each is answered once the call has its rows, or has ended
+
+    def _open_data_plane(self, n: int) -> Optional[data_plane.DataPlaneCall]:
+        """A connection to the server's data plane for a call of `n` rows, where this
+        client uses it (see `data_plane`), else None."""
+        if self.data_plane is False or n == 0 or self._data_plane_off:
+            return None
+        info = self._probe_local()
+        host = data_plane.tcp_host(self.target)
+        why = ("the server does not answer GetServerInfo" if info is None else
+               f"the server ({info.version}) has no data plane (flce-server --data-port)"
+               if "data_plane" not in info.capabilities or not info.data_plane_port else
+               "this client uses TLS, which the data plane does not carry"
+               if self._tls_used else
+               f"the target {self.target} is not a TCP address" if host is None else "")
+        if why:
+            if self.data_plane:
+                raise FlceError("Compute", grpc.StatusCode.FAILED_PRECONDITION,
+                                f"data_plane=True but {why}")
+            return None
+        try:
+            return data_plane.DataPlaneCall(host, info.data_plane_port)
+        except OSError as err:
+            why = f"cannot connect to {host}:{info.data_plane_port}: {err}"
+            if self.data_plane:
+                raise FlceError("Compute", grpc.StatusCode.UNAVAILABLE,
+                                f"data plane: {why}") from err
+            self._data_plane_off = why
+            warnings.warn(f"flce: not using the server's data plane ({why}); Compute calls "
+                          f"send hidden in messages", RuntimeWarning, stacklevel=4)
+            return None
+
+    def _compute_on_data_plane(self, link: data_plane.DataPlaneCall, header,
+                               hid: torch.Tensor, targets: torch.Tensor, row_bytes: int,
+                               want_grad_input: bool, wanted, pinned: bool) -> ComputeResult:
+        """Compute with hidden's rows and grad_input on `link`; the call's own stream
+        carries the header and the end message only."""
+        n, h = hid.shape
+        header.data_plane = True
+        header.targets = tensors.to_bytes_int32(targets)
+        header_bytes = wire.encode_compute_header(header.SerializeToString(), h)
+        chunks = list(tensors.row_chunks(hid, max(row_bytes, self.chunk_bytes)))
+        self.last_transport = "data_plane"
+        try:
+            return self._run_compute(iter((header_bytes, wire.encode_end_of_input(n))), n, h,
+                                     hid.dtype, want_grad_input, wanted, pinned,
+                                     data_plane_call=(link, chunks))
+        except FlceError as err:
+            self._first_transport.remember(header.request_id, "grpc")
+            err.request_id = header.request_id  # a retry with it is never applied twice
+            raise
+        finally:
+            link.close()
 
     def _require_capability(self, capability: str, what: str) -> None:
         """FAILED_PRECONDITION, before any call, where the server does not name
@@ -822,9 +888,14 @@ class Client:
     @translate("Compute")
     def _run_compute(self, requests: Iterable, n: int, h: int, dtype: torch.dtype,
                      want_grad_input: bool, wanted: Sequence[Tuple[str, torch.dtype]],
-                     on_gpu: bool, on_pieces=None, on_call=None) -> ComputeResult:
+                     on_gpu: bool, on_pieces=None, on_call=None,
+                     data_plane_call=None) -> ComputeResult:
         pool = tensors.PinnedPool if on_gpu else self.pool
         grad = tensors.RowAssembler(n, h, dtype, pool) if want_grad_input else None
+        link = None
+        if data_plane_call is not None:
+            link, chunks = data_plane_call
+            on_pieces = lambda token: link.start(token, chunks, n, grad)  # noqa: E731
         per_token = {k: tensors.RowAssembler(n, 1, dt) for k, dt in wanted}
         summary = None
         call = self._compute(requests, timeout=self.timeout)
@@ -832,9 +903,10 @@ class Client:
             on_call(call)
         for msg in call:
             if isinstance(msg, wire.GradInputView):
-                if grad is None:
+                if grad is None or link is not None:
                     raise FlceError("Compute", grpc.StatusCode.INTERNAL,
-                                    "server sent grad_input that was not asked for")
+                                    "server sent grad_input in messages that was not asked "
+                                    "for there")
                 _put("Compute", grad, msg.token_offset, msg.data)
                 continue
             kind = msg.WhichOneof("msg")
@@ -851,6 +923,11 @@ class Client:
                 on_pieces(msg.pieces.token)
         if summary is None:
             raise FlceError("Compute", grpc.StatusCode.INTERNAL, "stream ended without summary")
+        if link is not None:
+            link.finish()
+            if link.receive_failure is not None:
+                raise FlceError("Compute", grpc.StatusCode.INTERNAL,
+                                f"data plane: grad_input: {link.receive_failure}")
         for name, asm in ([("grad_input", grad)] if grad else []) + list(per_token.items()):
             if not asm.complete:
                 raise FlceError("Compute", grpc.StatusCode.INTERNAL,

@@ -130,13 +130,15 @@ class ServerInfo:
     # the server's Unix-domain socket (flce-server --unix-socket), told to callers on its
     # host; "" otherwise
     unix_socket: str = ""
+    # the data plane's TCP port (flce-server --data-port), capability "data_plane"; 0 = none
+    data_plane_port: int = 0
 
     @classmethod
     def from_pb(cls, m) -> "ServerInfo":
         return cls(m.instance_id, m.version, m.engine, m.workspace_budget_bytes,
                    m.max_request_tokens, m.max_message_bytes, tuple(m.capabilities),
                    m.boot_id, tuple(m.local_transports), m.device_uuid,
-                   getattr(m, "unix_socket", ""))
+                   getattr(m, "unix_socket", ""), getattr(m, "data_plane_port", 0))
 
 
 @dataclass(frozen=True)

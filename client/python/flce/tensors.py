@@ -107,8 +107,12 @@ class RowAssembler:
         self.rows_filled = 0
 
     def put(self, first_row: int, data) -> None:
+        self.reserve(first_row, len(data))[:] = np.frombuffer(data, dtype=np.uint8)
+
+    def reserve(self, first_row: int, n: int) -> np.ndarray:
+        """The tensor's bytes for `n` bytes of whole rows from `first_row`, counted as
+        filled: the caller writes them (a socket's recv_into, for one)."""
         start = first_row * self._row_bytes
-        n = len(data)
         if n % self._row_bytes if self._row_bytes else n:
             raise ValueError(f"chunk of {n} bytes is not whole rows of {self._row_bytes} bytes")
         if start < 0 or start + n > len(self._bytes):
@@ -118,9 +122,9 @@ class RowAssembler:
         if seen.any():
             raise ValueError(f"rows {first_row}..{first_row + rows - 1} arrived twice (row "
                              f"{first_row + int(seen.argmax())} was already filled)")
-        self._bytes[start:start + n] = np.frombuffer(data, dtype=np.uint8)
         seen[:] = True
         self.rows_filled += rows
+        return self._bytes[start:start + n]
 
     @property
     def complete(self) -> bool:

@@ -1,0 +1,310 @@
+// The data plane (--data-port, ComputeHeader.data_plane): rows and grad_input
+// as raw bytes on a TCP connection beside the call's stream give the call's
+// results bit for bit; the connection is bound to its call by the token the
+// server issued; whatever breaks it fails the call, which lands nothing; a
+// hello that names no call touches none.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/client.h"
+#include "client/cpp/data_plane_link.h"
+#include "core/data_plane_frame.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/server_test_util.h"
+#include "tests/server/test_certs.h"
+
+namespace flce::server::test {
+namespace {
+
+using ::flce::test::MakeProblem;
+using ::flce::test::TestCerts;
+using ::testing::HasSubstr;
+
+constexpr int64_t kTokens = 60;
+
+// A raw TCP connection to the data port: the test writes the bytes itself.
+class RawConnection {
+ public:
+  explicit RawConnection(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  }
+  ~RawConnection() { close(fd_); }
+  bool connected() const { return connected_; }
+  bool Send(const std::string& bytes) {
+    return send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
+  }
+  bool Hello(const std::string& token) {
+    return Send(std::string(data_plane::kMagic, sizeof(data_plane::kMagic)) + token);
+  }
+  bool Frame(int64_t token_offset, const std::string& payload, int64_t count = -1) {
+    unsigned char header[data_plane::kFrameHeaderBytes];
+    data_plane::EncodeFrameHeader(
+        {token_offset, count >= 0 ? count : static_cast<int64_t>(payload.size())}, header);
+    return Send(std::string(reinterpret_cast<char*>(header), sizeof(header)) + payload);
+  }
+  // True when the server closed the connection (reads end) within 10 s.
+  bool ClosedByServer() {
+    timeval tv{10, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char byte;
+    return recv(fd_, &byte, 1, 0) == 0;
+  }
+  void Close() { shutdown(fd_, SHUT_RDWR); }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+// A Compute call whose header asks for the data plane: the header goes out and
+// the server's first answer (the token, or the call's failure) is read.
+class DataPlaneCall {
+ public:
+  DataPlaneCall(v1::Flce::Stub& stub, v1::ComputeHeader header) {
+    header.set_data_plane(true);
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    stream_ = stub.Compute(&context_);
+    stream_->Write(HeaderMessage(header));
+    v1::ComputeResponse first;
+    if (stream_->Read(&first) && first.has_pieces()) token_ = first.pieces().token();
+  }
+  const std::string& token() const { return token_; }
+  grpc::Status End(int64_t num_tokens) {
+    stream_->Write(EndMessage(num_tokens));
+    stream_->WritesDone();
+    v1::ComputeResponse response;
+    while (stream_->Read(&response)) {
+    }
+    return stream_->Finish();
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ComputeRequest, v1::ComputeResponse>> stream_;
+  std::string token_;
+};
+
+class DataPlaneTest : public ServerTest {
+ protected:
+  void SetUp() override { Start(WithDataPlane()); }
+  static ServerConfig WithDataPlane() {
+    ServerConfig config = TestConfig();
+    config.data_port = 0;
+    return config;
+  }
+  void Start(const ServerConfig& config) {
+    StartServer(config);
+    ProblemSpec spec = TinyF32Spec();
+    spec.num_tokens = kTokens;
+    problem_ = MakeProblem(spec);
+    ASSERT_TRUE(UploadHead(stub(), "h", problem_).ok());
+  }
+  std::unique_ptr<Client> Connect(ClientOptions::DataPlane mode, int64_t rows_per_chunk = 7) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", server().port());
+    options.transport = ClientOptions::Transport::kGrpc;
+    options.chunk_bytes = rows_per_chunk * problem_.spec.hidden_size * 4;
+    options.data_plane = mode;
+    auto client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+  absl::StatusOr<flce::ComputeOutcome> ComputeWith(Client& client, const std::string& session) {
+    ComputeArgs args;
+    args.header = MakeHeader(problem_, "h", session, "");
+    args.header.set_deterministic(true);
+    args.header.mutable_outputs()->set_logprob(true);
+    args.header.clear_targets();
+    args.targets = problem_.targets;
+    args.hidden = problem_.hidden_bytes;
+    return client.Compute(args);
+  }
+  v1::ComputeHeader Header(const std::string& session) {
+    v1::ComputeHeader header = MakeHeader(problem_, "h", session, session);
+    header.set_deterministic(true);
+    return header;
+  }
+  std::string Rows(int64_t begin, int64_t end) const {
+    const int64_t row = problem_.spec.hidden_size * 4;
+    return problem_.hidden_bytes.substr(begin * row, (end - begin) * row);
+  }
+
+  Problem problem_;
+};
+
+TEST_F(DataPlaneTest, TheCppClientsDataPlaneGivesTheMessagesResultsBitForBit) {
+  std::unique_ptr<Client> messages = Connect(ClientOptions::DataPlane::kOff);
+  std::unique_ptr<Client> data = Connect(ClientOptions::DataPlane::kAuto);
+  auto a = ComputeWith(*messages, "messages");
+  auto b = ComputeWith(*data, "data");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->transport, "grpc");
+  EXPECT_EQ(b->transport, "data_plane");
+  EXPECT_EQ(a->summary.loss(), b->summary.loss());
+  EXPECT_EQ(a->grad_input, b->grad_input);
+  EXPECT_EQ(a->logprob, b->logprob);
+  FetchedGrad ga = FetchGrad(stub(), "h", "messages"), gb = FetchGrad(stub(), "h", "data");
+  ASSERT_TRUE(ga.status.ok() && gb.status.ok());
+  EXPECT_EQ(ga.weight, gb.weight);
+  EXPECT_EQ(gb.header.contributions(), 1);
+
+  const std::string metrics = server().metrics_text();
+  const double bytes = static_cast<double>(problem_.hidden_bytes.size());
+  EXPECT_EQ(Sample(metrics, "flce_data_plane_bytes_total{direction=\"in\"}"), bytes);
+  EXPECT_EQ(Sample(metrics, "flce_data_plane_bytes_total{direction=\"out\"}"), bytes);
+  EXPECT_EQ(Sample(metrics, "flce_compute_calls_total{reason=\"asked\",transport=\"data_plane\"}"),
+            1);
+}
+
+TEST_F(DataPlaneTest, ServerInfoNamesThePort) {
+  std::unique_ptr<Client> client = Connect(ClientOptions::DataPlane::kAuto);
+  absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_THAT(info->capabilities(), ::testing::Contains("data_plane"));
+  EXPECT_EQ(info->data_plane_port(), server().data_port());
+  EXPECT_GT(server().data_port(), 0);
+}
+
+TEST_F(DataPlaneTest, RowsInAnyOrderOfFramesAndAForwardOnlyCall) {
+  v1::ComputeHeader header = Header("forward");
+  header.mutable_outputs()->set_forward_only(true);
+  DataPlaneCall call(stub(), header);
+  ASSERT_EQ(call.token().size(), 16u);
+  RawConnection connection(server().data_port());
+  ASSERT_TRUE(connection.connected());
+  ASSERT_TRUE(connection.Hello(call.token()));
+  ASSERT_TRUE(connection.Frame(30, Rows(30, 60)));
+  ASSERT_TRUE(connection.Frame(0, Rows(0, 30)));
+  ASSERT_TRUE(connection.Frame(data_plane::kEndOffset, "", kTokens));
+  grpc::Status status = call.End(kTokens);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+TEST_F(DataPlaneTest, AConnectionThatBreaksOffFailsTheCallAndLandsNothing) {
+  DataPlaneCall call(stub(), Header("broken"));
+  RawConnection connection(server().data_port());
+  ASSERT_TRUE(connection.Hello(call.token()));
+  ASSERT_TRUE(connection.Frame(0, Rows(0, 30)));
+  connection.Close();  // without its end frame
+  grpc::Status status = call.End(kTokens);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("data plane: the connection ended before"));
+  ExpectNoContribution(stub(), "h", "broken");
+}
+
+TEST_F(DataPlaneTest, FramesAndCountsAreChecked) {
+  {
+    DataPlaneCall call(stub(), Header("huge"));
+    RawConnection connection(server().data_port());
+    ASSERT_TRUE(connection.Hello(call.token()));
+    ASSERT_TRUE(connection.Frame(0, "", int64_t{1} << 40));  // a frame larger than a message
+    grpc::Status status = call.End(kTokens);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("data plane: a frame at token 0"));
+    EXPECT_TRUE(connection.ClosedByServer());
+  }
+  {
+    DataPlaneCall call(stub(), Header("miscounted"));
+    RawConnection connection(server().data_port());
+    ASSERT_TRUE(connection.Hello(call.token()));
+    ASSERT_TRUE(connection.Frame(0, Rows(0, 60)));
+    ASSERT_TRUE(connection.Frame(data_plane::kEndOffset, "", 59));
+    grpc::Status status = call.End(kTokens);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("59 rows"));
+  }
+  ExpectNoContribution(stub(), "h", "huge");
+  ExpectNoContribution(stub(), "h", "miscounted");
+}
+
+TEST_F(DataPlaneTest, AHelloThatNamesNoCallIsClosedAndTouchesNone) {
+  DataPlaneCall call(stub(), Header("kept"));
+  ASSERT_EQ(call.token().size(), 16u);
+  std::string wrong = call.token();
+  wrong[0] = static_cast<char>(wrong[0] ^ 1);
+  RawConnection stranger(server().data_port());
+  ASSERT_TRUE(stranger.Hello(wrong));
+  EXPECT_TRUE(stranger.ClosedByServer());
+  RawConnection garbage(server().data_port());
+  ASSERT_TRUE(garbage.Send(std::string(data_plane::kHelloBytes, 'x')));
+  EXPECT_TRUE(garbage.ClosedByServer());
+  // The call itself is untouched: its own connection joins and it lands.
+  RawConnection own(server().data_port());
+  ASSERT_TRUE(own.Hello(call.token()));
+  ASSERT_TRUE(own.Frame(0, Rows(0, 60)));
+  ASSERT_TRUE(own.Frame(data_plane::kEndOffset, "", kTokens));
+  // A second connection with the right token is refused: one joins a call.
+  RawConnection second(server().data_port());
+  ASSERT_TRUE(second.Hello(call.token()));
+  EXPECT_TRUE(second.ClosedByServer());
+  grpc::Status status = call.End(kTokens);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  FetchedGrad grad = FetchGrad(stub(), "h", "kept");
+  ASSERT_TRUE(grad.status.ok());
+  EXPECT_EQ(grad.header.contributions(), 1);
+}
+
+TEST_F(DataPlaneTest, HeadersThatCannotUseItAreRefused) {
+  v1::ComputeHeader both = Header("both");
+  both.set_hidden_pieces(1);
+  DataPlaneCall call(stub(), both);
+  EXPECT_TRUE(call.token().empty());
+  grpc::Status status = call.End(kTokens);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("data_plane with hidden_pieces = 1"));
+}
+
+TEST_F(DataPlaneTest, AServerWithoutItRefusesTheHeaderAndTheClientFallsBack) {
+  TearDown();
+  Start(TestConfig());  // no --data-port
+  DataPlaneCall call(stub(), Header("refused"));
+  grpc::Status status = call.End(kTokens);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("no data plane"));
+
+  auto automatic = ComputeWith(*Connect(ClientOptions::DataPlane::kAuto), "auto");
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ(automatic->transport, "grpc");
+  auto required = ComputeWith(*Connect(ClientOptions::DataPlane::kOn), "on");
+  EXPECT_EQ(required.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(required.status().message(), HasSubstr("no data plane"));
+}
+
+TEST(DataPlaneConfigTest, TlsAndADataPortStopTheStart) {
+  const TestCerts& certs = TestCerts::Get();
+  ASSERT_TRUE(certs.ok) << certs.error;
+  ServerConfig config = TestConfig();
+  config.tls_cert = certs.server_cert;
+  config.tls_key = certs.server_key;
+  config.data_port = 0;
+  absl::StatusOr<std::unique_ptr<FlceServer>> server = FlceServer::Create(config);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(), HasSubstr("--data-port with TLS"));
+}
+
+TEST(TcpHostOfTest, TargetsThatNameOneTcpAddress) {
+  EXPECT_EQ(TcpHostOf("localhost:50051"), "localhost");
+  EXPECT_EQ(TcpHostOf("[::1]:50051"), "::1");
+  EXPECT_EQ(TcpHostOf("dns:///flce.example:50051"), "flce.example");
+  EXPECT_EQ(TcpHostOf("ipv4:10.0.0.2:50051"), "10.0.0.2");
+  EXPECT_EQ(TcpHostOf("unix:/run/flce.sock"), std::nullopt);
+  EXPECT_EQ(TcpHostOf("ipv4:10.0.0.2:1,10.0.0.3:1"), std::nullopt);
+}
+
+}  // namespace
+}  // namespace flce::server::test
