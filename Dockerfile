@@ -80,7 +80,7 @@ USER flce:flce
 WORKDIR /var/lib/flce
 
 # gRPC (the Flce service and grpc.health.v1) and Prometheus /metrics.
-EXPOSE 50051 9464
+EXPOSE 50051 50052 9464
 
 # The gRPC health service: flce-client exits non-zero unless the server says SERVING.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \

@@ -3,7 +3,8 @@
 # network namespaces joined by a veth pair, each end shaped to RATE with tbf, and with
 # DELAY_MS each way of netem delay where the kernel has netem (said when it has not). The
 # link is checked with iperf3 (one way, and both ways at once), then the training step in
-# messages is measured at each shape with 1 and 4 connections (flce.Client(connections=N)).
+# messages is measured at each shape with 1 and 4 connections (flce.Client(connections=N)),
+# and on the data plane (flce-server --data-port; DATA_PLANE=0 leaves it out).
 # Needs root (ip netns), iperf3, and a built tree (BUILD_DIR, default build/).
 #   RATE=2gbit SHAPES="16384:1024:8" DEVICE=cpu scripts/bench_shaped_link.sh out.jsonl
 set -euo pipefail
@@ -60,6 +61,7 @@ link both --bidir
 kill $iperf; iperf=""
 ip netns exec $srv "$build/server/flce-server" --host 10.77.0.1 --port 50099 \
   --metrics-port 0 --device "$DEVICE" --unix-socket none --local-transports none \
+  --data-port 50100 \
   >/tmp/flce-shaped-server.log 2>&1 &
 server=$!
 for _ in $(seq 1 100); do
@@ -72,8 +74,14 @@ for shape in $SHAPES; do
   for c in $CONNECTIONS; do
     ip netns exec $cli /usr/bin/python3 "$root/bench/python/bench_step.py" \
       --target 10.77.0.1:50099 --tokens "$n" --hidden "$h" --vocab "$v" --device "$DEVICE" \
-      --tcp-only --connections "$c" --steps "$STEPS" --json "$out.step" | tail -1
+      --tcp-only --connections "$c" --data-plane off --steps "$STEPS" --json "$out.step" |
+      tail -1
   done
+  if [[ ${DATA_PLANE:-1} == 1 ]]; then
+    ip netns exec $cli /usr/bin/python3 "$root/bench/python/bench_step.py" \
+      --target 10.77.0.1:50099 --tokens "$n" --hidden "$h" --vocab "$v" --device "$DEVICE" \
+      --tcp-only --data-plane on --steps "$STEPS" --json "$out.step" | tail -1
+  fi
 done
 python3 - "$out.step" "$RATE" "$delay" <<'PY' | tee -a "$out"
 import json, re, sys
@@ -86,7 +94,8 @@ for line in open(sys.argv[1]):
     bound = max(r["engine_ms"], wire_ms)
     print(json.dumps({"rate": rate, "delay": sys.argv[3], "tokens": r["tokens"],
                       "hidden": r["hidden"], "vocab": r["vocab"],
-                      "connections": r["connections"], "wall_ms": round(r["wall_ms"], 1),
+                      "connections": r["connections"], "transport": r["transport"],
+                      "wall_ms": round(r["wall_ms"], 1),
                       "engine_ms": round(r["engine_ms"], 1), "wire_ms_each_way": round(wire_ms, 1),
                       "over_bound": round(r["wall_ms"] / bound, 3)}))
 PY

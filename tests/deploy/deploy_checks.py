@@ -150,6 +150,13 @@ def check_compose(root, c):
             c.check(re.search(rf"target: {port}\b", server) is not None,
                     f"{name}: flce-server does not publish container port {port}")
         c.check("--metrics-port=9464" in server, f"{name}: flce-server needs --metrics-port=9464")
+        # The server advertises its data port itself: published under the same number.
+        data = re.search(r"--data-port=(\d+)", server)
+        c.check(data is not None and re.search(
+                    rf"published: \"?{data.group(1)}\"?\s*\n\s*target: {data.group(1)}\b",
+                    server) is not None,
+                f"{name}: flce-server should run with --data-port and publish it under its "
+                "own number")
         c.check(re.search(r"--head-root=(\S+)", server) is not None
                 and re.search(r":/heads(:ro)?\s*$", server, re.M) is not None,
                 f"{name}: flce-server needs --head-root and a volume mounted on it")
@@ -634,7 +641,8 @@ def check_one_dockerfile(root, c, rel, gpu):
         c.check(order.index("USER") < order.index("ENTRYPOINT") if "ENTRYPOINT" in order else False,
                 f"{rel}: USER must come before ENTRYPOINT")
     exposed = set(" ".join(a for i, a in final_ins if i == "EXPOSE").split())
-    c.check({"50051", "9464"} <= exposed, f"{rel}: EXPOSE {sorted(exposed)}, want 50051 and 9464")
+    c.check({"50051", "50052", "9464"} <= exposed,
+            f"{rel}: EXPOSE {sorted(exposed)}, want 50051, 50052 (the data plane) and 9464")
 
     hc = [a for i, a in final_ins if i == "HEALTHCHECK"]
     c.check(len(hc) == 1, f"{rel}: want one HEALTHCHECK in the runtime stage, found {len(hc)}")
