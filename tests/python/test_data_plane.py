@@ -65,7 +65,7 @@ def test_a_call_whose_connection_breaks_lands_nothing(server, monkeypatch):
 
         def half_then_close(self, token, chunks, rows):
             self._sock.sendall(data_plane.MAGIC + token)
-            row, piece = chunks[0]
+            row, piece = next(iter(chunks))
             self._sock.sendall(data_plane.FRAME.pack(row, len(piece)) + piece)
             self._sock.shutdown(socket.SHUT_RDWR)
 
@@ -79,6 +79,26 @@ def test_a_call_whose_connection_breaks_lands_nothing(server, monkeypatch):
                    for s in client.sessions(head))
         ok = client.compute(head, x, y, session_id="after")
         assert client.last_transport == "data_plane" and ok.grad_input is not None
+
+
+def test_hidden_that_cannot_be_read_fails_the_call_at_once(server, monkeypatch):
+    with flce.Client(server.target, timeout=60, transport="grpc", chunk_bytes=32 << 10,
+                     data_plane=True) as client:
+        head, x, y = _head(client, torch.float32)
+        real = flce.tensors.host_row_chunks
+
+        def first_then_fail(t, chunk_bytes):
+            yield next(real(t, chunk_bytes))
+            raise RuntimeError("the copy to the host failed")
+
+        monkeypatch.setattr(flce.tensors, "host_row_chunks", first_then_fail)
+        with pytest.raises(flce.FlceError) as err:
+            client.compute(head, x, y, session_id="unread")
+        assert err.value.code == grpc.StatusCode.INTERNAL
+        assert "reading hidden failed" in err.value.details
+        assert "the copy to the host failed" in err.value.details
+        assert all(s.session_id != "unread" or s.contributions == 0
+                   for s in client.sessions(head))
 
 
 def test_without_a_data_plane_the_client_stays_in_messages(real_server_bin):

@@ -660,10 +660,10 @@ class Client:
         header.messages_reason = self._why_messages(n)
         row_bytes = h * hidden.element_size()
         link = self._open_data_plane(n)
-        hid = tensors.host_contiguous(hidden)
         if link is not None:
-            return self._compute_on_data_plane(link, header, hid, targets, row_bytes,
+            return self._compute_on_data_plane(link, header, hidden, targets, row_bytes,
                                                want_grad_input, wanted, pinned)
+        hid = tensors.host_contiguous(hidden)
         rows_per_chunk = max(1, self.chunk_bytes // row_bytes) if row_bytes else max(n, 1)
         streams = self._hidden_streams(-(-n // rows_per_chunk))
         # with pieces, chunk_bytes / streams each: a chunk's worth in flight on all the
@@ -738,23 +738,28 @@ class Client:
             return None
 
     def _compute_on_data_plane(self, link: data_plane.DataPlaneCall, header,
-                               hid: torch.Tensor, targets: torch.Tensor, row_bytes: int,
+                               hidden: torch.Tensor, targets: torch.Tensor, row_bytes: int,
                                want_grad_input: bool, wanted, pinned: bool) -> ComputeResult:
         """Compute with hidden's rows and grad_input on `link`; the call's own stream
-        carries the header and the end message only."""
-        n, h = hid.shape
+        carries the header and the end message only. Hidden on a GPU comes to the host a
+        chunk at a time, on the sending thread, as the chunks go out."""
+        n, h = hidden.shape
         header.data_plane = True
         header.targets = tensors.to_bytes_int32(targets)
         header_bytes = wire.encode_compute_header(header.SerializeToString(), h)
-        chunks = list(tensors.row_chunks(hid, max(row_bytes, self.chunk_bytes)))
+        chunks = tensors.host_row_chunks(hidden, max(row_bytes, self.chunk_bytes))
         self.last_transport = "data_plane"
         try:
             return self._run_compute(iter((header_bytes, wire.encode_end_of_input(n))), n, h,
-                                     hid.dtype, want_grad_input, wanted, pinned,
+                                     hidden.dtype, want_grad_input, wanted, pinned,
                                      data_plane_call=(link, chunks))
         except FlceError as err:
             self._first_transport.remember(header.request_id, "grpc")
             err.request_id = header.request_id  # a retry with it is never applied twice
+            if link.send_failure is not None and not isinstance(link.send_failure, OSError):
+                raise FlceError("Compute", grpc.StatusCode.INTERNAL,
+                                f"data plane: reading hidden failed: {link.send_failure!r}",
+                                request_id=header.request_id) from link.send_failure
             raise
         finally:
             link.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from typing import Optional, Sequence, Tuple
+from typing import Iterable, Optional, Tuple
 
 from flce import tensors
 
@@ -64,10 +64,11 @@ class DataPlaneCall:
         self.send_failure: Optional[BaseException] = None
         self.receive_failure: Optional[BaseException] = None
 
-    def start(self, token: bytes, chunks: Sequence[Tuple[int, memoryview]], rows: int,
+    def start(self, token: bytes, chunks: Iterable[Tuple[int, memoryview]], rows: int,
               grad: Optional[tensors.RowAssembler]) -> None:
-        """On the call's PiecesOpened: `chunks` (first row, bytes) sent in order, then the end
-        frame; grad_input, when asked for, received into `grad` until every row is in."""
+        """On the call's PiecesOpened: `chunks` (first row, bytes; taken on the sending
+        thread) sent in order, then the end frame; grad_input, when asked for, received into
+        `grad` until every row is in."""
         sender = threading.Thread(target=self._send, args=(token, chunks, rows),
                                   name="flce-data-send", daemon=True)
         sender.start()
@@ -88,6 +89,9 @@ class DataPlaneCall:
             self._sock.shutdown(socket.SHUT_WR)
         except OSError as err:
             self.send_failure = err  # the call's status says why, when the server saw it
+        except Exception as err:  # reading hidden (a GPU copy): the server sees a break
+            self.send_failure = err
+            self._shutdown()
 
     def _receive(self, grad: tensors.RowAssembler) -> None:
         header = bytearray(FRAME.size)

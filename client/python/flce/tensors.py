@@ -83,6 +83,28 @@ def row_chunks(t: torch.Tensor, chunk_bytes: int = DEFAULT_CHUNK_BYTES
         yield r, mv[r * row_bytes:(r + n) * row_bytes]
 
 
+def host_row_chunks(t: torch.Tensor, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+                    ) -> Iterator[Tuple[int, memoryview]]:
+    """row_chunks of a 2-D tensor's bytes on the host, made as they are taken: a GPU
+    tensor is copied into pinned memory one chunk at a time (on the stream current when
+    this is called), so that the first chunk can go out before the last is copied."""
+    t = t.detach()
+    if not t.is_cuda:
+        yield from row_chunks(t.contiguous(), chunk_bytes)
+        return
+    stream = torch.cuda.current_stream(t.device)
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    rows = t.shape[0]
+    row_bytes = t[0].numel() * t.element_size() if rows else 0
+    step = max(1, chunk_bytes // row_bytes) if row_bytes else max(rows, 1)
+    mv = memoryview(byte_view(host))
+    for r in range(0, rows, step):
+        n = min(step, rows - r)
+        with torch.cuda.stream(stream):
+            host[r:r + n].copy_(t[r:r + n])
+        yield r, mv[r * row_bytes:(r + n) * row_bytes]
+
+
 def byte_chunks(t: torch.Tensor, chunk_bytes: int = DEFAULT_CHUNK_BYTES
                 ) -> Iterator[Tuple[int, memoryview]]:
     """(byte offset, piece) of any contiguous tensor's bytes."""
