@@ -183,12 +183,12 @@ int Client::HiddenStreams(int64_t chunks) {
   return streams;
 }
 
-absl::StatusOr<std::unique_ptr<DataPlaneLink>> Client::OpenDataPlane() {
+absl::StatusOr<std::optional<DataPlaneAddress>> Client::DataPlaneFor() {
   using Mode = ClientOptions::DataPlane;
-  if (options_.data_plane == Mode::kOff) return nullptr;
+  if (options_.data_plane == Mode::kOff) return std::nullopt;
   {
     std::lock_guard<std::mutex> lock(local_mu_);
-    if (!data_plane_off_.empty() && options_.data_plane == Mode::kAuto) return nullptr;
+    if (!data_plane_off_.empty() && options_.data_plane == Mode::kAuto) return std::nullopt;
   }
   absl::StatusOr<v1::ServerInfo> info = ServerInfoOnce();
   const std::optional<std::string> host =
@@ -209,18 +209,26 @@ absl::StatusOr<std::unique_ptr<DataPlaneLink>> Client::OpenDataPlane() {
     if (options_.data_plane == Mode::kOn) {
       return absl::FailedPreconditionError(absl::StrCat("data plane asked for, but ", why));
     }
-    return nullptr;
+    return std::nullopt;
   }
-  absl::StatusOr<std::unique_ptr<DataPlaneLink>> link =
-      DataPlaneLink::Connect(*host, info->data_plane_port());
-  if (link.ok() || options_.data_plane == Mode::kOn) return link;
+  DataPlaneAddress address{*host, info->data_plane_port()};
+  {
+    std::lock_guard<std::mutex> lock(local_mu_);
+    if (data_plane_reached_) return address;
+  }
+  absl::StatusOr<std::unique_ptr<DataPlaneLink>> probe = DataPlaneLink::Connect(address);
   std::lock_guard<std::mutex> lock(local_mu_);
+  if (probe.ok()) {
+    data_plane_reached_ = true;
+    return address;
+  }
+  if (options_.data_plane == Mode::kOn) return probe.status();
   if (data_plane_off_.empty()) {
-    data_plane_off_ = std::string(link.status().message());
+    data_plane_off_ = std::string(probe.status().message());
     std::fprintf(stderr, "flce: not using the server's data plane (%s); Compute calls send "
                  "hidden in messages\n", data_plane_off_.c_str());
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 std::vector<v1::Flce::Stub*> Client::PieceStubs(int pieces) {

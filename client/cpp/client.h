@@ -212,10 +212,10 @@ class Client {
   // pieces, each at least one chunk; their stubs made once.
   int HiddenStreams(int64_t chunks);
   std::vector<v1::Flce::Stub*> PieceStubs(int pieces);
-  // A connection to the server's data plane for the next call where this
-  // client uses it (options_.data_plane), else nullptr; FAILED_PRECONDITION or
-  // UNAVAILABLE with kOn where it cannot.
-  absl::StatusOr<std::unique_ptr<DataPlaneLink>> OpenDataPlane();
+  // Where the next call's data plane is, where this client uses it
+  // (options_.data_plane; its port checked once by connecting), else nullopt;
+  // FAILED_PRECONDITION or UNAVAILABLE with kOn where it cannot.
+  absl::StatusOr<std::optional<DataPlaneAddress>> DataPlaneFor();
   // The payload bytes one message may carry: chunk_bytes (or `requested`),
   // capped to MessageLimit() less room for the message's other fields.
   int64_t ChunkBytes(int64_t requested);
@@ -251,6 +251,7 @@ class Client {
   v1::MessagesReason messages_reason_ = v1::MESSAGES_REASON_UNSPECIFIED;
   std::shared_ptr<SharedMemoryTransport> shm_;  // guarded by local_mu_
   std::string data_plane_off_;  // guarded by local_mu_: why kAuto stopped trying it
+  bool data_plane_reached_ = false;  // guarded by local_mu_: its port accepted a connection
 };
 
 }  // namespace flce

@@ -154,12 +154,15 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
   // In messages (saying why), over several connections where the server
   // takes pieces.
   std::optional<HiddenPieces> pieces;
-  std::unique_ptr<DataPlaneLink> link;  // the data plane: rows and grad_input beside the stream
+  // The data plane: rows and grad_input beside the stream, on a connection
+  // made when the token arrives.
+  std::optional<DataPlaneAddress> data_plane;
+  std::unique_ptr<DataPlaneLink> link;
   if (region == nullptr) {
     header->set_messages_reason(WhyMessages());
-    FLCE_ASSIGN_OR_RETURN(link, OpenDataPlane());
+    FLCE_ASSIGN_OR_RETURN(data_plane, DataPlaneFor());
   }
-  if (link != nullptr) {
+  if (data_plane.has_value()) {
     header->set_data_plane(true);
     outcome.transport = "data_plane";
   } else if (region == nullptr) {
@@ -183,7 +186,7 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
 
   std::thread writer([&] {
     if (!stream->Write(first)) return;  // the server ended the call; Finish says why
-    if (region == nullptr && link == nullptr) {
+    if (region == nullptr && !data_plane.has_value()) {
       // One message reused for every chunk: its data string keeps its
       // capacity, so each chunk is one copy into memory already mapped rather
       // than a fresh multi-MiB allocation (page faults and zeroing) per message.
@@ -220,9 +223,9 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
     switch (response.msg_case()) {
       case v1::ComputeResponse::kGradInput: {
         const v1::GradInputChunk& piece = response.grad_input();
-        if (!want_grad_input || region != nullptr || link != nullptr) {
+        if (!want_grad_input || region != nullptr || data_plane.has_value()) {
           protocol = absl::InternalError(
-              region != nullptr || link != nullptr
+              region != nullptr || data_plane.has_value()
                   ? "server sent grad_input in messages for a call whose grad_input goes to a "
                     "region or the data plane"
                   : "server sent grad_input that was not asked for");
@@ -253,9 +256,17 @@ absl::StatusOr<ComputeOutcome> Client::Compute(const ComputeArgs& args) {
         have_summary = true;
         break;
       case v1::ComputeResponse::kPieces:
-        if (link != nullptr) {
-          link->Start(response.pieces().token(), args.hidden, row_bytes, rows_per_chunk,
-                      want_grad_input ? &grad_input : nullptr);
+        if (data_plane.has_value()) {
+          absl::StatusOr<std::unique_ptr<DataPlaneLink>> connected =
+              link == nullptr ? DataPlaneLink::Connect(*data_plane)
+                              : absl::InternalError("server opened the data plane twice");
+          if (!connected.ok()) {
+            protocol = connected.status();
+          } else {
+            link = *std::move(connected);
+            link->Start(response.pieces().token(), args.hidden, row_bytes, rows_per_chunk,
+                        want_grad_input ? &grad_input : nullptr);
+          }
         } else if (!pieces.has_value()) {
           protocol = absl::InternalError("server opened pieces that were not asked for");
         } else {

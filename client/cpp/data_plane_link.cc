@@ -68,8 +68,10 @@ std::optional<std::string> TcpHostOf(absl::string_view target) {
   return std::string(colon == absl::string_view::npos ? target : target.substr(0, colon));
 }
 
-absl::StatusOr<std::unique_ptr<DataPlaneLink>> DataPlaneLink::Connect(const std::string& host,
-                                                                      int port) {
+absl::StatusOr<std::unique_ptr<DataPlaneLink>> DataPlaneLink::Connect(
+    const DataPlaneAddress& address) {
+  const std::string& host = address.host;
+  const int port = address.port;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

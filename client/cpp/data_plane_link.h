@@ -2,7 +2,9 @@
 // (servers 0.16+ started with --data-port; docs/API.md, "The data plane"):
 // raw bytes on a TCP connection of their own beside the call's gRPC stream,
 // which keeps the header, the end message, the token outputs and the status.
-// Connected before the header goes out; started on the call's PiecesOpened.
+// Connected when the call's PiecesOpened brings its token: the server closes a
+// connection that does not name its call within 10 s, and a call may wait
+// longer than that for staging memory.
 #ifndef FLCE_CLIENT_CPP_DATA_PLANE_LINK_H_
 #define FLCE_CLIENT_CPP_DATA_PLANE_LINK_H_
 
@@ -19,11 +21,15 @@
 
 namespace flce {
 
+struct DataPlaneAddress {
+  std::string host;
+  int port = 0;
+};
+
 class DataPlaneLink {
  public:
   // UNAVAILABLE naming the address when no connection can be made.
-  static absl::StatusOr<std::unique_ptr<DataPlaneLink>> Connect(const std::string& host,
-                                                                int port);
+  static absl::StatusOr<std::unique_ptr<DataPlaneLink>> Connect(const DataPlaneAddress& address);
   ~DataPlaneLink();
   DataPlaneLink(const DataPlaneLink&) = delete;
   DataPlaneLink& operator=(const DataPlaneLink&) = delete;

@@ -255,6 +255,7 @@ class Client:
         self.connections = connections
         self.data_plane = data_plane
         self._data_plane_off = ""  # why the data plane stopped being tried, once it has
+        self._data_plane_reached = False  # its port accepted a connection once
         self._piece_channels: List[grpc.Channel] = []
         self._piece_stubs: List = []
         self._shared: Optional[SharedTransport] = None
@@ -726,6 +727,9 @@ class Client:
                                 f"data_plane=True but {why}")
             return None
         try:
+            if not self._data_plane_reached:
+                data_plane.probe(host, info.data_plane_port)
+                self._data_plane_reached = True
             return data_plane.DataPlaneCall(host, info.data_plane_port)
         except OSError as err:
             why = f"cannot connect to {host}:{info.data_plane_port}: {err}"
@@ -925,7 +929,13 @@ class Client:
                 if on_pieces is None:
                     raise FlceError("Compute", grpc.StatusCode.INTERNAL,
                                     "server opened pieces that were not asked for")
-                on_pieces(msg.pieces.token)
+                try:
+                    on_pieces(msg.pieces.token)
+                except OSError as err:  # the data plane's connection
+                    call.cancel()
+                    raise FlceError("Compute", grpc.StatusCode.UNAVAILABLE,
+                                    f"data plane: cannot connect to "
+                                    f"{link.address[0]}:{link.address[1]}: {err}") from err
         if summary is None:
             raise FlceError("Compute", grpc.StatusCode.INTERNAL, "stream ended without summary")
         if link is not None:

@@ -5,10 +5,12 @@ Messages cost gRPC and protobuf work per byte on one thread per connection at ea
 which holds one call to a fraction of what the host's TCP carries. On the data plane the
 rows and grad_input travel as raw bytes on a TCP connection of their own, beside the
 call's gRPC stream, which keeps the header, the token outputs, the summary and the status.
-The connection is opened before the header goes out (one that cannot be opened leaves the
-call in messages); it presents the token of the server's PiecesOpened answer, sends the
-rows in frames and its end frame, and receives grad_input frames straight into the result
-tensor. Whatever breaks it fails the call, which lands nothing.
+A client first checks once that it can reach the port at all (one it cannot leaves its
+calls in messages); each call then connects when the server's PiecesOpened answer brings
+its token (the server closes a connection that does not say which call it is for within
+10 s, and a call may wait longer than that for staging memory), presents the token, sends
+the rows in frames and its end frame, and receives grad_input frames straight into the
+result tensor. Whatever breaks it fails the call, which lands nothing.
 """
 from __future__ import annotations
 
@@ -44,6 +46,11 @@ def tcp_host(target: str) -> Optional[str]:
     return target.rsplit(":", 1)[0] if ":" in target else target
 
 
+def probe(host: str, port: int) -> None:
+    """Raises OSError where nothing accepts a connection at host:port."""
+    socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+
+
 def _recv_into(sock: socket.socket, view: memoryview) -> None:
     while len(view):
         got = sock.recv_into(view)
@@ -56,9 +63,8 @@ class DataPlaneCall:
     """One call's data-plane connection."""
 
     def __init__(self, host: str, port: int):
-        self._sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-        self._sock.settimeout(None)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.address = (host, port)
+        self._sock: Optional[socket.socket] = None
         self._threads = []
         self._closed = False
         self.send_failure: Optional[BaseException] = None
@@ -68,7 +74,10 @@ class DataPlaneCall:
               grad: Optional[tensors.RowAssembler]) -> None:
         """On the call's PiecesOpened: `chunks` (first row, bytes; taken on the sending
         thread) sent in order, then the end frame; grad_input, when asked for, received into
-        `grad` until every row is in."""
+        `grad` until every row is in. Raises OSError where it cannot connect."""
+        self._sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT_S)
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sender = threading.Thread(target=self._send, args=(token, chunks, rows),
                                   name="flce-data-send", daemon=True)
         sender.start()
@@ -120,7 +129,7 @@ class DataPlaneCall:
 
     def close(self) -> None:
         """Ends the connection (a call that failed: its threads stop), then waits for them."""
-        if self._closed:
+        if self._closed or self._sock is None:
             return
         self._closed = True
         self._shutdown()
