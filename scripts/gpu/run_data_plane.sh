@@ -52,7 +52,8 @@ timeout 200 "$py" bench/python/bench_wire.py --target 127.0.0.1:50097 --device c
   --variants baseline,data_plane,forward_only,data_plane_forward_only,hidden_on_gpu,data_plane_hidden_on_gpu \
   --json "$out/wire.jsonl" | cut -c1-240 || rc=1
 for mode in off on; do
-  timeout 100 "$cli" --target 127.0.0.1:50097 --data-plane "$mode" bench --head bench-wire \
+  timeout 100 "$cli" --target 127.0.0.1:50097 --transport grpc --data-plane "$mode" bench \
+    --head bench-wire \
     --tokens "$tokens" --steps 5 |
     sed "s|^{|{\"data_plane\":\"$mode\",\"vocab\":8,|" | tee -a "$out/wire-cli.jsonl" || rc=1
 done
