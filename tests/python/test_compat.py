@@ -3,7 +3,8 @@ protocol, in messages: the 0.9 and 0.11 Python clients (taken from this reposito
 history with `git archive`) compute against today's flce-server exactly what today's client
 computes, and today's client (several connections asked for, its defaults otherwise)
 computes against each release's test server (tests/python/fake_server.py as it was then)
-exactly what that release's own client computes there."""
+exactly what that release's own client computes there. A server with a data plane serves
+the released clients in messages, and today's client on the data plane, the same bits."""
 from __future__ import annotations
 
 import hashlib
@@ -97,6 +98,17 @@ def test_a_released_client_computes_against_this_server(release, real_server_bin
     try:
         old = _run_old_client(release, srv.target, tmp_path)
         assert old == _new_client_result(srv.target)
+    finally:
+        srv.stop()
+
+
+def test_a_released_client_computes_against_a_server_with_a_data_plane(release, real_server_bin,
+                                                                       tmp_path):
+    """The released client in messages, today's on the data plane: the same bits."""
+    srv = RealServer(real_server_bin, "--data-port=0")
+    try:
+        old = _run_old_client(release, srv.target, tmp_path)
+        assert old == _new_client_result(srv.target, transport="grpc", data_plane=True)
     finally:
         srv.stop()
 
