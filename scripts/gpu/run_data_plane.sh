@@ -5,7 +5,7 @@
 # beside flce_cuda_bench's default plan at the shape (the engine alone); ROUNDS rounds, the
 # order reversed every other round. Then the wire alone (bench/python/bench_wire.py, a
 # vocabulary-8 head) at WIRE_SHAPE, messages against the data plane, and the CLI's bench
-# both ways. Lines in $OUT/data-plane.jsonl, $OUT/wire.jsonl, $OUT/wire-cli.jsonl and
+# both ways (WIRE=0 leaves the wire alone out). Lines in $OUT/data-plane.jsonl, $OUT/wire.jsonl, $OUT/wire-cli.jsonl and
 # $OUT/engine-*.json.
 set -u -o pipefail
 source "$(dirname "$0")/wait_for_server.sh"
@@ -42,6 +42,7 @@ served() {  # served INDEX ROUND N H V: messages and the data plane against one 
 }
 engine_rounds
 
+[[ ${WIRE:-1} == 1 ]] || exit $rc
 read -r tokens hidden <<<"${WIRE_SHAPE:-32768 4096}"
 "$dist/server/flce-server" --port 50097 --data-port 50098 --metrics-port 0 \
   >"$out/server-wire.log" 2>&1 &
