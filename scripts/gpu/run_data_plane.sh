@@ -5,8 +5,8 @@
 # beside flce_cuda_bench's default plan at the shape (the engine alone); ROUNDS rounds, the
 # order reversed every other round. Then the wire alone (bench/python/bench_wire.py, a
 # vocabulary-8 head) at WIRE_SHAPE, messages against the data plane, and the CLI's bench
-# both ways (WIRE=0 leaves the wire alone out). Lines in $OUT/data-plane.jsonl, $OUT/wire.jsonl, $OUT/wire-cli.jsonl and
-# $OUT/engine-*.json.
+# both ways (WIRE=0 leaves them out). Lines in $OUT/data-plane.jsonl, $OUT/wire.jsonl,
+# $OUT/wire-cli.jsonl and $OUT/engine-*.json.
 set -u -o pipefail
 source "$(dirname "$0")/wait_for_server.sh"
 dist=$(pwd)/.served-dist; [ -x "$dist/server/flce-server" ] || tar -xJf "$dist/served.tar.xz"
