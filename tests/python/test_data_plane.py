@@ -141,3 +141,17 @@ def test_a_data_port_that_cannot_be_reached_falls_back_with_a_warning(server, mo
     ("unix:/run/flce.sock", None), ("ipv4:10.0.0.2:1,10.0.0.3:1", None)])
 def test_tcp_host(target, host):
     assert data_plane.tcp_host(target) == host
+
+
+def test_a_given_channel_keeps_to_messages_unless_asked(server):
+    """`target` names the data plane's host only for a channel the client made itself."""
+    channel = grpc.insecure_channel(server.target)
+    with flce.Client(server.target, channel=channel, timeout=60, transport="grpc") as given:
+        head, x, y = _head(given, torch.float32)
+        given.compute(head, x, y)
+        assert given.last_transport == "grpc"
+    channel = grpc.insecure_channel(server.target)
+    with flce.Client(server.target, channel=channel, timeout=60, transport="grpc",
+                     data_plane=True) as asked:
+        asked.compute(head, x, y)
+        assert asked.last_transport == "data_plane"

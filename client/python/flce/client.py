@@ -235,9 +235,9 @@ class Client:
         data_plane: a Compute call whose hidden would go in messages sends its rows and gets
         grad_input as raw bytes on a TCP connection of its own instead (flce.data_plane;
         servers 0.16+ started with --data-port, without TLS): None (the default) where the
-        server offers it and `target` is a TCP address, falling back to messages with a
-        warning when the connection cannot be opened; True: always, else an error; False:
-        never."""
+        server offers it and `target` is a TCP address this client made its channel for,
+        falling back to messages with a warning when the port cannot be reached; True:
+        always (on the host `target` names), else an error; False: never."""
         self.target = target
         self.session_id = session_id or f"py-{uuid.uuid4().hex[:12]}"
         self.chunk_bytes = chunk_bytes
@@ -277,6 +277,8 @@ class Client:
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)]
         made_channel = channel
+        # the data plane's host comes from `target`, which a given channel may not match
+        self._target_is_channels = channel is None
         self._creds: Optional[grpc.ChannelCredentials] = None
         tls_used = bool(tls or tls_ca or tls_cert or tls_key or tls_server_name)
         self._tls_used = tls_used
@@ -715,7 +717,9 @@ class Client:
             return None
         info = self._probe_local()
         host = data_plane.tcp_host(self.target)
-        why = ("the server does not answer GetServerInfo" if info is None else
+        why = ("this client was given a channel: `target` may name another server"
+               if self.data_plane is None and not self._target_is_channels else
+               "the server does not answer GetServerInfo" if info is None else
                f"the server ({info.version}) has no data plane (flce-server --data-port)"
                if "data_plane" not in info.capabilities or not info.data_plane_port else
                "this client uses TLS, which the data plane does not carry"
