@@ -429,7 +429,7 @@ void ComputeJob::SendGradInput(int64_t token_offset, int64_t rows, std::string d
     return;
   }
   if (!data_plane_token_.empty()) {
-    SendGradInputOnDataPlane(token_offset, rows, data);
+    SendGradInputOnDataPlane(token_offset, data);
     return;
   }
   if (ctx_.metrics != nullptr) {
@@ -451,8 +451,7 @@ void ComputeJob::SendGradInput(int64_t token_offset, int64_t rows, std::string d
   }
 }
 
-void ComputeJob::SendGradInputOnDataPlane(int64_t token_offset, int64_t rows,
-                                          const std::string& data) {
+void ComputeJob::SendGradInputOnDataPlane(int64_t token_offset, const std::string& data) {
   // Called from the sender's one thread only.
   absl::Status written;
   if (data_plane_ == nullptr) data_plane_ = ctx_.pieces->DataPlaneWriter(data_plane_token_);
@@ -460,7 +459,7 @@ void ComputeJob::SendGradInputOnDataPlane(int64_t token_offset, int64_t rows,
     written = absl::InternalError(
         "data plane: grad_input is ready but no data-plane connection holds the call");
   } else {
-    written = data_plane_->Write(token_offset, rows, data);
+    written = data_plane_->Write(token_offset, data);
   }
   if (written.ok() && ctx_.metrics != nullptr) {
     ctx_.metrics->AddDataPlaneBytes("out", static_cast<int64_t>(data.size()));

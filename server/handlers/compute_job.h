@@ -100,7 +100,7 @@ class ComputeJob {
   // Sends grad_input rows checked finite by grad_input_: into the region, on
   // the data plane, or split to messages.
   void SendGradInput(int64_t token_offset, int64_t rows, std::string data);
-  void SendGradInputOnDataPlane(int64_t token_offset, int64_t rows, const std::string& data);
+  void SendGradInputOnDataPlane(int64_t token_offset, const std::string& data);
   absl::Status GradInputStatus();
   void SendTokenOutputs(const ComputeResult& result);
   void Abandon();

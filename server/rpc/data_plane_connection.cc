@@ -140,9 +140,7 @@ absl::Status DataPlaneConnection::ReadFully(void* out, size_t n) {
   return absl::OkStatus();
 }
 
-absl::Status DataPlaneConnection::Write(int64_t token_offset, int64_t rows,
-                                        absl::string_view data) {
-  (void)rows;  // the frame says bytes; the client knows a row's size
+absl::Status DataPlaneConnection::Write(int64_t token_offset, absl::string_view data) {
   unsigned char header[data_plane::kFrameHeaderBytes];
   data_plane::EncodeFrameHeader({token_offset, static_cast<int64_t>(data.size())}, header);
   iovec parts[2] = {{header, sizeof(header)},

@@ -39,7 +39,7 @@ class DataPlaneConnection : public BulkWriter,
   // that is late, malformed or names no call closes it without touching any.
   void Serve();
 
-  absl::Status Write(int64_t token_offset, int64_t rows, absl::string_view data) override;
+  absl::Status Write(int64_t token_offset, absl::string_view data) override;
   void Close() override;
 
  private:

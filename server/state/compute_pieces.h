@@ -48,9 +48,9 @@ class PieceTarget {
 class BulkWriter {
  public:
   virtual ~BulkWriter() = default;
-  // grad_input rows [token_offset, token_offset + rows) as one frame; blocks
-  // until the kernel has taken them all.
-  virtual absl::Status Write(int64_t token_offset, int64_t rows, absl::string_view data) = 0;
+  // grad_input rows from token_offset (whole rows) as one frame; blocks until
+  // the kernel has taken them all.
+  virtual absl::Status Write(int64_t token_offset, absl::string_view data) = 0;
   // Ends the connection: reads and writes on it fail from now on.
   virtual void Close() = 0;
 };
