@@ -7,9 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -248,6 +250,15 @@ TEST_F(DataPlaneTest, AHelloThatNamesNoCallIsClosedAndTouchesNone) {
   ASSERT_TRUE(own.Hello(call.token()));
   ASSERT_TRUE(own.Frame(0, Rows(0, 60)));
   ASSERT_TRUE(own.Frame(data_plane::kEndOffset, "", kTokens));
+  // Connections are served by threads of their own, so the second hello could
+  // otherwise be read first: the rows counted in show the first one joined.
+  const double own_bytes = static_cast<double>(Rows(0, 60).size());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Sample(server().metrics_text(), "flce_data_plane_bytes_total{direction=\"in\"}") <
+             own_bytes &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   // A second connection with the right token is refused: one joins a call.
   RawConnection second(server().data_port());
   ASSERT_TRUE(second.Hello(call.token()));
