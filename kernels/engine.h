@@ -209,6 +209,10 @@ struct ComputeResult {
   int64_t n_valid = 0;
   int64_t n_correct = 0;  // with OutputSelection::accuracy only (the argmax costs GEMM epilogue time)
   std::string strategy_used;
+  // The kernels the call's chunks ran, in the engine's words (the CUDA
+  // engine's: kernels/cuda/plans/plans.h, DescribeChunkKernels); empty where
+  // an engine has only one way.
+  std::string kernels;
   double engine_ms = 0.0;
   double wait_ms = 0.0;  // time spent waiting for the engine (its workspace) to be free
   // Filled when asked for in OutputSelection; num_tokens each.

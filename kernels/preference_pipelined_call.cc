@@ -289,6 +289,9 @@ absl::Status PipelinedPreferenceCall::FinishBlock(Block& block) {
              gathered_.strategy_used.find("+" + r.strategy_used) == std::string::npos) {
     gathered_.strategy_used += "+" + r.strategy_used;
   }
+  if (gathered_.kernels.find(r.kernels) == std::string::npos) {
+    gathered_.kernels += (gathered_.kernels.empty() ? "" : "; ") + r.kernels;
+  }
   Place(r.logprob, begin, &gathered_.logprob);
   Place(r.entropy, begin, &gathered_.entropy);
   Place(r.correct, begin, &gathered_.correct);

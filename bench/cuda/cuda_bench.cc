@@ -53,6 +53,7 @@
 #include "kernels/cuda/ops/sm90/backward_gemm.cuh"
 #include "kernels/cuda/ops/sm90/logits_stats_gemm.cuh"
 #include "kernels/cuda/ops/tile_stats_kernels.cuh"
+#include "kernels/cuda/plans/kernel_report.h"
 #include "kernels/cuda/plans/plan_parts.h"
 #include "nlohmann/json.hpp"
 
@@ -544,15 +545,20 @@ nlohmann::json TileStageBreakdown(CudaEngine& engine, const CudaHead& head, cons
 
 // The whole request through `plan` with the end of every stage marked
 // (cuda::StageTimer): per-stage totals of a sustained run, median over
-// `runs` after one warm-up, next to the run's wall time. `backward` sets
-// FLCE_CUDA_BACKWARD for the run (null: the default choice).
+// `runs` after one warm-up, next to the run's wall time. `backward` is
+// FLCE_CUDA_BACKWARD for the run (null: the plan's choice).
 nlohmann::json PipelineStages(CudaEngine& engine, const CudaHead& head, const Plan& plan,
                               const DeviceRequest& req, int runs, const char* backward) {
   nlohmann::json out;
   std::lock_guard<std::mutex> lock(engine.submit_mutex());
   auto scratch = engine.Scratch(plan.scratch_bytes, "pipeline stages");
   if (!scratch.ok()) return out;
-  if (backward != nullptr) setenv("FLCE_CUDA_BACKWARD", backward, 1);
+  Plan run_plan = plan;
+  if (backward != nullptr) {
+    setenv("FLCE_CUDA_BACKWARD", backward, 1);
+    run_plan.switches = cuda::KernelSwitchesFromEnvironment();
+    unsetenv("FLCE_CUDA_BACKWARD");
+  }
   cuda::StageTimer timer;
   cuda::Exec exec = engine.exec();
   exec.timer = &timer;
@@ -560,7 +566,7 @@ nlohmann::json PipelineStages(CudaEngine& engine, const CudaHead& head, const Pl
   std::vector<double> walls;
   for (int i = 0; i < runs + 1; ++i) {
     timer.Begin(exec.stream);
-    if (!cuda::RunPlan(exec, head.view(), plan, req, *scratch).ok()) break;
+    if (!cuda::RunPlan(exec, head.view(), run_plan, req, *scratch).ok()) break;
     timer.Mark(exec.stream, "(end)");
     if (cudaStreamSynchronize(exec.stream) != cudaSuccess) break;
     if (i == 0) continue;
@@ -571,7 +577,6 @@ nlohmann::json PipelineStages(CudaEngine& engine, const CudaHead& head, const Pl
     }
     walls.push_back(wall);
   }
-  unsetenv("FLCE_CUDA_BACKWARD");
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.empty() ? -1.0 : v[v.size() / 2];
@@ -977,6 +982,9 @@ int Main(int argc, char** argv) {
         e.warmup = 1;
         e.rec["extrapolated_from_tokens"] = e.r.rows;
       }
+      cuda::KernelReport kernels;
+      kernels.AddRequest(e.runner->exec(), head->view(), e.plan, e.r);
+      e.rec["kernels"] = kernels.Text();
       entries.push_back(std::move(e));
     }
     const auto call = [&](Entry& e) {

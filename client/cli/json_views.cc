@@ -72,6 +72,7 @@ nlohmann::json SummaryJson(const v1::ComputeSummary& summary, bool with_accuracy
                          {"z_loss", summary.z_loss()},
                          {"entropy_sum", summary.entropy_sum()},
                          {"strategy_used", summary.strategy_used()},
+                         {"kernels", summary.kernels()},
                          {"engine", summary.engine()},
                          {"head_version", summary.head_version()},
                          {"server_instance_id", summary.server_instance_id()},

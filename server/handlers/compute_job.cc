@@ -589,6 +589,7 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
     summary->mutable_preference()->set_first_pass_ms(result.preference_first_pass_ms);
   }
   summary->set_strategy_used(result.strategy_used);
+  summary->set_kernels(result.kernels);
   summary->set_engine(ctx_.engine->info().name);
   summary->set_head_version(head_.version);
   summary->set_server_instance_id(ctx_.instance_id);

@@ -20,6 +20,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/base/policy.h"
+#include "kernels/cuda/base/sm90_support.h"
 #include "kernels/cuda/plans/plans.h"
 #include "kernels/engine_factory.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -61,38 +62,6 @@ void ExpectWithin(const Errors& e, const Tolerances& tol = {}) {
   EXPECT_LE(e.grad_w, tol.grad);
   EXPECT_LE(e.grad_b, tol.grad);
 }
-
-// An engine switch (FLCE_CUDA_*) set, or unset with a null value, for the
-// object's lifetime; what the environment had is restored after, also when
-// an assertion leaves the scope early.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) {
-      old_ = old;
-      had_ = true;
-    }
-    if (value != nullptr) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_.c_str(), old_.c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 // The chunked plan's spec for a whole problem, chunks of `chunk_tokens` rows,
 // for tests that drive StartCompute themselves.
@@ -532,6 +501,12 @@ TEST(CudaEngineTest, PingPongPairsMatchSingleCtasBitwise) {
       ASSERT_TRUE(run.ok()) << run.status();
       ExpectWithin(Compare(*run, ref));
       runs[i] = *run;
+    }
+    if (cuda::sm90::DeviceIsSm90()) {  // the report says which of the two ran
+      EXPECT_NE(runs[0].result.kernels.find("logits=stats_pingpong192_pairs "), std::string::npos)
+          << runs[0].result.kernels;
+      EXPECT_NE(runs[1].result.kernels.find("logits=stats_pingpong192 "), std::string::npos)
+          << runs[1].result.kernels;
     }
     EXPECT_EQ(runs[0].result.loss, runs[1].result.loss);
     EXPECT_EQ(runs[0].result.per_token_loss, runs[1].result.per_token_loss);

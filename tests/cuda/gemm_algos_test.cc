@@ -114,21 +114,22 @@ class GemmAlgosTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     SKIP_WITHOUT_CUDA_DEVICE();
-    setenv("FLCE_CUDA_GEMM_TILES", kEveryTile, 1);
     auto algos = GemmAlgos::Create();
     ASSERT_TRUE(algos.ok()) << algos.status();
     algos_ = std::move(*algos);
     ASSERT_EQ(cublasCreate(&blas_), CUBLAS_STATUS_SUCCESS);
+    every_tile_.gemm_tiles = kEveryTile;
     gemm_.handle = blas_;
     gemm_.dtype = GetParam().dtype;
     gemm_.algos = algos_.get();
+    gemm_.switches = &every_tile_;
   }
   void TearDown() override {
-    unsetenv("FLCE_CUDA_GEMM_TILES");
     if (blas_ != nullptr) cublasDestroy(blas_);
   }
   std::unique_ptr<GemmAlgos> algos_;
   cublasHandle_t blas_ = nullptr;
+  cuda::KernelSwitches every_tile_;  // FLCE_CUDA_GEMM_TILES = kEveryTile
   cuda::Gemm gemm_;
 };
 
@@ -142,7 +143,7 @@ bool OnHopper() {
 // offers is taken; where the case says so, on Hopper it must have been.
 void ExpectPathTaken(GemmAlgos* algos, const cuda::LtProduct& p, bool lt_required,
                      const char* what) {
-  const auto tile = algos->TileFor(p, nullptr);
+  const auto tile = algos->TileFor(p, kEveryTile, nullptr);
   ASSERT_TRUE(tile.ok()) << tile.status();
   if (lt_required) {
     ASSERT_TRUE(tile->has_value()) << what << ": cublasLt offered none of the named tiles";
@@ -228,20 +229,17 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmAlgosTest,
 TEST(GemmAlgosOnHopperTest, DefaultTileForGradWeightAtTheFirstBenchShape) {
   SKIP_WITHOUT_CUDA_DEVICE();
   if (!OnHopper()) GTEST_SKIP() << "the preference was measured on Hopper (compute capability 9.0)";
-  unsetenv("FLCE_CUDA_GEMM_TILES");
   auto algos = GemmAlgos::Create();
   ASSERT_TRUE(algos.ok()) << algos.status();
   // 5632-token chunk, H = 1024, V = 176256 (its padded vocabulary).
   const cuda::LtProduct grad_weight =
       cuda::GradWeightProduct(DType::kBF16, 176256, 5632, 176256, 1024);
-  auto tile = (*algos)->TileFor(grad_weight, nullptr);
+  auto tile = (*algos)->TileFor(grad_weight, "", nullptr);
   ASSERT_TRUE(tile.ok()) << tile.status();
   ASSERT_TRUE(tile->has_value()) << "no preferred tile offered";
   EXPECT_EQ(**tile, CUBLASLT_MATMUL_TILE_128x128) << static_cast<int>(**tile);
   // "cublas" turns the preference off: the same product goes to cublasGemmEx.
-  setenv("FLCE_CUDA_GEMM_TILES", "cublas", 1);
-  auto off = (*algos)->TileFor(grad_weight, nullptr);
-  unsetenv("FLCE_CUDA_GEMM_TILES");
+  auto off = (*algos)->TileFor(grad_weight, "cublas", nullptr);
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_FALSE(off->has_value());
 }
@@ -257,14 +255,13 @@ TEST(GemmAlgosOnHopperTest, DefaultTileForGradWeightAtTheFirstBenchShape) {
 TEST(GemmAlgosOnHopperTest, DefaultWideTileAddsTheProductAtH4096) {
   SKIP_WITHOUT_CUDA_DEVICE();
   if (!OnHopper()) GTEST_SKIP() << "the preference was measured on Hopper (compute capability 9.0)";
-  unsetenv("FLCE_CUDA_GEMM_TILES");
   auto algos = GemmAlgos::Create();
   ASSERT_TRUE(algos.ok()) << algos.status();
   for (const Shape bench : {Shape{5632, 151936, 4096}, Shape{4096, 128256, 4096},
                             Shape{5632, 128256, 3072}, Shape{4096, 128256, 8192}}) {
     auto tile = (*algos)->TileFor(
         cuda::GradWeightProduct(DType::kBF16, bench.cols, bench.rows, bench.cols, bench.hidden),
-        nullptr);
+        "", nullptr);
     ASSERT_TRUE(tile.ok()) << tile.status();
     ASSERT_TRUE(tile->has_value())
         << "128 x 160 not offered for " << bench.rows << " tokens at H = " << bench.hidden;
@@ -274,7 +271,8 @@ TEST(GemmAlgosOnHopperTest, DefaultWideTileAddsTheProductAtH4096) {
   const Shape s{5632, 16448, 4096};
   const DType dtype = DType::kBF16;
   auto tile =
-      (*algos)->TileFor(cuda::GradWeightProduct(dtype, s.cols, s.rows, s.cols, s.hidden), nullptr);
+      (*algos)->TileFor(cuda::GradWeightProduct(dtype, s.cols, s.rows, s.cols, s.hidden), "",
+                        nullptr);
   ASSERT_TRUE(tile.ok()) << tile.status();
   ASSERT_TRUE(tile->has_value()) << "128 x 160 not offered for the checked product";
   std::mt19937 rng(static_cast<uint32_t>(std::random_device{}()));

@@ -104,8 +104,10 @@ INSTANTIATE_TEST_SUITE_P(Paths, ThinGradWeightTest,
                                            Case{DType::kF32, 6, 99, 33, 99, 1}));
 
 TEST(ThinGradWeightRange, RefusesMoreRowsThanItsBound) {
-  EXPECT_FALSE(UseThinGradWeight(kThinGradWeightRows + 1));
-  EXPECT_FALSE(UseThinGradWeight(0));
+  const cuda::KernelSwitches defaults;
+  EXPECT_TRUE(UseThinGradWeight(defaults, kThinGradWeightRows));
+  EXPECT_FALSE(UseThinGradWeight(defaults, kThinGradWeightRows + 1));
+  EXPECT_FALSE(UseThinGradWeight(defaults, 0));
   const absl::Status st =
       LaunchThinGradWeight(DType::kBF16, nullptr, 10, nullptr, kThinGradWeightRows + 1, 10, 10,
                            nullptr, nullptr, nullptr);

@@ -251,6 +251,9 @@ class ComputeSummary:
     entropy_sum: float
     policy: Optional[PolicySummary] = None  # with a policy objective: loss is sum_t w_t L_t
     preference: Optional[PreferenceSummary] = None  # with a preference objective
+    # The kernels the call's chunks ran, "key=value" words (CUDA engine; "" on
+    # the CPU engine and on servers before 0.17.0)
+    kernels: str = ""
 
     @classmethod
     def from_pb(cls, m) -> "ComputeSummary":
@@ -259,7 +262,8 @@ class ComputeSummary:
                    m.replayed, m.staged, m.committed, m.entropy_sum,
                    PolicySummary.from_pb(m.policy) if m.HasField("policy") else None,
                    PreferenceSummary.from_pb(m.preference) if m.HasField("preference")
-                   else None)
+                   else None,
+                   m.kernels)
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,12 @@
 // Tile shapes and chunk policies of the CUDA engine, in one place. Kernels and
-// planners read these constants; nothing else hard-codes a shape.
+// planners read these constants; which kernel takes which shape is
+// kernel_choices.h's.
 #ifndef FLCE_KERNELS_CUDA_BASE_POLICY_H_
 #define FLCE_KERNELS_CUDA_BASE_POLICY_H_
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 namespace flce::cuda {
-
-// FLCE_CUDA_GENERIC=1 makes a Hopper GPU take the plans every other GPU takes
-// (no logits-stats GEMM, no cluster row kernel; the cuBLAS path), so that the
-// conformance suite runs the A100 / L40S plans on an H200.
-inline bool GenericPlanForced() {
-  const char* env = std::getenv("FLCE_CUDA_GENERIC");
-  return env != nullptr && std::strcmp(env, "1") == 0;
-}
 
 struct VocabPolicy {
   // V is padded to this inside the engine: cuBLAS GEMMs whose leading

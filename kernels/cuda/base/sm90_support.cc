@@ -8,7 +8,6 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/base/policy.h"
 
 namespace flce::cuda::sm90 {
 namespace {
@@ -103,7 +102,6 @@ int SmCount() {
 }
 
 bool HeadFitsHopperKernels(DType dtype, int64_t hidden) {
-  if (GenericPlanForced()) return false;
   if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
   if (hidden <= 0 || hidden % 8 != 0) return false;
   return DeviceIsSm90();

@@ -37,8 +37,8 @@ int SmCount();
 // Compute capability 9.0 with cuTensorMapEncodeTiled available.
 bool DeviceIsSm90();
 // Whether the Hopper GEMMs can take a head: bf16/fp16, H a multiple of 8
-// (TMA's 16-byte strides), on a compute capability 9.0 device, unless
-// FLCE_CUDA_GENERIC=1 asks for the other GPUs' plans.
+// (TMA's 16-byte strides), on a compute capability 9.0 device (what the plans
+// take: kernel_choices.h's HopperKernelsFor).
 bool HeadFitsHopperKernels(DType dtype, int64_t hidden);
 
 // The launch of a persistent kernel: `units` of work, each taken by a cluster

@@ -355,6 +355,7 @@ absl::Status CudaComputeCall::Flush() {
     std::lock_guard<std::mutex> lock(engine_->submit_mutex());
     FLCE_ASSIGN_OR_RETURN(char* scratch, engine_->Scratch(plan_.scratch_bytes, "chunked plan"));
     FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, s.uploaded, 0), health);
+    kernels_.AddChunk(engine_->exec(), head_->view(), plan_, r);
     FLCE_RETURN_IF_ERROR(RunChunk(engine_->exec(), head_->view(), plan_, r, scratch));
     FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.computed, compute), health);
   }
@@ -448,6 +449,7 @@ absl::Status CudaComputeCall::FinishBuffered() {
     std::lock_guard<std::mutex> lock(engine_->submit_mutex());
     FLCE_ASSIGN_OR_RETURN(char* scratch,
                           engine_->Scratch(plan_.scratch_bytes, StrategyName(plan_.strategy)));
+    kernels_.AddRequest(engine_->exec(), head_->view(), plan_, r);
     FLCE_RETURN_IF_ERROR(RunPlan(engine_->exec(), head_->view(), plan_, r, scratch));
     // Later calls may reuse the scratch as soon as the lock is released: the
     // compute stream orders their work after this one's.
@@ -492,6 +494,7 @@ absl::StatusOr<ComputeResult> CudaComputeCall::Finish() {
   rows_.FillResult(spec_.outputs, result);
   result.grad_input_first_non_finite = grad_input_first_non_finite_;
   result.strategy_used = StrategyName(plan_.strategy);
+  result.kernels = kernels_.Text();
   result.engine_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_time_)
           .count();

@@ -36,6 +36,7 @@
 #include "kernels/cuda/engine/device_context.h"
 #include "kernels/cuda/engine/peer_memory.h"
 #include "kernels/cuda/ops/peer_row_kernels.cuh"
+#include "kernels/cuda/plans/kernel_report.h"
 #include "kernels/cuda/plans/plans.h"
 #include "kernels/engine.h"
 
@@ -106,6 +107,7 @@ class CudaComputeCall : public ComputeCall {
   CallRows rows_;  // host copies of the per-token inputs and outputs
   GradInputSink sink_;
   Plan plan_;
+  KernelReport kernels_;
   LossParams params_;
   int64_t hidden_row_bytes_ = 0;
   bool finished_ = false;

@@ -135,7 +135,6 @@ __global__ void __launch_bounds__(Policy::kThreads)
 }
 
 bool DeviceHasClusters() {
-  if (GenericPlanForced()) return false;
   int device = 0, major = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
@@ -194,6 +193,10 @@ int ClusterSizeFor(int64_t padded_vocab) {
     if (SegmentFor(padded_vocab, c) * 4 <= Policy::kMaxSegmentBytes) return c;
   }
   return 0;
+}
+
+bool ClusterRowsFit(int64_t padded_vocab) {
+  return ClusterSizeFor(padded_vocab) > 0 && DeviceHasClusters();
 }
 
 absl::Status LaunchClusterRows(DType dtype, const FusedRowArgs& args, cudaStream_t stream,

@@ -26,6 +26,8 @@ namespace flce::cuda {
 // Cluster size for a padded vocabulary, or 0 when a row does not fit in
 // ClusterRowPolicy::kMaxCluster blocks (then use LaunchFusedRows).
 int ClusterSizeFor(int64_t padded_vocab);
+// Whether LaunchClusterRows runs rows of padded_vocab on this device.
+bool ClusterRowsFit(int64_t padded_vocab);
 
 // Like LaunchFusedRows for the in-place chunked case (args.probs must be
 // null; dlogits null or equal to logits). FAILED_PRECONDITION when the device

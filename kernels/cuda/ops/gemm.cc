@@ -56,9 +56,26 @@ LtProduct GradWeightProduct(DType dtype, int64_t ld_d, int64_t rows, int64_t col
   return p;
 }
 
-bool Gemm::UsePreferredAlgo(int64_t rows, int64_t hidden) const {
-  return algos != nullptr && dtype != DType::kF32 &&
-         PreferTileForGradWeight(rows, hidden, std::getenv("FLCE_CUDA_GEMM_TILES"));
+Gemm::GradWeightPath Gemm::GradWeightPathFor(int64_t rows, int64_t hidden) const {
+  const KernelSwitches& k = SwitchesOrDefaults(switches);
+  if (UseThinGradWeight(k, rows)) return GradWeightPath::kThin;
+  if (algos != nullptr && dtype != DType::kF32 &&
+      PreferTileForGradWeight(rows, hidden, k.gemm_tiles.c_str())) {
+    return GradWeightPath::kPreferredTile;
+  }
+  return GradWeightPath::kDefault;
+}
+
+const char* Gemm::GradWeightPathName(GradWeightPath path) {
+  switch (path) {
+    case GradWeightPath::kThin:
+      return "thin_pass";
+    case GradWeightPath::kPreferredTile:
+      return "cublas_preferred_tile";
+    case GradWeightPath::kDefault:
+      break;
+  }
+  return "cublas";
 }
 
 absl::Status Gemm::Logits(const void* x, const void* w, int64_t rows, int64_t cols, int64_t hidden,
@@ -98,14 +115,17 @@ absl::Status Gemm::GradWeight(const void* d, int64_t ld_d, const void* x, int64_
                               int64_t cols, int64_t hidden, float* gw) const {
   if (rows == 0 || cols == 0) return absl::OkStatus();
   FLCE_RETURN_IF_ERROR(CheckDims({rows, cols, hidden, ld_d}));
-  if (UseThinGradWeight(rows)) {
+  const GradWeightPath path = GradWeightPathFor(rows, hidden);
+  if (path == GradWeightPath::kThin) {
     return LaunchThinGradWeight(dtype, d, ld_d, x, rows, cols, hidden, gw, stream, health);
   }
   const float alpha = 1.0f, beta = 1.0f;
   // Column-major: gw^T (H x cols) += X_cm (H x rows) . (D_cm (cols x rows))^T.
-  if (UsePreferredAlgo(rows, hidden)) {
+  if (path == GradWeightPath::kPreferredTile) {
     const LtProduct p = GradWeightProduct(dtype, ld_d, rows, cols, hidden);
-    FLCE_ASSIGN_OR_RETURN(const bool ran, algos->Run(p, x, d, gw, stream, health));
+    FLCE_ASSIGN_OR_RETURN(
+        const bool ran,
+        algos->Run(p, SwitchesOrDefaults(switches).gemm_tiles, x, d, gw, stream, health));
     if (ran) return absl::OkStatus();
   }
   FLCE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, stream), health);

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "core/dtype.h"
 #include "kernels/cuda/base/cuda_status.h"
+#include "kernels/cuda/base/kernel_choices.h"
 #include "kernels/cuda/ops/gemm_algos.h"
 
 namespace flce::cuda {
@@ -33,6 +34,9 @@ struct Gemm {
   // without it, and for the other products, cublasGemmEx's default (on the
   // preferred tiles grad_input is slower in whole runs: docs/perf/cuda.md).
   GemmAlgos* algos = nullptr;
+  // The plan's switches (kernel_choices.h): which grad_W products take the
+  // streaming pass or a preferred tile. Null: the defaults.
+  const KernelSwitches* switches = nullptr;
 
   // logits[rows x cols] (fp32, row stride ld) = X[rows x H] . W[cols x H]^T
   absl::Status Logits(const void* x, const void* w, int64_t rows, int64_t cols, int64_t hidden,
@@ -41,15 +45,20 @@ struct Gemm {
   // ld_d elements of dtype; out in out_dtype (dtype or fp32).
   absl::Status GradInput(const void* d, int64_t ld_d, const void* w, int64_t rows, int64_t cols,
                          int64_t hidden, void* out, DType out_dtype, float beta) const;
-  // gw[cols x H] (fp32) += D[rows x cols]^T . X[rows x H]
+  // gw[cols x H] (fp32) += D[rows x cols]^T . X[rows x H], by the path
+  // GradWeightPathFor names.
   absl::Status GradWeight(const void* d, int64_t ld_d, const void* x, int64_t rows, int64_t cols,
                           int64_t hidden, float* gw) const;
   // gb[cols] (fp32) += column sums of D, via D^T . ones.
   absl::Status GradBias(const void* d, int64_t ld_d, const void* ones, int64_t rows, int64_t cols,
                         float* gb) const;
 
- private:
-  bool UsePreferredAlgo(int64_t rows, int64_t hidden) const;
+  // grad_W of `rows` tokens: the streaming pass (thin_grad_weight.cuh),
+  // cublasLt asked for a preferred tile (cublasGemmEx where none is offered),
+  // or cublasGemmEx.
+  enum class GradWeightPath { kThin, kPreferredTile, kDefault };
+  GradWeightPath GradWeightPathFor(int64_t rows, int64_t hidden) const;
+  static const char* GradWeightPathName(GradWeightPath path);
 };
 
 }  // namespace flce::cuda

@@ -7,6 +7,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "core/status_macros.h"
+#include "kernels/cuda/base/kernel_choices.h"
 
 namespace flce::cuda {
 namespace {
@@ -115,7 +116,8 @@ bool PreferTileForGradWeight(int64_t rows, int64_t hidden, const char* env) {
 
 absl::StatusOr<std::unique_ptr<GemmAlgos>> GemmAlgos::Create() {
   // Checks the spelling only: the default list is valid at every H.
-  FLCE_RETURN_IF_ERROR(PreferredGemmTiles(std::getenv("FLCE_CUDA_GEMM_TILES"), 0).status());
+  FLCE_RETURN_IF_ERROR(
+      PreferredGemmTiles(KernelSwitchesFromEnvironment().gemm_tiles.c_str(), 0).status());
   return std::unique_ptr<GemmAlgos>(new GemmAlgos());
 }
 
@@ -123,10 +125,10 @@ GemmAlgos::~GemmAlgos() {
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
-absl::StatusOr<GemmAlgos::Choice> GemmAlgos::Choose(const LtProduct& p, DeviceHealth* health) {
+absl::StatusOr<GemmAlgos::Choice> GemmAlgos::Choose(const LtProduct& p, const std::string& tiles,
+                                                    DeviceHealth* health) {
   std::lock_guard<std::mutex> lock(mu_);
-  // Read at every product, so that a benchmark can alternate preferences in one engine.
-  const char* env = std::getenv("FLCE_CUDA_GEMM_TILES");
+  const char* env = tiles.c_str();
   const auto key = std::make_pair(Spelling(env), p.Key());
   if (auto it = chosen_.find(key); it != chosen_.end()) return it->second;
   // The products are grad_W's (GradWeightProduct), whose m is H.
@@ -167,9 +169,10 @@ absl::StatusOr<GemmAlgos::Choice> GemmAlgos::Choose(const LtProduct& p, DeviceHe
   return choice;
 }
 
-absl::StatusOr<bool> GemmAlgos::Run(const LtProduct& p, const void* a, const void* b, void* c,
-                                    cudaStream_t stream, DeviceHealth* health) {
-  FLCE_ASSIGN_OR_RETURN(const Choice choice, Choose(p, health));
+absl::StatusOr<bool> GemmAlgos::Run(const LtProduct& p, const std::string& tiles, const void* a,
+                                    const void* b, void* c, cudaStream_t stream,
+                                    DeviceHealth* health) {
+  FLCE_ASSIGN_OR_RETURN(const Choice choice, Choose(p, tiles, health));
   if (!choice.found) return false;
   const Descriptors& d = *choice.descriptors;
   const float alpha = 1.0f;
@@ -181,8 +184,9 @@ absl::StatusOr<bool> GemmAlgos::Run(const LtProduct& p, const void* a, const voi
 }
 
 absl::StatusOr<std::optional<cublasLtMatmulTile_t>> GemmAlgos::TileFor(const LtProduct& p,
+                                                                       const std::string& tiles,
                                                                        DeviceHealth* health) {
-  FLCE_ASSIGN_OR_RETURN(const Choice choice, Choose(p, health));
+  FLCE_ASSIGN_OR_RETURN(const Choice choice, Choose(p, tiles, health));
   if (!choice.found) return std::nullopt;
   return choice.tile;
 }

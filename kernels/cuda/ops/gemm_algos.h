@@ -62,19 +62,22 @@ struct LtProduct {
 // One per engine: its GEMMs run on one stream at a time (the workspace is shared).
 class GemmAlgos {
  public:
-  // Checks FLCE_CUDA_GEMM_TILES; the cublasLt handle and workspace are made
-  // at the first product a tile is preferred for.
+  // Checks FLCE_CUDA_GEMM_TILES's spelling; the cublasLt handle and workspace
+  // are made at the first product a tile is preferred for.
   static absl::StatusOr<std::unique_ptr<GemmAlgos>> Create();
   ~GemmAlgos();
   GemmAlgos(const GemmAlgos&) = delete;
   GemmAlgos& operator=(const GemmAlgos&) = delete;
 
-  // Runs p with the preferred algorithm and returns true, or returns false
-  // without running anything where cublasLt offers no preferred tile for p.
-  absl::StatusOr<bool> Run(const LtProduct& p, const void* a, const void* b, void* c,
-                           cudaStream_t stream, DeviceHealth* health);
+  // Runs p with the algorithm of the most preferred tile of `tiles` (the
+  // plan's FLCE_CUDA_GEMM_TILES, KernelSwitches::gemm_tiles) and returns
+  // true, or returns false without running anything where cublasLt offers
+  // none of them for p.
+  absl::StatusOr<bool> Run(const LtProduct& p, const std::string& tiles, const void* a,
+                           const void* b, void* c, cudaStream_t stream, DeviceHealth* health);
   // The preferred tile Run takes for p; none where it leaves p to cublasGemmEx.
   absl::StatusOr<std::optional<cublasLtMatmulTile_t>> TileFor(const LtProduct& p,
+                                                              const std::string& tiles,
                                                               DeviceHealth* health);
 
  private:
@@ -86,13 +89,14 @@ class GemmAlgos {
     cublasLtMatmulTile_t tile = CUBLASLT_MATMUL_TILE_UNDEFINED;
     std::shared_ptr<const Descriptors> descriptors;  // made once, for every Run of the product
   };
-  absl::StatusOr<Choice> Choose(const LtProduct& p, DeviceHealth* health);
+  absl::StatusOr<Choice> Choose(const LtProduct& p, const std::string& tiles,
+                                DeviceHealth* health);
   static absl::Status Describe(const LtProduct& p, Descriptors* d, DeviceHealth* health);
 
   cublasLtHandle_t handle_ = nullptr;  // with workspace_, made at the first preferred product
   DeviceBuffer workspace_;
   std::mutex mu_;
-  // By the variable's spelling and the product.
+  // By the tiles' spelling and the product.
   std::map<std::pair<std::string, decltype(LtProduct().Key())>, Choice> chosen_;
 };
 

@@ -1,8 +1,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -77,12 +75,6 @@ void Launch(const T* d, int64_t ld_d, const T* x, int rows, int64_t cols, int64_
 }
 
 }  // namespace
-
-bool UseThinGradWeight(int64_t rows) {
-  if (rows < 1 || rows > kThinGradWeightRows) return false;
-  const char* env = std::getenv("FLCE_CUDA_THIN_GRAD_WEIGHT");
-  return env == nullptr || std::strcmp(env, "0") != 0;
-}
 
 absl::Status LaunchThinGradWeight(DType dtype, const void* d, int64_t ld_d, const void* x,
                                   int64_t rows, int64_t cols, int64_t hidden, float* gw,

@@ -15,17 +15,12 @@
 #include "absl/status/status.h"
 #include "core/dtype.h"
 #include "kernels/cuda/base/cuda_status.h"
+#include "kernels/cuda/base/kernel_choices.h"
 
 namespace flce::cuda {
 
-// Chunks of at most this many rows take the streaming pass (when enabled).
-inline constexpr int64_t kThinGradWeightRows = 8;
-
-// FLCE_CUDA_THIN_GRAD_WEIGHT=0 keeps cuBLAS for every chunk (tests compare
-// both; benchmarks time both).
-bool UseThinGradWeight(int64_t rows);
-
-// d: rows x cols, row stride ld_d elements; x: rows x hidden, dense; both in
+// At most kThinGradWeightRows rows (kernel_choices.h says which chunks take
+// it). d: rows x cols, row stride ld_d elements; x: rows x hidden, dense; both in
 // `dtype`. gw: cols x hidden fp32, dense.
 absl::Status LaunchThinGradWeight(DType dtype, const void* d, int64_t ld_d, const void* x,
                                   int64_t rows, int64_t cols, int64_t hidden, float* gw,

@@ -3,9 +3,9 @@
 // (and, for bf16 heads, the row-scaled backward); everything else the fp32
 // logits GEMM, a row kernel writing dlogits in place, and the cuBLAS backward.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kernels/cuda/base/device_memory.h"
 #include "kernels/cuda/base/policy.h"
@@ -24,28 +24,14 @@ using namespace plan_parts;  // NOLINT(build/namespaces): the plans' shared part
 
 namespace {
 
-constexpr bool kClusterRowsByDefault = false;
-
-// FLCE_CUDA_ROW_KERNEL=cluster | two_pass picks the chunked plan's row
-// kernel (benchmarks compare both; tests flip it). The default, two_pass, is
-// the faster on the H200 (docs/perf/cuda.md).
-bool UseClusterRows() {
-  const char* env = std::getenv("FLCE_CUDA_ROW_KERNEL");
-  if (env == nullptr || *env == '\0') return kClusterRowsByDefault;
-  return std::string(env) == "cluster";
-}
-
-bool UseOverlap() {
-  const char* env = std::getenv("FLCE_CUDA_OVERLAP");
-  return env != nullptr && std::string(env) == "1";
-}
-
-// The chunked plan's row kernel: single-pass cluster when selected and the
+// The chunked plan's row kernel: single-pass cluster when chosen and the
 // row fits a cluster, else the two-pass kernel.
 absl::Status LaunchRows(const Exec& exec, const HeadView& head, const FusedRowArgs& args,
                         cudaStream_t stream) {
-  absl::Status st = absl::FailedPreconditionError("cluster kernel not selected");
-  if (UseClusterRows()) st = LaunchClusterRows(head.dtype, args, stream, exec.health);
+  absl::Status st = absl::FailedPreconditionError("cluster kernel not chosen");
+  if (ClusterRowsChosen(SwitchesOf(exec))) {
+    st = LaunchClusterRows(head.dtype, args, stream, exec.health);
+  }
   if (absl::IsFailedPrecondition(st)) st = LaunchFusedRows(head.dtype, args, stream, exec.health);
   return st;
 }
@@ -105,11 +91,10 @@ absl::Status RunChunkOverlapped(const Exec& exec, const HeadView& head, const De
 // smoothing or entropy weights (their dlogits are not one scale per row away
 // from e): with a backward, the row-scaled one; without (a forward-only call,
 // a preference objective's first pass), the same GEMM and finish, which lets
-// the call take the ping-pong kernel. FLCE_CUDA_DLOGITS_PASS=1 keeps the
+// the call take the ping-pong kernel. The dlogits_pass switch keeps the
 // plain e and the dlogits pass (tests compare both).
-bool UseRowReference(const HeadView& head, const DeviceRequest& r) {
-  const char* env = std::getenv("FLCE_CUDA_DLOGITS_PASS");
-  if (env != nullptr && std::string(env) == "1") return false;
+bool UseRowReference(const KernelSwitches& k, const HeadView& head, const DeviceRequest& r) {
+  if (k.dlogits_pass) return false;
   return RowScaledCapable(head) && r.grad_bias == nullptr && r.params.label_smoothing == 0.0f &&
          !r.params.entropy_weighted;
 }
@@ -142,16 +127,15 @@ struct RowScaledGemms {
   GradInputGemmArgs grad_input;
 };
 
-RowScaledGemms ChooseRowScaledGemms(const HeadView& head, const TileScratch& s,
-                                    const DeviceRequest& r) {
-  const BackwardGemmChoice choice = BackwardGemmFromEnv();
+RowScaledGemms ChooseRowScaledGemms(const KernelSwitches& k, const HeadView& head,
+                                    const TileScratch& s, const DeviceRequest& r) {
   RowScaledGemms g;
   g.own_grad_weight =
-      r.grad_weight != nullptr && UseOwnGradWeightGemm(choice, head.dtype, r.rows, head.hidden);
-  const bool may_be_beside = g.own_grad_weight && GradWeightBesideGradInput();
+      r.grad_weight != nullptr && UseOwnGradWeightGemm(k, head.dtype, r.rows, head.hidden);
+  const bool may_be_beside = g.own_grad_weight && GradWeightBesideGradInput(k);
   if (r.grad_input != nullptr) {
     g.grad_input = OwnGradInputArgs(head, s, r.rows);
-    g.own_grad_input = UseOwnGradInputGemm(choice, head.dtype, r.rows, head.hidden,
+    g.own_grad_input = UseOwnGradInputGemm(k, head.dtype, r.rows, head.hidden,
                                            g.grad_input.splits, may_be_beside);
   }
   g.beside = may_be_beside && g.own_grad_input;
@@ -179,8 +163,9 @@ absl::Status GradWeightGemm(const Exec& exec, const HeadView& head, const TileSc
         .GradWeight(s.exp_dlogits, head.padded_vocab, s.scaled.x_scaled, r.rows, head.padded_vocab,
                     head.hidden, r.grad_weight);
   }
+  const KernelSwitches& k = SwitchesOf(exec);
   GradWeightGemmArgs a;
-  a.kernel = GradWeightKernelFromEnv();
+  a.kernel = GradWeightKernelOf(k);
   a.d = s.exp_dlogits;
   a.x = s.scaled.x_scaled;
   a.rows = r.rows;
@@ -191,7 +176,7 @@ absl::Status GradWeightGemm(const Exec& exec, const HeadView& head, const TileSc
     a.tile_counter = s.scaled.tile_counter;  // zeroed before grad_input
     a.beside_grad_input = true;
   } else {
-    a.cta_pairs = a.kernel == GradWeightKernel::kPingPong && GradWeightPairs();
+    a.cta_pairs = a.kernel == GradWeightKernel::kPingPong && GradWeightPairs(k);
   }
   return LaunchGradWeightGemm(head.dtype, a, exec.stream, exec.health);
 }
@@ -215,7 +200,7 @@ absl::Status ScaleHidden(const Exec& exec, const HeadView& head, const TileScrat
 
 absl::Status RowScaledBackward(const Exec& exec, const HeadView& head, const TileScratch& s,
                                const DeviceRequest& r, const void* x) {
-  const RowScaledGemms g = ChooseRowScaledGemms(head, s, r);
+  const RowScaledGemms g = ChooseRowScaledGemms(SwitchesOf(exec), head, s, r);
   if (g.beside) {
     // Nothing may stand between the two GEMMs on the stream: grad_W starts
     // beside grad_input only as the kernel right after it.
@@ -299,8 +284,10 @@ absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Pla
   MarkStage(exec, "hidden_convert");
   LogitsStatsArgs g;
   TileRowArgs t;
-  TileChunkArgs(head, r, s, x, &g, &t);
-  if (UseRowReference(head, r)) return RunRowReferenceChunk(exec, head, s, r, x, g, t);
+  TileChunkArgs(head, r, s, x, SwitchesOf(exec), &g, &t);
+  if (UseRowReference(SwitchesOf(exec), head, r)) {
+    return RunRowReferenceChunk(exec, head, s, r, x, g, t);
+  }
   FLCE_RETURN_IF_ERROR(LaunchLogitsStats(head.dtype, g, exec.stream, exec.health));
   FLCE_RETURN_IF_ERROR(LaunchTileFinish(t, exec.stream, exec.health));
   if (!WantsBackward(r)) return absl::OkStatus();
@@ -320,23 +307,25 @@ absl::StatusOr<TileChunkLaunch> PrepareTileChunk(const Exec& exec, const HeadVie
   const TileScratch s = CarveTile(scratch, plan.chunk_tokens, head, tb);
   TileChunkLaunch launch;
   FLCE_ASSIGN_OR_RETURN(launch.x, HeadDtypeHidden(exec, head, r, s.rest));
-  TileChunkArgs(head, r, s, launch.x, &launch.gemm, &launch.rows);
+  TileChunkArgs(head, r, s, launch.x, plan.switches, &launch.gemm, &launch.rows);
   launch.row_reference = s.scaled.reference;
   launch.fallback = s.scaled.fallback;
   if (s.scaled.grad_input != nullptr) launch.own_grad_input = OwnGradInputArgs(head, s, r.rows);
   return launch;
 }
 
-absl::Status RunChunk(const Exec& exec, const HeadView& head, const Plan& plan,
+absl::Status RunChunk(const Exec& exec_given, const HeadView& head, const Plan& plan,
                       const DeviceRequest& r, char* scratch) {
   if (r.rows > plan.chunk_tokens) return absl::InternalError("chunk larger than the plan's");
+  Exec exec = exec_given;
+  exec.switches = &plan.switches;
   if (plan.tile_stats) return RunTileStatsChunk(exec, head, plan, r, scratch);
   const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, false);
   const Scratch s = Carve(scratch, plan.chunk_tokens, head.padded_vocab, tb, head, false, false);
   FLCE_ASSIGN_OR_RETURN(const void* x, HeadDtypeHidden(exec, head, r, s));
   const bool backward = WantsBackward(r);
   const bool overlap =
-      backward && UseOverlap() && exec.side != nullptr && r.rows >= 2 * ChunkPolicy::kTokenAlign;
+      backward && OverlapChosen(plan.switches, r.rows) && exec.side != nullptr;
   if (!overlap) {
     FLCE_RETURN_IF_ERROR(MakeGemm(exec, head)
                              .Logits(x, head.weight, r.rows, head.padded_vocab, head.hidden,
@@ -354,12 +343,58 @@ absl::Status RunChunk(const Exec& exec, const HeadView& head, const Plan& plan,
   args.out = r.out;
   args.params = r.params;
   const int64_t ld_d = head.padded_vocab * 4 / DTypeSize(head.dtype);
-  if (backward && UseOverlap() && exec.side != nullptr && r.rows >= 2 * ChunkPolicy::kTokenAlign) {
+  if (overlap) {
     return RunChunkOverlapped(exec, head, r, s, x, args, ld_d);
   }
   FLCE_RETURN_IF_ERROR(LaunchRows(exec, head, args, exec.stream));
   if (!backward) return absl::OkStatus();
   return Backward(exec, head, r, s, x, s.logits, ld_d);
+}
+
+std::string DescribeChunkKernels(const Exec& exec_given, const HeadView& head, const Plan& plan,
+                                 const DeviceRequest& r) {
+  Exec exec = exec_given;
+  exec.switches = &plan.switches;
+  const KernelSwitches& k = plan.switches;
+  const bool backward = WantsBackward(r);
+  std::string logits = "cublas_fp32";
+  std::string rows;
+  std::string grad_input = "cublas";
+  std::string grad_weight =
+      Gemm::GradWeightPathName(MakeGemm(exec, head).GradWeightPathFor(r.rows, head.hidden));
+  if (plan.tile_stats) {
+    TileScratch s;
+    s.partials_bytes = TilePartialsBytes(plan.chunk_tokens, head);
+    LogitsStatsArgs g;
+    TileRowArgs t;
+    TileChunkArgs(head, r, s, nullptr, k, &g, &t);
+    logits = "stats_cooperative";
+    rows = "tile_finish+dlogits_pass";
+    if (UseRowReference(k, head, r)) {
+      static const float kAnyReference = 0.0f;  // asked of, never launched
+      g.row_reference = &kAnyReference;
+      if (const int cols = PingPongColsFor(g); cols > 0) {
+        logits = absl::StrCat("stats_pingpong", cols, g.pingpong_pairs && cols == 192 ? "_pairs" : "");
+      }
+      rows = "row_reference";
+      const RowScaledGemms gemms = ChooseRowScaledGemms(k, head, s, r);
+      if (gemms.own_grad_input) grad_input = absl::StrCat("own_splits", gemms.grad_input.splits);
+      if (gemms.own_grad_weight) {
+        const bool cooperative = GradWeightKernelOf(k) == GradWeightKernel::kCooperative;
+        grad_weight = cooperative        ? "own_cooperative"
+                      : gemms.beside     ? "own_pingpong_beside"
+                      : GradWeightPairs(k) ? "own_pingpong_pairs"
+                                           : "own_pingpong";
+      }
+    }
+  } else {
+    rows = ClusterRowsChosen(k) && ClusterRowsFit(head.padded_vocab) ? "cluster" : "two_pass";
+    if (backward && OverlapChosen(k, r.rows) && exec.side != nullptr) rows += "+half_chunk_overlap";
+  }
+  std::string out = absl::StrCat("logits=", logits, " rows=", rows);
+  if (r.grad_input != nullptr) absl::StrAppend(&out, " grad_input=", grad_input);
+  if (r.grad_weight != nullptr) absl::StrAppend(&out, " grad_weight=", grad_weight);
+  return out;
 }
 
 }  // namespace flce::cuda

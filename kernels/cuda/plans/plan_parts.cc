@@ -98,6 +98,12 @@ int64_t TileScratchBytes(int64_t rows, const HeadView& head, const TokenBytes& t
   return bytes + 4096;
 }
 
+int64_t TilePartialsBytes(int64_t rows, const HeadView& head) {
+  // max, sum_exp, sez, sum_z and argmax, one region after another.
+  const int64_t region = rows * LogitsStatsTiles(head.padded_vocab) * 4;
+  return 4 * Carver::Round(region) + region;
+}
+
 TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const TokenBytes& tb) {
   const int64_t tiles = LogitsStatsTiles(head.padded_vocab);
   Carver c(base);
@@ -109,8 +115,7 @@ TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const Toke
   s.stats.sum_z = c.Take<float>(rows * tiles);
   s.stats.argmax = c.Take<int32_t>(rows * tiles);
   s.partials = s.stats.max;
-  s.partials_bytes =
-      reinterpret_cast<char*>(s.stats.argmax + rows * tiles) - reinterpret_cast<char*>(s.stats.max);
+  s.partials_bytes = TilePartialsBytes(rows, head);
   s.target_logit = c.Take<float>(rows);
   s.grad = c.Take<RowGrad>(rows);
   if (tb.conv) s.rest.conv = c.TakeBytes(rows * tb.conv);
@@ -127,8 +132,9 @@ TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const Toke
   return s;
 }
 
-bool UseTileStats(const HeadView& head, const PlanRequest& req) {
-  return req.plain_logits && head.bias == nullptr && LogitsStatsSupported(head.dtype, head.hidden);
+bool UseTileStats(const HeadView& head, const PlanRequest& req, const KernelSwitches& switches) {
+  return req.plain_logits && head.bias == nullptr &&
+         LogitsStatsChosen(switches, head.dtype, head.hidden);
 }
 
 Gemm MakeGemm(const Exec& exec, const HeadView& head) {
@@ -138,6 +144,7 @@ Gemm MakeGemm(const Exec& exec, const HeadView& head) {
   g.stream = exec.stream;
   g.health = exec.health;
   g.dtype = head.dtype;
+  g.switches = exec.switches;
   return g;
 }
 
@@ -206,7 +213,8 @@ SplitArgs SplitArgsFor(const HeadView& head, const DeviceRequest& r, const Scrat
 }
 
 void TileChunkArgs(const HeadView& head, const DeviceRequest& r, const TileScratch& s,
-                   const void* x, LogitsStatsArgs* g, TileRowArgs* t) {
+                   const void* x, const KernelSwitches& switches, LogitsStatsArgs* g,
+                   TileRowArgs* t) {
   g->x = x;
   g->w = head.weight;
   g->rows = r.rows;
@@ -220,6 +228,10 @@ void TileChunkArgs(const HeadView& head, const DeviceRequest& r, const TileScrat
   g->sum_z = r.params.label_smoothing > 0.0f;
   g->argmax = r.out.argmax != nullptr;
   g->entropy = r.out.entropy != nullptr;
+  g->pingpong_cols = StatsPingPongCols(switches, r.rows);
+  g->pingpong_pairs = g->pingpong_cols == 192 && StatsPingPongPairs(switches, r.rows);
+  g->token_tiles_per_group = StatsTokenTilesPerGroup(
+      switches, static_cast<int32_t>((r.rows + kOwnTileRows - 1) / kOwnTileRows));
   t->rows = r.rows;
   t->padded_vocab = head.padded_vocab;
   t->tiles = LogitsStatsTiles(head.padded_vocab);

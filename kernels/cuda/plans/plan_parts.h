@@ -90,14 +90,18 @@ bool RowScaledCapable(const HeadView& head);
 int64_t TilePerTokenBytes(const HeadView& head);
 int64_t TileScratchBytes(int64_t rows, const HeadView& head, const TokenBytes& tb);
 TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const TokenBytes& tb);
+// The partials region of a chunk of `rows` (TileScratch::partials_bytes).
+int64_t TilePartialsBytes(int64_t rows, const HeadView& head);
 // The chunked plan takes the logits-stats GEMM for plain logits (no bias,
 // softcap or temperature) on heads and devices it supports.
-bool UseTileStats(const HeadView& head, const PlanRequest& req);
+bool UseTileStats(const HeadView& head, const PlanRequest& req, const KernelSwitches& switches);
 
 // The logits-stats GEMM's and the row kernels' arguments for one chunk of
-// the whole head (a vocabulary shard overrides its columns and targets).
+// the whole head (a vocabulary shard overrides its columns and targets),
+// the GEMM's kernel as `switches` choose it.
 void TileChunkArgs(const HeadView& head, const DeviceRequest& r, const TileScratch& s,
-                   const void* x, LogitsStatsArgs* g, TileRowArgs* t);
+                   const void* x, const KernelSwitches& switches, LogitsStatsArgs* g,
+                   TileRowArgs* t);
 
 Gemm MakeGemm(const Exec& exec, const HeadView& head);
 // X in the head's dtype: the request's rows or their conversion into s.conv.

@@ -25,6 +25,7 @@ int64_t BalancedChunk(int64_t chunk, int64_t n) {
 
 absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int64_t budget) {
   Plan plan;
+  plan.switches = KernelSwitchesFromEnvironment();
   plan.strategy = req.strategy == Strategy::kAuto ? Strategy::kChunked : req.strategy;
   const int64_t n = std::max<int64_t>(req.num_tokens, 1);
   const int64_t hs_in = DTypeSize(req.hidden_dtype);
@@ -34,7 +35,7 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
       // Two upload/download slots: hidden in, grad_input out, row inputs and
       // outputs (target, a, e; loss, z-loss, logprob, entropy, argmax).
       const int64_t slot_tok = req.streaming ? 2 * (2 * head.hidden * hs_in + 12 + 20) : 0;
-      plan.tile_stats = UseTileStats(head, req);
+      plan.tile_stats = UseTileStats(head, req, plan.switches);
       const int64_t per_tok = (plan.tile_stats ? TilePerTokenBytes(head) : head.padded_vocab * 4) +
                               tb.total() + slot_tok;
       int64_t chunk = AlignDown((budget - 64 * 1024) / per_tok, ChunkPolicy::kTokenAlign);

@@ -10,8 +10,10 @@
 
 namespace flce::cuda {
 
-absl::Status RunPlan(const Exec& exec, const HeadView& head, const Plan& plan,
+absl::Status RunPlan(const Exec& exec_given, const HeadView& head, const Plan& plan,
                      const DeviceRequest& r, char* scratch) {
+  Exec exec = exec_given;
+  exec.switches = &plan.switches;
   switch (plan.strategy) {
     case Strategy::kChunked:
     case Strategy::kSeparate:

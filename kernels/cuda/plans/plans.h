@@ -26,10 +26,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "kernels/cuda/base/cuda_status.h"
+#include "kernels/cuda/base/kernel_choices.h"
 #include "kernels/cuda/base/row_types.h"
 #include "kernels/cuda/base/stage_timer.h"
 #include "kernels/cuda/ops/gemm_algos.h"
@@ -69,6 +71,9 @@ struct Plan {
   int64_t scratch_bytes = 0;      // device workspace RunPlan needs
   int64_t stream_slot_bytes = 0;  // chunked streaming: per slot (hidden in, grad out, rows)
   bool tile_stats = false;        // chunked: the logits-stats GEMM path (logits_stats_gemm.cuh)
+  // FLCE_CUDA_* as read when the plan was made: every launch of the plan
+  // decides its kernels from these (kernel_choices.h; DescribeKernels).
+  KernelSwitches switches;
 };
 
 struct PlanRequest {
@@ -102,7 +107,15 @@ struct Exec {
   cudaEvent_t events[4] = {nullptr, nullptr, nullptr, nullptr};
   // Optional (benchmarks): the end of each stage is marked here.
   StageTimer* timer = nullptr;
+  // The switches of the plan being run: RunPlan and RunChunk set them from
+  // their plan (a sharded block from its plan); null = the defaults.
+  const KernelSwitches* switches = nullptr;
 };
+
+// The switches the launches under exec decide by.
+inline const KernelSwitches& SwitchesOf(const Exec& exec) {
+  return SwitchesOrDefaults(exec.switches);
+}
 
 // Closes stage `name` on exec's timer, if it has one.
 inline void MarkStage(const Exec& exec, const char* name) {
@@ -129,6 +142,16 @@ struct TileChunkLaunch {
 absl::StatusOr<TileChunkLaunch> PrepareTileChunk(const Exec& exec, const HeadView& head,
                                                  const Plan& plan, const DeviceRequest& request,
                                                  char* scratch);
+
+// What a chunk `r` of `plan` runs, as "key=value" words (ComputeSummary.
+// kernels): logits= (cublas_fp32, stats_cooperative, stats_pingpong128,
+// stats_pingpong192[_pairs]), rows= (the row pass: two_pass, cluster,
+// [+half_chunk_overlap], tile_finish+dlogits_pass, row_reference), and where
+// asked grad_input= (cublas, own_splitsN) and grad_weight= (cublas,
+// cublas_preferred_tile, thin_pass, own_pingpong[_pairs|_beside],
+// own_cooperative). Decided by the functions the launches decide by.
+std::string DescribeChunkKernels(const Exec& exec, const HeadView& head, const Plan& plan,
+                                 const DeviceRequest& r);
 
 // The whole request under `plan`.
 absl::Status RunPlan(const Exec& exec, const HeadView& head, const Plan& plan,

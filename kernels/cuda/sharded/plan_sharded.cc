@@ -85,7 +85,7 @@ ShardScratch CarveTileShard(char* base, int64_t rows, const HeadView& head, DTyp
 // whole-vocabulary columns for argmax and the onehot.
 void ShardTileArgs(const ShardTask& t, const ShardScratch& sc, const void* x, LogitsStatsArgs* g,
                    TileRowArgs* a) {
-  plan_parts::TileChunkArgs(t.head, t.request, sc.tile, x, g, a);
+  plan_parts::TileChunkArgs(t.head, t.request, sc.tile, x, SwitchesOf(t.exec), g, a);
   g->target = sc.local_target;
   a->in.target = sc.local_target;
   a->vocab_end = t.columns;
@@ -119,10 +119,13 @@ absl::StatusOr<ShardPlan> MakeShardPlan(const std::vector<HeadView>& shards,
   }
   const int64_t n = std::max<int64_t>(req.num_tokens, 1);
   ShardPlan plan;
+  plan.switches = KernelSwitchesFromEnvironment();
   // The logits-stats GEMM where every shard with columns can take it.
   plan.tile_stats = req.strategy != Strategy::kVocabSplit && req.strategy != Strategy::kFuseMN;
   for (const HeadView& h : shards) {
-    if (h.padded_vocab > 0) plan.tile_stats = plan.tile_stats && plan_parts::UseTileStats(h, req);
+    if (h.padded_vocab > 0) {
+      plan.tile_stats = plan.tile_stats && plan_parts::UseTileStats(h, req, plan.switches);
+    }
   }
   auto bytes = [&](int64_t rows, int64_t cols) {
     return plan.tile_stats ? TileShardBytes(rows, *widest, req.hidden_dtype, count)

@@ -31,12 +31,13 @@ struct ShardPlan {
   int64_t split_cols = 0;                  // columns per split (chunked: a shard's all)
   int64_t scratch_bytes = 0;               // workspace on every shard
   bool tile_stats = false;                 // chunked: the logits-stats GEMM per shard
+  KernelSwitches switches;                 // FLCE_CUDA_* as read when the plan was made
 };
 
 // One shard's part of a block.
 struct ShardTask {
   int device = 0;
-  Exec exec;
+  Exec exec;  // its switches: the plan's
   HeadView head;              // the shard's rows (padded_vocab 0 for an empty shard)
   int64_t first_column = 0;   // the shard's first row in the whole vocabulary
   int64_t columns = 0;        // its real rows

@@ -174,6 +174,7 @@ absl::Status ShardedComputeCall::RunBlock(int64_t begin, int64_t rows) {
     ShardTask& t = tasks[s];
     t.device = engine_->device(s);
     t.exec = shard.exec();
+    t.exec.switches = &plan_.switches;
     t.head = ShardView(*head_, s);
     t.first_column = head_->shards().begin[s];
     t.columns = head_->shards().rows(s);

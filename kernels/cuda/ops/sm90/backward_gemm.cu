@@ -198,83 +198,10 @@ absl::Status CheckLayout(const char* what, DType dtype, const void* d, int64_t r
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Up to this H the own grad_W starts beside the own grad_input by default
-// (the two defaults below decide together); above it grad_W runs alone.
-constexpr int64_t kBesideMaxHidden = 2048;
-
-std::string GradWeightEnv() {
-  const char* env = std::getenv("FLCE_CUDA_GRAD_WEIGHT");
-  return env != nullptr ? env : "";
-}
-
 }  // namespace
-
-BackwardGemmChoice BackwardGemmFromEnv() {
-  const char* env = std::getenv("FLCE_CUDA_BACKWARD");
-  if (env == nullptr) return BackwardGemmChoice::kAuto;
-  const std::string v(env);
-  if (v == "own") return BackwardGemmChoice::kOwn;
-  if (v == "cublas") return BackwardGemmChoice::kCublas;
-  return BackwardGemmChoice::kAuto;
-}
 
 bool BackwardGemmSupported(DType dtype, int64_t hidden) {
   return HeadFitsHopperKernels(dtype, hidden);
-}
-
-bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden,
-                         int splits, bool grad_weight_beside) {
-  if (choice == BackwardGemmChoice::kCublas || !BackwardGemmSupported(dtype, hidden)) return false;
-  if (choice == BackwardGemmChoice::kOwn) return true;
-  return OwnGradInputByDefault(rows, hidden, splits, grad_weight_beside);
-}
-
-bool OwnGradInputByDefault(int64_t rows, int64_t hidden, int splits, bool grad_weight_beside) {
-  // The own kernel is ahead of cuBLAS's where the vocabulary split fills the
-  // waves that rows x H alone leaves part empty. At one split it is behind
-  // cuBLAS's alone; grad_W beside it, on the SMs its last wave leaves idle,
-  // more than makes up for that up to kBesideMaxHidden, and above only
-  // evens it out. Chunks under 2048 tokens suit cuBLAS's thin-product
-  // kernels (docs/perf/cuda.md).
-  if (rows < 2048) return false;
-  return splits >= 2 || (grad_weight_beside && hidden <= kBesideMaxHidden);
-}
-
-bool GradWeightBesideGradInput() {
-  const char* env = std::getenv("FLCE_CUDA_BACKWARD_OVERLAP");
-  if (env != nullptr && std::string(env) == "0") return false;
-  return GradWeightKernelFromEnv() == GradWeightKernel::kPingPong;
-}
-
-bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden) {
-  if (choice == BackwardGemmChoice::kCublas || !BackwardGemmSupported(dtype, hidden)) return false;
-  if (choice == BackwardGemmChoice::kOwn) return true;
-  const std::string forced = GradWeightEnv();
-  if (forced == "cublas") return false;
-  if (forced == "pingpong" || forced == "cooperative") return true;
-  return OwnGradWeightByDefault(rows, hidden);
-}
-
-bool OwnGradWeightByDefault(int64_t rows, int64_t hidden) {
-  // The ping-pong kernel where it runs beside the own grad_input (H from 1536
-  // to kBesideMaxHidden). Above that it would run alone, and cuBLAS's
-  // 128 x 160 algorithm is ahead of it; at H = 1024 cuBLAS's 128 x 128 one
-  // is (gemm_algos.h; docs/perf/cuda.md). Small chunks stay on cuBLAS's thin-product kernels,
-  // as for grad_input.
-  return rows >= 2048 && hidden >= 1536 && hidden <= kBesideMaxHidden;
-}
-
-bool GradWeightPairs() {
-  // On by default: the two CTAs of a pair share each D^T tile by TMA
-  // multicast (fewer bytes from L2 per flop), and in whole runs pairs are
-  // ahead of one CTA per tile (docs/perf/cuda.md).
-  const char* env = std::getenv("FLCE_CUDA_GRAD_WEIGHT_PAIRS");
-  return env == nullptr || std::string(env) != "0";
-}
-
-GradWeightKernel GradWeightKernelFromEnv() {
-  return GradWeightEnv() == "cooperative" ? GradWeightKernel::kCooperative
-                                          : GradWeightKernel::kPingPong;
 }
 
 int GradInputSplits(int64_t rows, int64_t hidden, int64_t cols, int max_splits, int sms_given) {

@@ -31,44 +31,13 @@
 #include "absl/status/status.h"
 #include "core/dtype.h"
 #include "kernels/cuda/base/cuda_status.h"
+#include "kernels/cuda/base/kernel_choices.h"
 
 namespace flce::cuda {
 
-// Which backward GEMMs the plans take: the own kernels where the device and
-// head allow and the problem fills the GPU (kAuto), always where they can
-// (kOwn, for tests), or cuBLAS (kCublas). FLCE_CUDA_BACKWARD=own|cublas
-// overrides the default kAuto.
-enum class BackwardGemmChoice { kAuto, kOwn, kCublas };
-BackwardGemmChoice BackwardGemmFromEnv();
-
-// Device (compute capability 9.0) and head (bf16/fp16, H % 8 == 0).
+// Device (compute capability 9.0) and head (bf16/fp16, H % 8 == 0). Which
+// chunks the own kernels take: kernel_choices.h.
 bool BackwardGemmSupported(DType dtype, int64_t hidden);
-
-// Whether the own kernels take a chunk under `choice`: grad_input for `rows`
-// tokens with the split count GradInputSplits chose, `grad_weight_beside`
-// when the own grad_W GEMM would run beside it (GradWeightBesideGradInput).
-bool UseOwnGradInputGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden,
-                         int splits, bool grad_weight_beside);
-// The default's choice for grad_input on a device that has the own kernels
-// (host logic).
-bool OwnGradInputByDefault(int64_t rows, int64_t hidden, int splits, bool grad_weight_beside);
-// Whether an own ping-pong grad_W GEMM may start beside the own grad_input
-// GEMM, on the SMs of its last wave (GradWeightGemmArgs::beside_grad_input):
-// yes unless FLCE_CUDA_BACKWARD_OVERLAP=0 or FLCE_CUDA_GRAD_WEIGHT=cooperative.
-bool GradWeightBesideGradInput();
-// grad_W for `rows` tokens: under kAuto FLCE_CUDA_GRAD_WEIGHT=pingpong |
-// cooperative | cublas decides where it is set, else OwnGradWeightByDefault.
-bool UseOwnGradWeightGemm(BackwardGemmChoice choice, DType dtype, int64_t rows, int64_t hidden);
-// The default's choice on a device that has the own kernels (host logic).
-bool OwnGradWeightByDefault(int64_t rows, int64_t hidden);
-
-// The own grad_W GEMM's kernel; FLCE_CUDA_GRAD_WEIGHT=cooperative picks the
-// cooperative one, anything else the ping-pong one.
-enum class GradWeightKernel { kPingPong, kCooperative };
-GradWeightKernel GradWeightKernelFromEnv();
-// Whether the plans run the ping-pong grad_W kernel in CTA pairs where its
-// tiles are not counted: unless FLCE_CUDA_GRAD_WEIGHT_PAIRS=0.
-bool GradWeightPairs();
 
 // How many vocabulary splits keep `sms` multiprocessors busy for grad_input
 // of rows x hidden (1..max_splits, at most one per 64 columns of cols): the

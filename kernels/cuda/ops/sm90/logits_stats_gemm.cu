@@ -5,9 +5,6 @@
 #include <algorithm>
 #include <cfloat>
 #include <climits>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -307,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // e must be in global memory before the kernel ends.
   if (t == 0) TmaStoreWaitAll();
 #else
-  __trap();  // built without sm_90a code: LogitsStatsSupported() is false there
+  __trap();  // built without sm_90a code: HeadFitsHopperKernels() is false there
 #endif
 }
 
@@ -328,25 +325,7 @@ absl::Status Launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const CU
   return absl::OkStatus();
 }
 
-// One group by default (the whole chunk, token tiles fastest).
-// FLCE_CUDA_STATS_GROUP=G: groups of G token tiles, so that G x 128 hidden
-// rows stay in L2 while the group sweeps W (a 5632-token chunk at H = 4096
-// is 44 MiB). Groups cut the GEMM's DRAM reads of the hidden rows, but in
-// whole runs their gain is within the run-to-run spread at every bench
-// shape, so the default stays one group (docs/perf/cuda.md).
-int32_t TokenTilesPerGroup(int32_t m_tiles) {
-  const char* env = std::getenv("FLCE_CUDA_STATS_GROUP");
-  const int group = env != nullptr ? std::atoi(env) : 0;
-  return group > 0 && group < m_tiles ? group : m_tiles;
-}
-
 }  // namespace
-
-bool LogitsStatsSupported(DType dtype, int64_t hidden) {
-  const char* env = std::getenv("FLCE_CUDA_LOGITS");
-  if (env != nullptr && std::string(env) == "cublas") return false;
-  return HeadFitsHopperKernels(dtype, hidden);
-}
 
 absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStream_t stream,
                                DeviceHealth* health) {
@@ -371,7 +350,11 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
   k.padded_vocab = static_cast<int32_t>(args.padded_vocab);
   k.m_tiles = static_cast<int32_t>((args.rows + kBM - 1) / kBM);
   k.n_tiles = static_cast<int32_t>(LogitsStatsTiles(args.padded_vocab));
-  k.m_group = TokenTilesPerGroup(k.m_tiles);
+  // Groups of G token tiles keep G x 128 hidden rows in L2 while the group
+  // sweeps W; one group is the whole chunk, token tiles fastest.
+  k.m_group = args.token_tiles_per_group > 0 && args.token_tiles_per_group < k.m_tiles
+                  ? args.token_tiles_per_group
+                  : k.m_tiles;
   k.target = args.target;
   k.target_logit = args.target_logit;
   k.stats = args.stats;
@@ -387,9 +370,8 @@ absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStr
       return Launch<false, false, true, true>(x_map, w_map, e_map, k, stream, health);
     }
     if (PartialsAroundReference(args)) {
-      const int pingpong_cols = PingPongTileCols(args.rows);
-      if (args.run_if == nullptr && pingpong_cols > 0) {
-        return LaunchPingPong(args, x_map, e_map, k, pingpong_cols, stream, health);
+      if (const int cols = PingPongColsFor(args); cols > 0) {
+        return LaunchPingPong(args, x_map, e_map, k, cols, stream, health);
       }
       return Launch<false, false, true, false, true>(x_map, w_map, e_map, k, stream, health);
     }

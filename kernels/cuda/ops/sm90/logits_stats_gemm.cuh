@@ -68,6 +68,13 @@ struct LogitsStatsArgs {
   // false: nothing reads e after the finish (a call without a backward), so
   // a kernel may leave exp_out unwritten; the ping-pong kernel does.
   bool store_e = true;
+  // The plan's choices (kernel_choices.h): for the default call (partials
+  // around the row reference), the ping-pong kernel of this many columns
+  // (0: the cooperative kernel), in CTA pairs or not; token tiles per group
+  // (0: the whole chunk).
+  int pingpong_cols = 0;
+  bool pingpong_pairs = false;
+  int32_t token_tiles_per_group = 0;
 };
 
 // The partials the GEMM writes for `args` are taken around the row reference
@@ -75,6 +82,12 @@ struct LogitsStatsArgs {
 // their sums.
 inline bool PartialsAroundReference(const LogitsStatsArgs& args) {
   return args.row_reference != nullptr && !args.entropy && !args.argmax && !args.sum_z;
+}
+
+// The ping-pong kernel's columns LaunchLogitsStats runs `args` on, 0 for the
+// cooperative kernel: the default call's first launch (not a fallback's).
+inline int PingPongColsFor(const LogitsStatsArgs& args) {
+  return PartialsAroundReference(args) && args.run_if == nullptr ? args.pingpong_cols : 0;
 }
 
 // Row-scaled e stores exp(z - M_t) with the tile's factor exp(m_t - M_t)
@@ -88,10 +101,6 @@ inline constexpr int64_t kLogitsStatsTileCols = 256;
 inline int64_t LogitsStatsTiles(int64_t padded_vocab) {
   return (padded_vocab + kLogitsStatsTileCols - 1) / kLogitsStatsTileCols;
 }
-
-// Whether this device and head can take the kernel (compute capability 9.0,
-// bf16/fp16, H % 8 == 0). FLCE_CUDA_LOGITS=cublas turns it off.
-bool LogitsStatsSupported(DType dtype, int64_t hidden);
 
 absl::Status LaunchLogitsStats(DType dtype, const LogitsStatsArgs& args, cudaStream_t stream,
                                DeviceHealth* health);

@@ -3,10 +3,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "core/status_macros.h"
+#include "kernels/cuda/base/kernel_choices.h"
 #include "kernels/cuda/base/sm90_support.h"
 #include "kernels/cuda/ops/sm90/logits_stats_gemm.cuh"
 #include "kernels/cuda/ops/sm90/logits_stats_tile.cuh"
@@ -231,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // e must be in global memory before the kernel ends.
   if (t == 0) TmaStoreWaitAll();
 #else
-  __trap();  // built without sm_90a code: LogitsStatsSupported() is false there
+  __trap();  // built without sm_90a code: HeadFitsHopperKernels() is false there
 #endif
 }
 
@@ -259,33 +258,13 @@ absl::Status Launch(const LogitsStatsArgs& args, const CUtensorMap& x_map, const
 
 }  // namespace
 
-// By default the ping-pong kernel on 192-column tiles, the fastest of the
-// three in whole runs at every bench H: it hides the epilogue, and moves a
-// sixth fewer bytes from L2 per flop than 128-column tiles, which lose to the
-// cooperative kernel from H = 2048 up at the power limit. Chunks under 96
-// tokens only stream W, and there the cooperative kernel's 256-column tiles
-// are quicker (the crossover lies between 65 and 96 tokens, located with
-// 128-column tiles; docs/perf/cuda.md).
-int PingPongTileCols(int64_t rows) {
-  const char* env = std::getenv("FLCE_CUDA_STATS_KERNEL");
-  const std::string forced = env != nullptr ? env : "";
-  if (forced == "cooperative") return 0;
-  if (forced == "pingpong128") return 128;
-  if (forced == "pingpong192" || forced == "pingpong") return 192;
-  return rows >= 3 * kBM / 4 ? 192 : 0;
-}
-
-bool PingPongPairs(int64_t rows) {
-  const char* env = std::getenv("FLCE_CUDA_STATS_PAIRS");
-  if (env != nullptr && std::string(env) == "0") return false;
-  return rows > kBM;
-}
+static_assert(kBM == kOwnTileRows, "kernel_choices.h's thresholds count these token tiles");
 
 absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_map,
                             const CUtensorMap& e_map, const KernelArgs& k, int tile_cols,
                             cudaStream_t stream, DeviceHealth* health) {
   if (tile_cols == 192) {
-    const bool pairs = PingPongPairs(args.rows);
+    const bool pairs = args.pingpong_pairs;
     if (!args.store_e) {
       return pairs ? Launch<192, 2, false>(args, x_map, e_map, k, stream, health)
                    : Launch<192, 1, false>(args, x_map, e_map, k, stream, health);

@@ -272,20 +272,10 @@ __device__ __forceinline__ void ReferenceExp(const float (&acc)[32 * kGroups],
 }
 #endif  // FLCE_SM90A
 
-// The default call's kernel (row-scaled e around the row reference, neither
-// entropy nor accuracy): the ping-pong kernel's tile width (192 columns)
-// where the chunk fills at least 3/4 of a token tile, 0 for the cooperative
-// kernel. FLCE_CUDA_STATS_KERNEL=pingpong128, pingpong192 (or pingpong) or
-// cooperative forces one (logits_stats_pingpong.cu).
-int PingPongTileCols(int64_t rows);
-
-// Whether the 192-column ping-pong kernel runs in CTA pairs sharing W
-// (CtaTiles): for chunks of more than one token tile, unless
-// FLCE_CUDA_STATS_PAIRS=0.
-bool PingPongPairs(int64_t rows);
-
-// That call on the ping-pong kernel of `tile_cols` columns; x_map and e_map
-// as the cooperative kernel encodes them.
+// The default call (row-scaled e around the row reference, neither entropy
+// nor accuracy) on the ping-pong kernel of `tile_cols` columns (128 or 192;
+// the 192-column one in CTA pairs sharing W where args.pingpong_pairs); x_map
+// and e_map as the cooperative kernel encodes them.
 absl::Status LaunchPingPong(const LogitsStatsArgs& args, const CUtensorMap& x_map,
                             const CUtensorMap& e_map, const KernelArgs& k, int tile_cols,
                             cudaStream_t stream, DeviceHealth* health);

@@ -1,0 +1,145 @@
+#include "kernels/cuda/base/kernel_choices.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cuda/base/policy.h"
+#include "kernels/cuda/base/sm90_support.h"
+
+namespace flce::cuda {
+namespace {
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+}  // namespace
+
+KernelSwitches KernelSwitchesFromEnvironment() {
+  KernelSwitches s;
+  s.generic = Env("FLCE_CUDA_GENERIC") == "1";
+  s.cublas_logits = Env("FLCE_CUDA_LOGITS") == "cublas";
+  const std::string stats = Env("FLCE_CUDA_STATS_KERNEL");
+  if (stats == "cooperative") s.stats_kernel = StatsKernelSwitch::kCooperative;
+  if (stats == "pingpong128") s.stats_kernel = StatsKernelSwitch::kPingPong128;
+  if (stats == "pingpong192" || stats == "pingpong") {
+    s.stats_kernel = StatsKernelSwitch::kPingPong192;
+  }
+  s.stats_pairs = Env("FLCE_CUDA_STATS_PAIRS") != "0";
+  s.stats_group = std::atoi(Env("FLCE_CUDA_STATS_GROUP").c_str());
+  s.cluster_rows = Env("FLCE_CUDA_ROW_KERNEL") == "cluster";
+  s.overlap = Env("FLCE_CUDA_OVERLAP") == "1";
+  s.dlogits_pass = Env("FLCE_CUDA_DLOGITS_PASS") == "1";
+  const std::string backward = Env("FLCE_CUDA_BACKWARD");
+  if (backward == "own") s.backward = BackwardGemmChoice::kOwn;
+  if (backward == "cublas") s.backward = BackwardGemmChoice::kCublas;
+  const std::string grad_weight = Env("FLCE_CUDA_GRAD_WEIGHT");
+  if (grad_weight == "cublas") s.grad_weight = GradWeightSwitch::kCublas;
+  if (grad_weight == "pingpong") s.grad_weight = GradWeightSwitch::kPingPong;
+  if (grad_weight == "cooperative") s.grad_weight = GradWeightSwitch::kCooperative;
+  s.backward_overlap = Env("FLCE_CUDA_BACKWARD_OVERLAP") != "0";
+  s.grad_weight_pairs = Env("FLCE_CUDA_GRAD_WEIGHT_PAIRS") != "0";
+  s.thin_grad_weight = Env("FLCE_CUDA_THIN_GRAD_WEIGHT") != "0";
+  s.gemm_tiles = Env("FLCE_CUDA_GEMM_TILES");
+  return s;
+}
+
+const KernelSwitches& SwitchesOrDefaults(const KernelSwitches* s) {
+  static const KernelSwitches kDefaults;
+  return s != nullptr ? *s : kDefaults;
+}
+
+bool HopperKernelsFor(const KernelSwitches& s, DType dtype, int64_t hidden) {
+  return !s.generic && sm90::HeadFitsHopperKernels(dtype, hidden);
+}
+
+bool LogitsStatsChosen(const KernelSwitches& s, DType dtype, int64_t hidden) {
+  return !s.cublas_logits && HopperKernelsFor(s, dtype, hidden);
+}
+
+int StatsPingPongCols(const KernelSwitches& s, int64_t rows) {
+  switch (s.stats_kernel) {
+    case StatsKernelSwitch::kCooperative:
+      return 0;
+    case StatsKernelSwitch::kPingPong128:
+      return 128;
+    case StatsKernelSwitch::kPingPong192:
+      return 192;
+    case StatsKernelSwitch::kAuto:
+      break;
+  }
+  return rows >= 3 * kOwnTileRows / 4 ? 192 : 0;
+}
+
+bool StatsPingPongPairs(const KernelSwitches& s, int64_t rows) {
+  return s.stats_pairs && rows > kOwnTileRows;
+}
+
+int32_t StatsTokenTilesPerGroup(const KernelSwitches& s, int32_t m_tiles) {
+  return s.stats_group > 0 && s.stats_group < m_tiles ? s.stats_group : m_tiles;
+}
+
+bool ClusterRowsChosen(const KernelSwitches& s) { return s.cluster_rows && !s.generic; }
+
+bool OverlapChosen(const KernelSwitches& s, int64_t rows) {
+  return s.overlap && rows >= 2 * ChunkPolicy::kTokenAlign;
+}
+
+bool UseOwnGradInputGemm(const KernelSwitches& s, DType dtype, int64_t rows, int64_t hidden,
+                         int splits, bool grad_weight_beside) {
+  if (s.backward == BackwardGemmChoice::kCublas || !HopperKernelsFor(s, dtype, hidden)) {
+    return false;
+  }
+  if (s.backward == BackwardGemmChoice::kOwn) return true;
+  return OwnGradInputByDefault(rows, hidden, splits, grad_weight_beside);
+}
+
+bool OwnGradInputByDefault(int64_t rows, int64_t hidden, int splits, bool grad_weight_beside) {
+  // At one split the own kernel is behind cuBLAS's alone; grad_W beside it,
+  // on the SMs its last wave leaves idle, more than makes up for that up to
+  // kBesideMaxHidden, and above only evens it out (docs/perf/cuda.md).
+  if (rows < kOwnBackwardMinRows) return false;
+  return splits >= 2 || (grad_weight_beside && hidden <= kBesideMaxHidden);
+}
+
+bool UseOwnGradWeightGemm(const KernelSwitches& s, DType dtype, int64_t rows, int64_t hidden) {
+  if (s.backward == BackwardGemmChoice::kCublas || !HopperKernelsFor(s, dtype, hidden)) {
+    return false;
+  }
+  if (s.backward == BackwardGemmChoice::kOwn) return true;
+  switch (s.grad_weight) {
+    case GradWeightSwitch::kCublas:
+      return false;
+    case GradWeightSwitch::kPingPong:
+    case GradWeightSwitch::kCooperative:
+      return true;
+    case GradWeightSwitch::kAuto:
+      break;
+  }
+  return OwnGradWeightByDefault(rows, hidden);
+}
+
+bool OwnGradWeightByDefault(int64_t rows, int64_t hidden) {
+  // Above kBesideMaxHidden the ping-pong kernel would run alone, and cuBLAS's
+  // 128 x 160 algorithm is ahead of it; at H = 1024 cuBLAS's 128 x 128 one is
+  // (gemm_algos.h; docs/perf/cuda.md).
+  return rows >= kOwnBackwardMinRows && hidden >= 1536 && hidden <= kBesideMaxHidden;
+}
+
+bool GradWeightBesideGradInput(const KernelSwitches& s) {
+  return s.backward_overlap && GradWeightKernelOf(s) == GradWeightKernel::kPingPong;
+}
+
+GradWeightKernel GradWeightKernelOf(const KernelSwitches& s) {
+  return s.grad_weight == GradWeightSwitch::kCooperative ? GradWeightKernel::kCooperative
+                                                         : GradWeightKernel::kPingPong;
+}
+
+bool GradWeightPairs(const KernelSwitches& s) { return s.grad_weight_pairs; }
+
+bool UseThinGradWeight(const KernelSwitches& s, int64_t rows) {
+  return s.thin_grad_weight && rows >= 1 && rows <= kThinGradWeightRows;
+}
+
+}  // namespace flce::cuda

@@ -1,0 +1,32 @@
+// The kernels a call ran, for ComputeSummary.kernels: each distinct set of a
+// call's chunks once (DescribeChunkKernels's words), after the tokens of the
+// first chunk that ran it where a call's chunks ran more than one.
+#ifndef FLCE_KERNELS_CUDA_PLANS_KERNEL_REPORT_H_
+#define FLCE_KERNELS_CUDA_PLANS_KERNEL_REPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/plans/plans.h"
+
+namespace flce::cuda {
+
+class KernelReport {
+ public:
+  // One chunk (chunked, separate), block (vocab_split, fuse_mn) or whole
+  // request (naive) as RunChunk or RunPlan's block loop runs it.
+  void AddChunk(const Exec& exec, const HeadView& head, const Plan& plan, const DeviceRequest& r);
+  // A whole request as RunPlan cuts it.
+  void AddRequest(const Exec& exec, const HeadView& head, const Plan& plan, const DeviceRequest& r);
+  // "words", or "N tokens: words; M tokens: words"; empty before any chunk.
+  std::string Text() const;
+
+ private:
+  std::vector<std::pair<int64_t, std::string>> seen_;
+};
+
+}  // namespace flce::cuda
+
+#endif  // FLCE_KERNELS_CUDA_PLANS_KERNEL_REPORT_H_
