@@ -69,9 +69,16 @@ int StatsPingPongCols(const KernelSwitches& s, int64_t rows) {
     case StatsKernelSwitch::kAuto:
       break;
   }
+  // The ping-pong kernel hides the epilogue behind the other warpgroup's
+  // MMAs, and 192-column tiles move a sixth fewer bytes from L2 per flop than
+  // 128-column ones. A chunk of under 3/4 of a token tile only streams W,
+  // which the cooperative kernel's 256-column tiles do faster
+  // (docs/perf/cuda.md steps 34, 39, 41).
   return rows >= 3 * kOwnTileRows / 4 ? 192 : 0;
 }
 
+// Two CTAs of a pair load half of each W tile into both by TMA multicast:
+// fewer bytes from L2 per flop, where there are two token tiles to pair.
 bool StatsPingPongPairs(const KernelSwitches& s, int64_t rows) {
   return s.stats_pairs && rows > kOwnTileRows;
 }
