@@ -16,7 +16,8 @@ reports the server's engine time of its first call (two_call's weighted call in 
 no summary here; dpo's is split into its log-prob pass and its gradient pass by
 PreferenceSummary.first_pass_ms, except with rows in messages, where the passes overlap); the
 medians, the ratios to plain, and whether plain and grpo ran the same plan
-(ComputeSummary.strategy_used) are printed and, with --json, appended.
+(ComputeSummary.strategy_used; the kernels each ran, ComputeSummary.kernels, beside it) are
+printed and, with --json, appended.
 
     /usr/bin/python3 bench/python/bench_policy.py --target 127.0.0.1:50051 --device cuda \
         --transport cuda_ipc
@@ -111,7 +112,7 @@ def main() -> int:
             torch.cuda.synchronize()
         first_pass = summary.preference.first_pass_ms / 1e3 if kind == "dpo" else 0.0
         return (time.perf_counter() - t0, engine / 1e3, first_pass, summary.strategy_used,
-                float(loss))
+                summary.kernels, float(loss))
 
     def passes_overlap() -> bool:
         # With rows in messages (and not deterministic, which this bench never asks for) the
@@ -124,16 +125,18 @@ def main() -> int:
     times = {k: [] for k in KINDS}
     engines = {k: [] for k in KINDS}
     strategies = {k: set() for k in KINDS}
+    kernels = {k: set() for k in KINDS}
     dpo_first_pass = []
     for r in range(args.rounds):
         order = KINDS if r % 2 == 0 else tuple(reversed(KINDS))
         for kind in order:
             if args.gap_ms > 0:
                 time.sleep(args.gap_ms / 1e3)
-            wall, engine, first_pass, strategy, loss = step(kind)
+            wall, engine, first_pass, strategy, kernel_words, loss = step(kind)
             times[kind].append(wall)
             engines[kind].append(engine)
             strategies[kind].add(strategy)
+            kernels[kind].add(kernel_words)
             passes = ""
             if kind == "dpo":
                 dpo_first_pass.append(first_pass)
@@ -157,6 +160,7 @@ def main() -> int:
     print(f"medians of {args.rounds}: " + ", ".join(
         f"{k} {med[k]:.1f} ms ({med[k] / med['plain']:.3f}x)" for k in KINDS)
         + f"; plans {', '.join(f'{k} {sorted(strategies[k])}' for k in KINDS)}"
+        + f"; kernels {', '.join(f'{k} {sorted(kernels[k])}' for k in KINDS)}"
         + f"; transport {client.last_transport}"
         + f"; dpo engine: {split}")
     if args.json:
@@ -170,6 +174,7 @@ def main() -> int:
                 "dpo_pass_engine_ms": pass_ms,
                 "ratio_to_plain": {k: med[k] / med["plain"] for k in KINDS},
                 "strategies": {k: sorted(strategies[k]) for k in KINDS},
+                "kernels": {k: sorted(kernels[k]) for k in KINDS},
                 "same_plan": same_plan}) + "\n")
     client.unload_head("bench-policy")
     return 0 if same_plan else 1

@@ -120,6 +120,7 @@ absl::StatusOr<CommandResult> RunBench(const FlagSet& flags, CliEnv& env) {
                         {"forward_only", forward_only},
                         {"engine", last.summary.engine()},
                         {"strategy_used", last.summary.strategy_used()},
+                        {"kernels", last.summary.kernels()},
                         {"transport", last.transport},
                         {"connections", last.connections},
                         {"step_ms",
