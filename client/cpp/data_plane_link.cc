@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "core/data_plane_frame.h"
+#include "core/tcp_socket.h"
 
 namespace flce {
 namespace {
@@ -72,32 +73,18 @@ absl::StatusOr<std::unique_ptr<DataPlaneLink>> DataPlaneLink::Connect(
     const DataPlaneAddress& address) {
   const std::string& host = address.host;
   const int port = address.port;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  if (const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("data plane: cannot resolve ", host, ": ", gai_strerror(rc)));
+  const TcpOpened opened =
+      OpenTcpSocket(host, port, /*passive=*/false, [](int fd, const sockaddr* a, socklen_t length) {
+        return connect(fd, a, length) == 0 ? 0 : errno;
+      });
+  if (opened.resolve_error != 0) {
+    return absl::UnavailableError(absl::StrCat("data plane: cannot resolve ", host, ": ",
+                                               gai_strerror(opened.resolve_error)));
   }
-  int fd = -1;
-  int err = 0;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      err = errno;
-    } else if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      err = errno;
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(found);
+  const int fd = opened.fd;
   if (fd < 0) {
     return absl::UnavailableError(absl::StrCat("data plane: cannot connect to ", host, ":", port,
-                                               ": ", std::strerror(err)));
+                                               ": ", std::strerror(opened.error)));
   }
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

@@ -14,44 +14,27 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/tcp_socket.h"
 #include "server/observe/log.h"
 
 namespace flce::server {
 
 absl::StatusOr<std::unique_ptr<DataPlaneListener>> DataPlaneListener::Listen(
     const std::string& host, int port, ComputePieces* pieces, Metrics* metrics, Options options) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints,
-                                 &found);
-      rc != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--data-port: cannot resolve \"", host, "\": ", gai_strerror(rc)));
+  const TcpOpened opened =
+      OpenTcpSocket(host, port, /*passive=*/true, [](int fd, const sockaddr* a, socklen_t length) {
+        const int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        return bind(fd, a, length) == 0 && listen(fd, SOMAXCONN) == 0 ? 0 : errno;
+      });
+  if (opened.resolve_error != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--data-port: cannot resolve \"", host,
+                                                   "\": ", gai_strerror(opened.resolve_error)));
   }
-  int fd = -1;
-  int err = 0;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      err = errno;
-      continue;
-    }
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
-      err = errno;
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(found);
+  const int fd = opened.fd;
   if (fd < 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on the data port ", host, ":", port,
-                                               ": ", std::strerror(err)));
+                                               ": ", std::strerror(opened.error)));
   }
   sockaddr_storage bound{};
   socklen_t length = sizeof(bound);
@@ -62,7 +45,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneListener>> DataPlaneListener::Listen(
           : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
   const int wake = eventfd(0, EFD_CLOEXEC);
   if (wake < 0) {
-    err = errno;
+    const int err = errno;
     close(fd);
     return absl::UnavailableError(absl::StrCat("eventfd: ", std::strerror(err)));
   }
