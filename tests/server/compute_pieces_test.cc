@@ -27,53 +27,6 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kTokens = 60;
 
-// A Compute call whose header asks for pieces: the header goes out and the
-// server's first answer (the token, or the call's failure) is read.
-class PiecedCall {
- public:
-  PiecedCall(v1::Flce::Stub& stub, const v1::ComputeHeader& header, const std::string& bearer = "") {
-    if (!bearer.empty()) context_.AddMetadata("authorization", "Bearer " + bearer);
-    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    stream_ = stub.Compute(&context_);
-    stream_->Write(HeaderMessage(header));
-    v1::ComputeResponse first;
-    if (stream_->Read(&first) && first.has_pieces()) token_ = first.pieces().token();
-  }
-  const std::string& token() const { return token_; }
-
-  void SendRows(const Problem& p, int64_t begin, int64_t end) {
-    const int64_t row = p.spec.hidden_size * 4;
-    stream_->Write(HiddenMessage(begin, p.hidden_bytes.substr(begin * row, (end - begin) * row)));
-  }
-
-  // The end message, the half-close, and everything the server sends back.
-  grpc::Status End(int64_t num_tokens, int64_t hidden_size) {
-    stream_->Write(EndMessage(num_tokens));
-    stream_->WritesDone();
-    grad_input_.assign(num_tokens * hidden_size, std::nanf(""));
-    v1::ComputeResponse response;
-    while (stream_->Read(&response)) {
-      if (response.has_grad_input()) {
-        const v1::GradInputChunk& g = response.grad_input();
-        std::memcpy(grad_input_.data() + g.token_offset() * hidden_size, g.data().data(),
-                    g.data().size());
-      } else if (response.has_summary()) {
-        summary_ = response.summary();
-      }
-    }
-    return stream_->Finish();
-  }
-  const v1::ComputeSummary& summary() const { return summary_; }
-  const std::vector<float>& grad_input() const { return grad_input_; }
-
- private:
-  grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::ComputeRequest, v1::ComputeResponse>> stream_;
-  std::string token_;
-  v1::ComputeSummary summary_;
-  std::vector<float> grad_input_;
-};
-
 // A ComputePiece call on a connection of its own.
 class Piece {
  public:
@@ -149,7 +102,7 @@ TEST_F(ComputePiecesTest, PiecesCarryRowsBitForBitAsTheCallsOwnStream) {
   ComputeOutcome plain = Compute(stub(), Header("plain", "plain", 0), problem_, in_order);
   ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
 
-  PiecedCall call(stub(), Header("pieced", "pieced", 2));
+  TokenCall call(stub(), Header("pieced", "pieced", 2));
   ASSERT_EQ(call.token().size(), 16u);
   Piece first(target()), second(target());
   ASSERT_TRUE(first.Token(call.token()) && second.Token(call.token()));
@@ -181,7 +134,7 @@ TEST_F(ComputePiecesTest, PiecesCarryRowsBitForBitAsTheCallsOwnStream) {
 
 TEST_F(ComputePiecesTest, APieceThatBreaksOffFailsTheCallAndLandsNothing) {
   port_ = server().port();
-  PiecedCall call(stub(), Header("s", "broken", 1));
+  TokenCall call(stub(), Header("s", "broken", 1));
   Piece piece(target());
   ASSERT_TRUE(piece.Token(call.token()));
   ASSERT_TRUE(piece.Rows(problem_, 30, 60));
@@ -197,7 +150,7 @@ TEST_F(ComputePiecesTest, APieceThatBreaksOffFailsTheCallAndLandsNothing) {
 
 TEST_F(ComputePiecesTest, ACancelledPieceFailsTheCall) {
   port_ = server().port();
-  PiecedCall call(stub(), Header("s", "cancelled", 1));
+  TokenCall call(stub(), Header("s", "cancelled", 1));
   Piece piece(target());
   ASSERT_TRUE(piece.Token(call.token()));
   ASSERT_TRUE(piece.Rows(problem_, 30, 60));
@@ -214,7 +167,7 @@ TEST_F(ComputePiecesTest, ACancelledPieceFailsTheCall) {
 TEST_F(ComputePiecesTest, TheEndMessageWaitsForThePiecesStillOpen) {
   port_ = server().port();
   {
-    PiecedCall call(stub(), Header("s", "waits", 1));
+    TokenCall call(stub(), Header("s", "waits", 1));
     Piece piece(target());
     ASSERT_TRUE(piece.Token(call.token()));
     ASSERT_TRUE(piece.Rows(problem_, 30, 60));  // no end message yet
@@ -228,7 +181,7 @@ TEST_F(ComputePiecesTest, TheEndMessageWaitsForThePiecesStillOpen) {
     EXPECT_TRUE(status.ok()) << status.error_message();
     EXPECT_TRUE(piece.Finish().ok());
   }
-  PiecedCall call(stub(), Header("t", "waits-then-fails", 1));
+  TokenCall call(stub(), Header("t", "waits-then-fails", 1));
   Piece piece(target());
   ASSERT_TRUE(piece.Token(call.token()));
   ASSERT_TRUE(piece.Rows(problem_, 30, 60));
@@ -246,7 +199,7 @@ TEST_F(ComputePiecesTest, TheEndMessageWaitsForThePiecesStillOpen) {
 
 TEST_F(ComputePiecesTest, APieceWhoseEndMiscountsItsRowsFailsTheCall) {
   port_ = server().port();
-  PiecedCall call(stub(), Header("s", "miscount", 1));
+  TokenCall call(stub(), Header("s", "miscount", 1));
   Piece piece(target());
   ASSERT_TRUE(piece.Token(call.token()));
   ASSERT_TRUE(piece.Rows(problem_, 30, 60) && piece.EndOf(29));
@@ -262,7 +215,7 @@ TEST_F(ComputePiecesTest, TokensAndCountsAreChecked) {
   port_ = server().port();
   // An unknown token, and more pieces than the header asked for: those pieces
   // are refused; the call goes on.
-  PiecedCall call(stub(), Header("s", "counted", 1));
+  TokenCall call(stub(), Header("s", "counted", 1));
   Piece stranger(target());
   ASSERT_TRUE(stranger.Token(std::string(16, 'x')));
   EXPECT_EQ(stranger.Finish().error_code(), grpc::StatusCode::NOT_FOUND);
@@ -283,7 +236,7 @@ TEST_F(ComputePiecesTest, TokensAndCountsAreChecked) {
   late.Token(call.token());
   EXPECT_EQ(late.Finish().error_code(), grpc::StatusCode::NOT_FOUND);
 
-  PiecedCall too_many(stub(), Header("s", "too-many", 9));
+  TokenCall too_many(stub(), Header("s", "too-many", 9));
   EXPECT_TRUE(too_many.token().empty());
   grpc::Status refused = too_many.End(kTokens, problem_.spec.hidden_size);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -393,7 +346,7 @@ class ComputePiecesAuthTest : public ComputePiecesTest {
 // The token alone does not let another tenant add rows to a call.
 TEST_F(ComputePiecesAuthTest, APieceIsBoundToItsCallsTenant) {
   port_ = server().port();
-  PiecedCall call(stub(), Header("s", "alices", 1), "tok-alice");
+  TokenCall call(stub(), Header("s", "alices", 1), "tok-alice");
   ASSERT_FALSE(call.token().empty());
   Piece bobs(target(), "tok-bob");
   ASSERT_TRUE(bobs.Token(call.token()));

@@ -72,34 +72,6 @@ class RawConnection {
   bool connected_ = false;
 };
 
-// A Compute call whose header asks for the data plane: the header goes out and
-// the server's first answer (the token, or the call's failure) is read.
-class DataPlaneCall {
- public:
-  DataPlaneCall(v1::Flce::Stub& stub, v1::ComputeHeader header) {
-    header.set_data_plane(true);
-    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    stream_ = stub.Compute(&context_);
-    stream_->Write(HeaderMessage(header));
-    v1::ComputeResponse first;
-    if (stream_->Read(&first) && first.has_pieces()) token_ = first.pieces().token();
-  }
-  const std::string& token() const { return token_; }
-  grpc::Status End(int64_t num_tokens) {
-    stream_->Write(EndMessage(num_tokens));
-    stream_->WritesDone();
-    v1::ComputeResponse response;
-    while (stream_->Read(&response)) {
-    }
-    return stream_->Finish();
-  }
-
- private:
-  grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::ComputeRequest, v1::ComputeResponse>> stream_;
-  std::string token_;
-};
-
 class DataPlaneTest : public ServerTest {
  protected:
   void SetUp() override { Start(WithDataPlane()); }
@@ -138,6 +110,7 @@ class DataPlaneTest : public ServerTest {
   v1::ComputeHeader Header(const std::string& session) {
     v1::ComputeHeader header = MakeHeader(problem_, "h", session, session);
     header.set_deterministic(true);
+    header.set_data_plane(true);
     return header;
   }
   std::string Rows(int64_t begin, int64_t end) const {
@@ -185,7 +158,7 @@ TEST_F(DataPlaneTest, ServerInfoNamesThePort) {
 TEST_F(DataPlaneTest, RowsInAnyOrderOfFramesAndAForwardOnlyCall) {
   v1::ComputeHeader header = Header("forward");
   header.mutable_outputs()->set_forward_only(true);
-  DataPlaneCall call(stub(), header);
+  TokenCall call(stub(), header);
   ASSERT_EQ(call.token().size(), 16u);
   RawConnection connection(server().data_port());
   ASSERT_TRUE(connection.connected());
@@ -193,17 +166,17 @@ TEST_F(DataPlaneTest, RowsInAnyOrderOfFramesAndAForwardOnlyCall) {
   ASSERT_TRUE(connection.Frame(30, Rows(30, 60)));
   ASSERT_TRUE(connection.Frame(0, Rows(0, 30)));
   ASSERT_TRUE(connection.Frame(data_plane::kEndOffset, "", kTokens));
-  grpc::Status status = call.End(kTokens);
+  grpc::Status status = call.End(kTokens, problem_.spec.hidden_size);
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
 TEST_F(DataPlaneTest, AConnectionThatBreaksOffFailsTheCallAndLandsNothing) {
-  DataPlaneCall call(stub(), Header("broken"));
+  TokenCall call(stub(), Header("broken"));
   RawConnection connection(server().data_port());
   ASSERT_TRUE(connection.Hello(call.token()));
   ASSERT_TRUE(connection.Frame(0, Rows(0, 30)));
   connection.Close();  // without its end frame
-  grpc::Status status = call.End(kTokens);
+  grpc::Status status = call.End(kTokens, problem_.spec.hidden_size);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("data plane: the connection ended before"));
   ExpectNoContribution(stub(), "h", "broken");
@@ -211,22 +184,22 @@ TEST_F(DataPlaneTest, AConnectionThatBreaksOffFailsTheCallAndLandsNothing) {
 
 TEST_F(DataPlaneTest, FramesAndCountsAreChecked) {
   {
-    DataPlaneCall call(stub(), Header("huge"));
+    TokenCall call(stub(), Header("huge"));
     RawConnection connection(server().data_port());
     ASSERT_TRUE(connection.Hello(call.token()));
     ASSERT_TRUE(connection.Frame(0, "", int64_t{1} << 40));  // a frame larger than a message
-    grpc::Status status = call.End(kTokens);
+    grpc::Status status = call.End(kTokens, problem_.spec.hidden_size);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(status.error_message(), HasSubstr("data plane: a frame at token 0"));
     EXPECT_TRUE(connection.ClosedByServer());
   }
   {
-    DataPlaneCall call(stub(), Header("miscounted"));
+    TokenCall call(stub(), Header("miscounted"));
     RawConnection connection(server().data_port());
     ASSERT_TRUE(connection.Hello(call.token()));
     ASSERT_TRUE(connection.Frame(0, Rows(0, 60)));
     ASSERT_TRUE(connection.Frame(data_plane::kEndOffset, "", 59));
-    grpc::Status status = call.End(kTokens);
+    grpc::Status status = call.End(kTokens, problem_.spec.hidden_size);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(status.error_message(), HasSubstr("59 rows"));
   }
@@ -235,7 +208,7 @@ TEST_F(DataPlaneTest, FramesAndCountsAreChecked) {
 }
 
 TEST_F(DataPlaneTest, AHelloThatNamesNoCallIsClosedAndTouchesNone) {
-  DataPlaneCall call(stub(), Header("kept"));
+  TokenCall call(stub(), Header("kept"));
   ASSERT_EQ(call.token().size(), 16u);
   std::string wrong = call.token();
   wrong[0] = static_cast<char>(wrong[0] ^ 1);
@@ -263,7 +236,7 @@ TEST_F(DataPlaneTest, AHelloThatNamesNoCallIsClosedAndTouchesNone) {
   RawConnection second(server().data_port());
   ASSERT_TRUE(second.Hello(call.token()));
   EXPECT_TRUE(second.ClosedByServer());
-  grpc::Status status = call.End(kTokens);
+  grpc::Status status = call.End(kTokens, problem_.spec.hidden_size);
   EXPECT_TRUE(status.ok()) << status.error_message();
   FetchedGrad grad = FetchGrad(stub(), "h", "kept");
   ASSERT_TRUE(grad.status.ok());
@@ -273,9 +246,9 @@ TEST_F(DataPlaneTest, AHelloThatNamesNoCallIsClosedAndTouchesNone) {
 TEST_F(DataPlaneTest, HeadersThatCannotUseItAreRefused) {
   v1::ComputeHeader both = Header("both");
   both.set_hidden_pieces(1);
-  DataPlaneCall call(stub(), both);
+  TokenCall call(stub(), both);
   EXPECT_TRUE(call.token().empty());
-  grpc::Status status = call.End(kTokens);
+  grpc::Status status = call.End(kTokens, problem_.spec.hidden_size);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("data_plane with hidden_pieces = 1"));
 }
@@ -283,8 +256,8 @@ TEST_F(DataPlaneTest, HeadersThatCannotUseItAreRefused) {
 TEST_F(DataPlaneTest, AServerWithoutItRefusesTheHeaderAndTheClientFallsBack) {
   TearDown();
   Start(TestConfig());  // no --data-port
-  DataPlaneCall call(stub(), Header("refused"));
-  grpc::Status status = call.End(kTokens);
+  TokenCall call(stub(), Header("refused"));
+  grpc::Status status = call.End(kTokens, problem_.spec.hidden_size);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(status.error_message(), HasSubstr("no data plane"));
 

@@ -13,6 +13,8 @@
 #define FLCE_TESTS_SERVER_SERVER_TEST_UTIL_H_
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -165,6 +167,54 @@ void ExpectNoContribution(v1::Flce::Stub& stub, const std::string& head_id,
 // `text` is exactly `series` (as exported, e.g. `flce_heads_loaded` or
 // `flce_region_refusals_total{reason="tcp"}`), -1 when absent.
 double Sample(const std::string& text, const std::string& series);
+
+// A Compute call whose header asks for a token (hidden_pieces or data_plane):
+// the header goes out and the server's first answer (the token, or the call's
+// failure) is read; End sends the end message and reads everything back.
+class TokenCall {
+ public:
+  TokenCall(v1::Flce::Stub& stub, const v1::ComputeHeader& header, const std::string& bearer = "") {
+    if (!bearer.empty()) context_.AddMetadata("authorization", "Bearer " + bearer);
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    stream_ = stub.Compute(&context_);
+    stream_->Write(HeaderMessage(header));
+    v1::ComputeResponse first;
+    if (stream_->Read(&first) && first.has_pieces()) token_ = first.pieces().token();
+  }
+  const std::string& token() const { return token_; }
+
+  void SendRows(const Problem& p, int64_t begin, int64_t end) {
+    const int64_t row = p.spec.hidden_size * 4;
+    stream_->Write(HiddenMessage(begin, p.hidden_bytes.substr(begin * row, (end - begin) * row)));
+  }
+
+  // The end message, the half-close, and everything the server sends back.
+  grpc::Status End(int64_t num_tokens, int64_t hidden_size) {
+    stream_->Write(EndMessage(num_tokens));
+    stream_->WritesDone();
+    grad_input_.assign(num_tokens * hidden_size, std::nanf(""));
+    v1::ComputeResponse response;
+    while (stream_->Read(&response)) {
+      if (response.has_grad_input()) {
+        const v1::GradInputChunk& g = response.grad_input();
+        std::memcpy(grad_input_.data() + g.token_offset() * hidden_size, g.data().data(),
+                    g.data().size());
+      } else if (response.has_summary()) {
+        summary_ = response.summary();
+      }
+    }
+    return stream_->Finish();
+  }
+  const v1::ComputeSummary& summary() const { return summary_; }
+  const std::vector<float>& grad_input() const { return grad_input_; }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ComputeRequest, v1::ComputeResponse>> stream_;
+  std::string token_;
+  v1::ComputeSummary summary_;
+  std::vector<float> grad_input_;
+};
 
 }  // namespace flce::server::test
 
