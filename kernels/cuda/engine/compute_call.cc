@@ -351,11 +351,11 @@ absl::Status CudaComputeCall::Flush() {
   r.grad_weight = grad != nullptr ? grad->weight() : nullptr;
   r.grad_bias = grad != nullptr ? grad->bias() : nullptr;
   r.params = params_;
+  kernels_.AddChunk(engine_->exec(), head_->view(), plan_, r);
   {
     std::lock_guard<std::mutex> lock(engine_->submit_mutex());
     FLCE_ASSIGN_OR_RETURN(char* scratch, engine_->Scratch(plan_.scratch_bytes, "chunked plan"));
     FLCE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, s.uploaded, 0), health);
-    kernels_.AddChunk(engine_->exec(), head_->view(), plan_, r);
     FLCE_RETURN_IF_ERROR(RunChunk(engine_->exec(), head_->view(), plan_, r, scratch));
     FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.computed, compute), health);
   }
@@ -445,11 +445,11 @@ absl::Status CudaComputeCall::FinishBuffered() {
   r.grad_bias = grad != nullptr ? grad->bias() : nullptr;
   r.params = params_;
   cudaStream_t compute = engine_->exec().stream;
+  kernels_.AddRequest(engine_->exec(), head_->view(), plan_, r);
   {
     std::lock_guard<std::mutex> lock(engine_->submit_mutex());
     FLCE_ASSIGN_OR_RETURN(char* scratch,
                           engine_->Scratch(plan_.scratch_bytes, StrategyName(plan_.strategy)));
-    kernels_.AddRequest(engine_->exec(), head_->view(), plan_, r);
     FLCE_RETURN_IF_ERROR(RunPlan(engine_->exec(), head_->view(), plan_, r, scratch));
     // Later calls may reuse the scratch as soon as the lock is released: the
     // compute stream orders their work after this one's.

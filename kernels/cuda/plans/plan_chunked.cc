@@ -374,7 +374,8 @@ std::string DescribeChunkKernels(const Exec& exec_given, const HeadView& head, c
       static const float kAnyReference = 0.0f;  // asked of, never launched
       g.row_reference = &kAnyReference;
       if (const int cols = PingPongColsFor(g); cols > 0) {
-        logits = absl::StrCat("stats_pingpong", cols, g.pingpong_pairs && cols == 192 ? "_pairs" : "");
+        const bool pairs = g.pingpong_pairs && cols == 192;
+        logits = absl::StrCat("stats_pingpong", cols, pairs ? "_pairs" : "");
       }
       rows = "row_reference";
       const RowScaledGemms gemms = ChooseRowScaledGemms(k, head, s, r);
