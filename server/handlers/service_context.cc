@@ -43,6 +43,7 @@ void RpcScope::Done(const grpc::Status& status) {
   line.session = session_;
   line.tokens = tokens_;
   line.strategy = strategy_;
+  line.kernels = kernels_;
   line.transport = transport_;
   line.phases_ms = std::move(phases_ms_);
   line.seconds = seconds;

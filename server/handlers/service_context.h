@@ -77,6 +77,7 @@ class RpcScope {
   void set_session(absl::string_view session) { session_ = std::string(session); }
   void set_tokens(int64_t tokens) { tokens_ = tokens; }
   void set_strategy(absl::string_view strategy) { strategy_ = std::string(strategy); }
+  void set_kernels(absl::string_view kernels) { kernels_ = std::string(kernels); }
   void set_transport(absl::string_view transport) { transport_ = std::string(transport); }
   // The caller's gRPC peer string (set by Admit).
   void set_peer(absl::string_view peer) { peer_ = std::string(peer); }
@@ -96,6 +97,7 @@ class RpcScope {
   std::string session_;
   int64_t tokens_ = -1;
   std::string strategy_;
+  std::string kernels_;
   std::string transport_;
   std::string peer_;
   absl::Time phase_start_;

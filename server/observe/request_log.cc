@@ -40,6 +40,7 @@ std::string FormatRequestLog(const RequestLogLine& line) {
   if (!line.session.empty()) absl::StrAppend(&out, " session=", QuoteLogValue(line.session));
   if (line.tokens >= 0) absl::StrAppend(&out, " tokens=", line.tokens);
   if (!line.strategy.empty()) absl::StrAppend(&out, " strategy=", QuoteLogValue(line.strategy));
+  if (!line.kernels.empty()) absl::StrAppend(&out, " kernels=", QuoteLogValue(line.kernels));
   if (!line.transport.empty()) absl::StrAppend(&out, " transport=", line.transport);
   for (const auto& [name, ms] : line.phases_ms) {
     absl::StrAppendFormat(&out, " %s_ms=%.3f", name, ms);
@@ -65,6 +66,7 @@ std::vector<std::pair<std::string, nlohmann::json>> RequestLogFields(const Reque
   if (!line.session.empty()) fields.emplace_back("session", cut(line.session));
   if (line.tokens >= 0) fields.emplace_back("tokens", line.tokens);
   if (!line.strategy.empty()) fields.emplace_back("strategy", cut(line.strategy));
+  if (!line.kernels.empty()) fields.emplace_back("kernels", cut(line.kernels));
   if (!line.transport.empty()) fields.emplace_back("transport", line.transport);
   for (const auto& [name, ms] : line.phases_ms) fields.emplace_back(absl::StrCat(name, "_ms"), ms);
   fields.emplace_back("duration_ms", line.seconds * 1000.0);

@@ -1,8 +1,9 @@
 // The one structured log line each RPC leaves when it ends, as key=value
 // pairs an operator can grep or a log shipper can split:
 //   request id=r1 rpc=Compute tenant=a head=demo session=s1 tokens=48
-//     strategy=chunked header_ms=0.5 setup_ms=1.2 input_ms=98.9 finish_ms=13.0
-//     land_ms=0.9 duration_ms=114.512 code=OK
+//     strategy=chunked kernels="logits=stats_pingpong192_pairs rows=row_reference ..."
+//     header_ms=0.5 setup_ms=1.2 input_ms=98.9 finish_ms=13.0 land_ms=0.9
+//     duration_ms=114.512 code=OK
 // A Compute's phases (each only when the call reached its end) say where its
 // time went: waiting for the header, checks, session and engine set-up,
 // taking hidden in, the engine's remaining work, and landing (or staging) the
@@ -31,6 +32,7 @@ struct RequestLogLine {
   std::string session;
   int64_t tokens = -1;  // -1 = not a compute
   std::string strategy;
+  std::string kernels;    // Compute: ComputeSummary.kernels (the CUDA engine's)
   std::string transport;  // Compute: how hidden came ("messages_tcp", "shm", ...)
   std::vector<std::pair<std::string, double>> phases_ms;  // in order; "<name>_ms" keys
   double seconds = 0.0;
@@ -42,7 +44,7 @@ struct RequestLogLine {
 std::string FormatRequestLog(const RequestLogLine& line);
 
 // The fields of --log-format=json, in order: request_id, rpc, tenant, head,
-// session, tokens, strategy, transport (each only when known), the phases, duration_ms, code,
+// session, tokens, strategy, kernels, transport (each only when known), the phases, duration_ms, code,
 // message (not for OK); string values cut as QuoteLogValue cuts them.
 std::vector<std::pair<std::string, nlohmann::json>> RequestLogFields(const RequestLogLine& line);
 
