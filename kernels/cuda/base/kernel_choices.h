@@ -2,8 +2,11 @@
 // switches an operator, a test or the benchmark sets, read once when a plan
 // is made (Plan::switches), and the shape thresholds that pick a kernel where
 // no switch does. Every launch decides through these functions with its
-// plan's switches, and the plan's report (DescribeKernels, plans/) asks the
-// same functions, so what a call reports is what its chunks ran.
+// plan's switches, and the plan's report (DescribeChunkKernels, plans/plans.h)
+// asks the same functions, so what a call reports is what its chunks ran.
+// Two choices live beside the code they size: the cuBLAS grad_W tile list
+// and where it applies (ops/gemm_algos.h), and the own grad_input GEMM's
+// vocabulary splits (GradInputSplits, ops/sm90/backward_gemm.cuh).
 //
 // Switches (unset = the default; any other value = the default too):
 //   FLCE_CUDA_GENERIC=1            the plans of GPUs before Hopper (no own
