@@ -64,6 +64,11 @@ TEST(ShardedEngineTest, NaiveIsRefusedAndFuseMNRunsVocabSplit) {
   absl::StatusOr<EngineRun> fuse = RunProblem(**engine, problem, AllOutputsSpec(Strategy::kFuseMN), {});
   ASSERT_TRUE(fuse.ok()) << fuse.status();
   EXPECT_EQ(fuse->result.strategy_used, "vocab_split");
+  // fuse_mn's tile kernel has no sharded form: the report names what ran.
+  EXPECT_EQ(fuse->result.kernels.rfind("logits=cublas_fp32_splits rows=online_softmax+shard_merge",
+                                       0),
+            0u)
+      << fuse->result.kernels;
   const ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, AllOutputsSpec(Strategy::kFuseMN)));
   EXPECT_LE(RelativeError({fuse->result.loss}, {ref.loss}), 1e-4);
 }

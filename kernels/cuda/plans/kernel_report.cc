@@ -35,12 +35,15 @@ std::string DescribeBufferedKernels(const Exec& exec_given, const HeadView& head
 void KernelReport::AddChunk(const Exec& exec, const HeadView& head, const Plan& plan,
                             const DeviceRequest& r) {
   const bool chunked = plan.strategy == Strategy::kChunked || plan.strategy == Strategy::kSeparate;
-  std::string words = chunked ? DescribeChunkKernels(exec, head, plan, r)
-                              : DescribeBufferedKernels(exec, head, plan, r);
-  for (const auto& [rows, seen] : seen_) {
+  Add(r.rows, chunked ? DescribeChunkKernels(exec, head, plan, r)
+                     : DescribeBufferedKernels(exec, head, plan, r));
+}
+
+void KernelReport::Add(int64_t rows, std::string words) {
+  for (const auto& [first_rows, seen] : seen_) {
     if (seen == words) return;
   }
-  seen_.emplace_back(r.rows, std::move(words));
+  seen_.emplace_back(rows, std::move(words));
 }
 
 void KernelReport::AddRequest(const Exec& exec, const HeadView& head, const Plan& plan,

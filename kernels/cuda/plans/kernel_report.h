@@ -20,6 +20,9 @@ class KernelReport {
   void AddChunk(const Exec& exec, const HeadView& head, const Plan& plan, const DeviceRequest& r);
   // A whole request as RunPlan cuts it.
   void AddRequest(const Exec& exec, const HeadView& head, const Plan& plan, const DeviceRequest& r);
+  // A chunk of `rows` tokens that ran `words` (a plan that describes itself:
+  // the sharded one).
+  void Add(int64_t rows, std::string words);
   // "words", or "N tokens: words; M tokens: words"; empty before any chunk.
   std::string Text() const;
 

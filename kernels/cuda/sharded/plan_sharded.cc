@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kernels/cuda/base/device_memory.h"
 #include "kernels/cuda/base/policy.h"
@@ -336,6 +337,21 @@ absl::Status RunShardedBlock(const ShardPlan& plan, const std::vector<ShardTask>
   FLCE_CUDA_RETURN_IF_ERROR(cudaSetDevice(first.device), first.exec.health);
   return LaunchConvert(DType::kF32, parts[0], first.request.hidden_dtype, first.request.grad_input,
                        rows * first.head.hidden, first.exec.stream, first.exec.health);
+}
+
+std::string DescribeShardKernels(const ShardPlan& plan, const ShardTask& t) {
+  const DeviceRequest& r = t.request;
+  std::string out =
+      plan.tile_stats
+          ? "logits=stats_cooperative rows=tile_reduce+shard_merge+dlogits_pass"
+          : "logits=cublas_fp32_splits rows=online_softmax+shard_merge";
+  if (r.grad_input != nullptr) absl::StrAppend(&out, " grad_input=cublas");
+  if (r.grad_weight != nullptr) {
+    const Gemm gemm = plan_parts::MakeGemm(t.exec, t.head);
+    absl::StrAppend(&out, " grad_weight=",
+                    Gemm::GradWeightPathName(gemm.GradWeightPathFor(r.rows, t.head.hidden)));
+  }
+  return out;
 }
 
 }  // namespace flce::cuda

@@ -17,6 +17,7 @@
 #define FLCE_KERNELS_CUDA_SHARDED_PLAN_SHARDED_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -53,6 +54,12 @@ absl::StatusOr<ShardPlan> MakeShardPlan(const std::vector<HeadView>& shards,
 
 absl::Status RunShardedBlock(const ShardPlan& plan, const std::vector<ShardTask>& tasks,
                              ShardCollective& collective);
+
+// What a block runs on a shard with columns (`t`), in DescribeChunkKernels's
+// words: logits= (stats_cooperative, cublas_fp32_splits), rows= (the shards'
+// states merged: tile_reduce+shard_merge+dlogits_pass,
+// online_softmax+shard_merge) and where asked grad_input= and grad_weight=.
+std::string DescribeShardKernels(const ShardPlan& plan, const ShardTask& t);
 
 }  // namespace flce::cuda
 

@@ -193,6 +193,7 @@ absl::Status ShardedComputeCall::RunBlock(int64_t begin, int64_t rows) {
     whole.params = params_;
     t.request = plan_parts::Slice(whole, begin, rows, t.head.hidden);
   }
+  kernels_.Add(rows, DescribeShardKernels(plan_, tasks[0]));
   return RunShardedBlock(plan_, tasks, engine_->collective());
 }
 
@@ -226,6 +227,7 @@ absl::StatusOr<ComputeResult> ShardedComputeCall::Finish() {
   ComputeResult result;
   rows_.FillResult(spec_.outputs, result);
   result.strategy_used = StrategyName(plan_.strategy);
+  result.kernels = kernels_.Text();
   result.engine_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_time_)
           .count();

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/base/device_memory.h"
 #include "kernels/cuda/engine/call_rows.h"
+#include "kernels/cuda/plans/kernel_report.h"
 #include "kernels/cuda/sharded/plan_sharded.h"
 #include "kernels/cuda/sharded/sharded_engine.h"
 #include "kernels/cuda/sharded/sharded_objects.h"
@@ -61,6 +62,7 @@ class ShardedComputeCall : public ComputeCall {
   CallRows rows_;
   GradInputSink sink_;
   ShardPlan plan_;
+  KernelReport kernels_;
   LossParams params_;
   int64_t hidden_row_bytes_ = 0;
   bool finished_ = false;
