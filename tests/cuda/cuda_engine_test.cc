@@ -378,6 +378,12 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
     }
     EXPECT_LE(RelativeError(runs[0].grad_input, runs[1].grad_input), 5e-3);
     EXPECT_LE(RelativeError(runs[0].grad_weight, runs[1].grad_weight), 5e-3);
+    if (cuda::sm90::DeviceIsSm90()) {  // the report names the path each run took
+      EXPECT_NE(runs[0].result.kernels.find("rows=row_reference"), std::string::npos)
+          << runs[0].result.kernels;
+      EXPECT_NE(runs[1].result.kernels.find("rows=tile_finish+dlogits_pass"), std::string::npos)
+          << runs[1].result.kernels;
+    }
 
     ComputeSpec no_accuracy = spec;
     no_accuracy.outputs.accuracy = false;
@@ -412,6 +418,11 @@ TEST(CudaEngineTest, RowScaledBackwardMatchesReference) {
           c.name, kernel, l.loss, l.per_token, logprob, l.grad_input, l.grad_w);
       ExpectWithin(l);
       EXPECT_LE(logprob, 1e-4);
+      if (cuda::sm90::DeviceIsSm90()) {
+        EXPECT_NE(lean_run->result.kernels.find(std::string("logits=stats_") + kernel),
+                  std::string::npos)
+            << lean_run->result.kernels;
+      }
       EXPECT_TRUE(lean_run->result.entropy.empty());
       EXPECT_EQ(lean_run->result.entropy_sum, 0.0);
       // The ping-pong halves add into shared partials: still repeatable.
