@@ -9,28 +9,34 @@ namespace flce::cuda {
 namespace {
 
 // The plans whose every GEMM is cuBLAS's on fp32 logits.
-std::string DescribeBufferedKernels(const Exec& exec_given, const HeadView& head,
-                                    const Plan& plan, const DeviceRequest& r) {
-  Exec exec = exec_given;
-  exec.switches = &plan.switches;
+std::string DescribeBufferedKernels(const Exec& exec, const HeadView& head, const Plan& plan,
+                                    const DeviceRequest& r) {
   const bool naive = plan.strategy == Strategy::kNaive;
-  std::string out =
-      absl::StrCat("logits=", naive ? "cublas_fp32" : "cublas_fp32_splits",
-                   " rows=", naive ? "naive" : "online_softmax");
+  const char* logits = naive ? "cublas_fp32" : "cublas_fp32_splits";
+  const char* rows = naive ? "naive" : "online_softmax";
   if (plan.strategy == Strategy::kFuseMN) {
+    std::string out = absl::StrCat("logits=", logits, " rows=", rows);
     if (plan_parts::WantsBackward(r)) absl::StrAppend(&out, " backward=fuse_mn_tiles");
     return out;
   }
-  if (r.grad_input != nullptr) absl::StrAppend(&out, " grad_input=cublas");
-  if (r.grad_weight != nullptr) {
-    const Gemm gemm = plan_parts::MakeGemm(exec, head);
-    absl::StrAppend(&out, " grad_weight=",
-                    Gemm::GradWeightPathName(gemm.GradWeightPathFor(r.rows, head.hidden)));
-  }
-  return out;
+  return KernelWords(logits, rows, r, "cublas",
+                     CublasGradWeightWords(ExecUnder(exec, plan), head, r.rows));
 }
 
 }  // namespace
+
+std::string KernelWords(absl::string_view logits, absl::string_view rows, const DeviceRequest& r,
+                        absl::string_view grad_input, absl::string_view grad_weight) {
+  std::string out = absl::StrCat("logits=", logits, " rows=", rows);
+  if (r.grad_input != nullptr) absl::StrAppend(&out, " grad_input=", grad_input);
+  if (r.grad_weight != nullptr) absl::StrAppend(&out, " grad_weight=", grad_weight);
+  return out;
+}
+
+const char* CublasGradWeightWords(const Exec& exec, const HeadView& head, int64_t rows) {
+  return Gemm::GradWeightPathName(
+      plan_parts::MakeGemm(exec, head).GradWeightPathFor(rows, head.hidden));
+}
 
 void KernelReport::AddChunk(const Exec& exec, const HeadView& head, const Plan& plan,
                             const DeviceRequest& r) {

@@ -9,9 +9,18 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "kernels/cuda/plans/plans.h"
 
 namespace flce::cuda {
+
+// "logits=L rows=R", then " grad_input=GI" and " grad_weight=GW" where the
+// chunk r asks for them: the form of every plan's words.
+std::string KernelWords(absl::string_view logits, absl::string_view rows, const DeviceRequest& r,
+                        absl::string_view grad_input, absl::string_view grad_weight);
+// The words of grad_W on cuBLAS for a chunk of `rows` (Gemm::GradWeightPathFor
+// under exec's switches).
+const char* CublasGradWeightWords(const Exec& exec, const HeadView& head, int64_t rows);
 
 class KernelReport {
  public:

@@ -16,6 +16,7 @@
 #include "kernels/cuda/ops/sm90/backward_gemm.cuh"
 #include "kernels/cuda/ops/sm90/logits_stats_gemm.cuh"
 #include "kernels/cuda/ops/tile_stats_kernels.cuh"
+#include "kernels/cuda/plans/kernel_report.h"
 #include "kernels/cuda/plans/plan_parts.h"
 
 namespace flce::cuda {
@@ -317,8 +318,7 @@ absl::StatusOr<TileChunkLaunch> PrepareTileChunk(const Exec& exec, const HeadVie
 absl::Status RunChunk(const Exec& exec_given, const HeadView& head, const Plan& plan,
                       const DeviceRequest& r, char* scratch) {
   if (r.rows > plan.chunk_tokens) return absl::InternalError("chunk larger than the plan's");
-  Exec exec = exec_given;
-  exec.switches = &plan.switches;
+  const Exec exec = ExecUnder(exec_given, plan);
   if (plan.tile_stats) return RunTileStatsChunk(exec, head, plan, r, scratch);
   const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, false);
   const Scratch s = Carve(scratch, plan.chunk_tokens, head.padded_vocab, tb, head, false, false);
@@ -353,15 +353,12 @@ absl::Status RunChunk(const Exec& exec_given, const HeadView& head, const Plan& 
 
 std::string DescribeChunkKernels(const Exec& exec_given, const HeadView& head, const Plan& plan,
                                  const DeviceRequest& r) {
-  Exec exec = exec_given;
-  exec.switches = &plan.switches;
+  const Exec exec = ExecUnder(exec_given, plan);
   const KernelSwitches& k = plan.switches;
-  const bool backward = WantsBackward(r);
   std::string logits = "cublas_fp32";
   std::string rows;
   std::string grad_input = "cublas";
-  std::string grad_weight =
-      Gemm::GradWeightPathName(MakeGemm(exec, head).GradWeightPathFor(r.rows, head.hidden));
+  std::string grad_weight = CublasGradWeightWords(exec, head, r.rows);
   if (plan.tile_stats) {
     TileScratch s;
     s.partials_bytes = TilePartialsBytes(plan.chunk_tokens, head);
@@ -390,12 +387,11 @@ std::string DescribeChunkKernels(const Exec& exec_given, const HeadView& head, c
     }
   } else {
     rows = ClusterRowsChosen(k) && ClusterRowsFit(head.padded_vocab) ? "cluster" : "two_pass";
-    if (backward && OverlapChosen(k, r.rows) && exec.side != nullptr) rows += "+half_chunk_overlap";
+    if (WantsBackward(r) && OverlapChosen(k, r.rows) && exec.side != nullptr) {
+      rows += "+half_chunk_overlap";
+    }
   }
-  std::string out = absl::StrCat("logits=", logits, " rows=", rows);
-  if (r.grad_input != nullptr) absl::StrAppend(&out, " grad_input=", grad_input);
-  if (r.grad_weight != nullptr) absl::StrAppend(&out, " grad_weight=", grad_weight);
-  return out;
+  return KernelWords(logits, rows, r, grad_input, grad_weight);
 }
 
 }  // namespace flce::cuda

@@ -12,8 +12,7 @@ namespace flce::cuda {
 
 absl::Status RunPlan(const Exec& exec_given, const HeadView& head, const Plan& plan,
                      const DeviceRequest& r, char* scratch) {
-  Exec exec = exec_given;
-  exec.switches = &plan.switches;
+  const Exec exec = ExecUnder(exec_given, plan);
   switch (plan.strategy) {
     case Strategy::kChunked:
     case Strategy::kSeparate:

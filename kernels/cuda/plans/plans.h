@@ -117,6 +117,13 @@ inline const KernelSwitches& SwitchesOf(const Exec& exec) {
   return SwitchesOrDefaults(exec.switches);
 }
 
+// exec with plan's switches, for the launches (and reports) of that plan.
+inline Exec ExecUnder(const Exec& exec, const Plan& plan) {
+  Exec under = exec;
+  under.switches = &plan.switches;
+  return under;
+}
+
 // Closes stage `name` on exec's timer, if it has one.
 inline void MarkStage(const Exec& exec, const char* name) {
   if (exec.timer != nullptr) exec.timer->Mark(exec.stream, name);

@@ -2,13 +2,13 @@
 
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kernels/cuda/base/device_memory.h"
 #include "kernels/cuda/base/policy.h"
 #include "kernels/cuda/ops/elementwise_kernels.cuh"
 #include "kernels/cuda/ops/split_row_kernels.cuh"
 #include "kernels/cuda/ops/tile_stats_kernels.cuh"
+#include "kernels/cuda/plans/kernel_report.h"
 #include "kernels/cuda/plans/plan_parts.h"
 
 namespace flce::cuda {
@@ -340,18 +340,10 @@ absl::Status RunShardedBlock(const ShardPlan& plan, const std::vector<ShardTask>
 }
 
 std::string DescribeShardKernels(const ShardPlan& plan, const ShardTask& t) {
-  const DeviceRequest& r = t.request;
-  std::string out =
-      plan.tile_stats
-          ? "logits=stats_cooperative rows=tile_reduce+shard_merge+dlogits_pass"
-          : "logits=cublas_fp32_splits rows=online_softmax+shard_merge";
-  if (r.grad_input != nullptr) absl::StrAppend(&out, " grad_input=cublas");
-  if (r.grad_weight != nullptr) {
-    const Gemm gemm = plan_parts::MakeGemm(t.exec, t.head);
-    absl::StrAppend(&out, " grad_weight=",
-                    Gemm::GradWeightPathName(gemm.GradWeightPathFor(r.rows, t.head.hidden)));
-  }
-  return out;
+  return KernelWords(plan.tile_stats ? "stats_cooperative" : "cublas_fp32_splits",
+                     plan.tile_stats ? "tile_reduce+shard_merge+dlogits_pass"
+                                     : "online_softmax+shard_merge",
+                     t.request, "cublas", CublasGradWeightWords(t.exec, t.head, t.request.rows));
 }
 
 }  // namespace flce::cuda
