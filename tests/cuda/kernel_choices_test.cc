@@ -78,7 +78,8 @@ TEST(KernelSwitchesTest, EveryVariableIsRead) {
     EXPECT_EQ(s.stats_kernel, StatsKernelSwitch::kCooperative);
     EXPECT_EQ(s.grad_weight, GradWeightSwitch::kCublas);
   }
-  // A value a variable does not know leaves its default.
+  // A value a variable does not know reads as its default (the engine refuses
+  // to start with one: CheckKernelSwitchSpellings).
   {
     ScopedEnv a("FLCE_CUDA_STATS_KERNEL", "fastest"), b("FLCE_CUDA_BACKWARD", "mine"),
         c("FLCE_CUDA_ROW_KERNEL", "two_pass"), d("FLCE_CUDA_OVERLAP", "yes");
@@ -88,6 +89,62 @@ TEST(KernelSwitchesTest, EveryVariableIsRead) {
     EXPECT_FALSE(s.cluster_rows);
     EXPECT_FALSE(s.overlap);
   }
+}
+
+TEST(KernelSwitchesTest, EverySpellingReadIsAccepted) {
+  EXPECT_TRUE(cuda::CheckKernelSwitchSpellings().ok());
+  ScopedEnv a("FLCE_CUDA_GENERIC", "0"), b("FLCE_CUDA_LOGITS", "cublas"),
+      c("FLCE_CUDA_STATS_KERNEL", "pingpong"), d("FLCE_CUDA_STATS_PAIRS", "1"),
+      e("FLCE_CUDA_STATS_GROUP", "16"), f("FLCE_CUDA_ROW_KERNEL", "cluster"),
+      g("FLCE_CUDA_OVERLAP", "0"), h("FLCE_CUDA_DLOGITS_PASS", "1"),
+      i("FLCE_CUDA_BACKWARD", "cublas"), j("FLCE_CUDA_GRAD_WEIGHT", "pingpong"),
+      k("FLCE_CUDA_BACKWARD_OVERLAP", "1"), l("FLCE_CUDA_GRAD_WEIGHT_PAIRS", "0"),
+      m("FLCE_CUDA_THIN_GRAD_WEIGHT", "1");
+  EXPECT_TRUE(cuda::CheckKernelSwitchSpellings().ok());
+  for (const char* kernel : {"cooperative", "pingpong128", "pingpong192"}) {
+    ScopedEnv stats("FLCE_CUDA_STATS_KERNEL", kernel);
+    EXPECT_TRUE(cuda::CheckKernelSwitchSpellings().ok()) << kernel;
+  }
+  ScopedEnv empty("FLCE_CUDA_BACKWARD", "");  // set to nothing reads as unset
+  EXPECT_TRUE(cuda::CheckKernelSwitchSpellings().ok());
+}
+
+// A misspelt switch would otherwise run the default kernels while the
+// operator believes they asked for others.
+TEST(KernelSwitchesTest, AValueNoSwitchReadsIsRefusedNamingIt) {
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* expected;
+  };
+  for (const Case& c : {
+           Case{"FLCE_CUDA_BACKWARD", "mine", "FLCE_CUDA_BACKWARD=mine: expected own, cublas"},
+           Case{"FLCE_CUDA_STATS_KERNEL", "fastest",
+                "expected cooperative, pingpong128, pingpong192, pingpong"},
+           Case{"FLCE_CUDA_OVERLAP", "yes", "FLCE_CUDA_OVERLAP=yes: expected 0, 1"},
+           Case{"FLCE_CUDA_ROW_KERNEL", "two_pass", "expected cluster, or unset"},
+           Case{"FLCE_CUDA_STATS_GROUP", "-2", "a token-tile count"},
+           Case{"FLCE_CUDA_STATS_GROUP", "4x", "FLCE_CUDA_STATS_GROUP=4x"},
+           Case{"FLCE_CUDA_GRAD_WEIGHT", "own", "FLCE_CUDA_GRAD_WEIGHT=own"},
+       }) {
+    ScopedEnv bad(c.name, c.value);
+    const absl::Status status = cuda::CheckKernelSwitchSpellings();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.name << "=" << c.value;
+    EXPECT_NE(status.message().find(c.expected), std::string::npos) << status.message();
+  }
+}
+
+TEST(KernelSwitchesTest, AnEngineWithAMisspeltSwitchIsNotCreated) {
+  {
+    auto engine = MakeEngine();
+    SKIP_WITHOUT_GPU(engine);
+  }
+  ScopedEnv bad("FLCE_CUDA_GRAD_WEIGHT", "pinpong");
+  auto engine = MakeEngine();
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(engine.status().message().find("FLCE_CUDA_GRAD_WEIGHT=pinpong"), std::string::npos)
+      << engine.status().message();
 }
 
 TEST(KernelChoicesTest, StatsKernelByChunkRowsUnlessSwitched) {

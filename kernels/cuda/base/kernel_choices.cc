@@ -3,6 +3,10 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "kernels/cuda/base/policy.h"
 #include "kernels/cuda/base/sm90_support.h"
 
@@ -14,7 +18,54 @@ std::string Env(const char* name) {
   return value != nullptr ? value : "";
 }
 
+// Each switch's spellings, as KernelSwitchesFromEnvironment reads them;
+// FLCE_CUDA_GEMM_TILES is GemmAlgos's to check (a list of tiles).
+struct SwitchSpellings {
+  const char* name;
+  const char* values;  // "|"-separated; "#" for a non-negative integer
+};
+constexpr SwitchSpellings kSpellings[] = {
+    {"FLCE_CUDA_GENERIC", "0|1"},
+    {"FLCE_CUDA_LOGITS", "cublas"},
+    {"FLCE_CUDA_STATS_KERNEL", "cooperative|pingpong128|pingpong192|pingpong"},
+    {"FLCE_CUDA_STATS_PAIRS", "0|1"},
+    {"FLCE_CUDA_STATS_GROUP", "#"},
+    {"FLCE_CUDA_ROW_KERNEL", "cluster"},
+    {"FLCE_CUDA_OVERLAP", "0|1"},
+    {"FLCE_CUDA_DLOGITS_PASS", "0|1"},
+    {"FLCE_CUDA_BACKWARD", "own|cublas"},
+    {"FLCE_CUDA_GRAD_WEIGHT", "pingpong|cooperative|cublas"},
+    {"FLCE_CUDA_BACKWARD_OVERLAP", "0|1"},
+    {"FLCE_CUDA_GRAD_WEIGHT_PAIRS", "0|1"},
+    {"FLCE_CUDA_THIN_GRAD_WEIGHT", "0|1"},
+};
+
+bool Spelled(absl::string_view value, absl::string_view values) {
+  if (values == "#") {
+    int n = 0;
+    return absl::SimpleAtoi(value, &n) && n >= 0;
+  }
+  for (const absl::string_view v : absl::StrSplit(values, '|')) {
+    if (value == v) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+absl::Status CheckKernelSwitchSpellings() {
+  for (const SwitchSpellings& s : kSpellings) {
+    const std::string value = Env(s.name);
+    if (value.empty() || Spelled(value, s.values)) continue;
+    const absl::string_view values = s.values;
+    const std::string expected =
+        values == "#" ? "a token-tile count (0 or more)"
+                      : absl::StrJoin(absl::StrSplit(values, '|'), ", ");
+    return absl::InvalidArgumentError(absl::StrCat(s.name, "=", value, ": expected ", expected,
+                                                   ", or unset for the default"));
+  }
+  return absl::OkStatus();
+}
 
 KernelSwitches KernelSwitchesFromEnvironment() {
   KernelSwitches s;

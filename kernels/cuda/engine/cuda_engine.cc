@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "kernels/cuda/base/kernel_choices.h"
 #include "kernels/cuda/engine/compute_call.h"
 #include "kernels/cuda/engine/cuda_optimizer.h"
 #include "kernels/cuda/engine/peer_memory.h"
@@ -20,6 +21,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const EngineConfi
     return absl::InvalidArgumentError("workspace budget must be positive");
   }
   FLCE_ASSIGN_OR_RETURN(auto ctx, DeviceContext::Create(config.device_ordinal));
+  // After the device: without one, --device=auto still falls back to the CPU.
+  FLCE_RETURN_IF_ERROR(CheckKernelSwitchSpellings());
   std::unique_ptr<CudaEngine> e(new CudaEngine(ctx, config.workspace_bytes));
   DeviceHealth* health = ctx->health();
   FLCE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->compute_, cudaStreamNonBlocking), health);
