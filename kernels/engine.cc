@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "kernels/held_rows.h"
 #include "kernels/preference_call.h"
 #include "kernels/preference_passes.h"
 #include "kernels/preference_pipelined_call.h"
@@ -181,6 +182,8 @@ absl::Status NonFiniteHiddenRow(int64_t offset, int64_t bad, int64_t hidden) {
                                                  " has a non-finite value at column ",
                                                  bad % hidden));
 }
+
+int64_t HeldRowsKeptBytes() { return HeldRows::KeptBytes(); }
 
 absl::StatusOr<std::unique_ptr<ComputeCall>> StartComputeCall(Engine& engine,
                                                               std::shared_ptr<const Head> head,

@@ -314,6 +314,10 @@ absl::StatusOr<std::unique_ptr<ComputeCall>> StartComputeCall(Engine& engine,
                                                               std::shared_ptr<const Head> head,
                                                               ComputeSpec spec, GradInputSink sink);
 
+// Host bytes that StartComputeCall's two-pass calls keep allocated for the
+// next ones (kernels/held_rows.h): memory held with no call in progress.
+int64_t HeldRowsKeptBytes();
+
 // FAILED_PRECONDITION for a spec that only StartComputeCall runs (a
 // preference objective): what an engine's StartCompute checks first.
 absl::Status RefuseTwoPassSpec(const ComputeSpec& spec, const char* engine_name);

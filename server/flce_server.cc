@@ -352,6 +352,7 @@ void FlceServer::Housekeeping() {
     gauges.workspace_budget_bytes = info.workspace_budget_bytes;
     gauges.gpu_memory_used = info.device_memory_used;
     gauges.gpu_memory_total = info.device_memory_total;
+    gauges.held_rows_kept_bytes = HeldRowsKeptBytes();
     metrics_->SetGauges(gauges);
 
     if (!engine_->healthy()) {

@@ -137,6 +137,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
   metrics->optimizer_state_ =
       gauge("flce_optimizer_state_bytes",
             "Memory of every head's optimizer state (fp32 master weight and moments)");
+  metrics->held_rows_kept_ =
+      gauge("flce_held_rows_kept_bytes",
+            "Host memory kept for the next preference calls' held rows (two buffers at most)");
   metrics->steps_ = &prometheus::BuildCounter()
                          .Name("flce_optimizer_steps_total")
                          .Help("Optimizer steps by outcome (STEP_APPLIED, STEP_SKIPPED_...)")
@@ -292,6 +295,7 @@ void Metrics::SetGauges(const Snapshot& s) {
   gpu_used_->Set(static_cast<double>(s.gpu_memory_used));
   gpu_total_->Set(static_cast<double>(s.gpu_memory_total));
   optimizer_state_->Set(static_cast<double>(s.optimizer_state_bytes));
+  held_rows_kept_->Set(static_cast<double>(s.held_rows_kept_bytes));
 }
 
 void Metrics::RecordStep(absl::string_view outcome) {

@@ -109,6 +109,7 @@ class Metrics {
     int64_t gpu_memory_used = 0;
     int64_t gpu_memory_total = 0;
     int64_t optimizer_state_bytes = 0;  // every head's optimizer state
+    int64_t held_rows_kept_bytes = 0;   // HeldRows::KeptBytes()
   };
   void SetGauges(const Snapshot& snapshot);
   // flce_head_weight_bytes{head}: exactly these head labels (HeadLabel);
@@ -161,6 +162,7 @@ class Metrics {
   prometheus::Gauge* gpu_used_ = nullptr;
   prometheus::Gauge* gpu_total_ = nullptr;
   prometheus::Gauge* optimizer_state_ = nullptr;
+  prometheus::Gauge* held_rows_kept_ = nullptr;
   prometheus::Family<prometheus::Counter>* steps_ = nullptr;
   int port_ = 0;
 };

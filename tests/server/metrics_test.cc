@@ -23,6 +23,7 @@
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/held_rows.h"
 #include "server/observe/log.h"
 #include "server/observe/process_metrics.h"
 #include "tests/server/server_test_util.h"
@@ -301,6 +302,27 @@ TEST_F(MetricsLabelsTest, TenantHeadIdsAreNotLabelsAndUnloadedHeadsLeaveNoSeries
   EXPECT_EQ(Sample(text, "flce_heads_loaded"), 0) << text;
   EXPECT_THAT(text, Not(HasSubstr("flce_tokens_total{"))) << "series outlive their heads";
   EXPECT_THAT(text, Not(HasSubstr("flce_head_weight_bytes{"))) << text;
+}
+
+// Preference calls keep their host rows' buffers for the next calls: memory
+// the process holds with no call in progress, which an operator should see.
+TEST_F(MetricsLabelsTest, HeldRowsKeptForTheNextCallsAreAGauge) {
+  HeldRows::DropKept();
+  ServerConfig config = TestConfig();
+  config.sweep_interval = absl::Milliseconds(20);
+  StartServer(config);
+  std::string text = TextWhen(
+      [](const std::string& t) { return Sample(t, "flce_held_rows_kept_bytes") == 0; });
+  EXPECT_EQ(Sample(text, "flce_held_rows_kept_bytes"), 0) << text;
+  { HeldRows rows(3 << 20); }  // a call's rows, back to the kept ones at its end
+  text = TextWhen([](const std::string& t) {
+    return Sample(t, "flce_held_rows_kept_bytes") == (3 << 20);
+  });
+  EXPECT_EQ(Sample(text, "flce_held_rows_kept_bytes"), 3 << 20) << text;
+  HeldRows::DropKept();
+  text = TextWhen(
+      [](const std::string& t) { return Sample(t, "flce_held_rows_kept_bytes") == 0; });
+  EXPECT_EQ(Sample(text, "flce_held_rows_kept_bytes"), 0) << text;
 }
 
 TEST_F(MetricsLabelsTest, BuildInfoNamesTheVersionTheServerReports) {
