@@ -23,6 +23,32 @@ struct LossOptions {
   float grad_scale = 1.0f;
 };
 
+// Each LossOptions field once, with what every layer needs to know of it: its
+// name (the same on the wire, flce.v1.LossOptions), the range the server and
+// every engine accept, and the CLI's flag. The header check, ValidateComputeSpec
+// and `flce-client compute` read their options from here, so that a new option
+// is a field above, a row here and its math.
+struct LossOptionField {
+  const char* name;
+  float LossOptions::*member;
+  float lo, hi;      // accepted: finite and in [lo, hi]
+  bool zero_is_off;  // 0 is accepted too: the option is off
+  const char* flag;
+  const char* help;  // the flag's, beside the range
+};
+
+inline constexpr LossOptionField kLossOptionFields[] = {
+    {"label_smoothing", &LossOptions::label_smoothing, 0.0f, 1.0f, false, "label-smoothing",
+     "epsilon"},
+    {"z_loss_scale", &LossOptions::z_loss_scale, 0.0f, 1e3f, false, "z-loss",
+     "z-loss scale s (lse_square_scale)"},
+    {"softcap", &LossOptions::softcap, 1e-3f, 1e6f, true, "softcap", "logit softcap c"},
+    {"temperature", &LossOptions::temperature, 1e-3f, 1e3f, false, "temperature",
+     "temperature tau"},
+    {"grad_scale", &LossOptions::grad_scale, -1e12f, 1e12f, false, "grad-scale",
+     "multiplies every gradient"},
+};
+
 struct OutputSelection {
   bool grad_input = true;
   bool per_token_loss = false;

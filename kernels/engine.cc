@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/loss_option_checks.h"
 #include "core/status_macros.h"
 #include "kernels/held_rows.h"
 #include "kernels/preference_call.h"
@@ -88,26 +89,7 @@ absl::Status ValidateComputeSpec(const HeadSpec& head, const ComputeSpec& spec) 
         absl::StrCat("chunk_tokens = ", spec.chunk_tokens, " is negative"));
   }
   const LossOptions& o = spec.options;
-  if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("label_smoothing = ", o.label_smoothing, " is outside [0, 1]"));
-  }
-  if (!(o.z_loss_scale >= 0.0f) || !std::isfinite(o.z_loss_scale)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("z_loss_scale = ", o.z_loss_scale, " must be finite and >= 0"));
-  }
-  if (!(o.softcap >= 0.0f) || !std::isfinite(o.softcap)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("softcap = ", o.softcap, " must be finite and >= 0 (0: no cap)"));
-  }
-  if (!(o.temperature > 0.0f) || !std::isfinite(o.temperature)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("temperature = ", o.temperature, " must be finite and > 0"));
-  }
-  if (!std::isfinite(o.grad_scale)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("grad_scale = ", o.grad_scale, " must be finite"));
-  }
+  FLCE_RETURN_IF_ERROR(CheckLossOptions(o));
   absl::Status weights = CheckPerTokenWeights("token_weights", spec.token_weights, n);
   if (!weights.ok()) return weights;
   weights = CheckPerTokenWeights("entropy_weights", spec.entropy_weights, n);

@@ -14,7 +14,10 @@
 #include "client/cli/tensor_files.h"
 #include "client/cpp/request_id.h"
 #include "client/cpp/wire_dtype.h"
+#include "core/compute_options.h"
+#include "core/loss_option_checks.h"
 #include "core/status_macros.h"
+#include "flce/v1/convert.h"
 
 namespace flce::cli {
 namespace {
@@ -65,11 +68,10 @@ void DeclareCompute(FlagSet& flags) {
                "server sends no grad_input");
   flags.Choice("reduction", {"mean", "sum", "none"}, "mean", "loss reduction");
   flags.Int("ignore-index", "target value that is ignored", "-100");
-  flags.Double("label-smoothing", "epsilon in [0, 1]", "0");
-  flags.Double("z-loss", "z-loss scale s >= 0 (lse_square_scale)", "0");
-  flags.Double("softcap", "logit softcap c > 0; 0 = none", "0");
-  flags.Double("temperature", "temperature tau > 0", "1");
-  flags.Double("grad-scale", "multiplies every gradient", "1");
+  for (const LossOptionField& option : kLossOptionFields) {
+    flags.Double(option.flag, absl::StrCat(option.help, " in ", LossOptionRange(option)),
+                 absl::StrCat(LossOptions{}.*option.member));
+  }
   flags.Choice("strategy", StrategyNames(), "auto", "GPU execution plan");
   flags.Bool("deferred", "stage grad_W until `commit` names this request id");
   flags.String("request-id", "idempotency key; default: a fresh random one");
@@ -127,12 +129,10 @@ absl::StatusOr<CommandResult> RunCompute(const FlagSet& flags, CliEnv& env) {
   header.set_reduction(ReductionOf(flags.str("reduction")));
   header.set_ignore_index(static_cast<int32_t>(flags.i64("ignore-index")));
   header.set_hidden_dtype(hidden.dtype);
-  v1::LossOptions* options = header.mutable_options();
-  options->set_label_smoothing(static_cast<float>(flags.f64("label-smoothing")));
-  options->set_z_loss_scale(static_cast<float>(flags.f64("z-loss")));
-  options->set_softcap(static_cast<float>(flags.f64("softcap")));
-  options->set_temperature(static_cast<float>(flags.f64("temperature")));
-  options->set_grad_scale(static_cast<float>(flags.f64("grad-scale")));
+  for (const LossOptionField& option : kLossOptionFields) {
+    FLCE_RETURN_IF_ERROR(SetLossOption(option, static_cast<float>(flags.f64(option.flag)),
+                                       header.mutable_options()));
+  }
   if (flags.has("token-weights")) {
     FLCE_ASSIGN_OR_RETURN(std::vector<float> weights,
                           ReadFloat32(flags.str("token-weights"), tokens));

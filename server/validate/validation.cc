@@ -9,6 +9,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "core/loss_option_checks.h"
 #include "core/status_macros.h"
 #include "server/validate/policy_header.h"
 #include "server/validate/preference_header.h"
@@ -17,14 +18,6 @@ namespace flce::server {
 namespace {
 
 constexpr int64_t kMaxIdBytes = 256;
-
-absl::Status CheckFloatRange(absl::string_view field, float value, float lo, float hi,
-                             bool lo_open) {
-  bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && value <= hi;
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("options.", field, " = ", value, " is outside ",
-                                                 lo_open ? "(" : "[", lo, ", ", hi, "]"));
-}
 
 // num_tokens fp32 values, finite and at most `max_abs` in magnitude; empty =
 // not given.
@@ -159,39 +152,9 @@ absl::StatusOr<ComputeSpec> ComputeSpecFromHeader(const v1::ComputeHeader& heade
     return UnknownEnumError("commit", v1::CommitMode_descriptor(), header.commit());
   }
 
-  const v1::LossOptions& o = header.options();
-  absl::Status s;
-  if (!(s = CheckFloatRange("label_smoothing", o.label_smoothing(), 0.f, 1.f, false)).ok()) {
-    return s;
-  }
+  FLCE_ASSIGN_OR_RETURN(spec.options, LossOptionsFromProto(header.options()));
+  FLCE_RETURN_IF_ERROR(CheckLossOptions(spec.options));
   using R = OptionRanges;
-  if (!(s = CheckFloatRange("z_loss_scale", o.z_loss_scale(), 0.f, R::kMaxZLossScale, false))
-           .ok()) {
-    return s;
-  }
-  if (o.softcap() != 0.0f &&
-      !(s = CheckFloatRange("softcap", o.softcap(), R::kMinSoftcap, R::kMaxSoftcap, false)).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(s.message(), " (or 0: no cap)"));
-  }
-  spec.options.label_smoothing = o.label_smoothing();
-  spec.options.z_loss_scale = o.z_loss_scale();
-  spec.options.softcap = o.softcap();
-  if (o.has_temperature()) {
-    if (!(s = CheckFloatRange("temperature", o.temperature(), R::kMinTemperature,
-                              R::kMaxTemperature, false))
-             .ok()) {
-      return s;
-    }
-    spec.options.temperature = o.temperature();
-  }
-  if (o.has_grad_scale()) {
-    if (!(s = CheckFloatRange("grad_scale", o.grad_scale(), -R::kMaxGradScale, R::kMaxGradScale,
-                              false))
-             .ok()) {
-      return s;
-    }
-    spec.options.grad_scale = o.grad_scale();
-  }
 
   auto token_weights =
       PerTokenFloats(header.token_weights(), "token_weights", spec.num_tokens, R::kMaxTokenWeight);

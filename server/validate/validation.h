@@ -53,17 +53,12 @@ absl::Status ValidateRequestId(absl::string_view id, absl::string_view field);
 // message is the last: the call fails and lands nothing.
 absl::Status MessageAfterEndError(absl::string_view end_field, absl::string_view got);
 
-// The accepted ranges of the loss options and per-token weights, refused
-// outside them before any work (docs/API.md lists them): inside them fp32
-// holds every intermediate for data of ordinary scale; what still overflows
-// is caught on the results (CheckOutputsFinite, grad_input, grad_W).
+// The accepted range of the per-token weights (the loss options': core's
+// kLossOptionFields), refused outside it before any work (docs/API.md lists
+// them): inside them fp32 holds every intermediate for data of ordinary scale;
+// what still overflows is caught on the results (CheckOutputsFinite,
+// grad_input, grad_W).
 struct OptionRanges {
-  static constexpr float kMaxZLossScale = 1e3f;
-  static constexpr float kMinSoftcap = 1e-3f;  // or 0: no cap
-  static constexpr float kMaxSoftcap = 1e6f;
-  static constexpr float kMinTemperature = 1e-3f;
-  static constexpr float kMaxTemperature = 1e3f;
-  static constexpr float kMaxGradScale = 1e12f;    // |grad_scale|
   static constexpr float kMaxTokenWeight = 1e12f;  // |a_t|, |e_t|
 };
 

@@ -5,17 +5,15 @@
 
 #include <cstdint>
 
+#include "core/compute_options.h"
 #include "core/policy_token.h"
 
 namespace flce::cuda {
 
-struct LossParams {
+// The call's LossOptions as they are (a new option reaches the kernels with its
+// field), with what the kernels derive from the call.
+struct LossParams : LossOptions {
   int64_t vocab = 0;  // real V: columns >= vocab are padding, excluded everywhere
-  float label_smoothing = 0.0f;
-  float z_loss_scale = 0.0f;
-  float softcap = 0.0f;
-  float temperature = 1.0f;
-  float grad_scale = 1.0f;
   // Some e_t != 0: the backward needs per-element entropy terms, so the
   // logits-stats path keeps its dlogits pass (a hint; rows are checked again).
   bool entropy_weighted = false;

@@ -13,12 +13,8 @@ namespace flce::cuda {
 
 LossParams LossParamsFor(const ComputeSpec& spec, int64_t vocab) {
   LossParams p;
+  static_cast<LossOptions&>(p) = spec.options;
   p.vocab = vocab;
-  p.label_smoothing = spec.options.label_smoothing;
-  p.z_loss_scale = spec.options.z_loss_scale;
-  p.softcap = spec.options.softcap;
-  p.temperature = spec.options.temperature;
-  p.grad_scale = spec.options.grad_scale;
   p.entropy_weighted = std::any_of(spec.entropy_weights.begin(), spec.entropy_weights.end(),
                                    [](float e) { return e != 0.0f; });
   if (spec.policy.has_value()) {

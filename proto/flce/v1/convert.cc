@@ -1,8 +1,42 @@
 #include "flce/v1/convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace flce {
+
+namespace {
+
+// kLossOptionFields' names are flce.v1.LossOptions' float fields
+// (tests/server/loss_option_table_test.cc): INTERNAL if one is not.
+absl::StatusOr<const google::protobuf::FieldDescriptor*> LossOptionDescriptor(
+    const LossOptionField& field) {
+  const google::protobuf::FieldDescriptor* fd =
+      v1::LossOptions::descriptor()->FindFieldByName(field.name);
+  if (fd == nullptr || fd->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_FLOAT) {
+    return absl::InternalError(
+        absl::StrCat("flce.v1.LossOptions has no float field ", field.name));
+  }
+  return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<LossOptions> LossOptionsFromProto(const v1::LossOptions& options) {
+  LossOptions out;
+  const google::protobuf::Reflection* reflection = options.GetReflection();
+  for (const LossOptionField& field : kLossOptionFields) {
+    FLCE_ASSIGN_OR_RETURN(const google::protobuf::FieldDescriptor* fd, LossOptionDescriptor(field));
+    if (reflection->HasField(options, fd)) out.*field.member = reflection->GetFloat(options, fd);
+  }
+  return out;
+}
+
+absl::Status SetLossOption(const LossOptionField& field, float value, v1::LossOptions* options) {
+  FLCE_ASSIGN_OR_RETURN(const google::protobuf::FieldDescriptor* fd, LossOptionDescriptor(field));
+  options->GetReflection()->SetFloat(options, fd, value);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
   switch (dtype) {

@@ -20,6 +20,16 @@
 
 namespace flce {
 
+// The wire's LossOptions as core's, field by field through kLossOptionFields
+// (names alike on both sides): a field the message leaves unset keeps core's
+// default. Ranges are not checked here: CheckLossOptions does that for every
+// caller.
+absl::StatusOr<LossOptions> LossOptionsFromProto(const v1::LossOptions& options);
+
+// Sets `field` of the wire's LossOptions (a kLossOptionFields entry), as a
+// client does for an option its user gave.
+absl::Status SetLossOption(const LossOptionField& field, float value, v1::LossOptions* options);
+
 // INVALID_ARGUMENT naming `field` for DTYPE_UNSPECIFIED or an unknown value.
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field = "dtype");
 v1::DType DTypeToProto(DType dtype);
