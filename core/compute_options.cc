@@ -20,4 +20,16 @@ const char* StrategyName(Strategy strategy) {
   return "unknown";
 }
 
+const LossOptionField* FirstOptionOfKindOn(const LossOptions& options, LossOptionKind kind) {
+  const LossOptions defaults;
+  for (const LossOptionField& field : kLossOptionFields) {
+    if (field.kind == kind && options.*field.member != defaults.*field.member) return &field;
+  }
+  return nullptr;
+}
+
+bool OptionsOfKindOff(const LossOptions& options, LossOptionKind kind) {
+  return FirstOptionOfKindOn(options, kind) == nullptr;
+}
+
 }  // namespace flce

@@ -23,31 +23,68 @@ struct LossOptions {
   float grad_scale = 1.0f;
 };
 
+// What a plan may assume of an option that is on: the CUDA engine's fast paths
+// serve the options they were written for, and a call with any other option on
+// takes a path that serves every option (the row kernels' dlogits pass).
+enum class LossOptionKind {
+  // Changes the logits before the softmax (a softcap, a temperature): plans
+  // whose GEMM takes the plain x . W (the logits-stats GEMM) do not serve it.
+  kLogitTransform,
+  // Multiplies every gradient (grad_scale): every path serves it.
+  kGradientScale,
+  // A term of the row's loss whose dlogits stay one factor per row times the
+  // softmax, but for the target's entry (the z-loss): the row-scaled backward
+  // serves it.
+  kRowScale,
+  // Any other term of a row's loss and gradient (label smoothing).
+  kRowTerm,
+};
+
 // Each LossOptions field once, with what every layer needs to know of it: its
 // name (the same on the wire, flce.v1.LossOptions), the range the server and
-// every engine accept, and the CLI's flag. The header check, ValidateComputeSpec
-// and `flce-client compute` read their options from here, so that a new option
-// is a field above, a row here and its math.
+// every engine accept, the CLI's flag and its kind. The header check,
+// ValidateComputeSpec, `flce-client compute` and the CUDA plans' choice read
+// their options from here, so that a new option is a field above, a row here
+// and its math.
 struct LossOptionField {
   const char* name;
   float LossOptions::*member;
   float lo, hi;      // accepted: finite and in [lo, hi]
   bool zero_is_off;  // 0 is accepted too: the option is off
+  LossOptionKind kind;
   const char* flag;
   const char* help;  // the flag's, beside the range
 };
 
 inline constexpr LossOptionField kLossOptionFields[] = {
-    {"label_smoothing", &LossOptions::label_smoothing, 0.0f, 1.0f, false, "label-smoothing",
-     "epsilon"},
-    {"z_loss_scale", &LossOptions::z_loss_scale, 0.0f, 1e3f, false, "z-loss",
-     "z-loss scale s (lse_square_scale)"},
-    {"softcap", &LossOptions::softcap, 1e-3f, 1e6f, true, "softcap", "logit softcap c"},
-    {"temperature", &LossOptions::temperature, 1e-3f, 1e3f, false, "temperature",
-     "temperature tau"},
-    {"grad_scale", &LossOptions::grad_scale, -1e12f, 1e12f, false, "grad-scale",
-     "multiplies every gradient"},
+    {"label_smoothing", &LossOptions::label_smoothing, 0.0f, 1.0f, false,
+     LossOptionKind::kRowTerm, "label-smoothing", "epsilon"},
+    {"z_loss_scale", &LossOptions::z_loss_scale, 0.0f, 1e3f, false, LossOptionKind::kRowScale,
+     "z-loss", "z-loss scale s (lse_square_scale)"},
+    {"softcap", &LossOptions::softcap, 1e-3f, 1e6f, true, LossOptionKind::kLogitTransform,
+     "softcap", "logit softcap c"},
+    {"temperature", &LossOptions::temperature, 1e-3f, 1e3f, false,
+     LossOptionKind::kLogitTransform, "temperature", "temperature tau"},
+    {"grad_scale", &LossOptions::grad_scale, -1e12f, 1e12f, false,
+     LossOptionKind::kGradientScale, "grad-scale", "multiplies every gradient"},
 };
+
+// No option of `kind` differs from its default.
+bool OptionsOfKindOff(const LossOptions& options, LossOptionKind kind);
+
+// The first option of `kind` that differs from its default; null if none.
+const LossOptionField* FirstOptionOfKindOn(const LossOptions& options, LossOptionKind kind);
+
+// The logits are x . W (+ bias) as they are: no logit transform is on.
+inline bool PlainLogits(const LossOptions& options) {
+  return OptionsOfKindOff(options, LossOptionKind::kLogitTransform);
+}
+
+// dlogits are one factor per row times the softmax but for the target's
+// entry: plain logits and no row term on.
+inline bool DlogitsScalePerRow(const LossOptions& options) {
+  return PlainLogits(options) && OptionsOfKindOff(options, LossOptionKind::kRowTerm);
+}
 
 struct OutputSelection {
   bool grad_input = true;

@@ -65,6 +65,18 @@ absl::Status CheckPerTokenWeights(const char* name, const std::vector<float>& we
   return absl::OkStatus();
 }
 
+// An objective replaces the cross-entropy's loss, so the terms added to that
+// loss (core's kRowScale and kRowTerm options) have nothing to add to.
+absl::Status CheckNoLossTerm(const LossOptions& options, const char* objective) {
+  for (LossOptionKind kind : {LossOptionKind::kRowScale, LossOptionKind::kRowTerm}) {
+    if (const LossOptionField* on = FirstOptionOfKindOn(options, kind)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options.", on->name, " = ", options.*on->member, " must be off with ", objective));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateComputeSpec(const HeadSpec& head, const ComputeSpec& spec) {
@@ -101,11 +113,8 @@ absl::Status ValidateComputeSpec(const HeadSpec& head, const ComputeSpec& spec) 
           "token_weights do not combine with a policy objective (its aggregation weighs the "
           "tokens)");
     }
-    if (o.label_smoothing != 0.0f || o.z_loss_scale != 0.0f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "label_smoothing = ", o.label_smoothing, " and z_loss_scale = ", o.z_loss_scale,
-          " must be 0 with a policy objective (its loss is a function of the log-prob alone)"));
-    }
+    FLCE_RETURN_IF_ERROR(
+        CheckNoLossTerm(o, "a policy objective (its loss is a function of the log-prob alone)"));
     FLCE_RETURN_IF_ERROR(ValidatePolicyObjective(*spec.policy, n));
   }
   if (spec.preference.has_value()) {
@@ -117,12 +126,8 @@ absl::Status ValidateComputeSpec(const HeadSpec& head, const ComputeSpec& spec) 
       return absl::InvalidArgumentError(
           "token_weights do not combine with a preference objective (it weighs the tokens)");
     }
-    if (o.label_smoothing != 0.0f || o.z_loss_scale != 0.0f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "label_smoothing = ", o.label_smoothing, " and z_loss_scale = ", o.z_loss_scale,
-          " must be 0 with a preference objective (its loss is a function of the log-probs "
-          "alone)"));
-    }
+    FLCE_RETURN_IF_ERROR(CheckNoLossTerm(
+        o, "a preference objective (its loss is a function of the log-probs alone)"));
     if (spec.outputs.per_token_loss) {
       return absl::InvalidArgumentError(
           "per_token_loss is not an output of a preference objective (its loss is per pair; "

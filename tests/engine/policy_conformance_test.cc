@@ -190,6 +190,13 @@ TEST_P(PolicyConformanceTest, OptionsThatDoNotCombineAreRefused) {
   ASSERT_FALSE(run.ok());
   EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(run.status().message().find("label_smoothing"), std::string::npos) << run.status();
+  spec = SpecWith(PolicyFor(problem));
+  spec.options.z_loss_scale = 1e-3f;
+  run = RunProblem(*engine_, problem, spec, {});
+  ASSERT_FALSE(run.ok());
+  EXPECT_NE(run.status().message().find("options.z_loss_scale = 0.001 must be off"),
+            std::string::npos)
+      << run.status();
 
   spec = SpecWith(PolicyFor(problem));
   spec.token_weights.assign(problem.spec.num_tokens, 1.0f);

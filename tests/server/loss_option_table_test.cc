@@ -96,5 +96,37 @@ TEST(LossOptionTableTest, EachRangeAcceptsItsEndsAndRefusesBeyondThemNamingTheOp
               HasSubstr("options.softcap = 0.0001 is outside [0.001, 1e+06] or 0 (off)"));
 }
 
+// The kinds the CUDA plans choose by: a logit transform takes the plain-logits
+// GEMM away, a row term the row-scaled backward; the z-loss and grad_scale
+// leave both.
+TEST(LossOptionTableTest, KindsSayWhichFastPathsServeACall) {
+  LossOptions o;
+  EXPECT_TRUE(PlainLogits(o));
+  EXPECT_TRUE(DlogitsScalePerRow(o));
+  o.z_loss_scale = 1e-3f;
+  o.grad_scale = 0.5f;
+  EXPECT_TRUE(PlainLogits(o));
+  EXPECT_TRUE(DlogitsScalePerRow(o));
+  EXPECT_EQ(FirstOptionOfKindOn(o, LossOptionKind::kRowScale)->name, std::string("z_loss_scale"));
+  EXPECT_EQ(FirstOptionOfKindOn(o, LossOptionKind::kRowTerm), nullptr);
+  for (float LossOptions::*transform : {&LossOptions::softcap, &LossOptions::temperature}) {
+    LossOptions t;
+    t.*transform = 2.0f;
+    EXPECT_FALSE(PlainLogits(t));
+    EXPECT_FALSE(DlogitsScalePerRow(t));
+  }
+  LossOptions smoothed;
+  smoothed.label_smoothing = 0.1f;
+  EXPECT_TRUE(PlainLogits(smoothed));
+  EXPECT_FALSE(DlogitsScalePerRow(smoothed));
+  // Every row has a kind the plans know (a new kind would need their choice).
+  for (const LossOptionField& field : kLossOptionFields) {
+    EXPECT_TRUE(field.kind == LossOptionKind::kLogitTransform ||
+                field.kind == LossOptionKind::kGradientScale ||
+                field.kind == LossOptionKind::kRowScale || field.kind == LossOptionKind::kRowTerm)
+        << field.name;
+  }
+}
+
 }  // namespace
 }  // namespace flce

@@ -34,7 +34,7 @@ PlanRequest PlanRequestFor(const ComputeSpec& spec) {
   // Under deterministic the chunks stay the budget's whatever the transport,
   // so that results are the same bits through messages and regions.
   req.wire_paced = spec.wire_paced && !spec.deterministic;
-  req.plain_logits = !(spec.options.softcap > 0.0f) && spec.options.temperature == 1.0f;
+  req.plain_logits = PlainLogits(spec.options);
   return req;
 }
 

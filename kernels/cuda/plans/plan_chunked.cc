@@ -88,15 +88,15 @@ absl::Status RunChunkOverlapped(const Exec& exec, const HeadView& head, const De
   return Backward(exec, head, rest, s, x, s.logits, ld_d);
 }
 
-// The row reference M_t = x_t . W_y serves bf16 heads without label
-// smoothing or entropy weights (their dlogits are not one scale per row away
-// from e): with a backward, the row-scaled one; without (a forward-only call,
+// The row reference M_t = x_t . W_y serves bf16 heads whose options keep
+// dlogits one scale per row away from e (DlogitsScalePerRow: no label
+// smoothing) and without entropy weights: with a backward, the row-scaled one; without (a forward-only call,
 // a preference objective's first pass), the same GEMM and finish, which lets
 // the call take the ping-pong kernel. The dlogits_pass switch keeps the
 // plain e and the dlogits pass (tests compare both).
 bool UseRowReference(const KernelSwitches& k, const HeadView& head, const DeviceRequest& r) {
   if (k.dlogits_pass) return false;
-  return RowScaledCapable(head) && r.grad_bias == nullptr && r.params.label_smoothing == 0.0f &&
+  return RowScaledCapable(head) && r.grad_bias == nullptr && DlogitsScalePerRow(r.params) &&
          !r.params.entropy_weighted;
 }
 
@@ -276,7 +276,7 @@ absl::Status RunRowReferenceChunk(const Exec& exec, const HeadView& head, const 
 // in place of e, then the cuBLAS backward over the 16-bit dlogits.
 absl::Status RunTileStatsChunk(const Exec& exec, const HeadView& head, const Plan& plan,
                                const DeviceRequest& r, char* scratch) {
-  if (r.params.softcap > 0.0f || r.params.temperature != 1.0f || head.bias != nullptr) {
+  if (!PlainLogits(r.params) || head.bias != nullptr) {
     return absl::InternalError("logits-stats plan given a logit transform");
   }
   const TokenBytes tb = PerTokenBytes(head, r.hidden_dtype, false);
