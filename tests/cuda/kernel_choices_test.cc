@@ -134,6 +134,30 @@ TEST(KernelSwitchesTest, AValueNoSwitchReadsIsRefusedNamingIt) {
   }
 }
 
+TEST(KernelSwitchesTest, AVariableNoPartOfTheEngineReadsIsRefusedNamingIt) {
+  {
+    ScopedEnv misspelt("FLCE_CUDA_STATS_KERNAL", "pingpong128");
+    const absl::Status status = cuda::CheckKernelSwitchSpellings();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("FLCE_CUDA_STATS_KERNAL is not a variable"),
+              std::string::npos)
+        << status.message();
+    EXPECT_NE(status.message().find("FLCE_CUDA_STATS_KERNEL"), std::string::npos)
+        << status.message();
+  }
+  {
+    ScopedEnv retired("FLCE_CUDA_STATS_EPILOGUE", "store_only");
+    EXPECT_EQ(cuda::CheckKernelSwitchSpellings().code(), absl::StatusCode::kInvalidArgument);
+  }
+  // Set to nothing reads as unset; the plugin's path and the tile list are
+  // read by other parts of the engine; other prefixes are not the engine's.
+  ScopedEnv empty("FLCE_CUDA_STATS_KERNAL", "");
+  ScopedEnv plugin("FLCE_CUDA_PLUGIN", "/nonexistent/libflce_cuda.so");
+  ScopedEnv tiles("FLCE_CUDA_GEMM_TILES", "128x128");
+  ScopedEnv other("FLCE_CUDAX_ANYTHING", "1");
+  EXPECT_TRUE(cuda::CheckKernelSwitchSpellings().ok()) << cuda::CheckKernelSwitchSpellings();
+}
+
 TEST(KernelSwitchesTest, AnEngineWithAMisspeltSwitchIsNotCreated) {
   {
     auto engine = MakeEngine();

@@ -1,8 +1,12 @@
 #include "kernels/cuda/base/kernel_choices.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -51,9 +55,38 @@ bool Spelled(absl::string_view value, absl::string_view values) {
   return false;
 }
 
+// The FLCE_CUDA_ variables read elsewhere: the grad_W tile list (GemmAlgos)
+// and the plugin's path (the engine factory).
+constexpr const char* kOtherVariables[] = {"FLCE_CUDA_GEMM_TILES", "FLCE_CUDA_PLUGIN"};
+
+bool KnownVariable(absl::string_view name) {
+  for (const SwitchSpellings& s : kSpellings) {
+    if (name == s.name) return true;
+  }
+  for (const char* other : kOtherVariables) {
+    if (name == other) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::Status CheckKernelSwitchSpellings() {
+  // A misspelt or retired switch would otherwise leave the default running
+  // while its operator believes it switched.
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const absl::string_view variable = *entry;
+    const size_t eq = variable.find('=');
+    const absl::string_view name = variable.substr(0, eq);
+    if (!absl::StartsWith(name, "FLCE_CUDA_") || KnownVariable(name)) continue;
+    if (eq == absl::string_view::npos || eq + 1 == variable.size()) continue;  // set to nothing
+    std::vector<std::string> names;
+    for (const SwitchSpellings& s : kSpellings) names.push_back(s.name);
+    for (const char* other : kOtherVariables) names.push_back(other);
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " is not a variable the CUDA engine reads (unset it; it reads ",
+                     absl::StrJoin(names, ", "), ")"));
+  }
   for (const SwitchSpellings& s : kSpellings) {
     const std::string value = Env(s.name);
     if (value.empty() || Spelled(value, s.values)) continue;

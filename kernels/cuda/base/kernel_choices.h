@@ -8,9 +8,10 @@
 // and where it applies (ops/gemm_algos.h), and the own grad_input GEMM's
 // vocabulary splits (GradInputSplits, ops/sm90/backward_gemm.cuh).
 //
-// Switches (unset or empty = the default; a value not listed here fails the
-// engine's creation, CheckKernelSwitchSpellings; 0 and 1 both spell the
-// on/off ones):
+// Switches (unset or empty = the default; a value not listed here, or an
+// FLCE_CUDA_ name that is none of these, FLCE_CUDA_GEMM_TILES and
+// FLCE_CUDA_PLUGIN, fails the engine's creation, CheckKernelSwitchSpellings;
+// 0 and 1 both spell the on/off ones):
 //   FLCE_CUDA_GENERIC=1            the plans of GPUs before Hopper (no own
 //                                  kernels: the conformance suite's A100 path)
 //   FLCE_CUDA_LOGITS=cublas        fp32 logits from cuBLAS, not the stats GEMM
@@ -63,10 +64,11 @@ struct KernelSwitches {
 };
 
 KernelSwitches KernelSwitchesFromEnvironment();
-// INVALID_ARGUMENT naming the variable, its value and the spellings it takes,
-// for the first switch set to a value KernelSwitchesFromEnvironment would read
-// as the default without being asked to (FLCE_CUDA_GEMM_TILES aside:
-// GemmAlgos::Create checks its list).
+// INVALID_ARGUMENT naming the variable: the first FLCE_CUDA_ variable set to
+// something that no part of the engine reads (a misspelt or retired switch),
+// else the first switch set to a value KernelSwitchesFromEnvironment would
+// read as the default without being asked to, with the spellings it takes
+// (FLCE_CUDA_GEMM_TILES aside: GemmAlgos::Create checks its list).
 absl::Status CheckKernelSwitchSpellings();
 // *s, or the defaults (every switch unset) where s is null.
 const KernelSwitches& SwitchesOrDefaults(const KernelSwitches* s);
