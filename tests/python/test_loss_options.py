@@ -38,6 +38,25 @@ def test_every_option_reaches_the_header(field):
     assert _header(changed) != _header(LossOptions())
 
 
+def test_every_wire_option_has_a_python_spelling():
+    """The reverse: a field of flce.v1.LossOptions that no Python option (nor fill's
+    grad_scale) writes could not be asked for from Python, though the server and the CLI
+    take it from core's table."""
+    base = pb.ComputeHeader()
+    LossOptions().fill(base)
+    wire = [f.name for f in pb.LossOptions.DESCRIPTOR.fields]
+    written = set()
+    for field in dataclasses.fields(LossOptions):
+        header = pb.ComputeHeader()
+        LossOptions().updated({field.name: _changed(field)}).fill(header)
+        written |= {name for name in wire
+                    if getattr(header.options, name) != getattr(base.options, name)}
+    header = pb.ComputeHeader()
+    LossOptions().fill(header, grad_scale=0.25)
+    written |= {name for name in wire if getattr(header.options, name) == 0.25}
+    assert written == set(wire)
+
+
 def test_defaults_are_the_servers_defaults():
     """The defaults leave the optional fields unset and the options present, as sent
     before LossOptions existed."""
