@@ -14,8 +14,8 @@ namespace flce {
 // "options.temperature = 0 is outside [0.001, 1000]".
 absl::Status CheckLossOptions(const LossOptions& options);
 
-// "[lo, hi]", with "; 0 = off" where 0 is accepted too: the range as the
-// messages, the CLI's help and docs/API.md spell it.
+// "[lo, hi]", with " or 0 (off)" where 0 is accepted too: the range as the
+// messages and the CLI's help spell it.
 std::string LossOptionRange(const LossOptionField& field);
 
 }  // namespace flce

@@ -83,7 +83,8 @@ TEST(LossOptionTableTest, EachRangeAcceptsItsEndsAndRefusesBeyondThemNamingTheOp
       o.*field.member = refused;
       absl::Status s = CheckLossOptions(o);
       EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field.name << " = " << refused;
-      EXPECT_THAT(std::string(s.message()), HasSubstr(std::string("options.") + field.name + " = "));
+      EXPECT_THAT(std::string(s.message()),
+                  HasSubstr(std::string("options.") + field.name + " = "));
     }
     LossOptions zero;
     zero.*field.member = 0.0f;

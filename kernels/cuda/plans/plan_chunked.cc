@@ -90,10 +90,11 @@ absl::Status RunChunkOverlapped(const Exec& exec, const HeadView& head, const De
 
 // The row reference M_t = x_t . W_y serves bf16 heads whose options keep
 // dlogits one scale per row away from e (DlogitsScalePerRow: no label
-// smoothing) and without entropy weights: with a backward, the row-scaled one; without (a forward-only call,
-// a preference objective's first pass), the same GEMM and finish, which lets
-// the call take the ping-pong kernel. The dlogits_pass switch keeps the
-// plain e and the dlogits pass (tests compare both).
+// smoothing) and without entropy weights: with a backward, the row-scaled
+// one; without (a forward-only call, a preference objective's first pass), the
+// same GEMM and finish, which lets the call take the ping-pong kernel. The
+// dlogits_pass switch keeps the plain e and the dlogits pass (tests compare
+// both).
 bool UseRowReference(const KernelSwitches& k, const HeadView& head, const DeviceRequest& r) {
   if (k.dlogits_pass) return false;
   return RowScaledCapable(head) && r.grad_bias == nullptr && DlogitsScalePerRow(r.params) &&
