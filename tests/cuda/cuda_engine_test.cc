@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/base/policy.h"
 #include "kernels/cuda/base/sm90_support.h"
+#include "kernels/cuda/plans/chunk_schedule.h"
 #include "kernels/cuda/plans/plans.h"
 #include "kernels/engine_factory.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -607,12 +609,13 @@ TEST(ChunkPlanTest, SeveralChunksComeOutEqual) {
   EXPECT_EQ(chunk_for(kMax + 100, 6000), 4352);  // a hint above the balanced size
 }
 
-// A call whose hidden arrives over the wire gets chunks of at most
-// ChunkPolicy::kWirePacedBytes of hidden (within its token bounds), unless
-// the caller names a chunk or asks for deterministic results (which keep the
-// budget's chunks on every transport). Host-only.
-TEST(ChunkPlanTest, WirePacedCallsGetSmallChunks) {
-  auto chunk_for = [](int64_t hidden, DType dtype, bool paced, int64_t hint) {
+// A call whose hidden arrives over the wire gets edge chunks of
+// ChunkPolicy::kWirePacedBytes of hidden (within its token bounds) and the
+// budget's chunks between them, unless the caller names a chunk or asks for
+// deterministic results (which keep the budget's chunks on every transport).
+// Host-only.
+TEST(ChunkPlanTest, WirePacedCallsGetSmallEdgeChunks) {
+  auto plan_for = [](int64_t hidden, DType dtype, bool paced, int64_t hint) {
     cuda::HeadView head;
     head.dtype = DType::kBF16;
     head.vocab = 1000;
@@ -626,14 +629,135 @@ TEST(ChunkPlanTest, WirePacedCallsGetSmallChunks) {
     req.wire_paced = paced;
     auto p = cuda::MakePlan(head, req, int64_t{2048} << 20);
     EXPECT_TRUE(p.ok()) << p.status();
-    return p.ok() ? p->chunk_tokens : int64_t{-1};
+    return p.ok() ? *p : cuda::Plan{};
   };
-  EXPECT_EQ(chunk_for(4096, DType::kBF16, true, 0), 1024);     // 8 MiB of bf16 rows
-  EXPECT_EQ(chunk_for(4096, DType::kF32, true, 0), 512);       // fp32 rows: half as many
-  EXPECT_EQ(chunk_for(1024, DType::kBF16, true, 0), 2048);     // capped in tokens
-  EXPECT_EQ(chunk_for(32768, DType::kBF16, true, 0), 256);     // floored in tokens
-  EXPECT_EQ(chunk_for(4096, DType::kBF16, true, 3072), 3072);  // the caller's chunk wins
-  EXPECT_GT(chunk_for(4096, DType::kBF16, false, 0), 2048);    // regions: the budget's
+  EXPECT_EQ(plan_for(4096, DType::kBF16, true, 0).edge_tokens, 1024);  // 8 MiB of bf16 rows
+  EXPECT_EQ(plan_for(4096, DType::kF32, true, 0).edge_tokens, 512);    // fp32 rows: half
+  EXPECT_EQ(plan_for(1024, DType::kBF16, true, 0).edge_tokens, 2048);  // capped in tokens
+  EXPECT_EQ(plan_for(32768, DType::kBF16, true, 0).edge_tokens, 256);  // floored in tokens
+  const cuda::Plan paced = plan_for(4096, DType::kBF16, true, 0);
+  const cuda::Plan regions = plan_for(4096, DType::kBF16, false, 0);
+  EXPECT_EQ(regions.edge_tokens, 0);
+  EXPECT_GT(regions.chunk_tokens, 2048);                       // regions: the budget's
+  EXPECT_EQ(paced.chunk_tokens, regions.chunk_tokens);         // and between the edges too
+  const cuda::Plan hinted = plan_for(4096, DType::kBF16, true, 3072);
+  EXPECT_EQ(hinted.chunk_tokens, 3072);  // the caller's chunk wins, without edges
+  EXPECT_EQ(hinted.edge_tokens, 0);
+}
+
+std::vector<int64_t> ChunkSizes(int64_t chunk, int64_t edge, int64_t n) {
+  cuda::Plan plan;
+  plan.chunk_tokens = chunk;
+  plan.edge_tokens = edge;
+  std::vector<int64_t> sizes;
+  int64_t begin = 0;
+  for (int64_t end : cuda::ChunkEnds(plan, n)) {
+    sizes.push_back(end - begin);
+    begin = end;
+  }
+  return sizes;
+}
+
+// Edge chunks double towards the plan's chunk and mirror at the end; the
+// chunks between them are equal and never above the plan's. Host-only.
+TEST(ChunkPlanTest, ScheduleRampsUpAndDown) {
+  using V = std::vector<int64_t>;
+  // 32768 x 4096 bf16 over the wire: 9 chunks where uniform edge-sized ones were 32.
+  EXPECT_EQ(ChunkSizes(6592, 1024, 32768), (V{1024, 2048, 4096, 6144, 6144, 6144, 4096, 2048,
+                                               1024}));
+  EXPECT_EQ(ChunkSizes(4096, 1024, 8192), (V{1024, 2048, 2048, 2048, 1024}));
+  EXPECT_EQ(ChunkSizes(4096, 1024, 2000), (V{1024, 976}));      // too short for a ramp
+  EXPECT_EQ(ChunkSizes(4096, 1024, 2048), (V{1024, 1024}));     // the two edges alone
+  EXPECT_EQ(ChunkSizes(4096, 1024, 2100), (V{1024, 52, 1024}));
+  EXPECT_EQ(ChunkSizes(320, 0, 700), (V{320, 320, 60}));        // no edges: the plan's chunks
+  EXPECT_EQ(ChunkSizes(4096, 4096, 9000), (V{4096, 4096, 808}));  // an edge as large: none
+  for (int64_t n : {1, 63, 1000, 2047, 5000, 65535, 100003}) {
+    for (int64_t edge : {0, 256, 1024, 2048}) {
+      SCOPED_TRACE(testing::Message() << "n " << n << " edge " << edge);
+      const V sizes = ChunkSizes(5632, edge, n);
+      int64_t sum = 0;
+      for (int64_t s : sizes) {
+        EXPECT_GT(s, 0);
+        EXPECT_LE(s, 5632);
+        sum += s;
+      }
+      EXPECT_EQ(sum, n);
+      if (edge > 0 && n >= 2 * edge) {
+        EXPECT_EQ(sizes.front(), edge);
+        EXPECT_EQ(sizes.back(), edge);
+      }
+    }
+  }
+}
+
+// A chunk that starts after a gap ends where the schedule's would. Host-only.
+TEST(ChunkPlanTest, ChunksAfterAGapEndOnTheSchedule) {
+  const std::vector<int64_t> ends = {1024, 3072, 7168, 9216, 10240};
+  EXPECT_EQ(cuda::ChunkRowsFrom(ends, 6592, 0), 1024);
+  EXPECT_EQ(cuda::ChunkRowsFrom(ends, 6592, 1024), 2048);
+  EXPECT_EQ(cuda::ChunkRowsFrom(ends, 6592, 2000), 1072);
+  EXPECT_EQ(cuda::ChunkRowsFrom(ends, 6592, 3072), 4096);
+  EXPECT_EQ(cuda::ChunkRowsFrom(ends, 2048, 3072), 2048);  // never above the plan's chunk
+  EXPECT_EQ(cuda::ChunkRowsFrom(ends, 6592, 10000), 240);
+}
+
+// A call over the wire with a ramped schedule: its grad_input reaches the sink
+// in the schedule's chunks when rows come in order, and in any order every
+// output matches float64.
+TEST(CudaEngineTest, WirePacedScheduleMatchesReference) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  ProblemSpec ps;
+  ps.vocab_size = 97;
+  ps.hidden_size = 16384;  // 64 KiB fp32 rows: 256-row edges
+  ps.num_tokens = 1700;
+  ps.head_dtype = DType::kBF16;
+  ps.hidden_dtype = DType::kF32;
+  ps.has_bias = true;
+  Problem problem = MakeProblem(ps);
+  ComputeSpec spec = AllOutputsSpec(Strategy::kChunked);
+  spec.wire_paced = true;
+  ReferenceOutput ref = ComputeReference(MakeReferenceInput(problem, spec));
+  HarnessOptions options;
+  options.seed = FreshSeed();
+  options.rows_per_block = 333;
+  auto run = RunProblem(**engine, problem, spec, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  const Errors e = Compare(*run, ref);
+  std::printf("  [wire-paced] loss %.2e per-token %.2e grad_input %.2e grad_W %.2e grad_b %.2e\n",
+              e.loss, e.per_token, e.grad_input, e.grad_w, e.grad_b);
+  ExpectWithin(e);
+
+  auto head = BuildHead(**engine, problem, 2);
+  ASSERT_TRUE(head.ok()) << head.status();
+  ComputeSpec in_order = ChunkedSpecFor(problem, 0);
+  in_order.wire_paced = true;
+  std::mutex mu;
+  std::vector<int64_t> piece_ends;
+  auto call = (*engine)->StartCompute(*head, in_order, [&](int64_t at, int64_t rows,
+                                                          std::string data) {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(static_cast<int64_t>(data.size()), rows * ps.hidden_size * 4);
+    piece_ends.push_back(at + rows);
+  });
+  ASSERT_TRUE(call.ok()) << call.status();
+  const int64_t row_bytes = ps.hidden_size * 4;
+  for (int64_t t = 0; t < ps.num_tokens; t += 333) {
+    const int64_t rows = std::min<int64_t>(333, ps.num_tokens - t);
+    ASSERT_TRUE((*call)->AddHidden(t, rows, problem.hidden_bytes.data() + t * row_bytes).ok());
+  }
+  ASSERT_TRUE((*call)->Finish().ok());
+  // 1700 rows, 256-row edges, the plan's chunk 1728: chunks of 256, 512, 164,
+  // 512 and 256 rows, each handed over in pieces of 8 MiB (128 rows).
+  std::vector<int64_t> expected;
+  int64_t begin = 0;
+  for (int64_t end : {256, 768, 932, 1444, 1700}) {
+    for (int64_t at = begin; at < end; at += 128) {
+      expected.push_back(std::min<int64_t>(at + 128, end));
+    }
+    begin = end;
+  }
+  EXPECT_EQ(piece_ends, expected);
 }
 
 // Every real logit is about -40 (bias), the padded columns' would be 0: if

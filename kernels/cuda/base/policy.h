@@ -29,12 +29,17 @@ struct ChunkPolicy {
   static constexpr int64_t kBalancedAlign = 256;
   // A call whose hidden arrives over the wire at the wire's pace: the GPU
   // cannot start a chunk before all its rows are in, and the last chunk's
-  // grad_input leaves only after the engine is done, so chunks carry at most
-  // this much hidden (and at most kWirePacedMaxTokens, at least
-  // kWirePacedMinTokens): both edges shrink with them (docs/perf/python.md).
+  // grad_input leaves only after the engine is done, so its first and last
+  // chunks carry this much hidden (at most kWirePacedMaxTokens, at least
+  // kWirePacedMinTokens) and the chunks between them grow to the budget's
+  // (chunk_schedule.h; docs/perf/python.md).
   static constexpr int64_t kWirePacedBytes = int64_t{8} << 20;
   static constexpr int64_t kWirePacedMaxTokens = 2048;
   static constexpr int64_t kWirePacedMinTokens = 256;
+  // A chunk's grad_input reaches the engine's sink in pieces of at most this
+  // many bytes (at least one row), so a transport starts sending before a
+  // large chunk was copied out of its slot.
+  static constexpr int64_t kGradInputPieceBytes = int64_t{8} << 20;
 };
 static_assert(ChunkPolicy::kMaxTokens % ChunkPolicy::kTokenAlign == 0, "aligned max chunk");
 

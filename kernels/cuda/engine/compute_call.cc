@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "kernels/cuda/base/policy.h"
 #include "kernels/cuda/engine/cuda_engine.h"
 
 namespace flce::cuda {
@@ -71,6 +72,7 @@ absl::Status CudaComputeCall::InitStreaming() {
       FLCE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(ev, cudaEventDisableTiming), health);
     }
   }
+  chunk_ends_ = ChunkEnds(plan_, spec_.num_tokens);
   FLCE_RETURN_IF_ERROR(SetGradInputPeer());
   worker_ = std::thread([this] { WorkerLoop(); });
   return absl::OkStatus();
@@ -301,7 +303,6 @@ absl::Status CudaComputeCall::WaitForFreeSlot() {
 }
 
 absl::Status CudaComputeCall::AddStreaming(int64_t offset, int64_t rows, const FillSlot& fill) {
-  const int64_t c = plan_.chunk_tokens;
   int64_t first = 0;
   while (rows > 0) {
     if (pending_rows_ > 0 && offset != pending_begin_ + pending_rows_)
@@ -309,15 +310,16 @@ absl::Status CudaComputeCall::AddStreaming(int64_t offset, int64_t rows, const F
     if (pending_rows_ == 0) {
       FLCE_RETURN_IF_ERROR(WaitForFreeSlot());
       pending_begin_ = offset;
+      pending_limit_ = ChunkRowsFrom(chunk_ends_, plan_.chunk_tokens, offset);
     }
     Slot& s = slots_[current_];
-    const int64_t n = std::min(rows, c - pending_rows_);
+    const int64_t n = std::min(rows, pending_limit_ - pending_rows_);
     FLCE_RETURN_IF_ERROR(fill(s, pending_rows_ * hidden_row_bytes_, first, n));
     pending_rows_ += n;
     offset += n;
     first += n;
     rows -= n;
-    if (pending_rows_ == c) FLCE_RETURN_IF_ERROR(Flush());
+    if (pending_rows_ == pending_limit_) FLCE_RETURN_IF_ERROR(Flush());
   }
   return absl::OkStatus();
 }
@@ -401,19 +403,27 @@ void CudaComputeCall::WorkerLoop() {
     Slot& s = slots_[index];
     cudaError_t err = cudaEventSynchronize(s.downloaded);
     absl::Status st = CudaStatus(err, "waiting for a chunk's download", ctx->health());
-    std::string data;
     bool deliver = false;
     if (st.ok()) {
       rows_.Store(s.h_outputs, c, s.begin, s.rows);
       if (spec_.outputs.grad_input && grad_peer_ == nullptr) {
-        data.assign(s.h_grad_input, s.rows * hidden_row_bytes_);
         std::lock_guard<std::mutex> lock(mu_);
         deliver = !stop_ && status_.ok();
       }
     }
     // The sink runs before the slot is released, so that Finish (which waits
-    // for free slots) returns only after every row was delivered.
-    if (deliver && sink_) sink_(s.begin, s.rows, std::move(data));
+    // for free slots) returns only after every row was delivered. Pieces of a
+    // large chunk go one by one: the transport sends the first while the next
+    // is copied out of the slot.
+    if (deliver && sink_) {
+      const int64_t piece = std::max<int64_t>(
+          1, ChunkPolicy::kGradInputPieceBytes / std::max<int64_t>(hidden_row_bytes_, 1));
+      for (int64_t at = 0; at < s.rows; at += piece) {
+        const int64_t rows = std::min(piece, s.rows - at);
+        sink_(s.begin + at, rows,
+              std::string(s.h_grad_input + at * hidden_row_bytes_, rows * hidden_row_bytes_));
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!st.ok() && status_.ok()) status_ = st;

@@ -2,8 +2,8 @@
 //
 // chunked (the default): AddHidden copies rows into pinned staging and
 // starts their upload on the upload stream, then returns. Consecutive rows
-// are gathered into a chunk of plan.chunk_tokens; a full chunk (or a gap,
-// or Finish) is computed on the compute stream once its upload event fired,
+// are gathered into chunks as chunk_schedule.h places them; a full chunk (or
+// a gap, or Finish) is computed on the compute stream once its upload event fired,
 // and its grad_input and per-row outputs are downloaded on the download
 // stream. A worker thread waits for each download event and hands the rows
 // to the sink (never from a CUDA callback). Two slots alternate, so the
@@ -36,6 +36,7 @@
 #include "kernels/cuda/engine/device_context.h"
 #include "kernels/cuda/engine/peer_memory.h"
 #include "kernels/cuda/ops/peer_row_kernels.cuh"
+#include "kernels/cuda/plans/chunk_schedule.h"
 #include "kernels/cuda/plans/kernel_report.h"
 #include "kernels/cuda/plans/plans.h"
 #include "kernels/engine.h"
@@ -118,9 +119,11 @@ class CudaComputeCall : public ComputeCall {
   // Streaming (chunked).
   std::unique_ptr<CudaEngine::SlotMemory> slot_memory_;
   Slot slots_[2];
+  std::vector<int64_t> chunk_ends_;  // ChunkEnds of the plan and the call's rows
   int current_ = 0;
   int64_t pending_begin_ = 0;
   int64_t pending_rows_ = 0;
+  int64_t pending_limit_ = 0;  // rows the pending chunk may take
   std::mutex mu_;  // guards slots' busy flags, jobs_, status_, stop_
   std::condition_variable cv_;
   std::deque<int> jobs_;

@@ -47,16 +47,16 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
                          "Raise --workspace-mb.");
       }
       chunk = BalancedChunk(chunk, n);
-      if (req.chunk_tokens > 0) {
-        chunk = std::min(chunk, req.chunk_tokens);
-      } else if (req.wire_paced) {
-        const int64_t by_bytes = AlignDown(ChunkPolicy::kWirePacedBytes / (head.hidden * hs_in),
-                                           ChunkPolicy::kTokenAlign);
-        chunk = std::min(chunk, std::clamp(by_bytes, ChunkPolicy::kWirePacedMinTokens,
-                                           ChunkPolicy::kWirePacedMaxTokens));
-      }
+      if (req.chunk_tokens > 0) chunk = std::min(chunk, req.chunk_tokens);
       chunk = std::min(chunk, AlignUp(n, ChunkPolicy::kTokenAlign));
       plan.chunk_tokens = chunk;
+      if (req.wire_paced && req.chunk_tokens == 0) {
+        const int64_t by_bytes = AlignDown(ChunkPolicy::kWirePacedBytes / (head.hidden * hs_in),
+                                           ChunkPolicy::kTokenAlign);
+        const int64_t edge = std::clamp(by_bytes, ChunkPolicy::kWirePacedMinTokens,
+                                        ChunkPolicy::kWirePacedMaxTokens);
+        if (edge < chunk) plan.edge_tokens = edge;
+      }
       plan.scratch_bytes = plan.tile_stats ? TileScratchBytes(chunk, head, tb)
                                            : ScratchBytes(chunk, head.padded_vocab, tb, 0);
       if (req.streaming) {

@@ -67,6 +67,9 @@ struct DeviceRequest {
 struct Plan {
   Strategy strategy = Strategy::kChunked;
   int64_t chunk_tokens = 0;       // chunked: tokens per chunk; split plans: per token block
+  // chunked, rows over the wire: the first and last chunks' tokens, doubling
+  // towards chunk_tokens between them (chunk_schedule.h); 0 = none.
+  int64_t edge_tokens = 0;
   int64_t split_cols = 0;         // vocab_split / fuse_mn: vocabulary columns per split
   int64_t scratch_bytes = 0;      // device workspace RunPlan needs
   int64_t stream_slot_bytes = 0;  // chunked streaming: per slot (hidden in, grad out, rows)
@@ -85,7 +88,7 @@ struct PlanRequest {
   bool streaming = true;     // chunked: reserve two upload/download slots too
   bool plain_logits = true;  // no softcap, temperature 1: the logits-stats GEMM may run
   // Hidden arrives at the wire's pace (ComputeSpec::wire_paced, not under
-  // deterministic): chunked plans keep chunks small (ChunkPolicy).
+  // deterministic): chunked plans get small edge chunks (ChunkPolicy).
   bool wire_paced = false;
 };
 
