@@ -1,9 +1,12 @@
 #include "core/tcp_socket.h"
 
+#include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 
 namespace flce {
 
@@ -36,6 +39,36 @@ TcpOpened OpenTcpSocket(const std::string& host, int port, bool passive,
   }
   freeaddrinfo(found);
   return out;
+}
+
+int ConnectWithin(int fd, const sockaddr* address, socklen_t length, int timeout_ms) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return errno;
+  int err = connect(fd, address, length) == 0 ? 0 : errno;
+  if (err == EINPROGRESS) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        err = ETIMEDOUT;
+        break;
+      }
+      pollfd p{fd, POLLOUT, 0};
+      const int ready = poll(&p, 1, static_cast<int>(left.count()));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready < 0) {
+        err = errno;
+        break;
+      }
+      if (ready == 0) continue;  // the deadline is checked above
+      socklen_t size = sizeof(err);
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &size) != 0) err = errno;
+      break;
+    }
+  }
+  if (fcntl(fd, F_SETFL, flags) != 0 && err == 0) err = errno;
+  return err;
 }
 
 }  // namespace flce

@@ -23,6 +23,12 @@ struct TcpOpened {
 // `passive`: a server's address (an empty host: every interface).
 TcpOpened OpenTcpSocket(const std::string& host, int port, bool passive, const TcpAddressUse& use);
 
+// connect(2) that gives up after timeout_ms: 0, or the errno (ETIMEDOUT when
+// the time ran out). A blocking connect to an address whose SYNs are dropped
+// (a firewall, a full accept queue) waits for the kernel's SYN retries,
+// minutes. fd is left blocking, as it came.
+int ConnectWithin(int fd, const sockaddr* address, socklen_t length, int timeout_ms);
+
 }  // namespace flce
 
 #endif  // FLCE_CORE_TCP_SOCKET_H_

@@ -70,12 +70,13 @@ std::optional<std::string> TcpHostOf(absl::string_view target) {
 }
 
 absl::StatusOr<std::unique_ptr<DataPlaneLink>> DataPlaneLink::Connect(
-    const DataPlaneAddress& address) {
+    const DataPlaneAddress& address, absl::Duration timeout) {
   const std::string& host = address.host;
   const int port = address.port;
-  const TcpOpened opened =
-      OpenTcpSocket(host, port, /*passive=*/false, [](int fd, const sockaddr* a, socklen_t length) {
-        return connect(fd, a, length) == 0 ? 0 : errno;
+  const int timeout_ms = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
+  const TcpOpened opened = OpenTcpSocket(
+      host, port, /*passive=*/false, [timeout_ms](int fd, const sockaddr* a, socklen_t length) {
+        return ConnectWithin(fd, a, length, timeout_ms);
       });
   if (opened.resolve_error != 0) {
     return absl::UnavailableError(absl::StrCat("data plane: cannot resolve ", host, ": ",

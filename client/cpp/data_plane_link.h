@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "client/cpp/row_assembler.h"
 
 namespace flce {
@@ -28,8 +29,12 @@ struct DataPlaneAddress {
 
 class DataPlaneLink {
  public:
-  // UNAVAILABLE naming the address when no connection can be made.
-  static absl::StatusOr<std::unique_ptr<DataPlaneLink>> Connect(const DataPlaneAddress& address);
+  // UNAVAILABLE naming the address when no connection can be made within
+  // `timeout` (a data port behind a firewall that drops SYNs must not hold a
+  // call for the kernel's minutes of retries before it falls back to messages).
+  static absl::StatusOr<std::unique_ptr<DataPlaneLink>> Connect(
+      const DataPlaneAddress& address, absl::Duration timeout = kConnectTimeout);
+  static constexpr absl::Duration kConnectTimeout = absl::Seconds(5);
   ~DataPlaneLink();
   DataPlaneLink(const DataPlaneLink&) = delete;
   DataPlaneLink& operator=(const DataPlaneLink&) = delete;

@@ -281,6 +281,34 @@ TEST(DataPlaneConfigTest, TlsAndADataPortStopTheStart) {
   EXPECT_THAT(server.status().message(), HasSubstr("--data-port with TLS"));
 }
 
+// A data port that never answers (its SYNs dropped: here a listener whose
+// accept queue is full) fails the client's connect within its timeout, so
+// that a call falls back to messages instead of waiting for the kernel's
+// minutes of retries.
+TEST(DataPlaneLinkTest, APortThatNeverAnswersFailsWithinTheTimeout) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), length), 0);
+  ASSERT_EQ(listen(listener, 0), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const DataPlaneAddress target{"127.0.0.1", ntohs(address.sin_port)};
+  auto queued = DataPlaneLink::Connect(target);  // fills the accept queue
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  const auto start = std::chrono::steady_clock::now();
+  auto late = DataPlaneLink::Connect(target, absl::Milliseconds(300));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(late.status().message(), HasSubstr(absl::StrCat("127.0.0.1:", target.port)));
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  queued->reset();
+  close(listener);
+}
+
 TEST(TcpHostOfTest, TargetsThatNameOneTcpAddress) {
   EXPECT_EQ(TcpHostOf("localhost:50051"), "localhost");
   EXPECT_EQ(TcpHostOf("[::1]:50051"), "::1");
