@@ -231,7 +231,12 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
         config.max_region_bytes_per_tenant);
     ctx_.regions = regions_.get();
   }
-  if (config.data_port >= 0) {
+  int data_port = config.data_port;
+  if (data_port == ServerConfig::kDataPortAuto) {
+    // The data plane is plaintext: under TLS every byte stays on gRPC.
+    data_port = config.tls_cert.empty() ? 0 : ServerConfig::kDataPortNone;
+  }
+  if (data_port >= 0) {
     if (!config.tls_cert.empty()) {
       return absl::InvalidArgumentError(
           "--data-port with TLS: the data plane carries rows in plaintext; use one or the other");
@@ -239,7 +244,7 @@ absl::Status FlceServer::Start(const ServerConfig& config, std::unique_ptr<Engin
     DataPlaneListener::Options options;
     options.max_frame_bytes = config.max_message_bytes;
     FLCE_ASSIGN_OR_RETURN(data_listener_,
-                          DataPlaneListener::Listen(ListenHost(config.address), config.data_port,
+                          DataPlaneListener::Listen(ListenHost(config.address), data_port,
                                                     pieces_.get(), metrics_.get(), options));
     ctx_.data_plane_port = data_listener_->port();
   }

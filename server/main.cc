@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "server/base/data_port_flag.h"
 #include "server/base/local_transports_flag.h"
 #include "server/base/server_config.h"
 #include "server/flce_server.h"
@@ -80,9 +81,10 @@ ABSL_FLAG(int64_t, max_region_mb, 8192,
           "on a GPU, and CUDA IPC memory); 0 = no cap");
 ABSL_FLAG(int, region_lease_s, 60,
           "a region registration stream that sends nothing for this long is released");
-ABSL_FLAG(int, data_port, -1,
+ABSL_FLAG(std::string, data_port, "auto",
           "TCP port of the data plane: Compute calls' hidden rows and grad_input as raw bytes "
-          "beside gRPC, on --host (0 = any free port, -1 = none; not with TLS)");
+          "beside gRPC, on --host; \"auto\" = any free port without TLS, none with it; "
+          "\"none\" (or -1) = no data plane; 0 = any free port (refused with TLS)");
 ABSL_FLAG(std::string, head_file, "", ".safetensors file to preload a head from");
 ABSL_FLAG(std::string, head_tensor, "lm_head.weight", "weight tensor in --head-file");
 ABSL_FLAG(std::string, head_bias_tensor, "", "bias tensor in --head-file (optional)");
@@ -203,14 +205,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.region_lease = absl::Seconds(absl::GetFlag(FLAGS_region_lease_s));
-  if (absl::GetFlag(FLAGS_data_port) < -1 || absl::GetFlag(FLAGS_data_port) > 65535) {
-    std::fprintf(stderr,
-                 "flce-server: --data-port must be a TCP port, 0 (any free one) or -1 (none), "
-                 "got %d\n",
-                 absl::GetFlag(FLAGS_data_port));
+  if (absl::Status s = ApplyDataPortFlag(absl::GetFlag(FLAGS_data_port), config); !s.ok()) {
+    std::fprintf(stderr, "flce-server: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  config.data_port = absl::GetFlag(FLAGS_data_port);
   config.head_file = absl::GetFlag(FLAGS_head_file);
   config.head_tensor = absl::GetFlag(FLAGS_head_tensor);
   config.head_bias_tensor = absl::GetFlag(FLAGS_head_bias_tensor);

@@ -55,10 +55,10 @@ struct ClientOptions {
   int connections = 1;
   // A Compute call whose hidden would go in messages sends its rows and gets
   // grad_input as raw bytes on a TCP connection of its own instead (the data
-  // plane: servers 0.16+ started with --data-port, without TLS; a channel
-  // Client::Connect made to a TCP target). kAuto: where the server offers
-  // it, messages from the first connection that fails on (said on stderr);
-  // kOn: always, else an error; kOff: never.
+  // plane: servers 0.18+ unless TLS or --data-port none, 0.16+ with
+  // --data-port; a channel Client::Connect made to a TCP target). kAuto:
+  // where the server offers it, messages from the first connection that
+  // fails on (said on stderr); kOn: always, else an error; kOff: never.
   enum class DataPlane { kAuto, kOn, kOff };
   DataPlane data_plane = DataPlane::kAuto;
 

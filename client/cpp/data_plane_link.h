@@ -1,5 +1,5 @@
 // A Compute call's hidden rows and grad_input on the server's data plane
-// (servers 0.16+ started with --data-port; docs/API.md, "The data plane"):
+// (servers 0.18+ by default, 0.16+ with --data-port; docs/API.md, "The data plane"):
 // raw bytes on a TCP connection of their own beside the call's gRPC stream,
 // which keeps the header, the end message, the token outputs and the status.
 // Connected when the call's PiecesOpened brings its token: the server closes a

@@ -28,6 +28,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 py=$(command -v python3)
 unset FLCE_CUDA_PLUGIN  # each server takes the plugin of its own build tree
 
+messages_only() {  # messages_only DIST: the flag that keeps DIST's server in messages (0.16+)
+  LD_LIBRARY_PATH=$1/lib:/usr/local/cuda/lib64 "$1/server/flce-server" --helpfull 2>/dev/null |
+    grep -q -- '-data_port' && echo --data-port=-1
+}
 with() {  # with DIST CMD...: CMD with DIST's libraries
   local dist=$1; shift
   LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64 "$@"
@@ -50,7 +54,8 @@ serve() {  # serve DIST NAME ROUND
   local dist=$1 name=$2 round=$3
   port=$((port + 1))  # a port of its own: nothing can answer for another build's server
   LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64 "$dist/server/flce-server" --port $port \
-    --metrics-port 0 --device cuda --unix-socket=none >"$out/server-$name-$round.log" 2>&1 &
+    --metrics-port 0 --device cuda --unix-socket=none $(messages_only "$dist") \
+    >"$out/server-$name-$round.log" 2>&1 &
   local pid=$!
   local cl=("$dist/client/cli/flce-client" --target "127.0.0.1:$port")
   for _ in $(seq 1 300); do with "$dist" "${cl[@]}" health >/dev/null 2>&1 && break; sleep 0.1; done

@@ -19,7 +19,7 @@ export LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 ) >"$out/pytest-local-transports.log" 2>&1 || rc=1
 tail -3 "$out/pytest-local-transports.log"
 "$here/run_transports.sh" || rc=1
-"$dist/server/flce-server" --port 50092 --metrics-port 0 --device cuda \
+"$dist/server/flce-server" --port 50092 --metrics-port 0 --data-port=-1 --device cuda \
   --local-transports=shm,cuda_ipc >"$out/server-pipelining.log" 2>&1 &
 for body in sleep compute; do
   timeout 150 python3 client/python/examples/pipelined_micro_batches.py --target 127.0.0.1:50092 \

@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 
 source "$(dirname "$0")/engine_rounds.sh"
 served() {  # served INDEX ROUND N H V
-  "$dist/server/flce-server" --port 50092 --metrics-port 0 >"$out/server-$1-$2.log" 2>&1 &
+  "$dist/server/flce-server" --port 50092 --metrics-port 0 --data-port=-1 >"$out/server-$1-$2.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 300); do
     "$dist/client/cli/flce-client" --target 127.0.0.1:50092 health >/dev/null 2>&1 && break

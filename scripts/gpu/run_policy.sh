@@ -59,8 +59,12 @@ if [[ $mode == bench ]]; then
     (( round % 2 )) || order=($(printf '%s\n' "${dists[@]}" | tac))
     for d in "${order[@]}"; do
       label=$(cat "$d/COMMIT")
+      # messages stay messages on every build (0.18+ offers the data plane by default)
+      data_flag=$(LD_LIBRARY_PATH=$(pwd)/$d/lib:/usr/local/cuda/lib64 \
+        "$(pwd)/$d/server/flce-server" --helpfull 2>/dev/null | grep -q -- '-data_port' &&
+        echo --data-port=-1)
       LD_LIBRARY_PATH=$(pwd)/$d/lib:$gpu/lib:/usr/local/cuda/lib64 "$(pwd)/$d/server/flce-server" \
-        --port 50093 --metrics-port 0 >>"$out/server-${d#.}.log" 2>&1 &
+        --port 50093 --metrics-port 0 $data_flag >>"$out/server-${d#.}.log" 2>&1 &
       pid=$!
       wait_for_server "$(pwd)/$d/client/cli/flce-client" 127.0.0.1:50093 || rc=1
       t_order=("${transports[@]}")

@@ -17,7 +17,7 @@ for device in cpu cuda; do
      test_hf.py test_submit.py) >"$out/pytest-$device-server.log" 2>&1
   echo "pytest ($device server) rc=$?: $(tail -1 "$out/pytest-$device-server.log")"
 done
-"$dist/server/flce-server" --port 50081 --metrics-port 0 --device cuda >"$out/server.log" 2>&1 &
+"$dist/server/flce-server" --port 50081 --metrics-port 0 --data-port=-1 --device cuda >"$out/server.log" 2>&1 &
 for body in sleep compute; do
   timeout 150 "$py" client/python/examples/pipelined_micro_batches.py --target 127.0.0.1:50081 \
     --vocab 176245 --hidden 1024 --tokens 8192 --micro-batches 8 --steps 5 --body $body \

@@ -13,8 +13,10 @@ FLCE_PYTHON="$(command -v python3)" FLCE_BUILD_DIR="$dist" FLCE_PORT=50071 FLCE_
   >"$out/demo.log" 2>&1
 echo "demo rc=$?: $(grep -E 'served by|ran on|W flce-server' "$out/demo.log" | tr '\n' ' ')"
 py=$(command -v python3)
-"$dist/server/flce-server" --port 50061 --metrics-port 0 --device cuda >"$out/server-cuda.log" 2>&1 &
-"$dist/server/flce-server" --port 50062 --metrics-port 0 --device cpu >"$out/server-cpu.log" 2>&1 &
+"$dist/server/flce-server" --port 50061 --metrics-port 0 --data-port=-1 --device cuda \
+  >"$out/server-cuda.log" 2>&1 &
+"$dist/server/flce-server" --port 50062 --metrics-port 0 --data-port=-1 --device cpu \
+  >"$out/server-cpu.log" 2>&1 &
 cl() { "$dist/client/cli/flce-client" --target "127.0.0.1:$1" "${@:2}"; }
 for port in 50061 50062; do
   for _ in $(seq 1 200); do cl $port health >/dev/null 2>&1 && break; sleep 0.1; done

@@ -25,7 +25,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     tunables=""
     [[ $setting == kept ]] && tunables=$kept
     GLIBC_TUNABLES=$tunables "$dist/server/flce-server" --port 50095 --metrics-port 0 \
-      --device cuda >>"$out/server-malloc-$setting.log" 2>&1 &
+      --data-port=-1 --device cuda >>"$out/server-malloc-$setting.log" 2>&1 &
     pid=$!
     wait_for_server "$dist/client/cli/flce-client" 127.0.0.1:50095 || rc=1
     for shape in "${shapes[@]}"; do

@@ -12,7 +12,7 @@ export LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 cli=$dist/client/cli/flce-client
 port=50094
 sock=/tmp/flce-wire.sock
-"$dist/server/flce-server" --port $port --unix-socket $sock --metrics-port 0 --device cuda \
+"$dist/server/flce-server" --port $port --unix-socket $sock --metrics-port 0 --data-port=-1 --device cuda \
   >"$out/server-wire.log" 2>&1 &
 for _ in $(seq 1 300); do "$cli" --target 127.0.0.1:$port health >/dev/null 2>&1 && break; sleep 0.1; done
 for target in 127.0.0.1:$port unix:$sock; do

@@ -41,7 +41,7 @@ port=50095
 sock=/tmp/flce-wire-limit.sock
 for shape in 65535x1024 8192x4096 32768x4096; do
   tokens=${shape%x*} hidden=${shape#*x}
-  "$dist/server/flce-server" --port $port --unix-socket $sock --metrics-port 0 --device cuda \
+  "$dist/server/flce-server" --port $port --unix-socket $sock --metrics-port 0 --data-port=-1 --device cuda \
     --local-transports=none >"$out/server-wire-$shape.log" 2>&1 &
   server=$!
   for _ in $(seq 1 300); do "$cli" --target 127.0.0.1:$port health >/dev/null 2>&1 && break; sleep 0.1; done

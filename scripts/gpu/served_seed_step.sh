@@ -11,6 +11,6 @@ export LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 py=$(command -v python3)
 "$dist/bench/cuda/flce_cuda_bench" --shapes=0 --strategies=auto --runs=5 \
   --out="$out/engine-baseline.json" --commit="$(cat "$dist/COMMIT")" 2>&1 | tail -4
-"$dist/server/flce-server" --port 50091 --metrics-port 0 --device cuda --local-transports=shm,cuda_ipc \
+"$dist/server/flce-server" --port 50091 --metrics-port 0 --data-port=-1 --device cuda --local-transports=shm,cuda_ipc \
   --unix-socket="$1" ${SERVER_FLAGS:-} >"$out/server.log" 2>&1 &
 for _ in $(seq 1 300); do "$dist/client/cli/flce-client" --target 127.0.0.1:50091 health >/dev/null 2>&1 && break; sleep 0.1; done

@@ -69,10 +69,14 @@ struct ServerConfig {
   int64_t max_region_bytes_per_tenant = int64_t{8} << 30;
   absl::Duration region_lease = absl::Seconds(60);  // a Regions stream silent longer is released
   // --data-port: hidden rows and grad_input as raw bytes on TCP connections
-  // beside gRPC (ComputeHeader.data_plane), on the host of `address`. -1 = no
-  // data plane, 0 = a free port (FlceServer::data_port() says which).
-  // Plaintext only: refused with TLS.
-  int data_port = -1;
+  // beside gRPC (ComputeHeader.data_plane), on the host of `address`.
+  // kDataPortNone = no data plane, 0 = a free port (FlceServer::data_port()
+  // says which), kDataPortAuto = a free port unless the server uses TLS.
+  // Plaintext only: a port asked for with TLS is refused. flce-server's
+  // default is auto; this struct's is none.
+  static constexpr int kDataPortNone = -1;
+  static constexpr int kDataPortAuto = -2;
+  int data_port = kDataPortNone;
   // Preloaded head; empty head_file = the embedded demo head (if enabled).
   std::string head_file;
   std::string head_tensor = "lm_head.weight";

@@ -477,8 +477,15 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
   const nlohmann::json in_messages =
       Ok({"compute", "--head", "hb", "--session", "sb-messages", "--hidden", h, "--targets", t,
           "--dtype", "bf16", "--reduction", "sum", "--out-grad-input", Path("ev_gx_messages.npy"),
-          "--transport", "grpc"});
+          "--transport", "grpc", "--data-plane", "off"});
   EXPECT_EQ(in_messages["transport"], "grpc") << in_messages;
+  // Without shared memory, the server's default data plane carries the rows: the same bytes.
+  const nlohmann::json beside =
+      Ok({"compute", "--head", "hb", "--session", "sb-data-plane", "--hidden", h, "--targets", t,
+          "--dtype", "bf16", "--reduction", "sum", "--out-grad-input", Path("ev_gx_beside.npy"),
+          "--transport", "grpc"});
+  EXPECT_EQ(beside["transport"], "data_plane") << beside;
+  EXPECT_EQ(ReadFile(Path("ev_gx_beside.npy")), ReadFile(Path("ev_gx.npy")));
   EXPECT_NEAR(in_messages["loss"].get<double>(), summed["loss"].get<double>(),
               1e-12 * std::abs(summed["loss"].get<double>()));
   EXPECT_EQ(ReadFile(Path("ev_gx_messages.npy")), ReadFile(Path("ev_gx.npy")));

@@ -83,10 +83,11 @@ class Client:
         self.target = f"127.0.0.1:{port}"
 
     def __call__(self, *args, timeout=120):
-        # messages: a trainer in another container's, whose bytes the dashboard counts (this
-        # test's client runs as the server's user, who would get shared memory by default)
+        # messages, whose bytes the dashboard counts per RPC (this test's client runs as the
+        # server's user, who would get shared memory by default, and a trainer elsewhere
+        # would get the server's data plane)
         argv = [self.binary, "--target", self.target, "--timeout-s", "60", "--transport",
-                "grpc", *args]
+                "grpc", "--data-plane", "off", *args]
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            timeout=timeout)
         out = p.stdout.strip()

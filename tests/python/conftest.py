@@ -55,14 +55,18 @@ class RpcError(grpc.RpcError):
 class RealServer:
     """A flce-server process on a free loopback port; its log is kept for failures."""
 
-    def __init__(self, binary: str, *extra: str, client_kwargs: Optional[dict] = None):
-        """extra: more flags; client_kwargs: what a client needs to reach it (TLS, token)."""
+    def __init__(self, binary: str, *extra: str, client_kwargs: Optional[dict] = None,
+                 data_port: Optional[str] = "none"):
+        """extra: more flags; client_kwargs: what a client needs to reach it (TLS, token);
+        data_port: --data-port (tests of messages keep the data plane off; a flag in extra
+        wins), None = the server's default."""
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="flce-server-", suffix=".log",
                                                delete=False)
+        own = [] if data_port is None else [f"--data-port={data_port}"]
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--metrics-port", "0", "--device", SERVER_DEVICE,
-             *SERVER_ARGS, *extra], stdout=self.log, stderr=subprocess.STDOUT)
+             *own, *SERVER_ARGS, *extra], stdout=self.log, stderr=subprocess.STDOUT)
         self.target = f"127.0.0.1:{self.port}"
         deadline = time.monotonic() + 30
         client = flce.Client(self.target, **(client_kwargs or {}))

@@ -94,7 +94,7 @@ def _new_client_result(target: str, **kw) -> dict:
 
 
 def test_a_released_client_computes_against_this_server(release, real_server_bin, tmp_path):
-    srv = RealServer(real_server_bin)  # this server's defaults
+    srv = RealServer(real_server_bin, data_port=None)  # this server's defaults
     try:
         old = _run_old_client(release, srv.target, tmp_path)
         assert old == _new_client_result(srv.target)

@@ -25,6 +25,20 @@ def server(real_server_bin):
     srv.stop()
 
 
+def test_a_server_started_without_flags_offers_it_and_clients_take_it(real_server_bin):
+    srv = RealServer(real_server_bin, "--local-transports=none", data_port=None)
+    try:
+        with flce.Client(srv.target, timeout=60, transport="grpc") as client:
+            assert client.server_info().data_plane_port > 0
+            assert "data_plane" in client.server_info().capabilities
+            head, x, y = _head(client, torch.float32)
+            r = client.compute(head, x, y)
+            assert client.last_transport == "data_plane"
+            assert r.grad_input.shape == x.shape and torch.isfinite(r.grad_input).all()
+    finally:
+        srv.stop()
+
+
 def _problem(dtype):
     g = torch.Generator().manual_seed(5)
     w = (torch.randn(V, H, generator=g) * 0.2).to(dtype)

@@ -12,12 +12,14 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
 #include "client/cpp/data_plane_link.h"
 #include "core/data_plane_frame.h"
+#include "server/base/data_port_flag.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/server_test_util.h"
@@ -279,6 +281,50 @@ TEST(DataPlaneConfigTest, TlsAndADataPortStopTheStart) {
   absl::StatusOr<std::unique_ptr<FlceServer>> server = FlceServer::Create(config);
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(server.status().message(), HasSubstr("--data-port with TLS"));
+}
+
+// flce-server's default: a free port, unless the server uses TLS, which
+// keeps every byte on gRPC instead of refusing to start.
+TEST(DataPlaneConfigTest, AutoOpensAPortWithoutTlsAndNoneWithIt) {
+  ServerConfig plain = TestConfig();
+  ASSERT_TRUE(ApplyDataPortFlag("auto", plain).ok());
+  absl::StatusOr<std::unique_ptr<FlceServer>> open = FlceServer::Create(plain);
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_GT((*open)->data_port(), 0);
+
+  const TestCerts& certs = TestCerts::Get();
+  ASSERT_TRUE(certs.ok) << certs.error;
+  ServerConfig tls = TestConfig();
+  tls.tls_cert = certs.server_cert;
+  tls.tls_key = certs.server_key;
+  ASSERT_TRUE(ApplyDataPortFlag("auto", tls).ok());
+  absl::StatusOr<std::unique_ptr<FlceServer>> closed = FlceServer::Create(tls);
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_EQ((*closed)->data_port(), 0);
+}
+
+TEST(DataPortFlagTest, ReadsAutoNoneAndPorts) {
+  ServerConfig config;
+  EXPECT_EQ(config.data_port, ServerConfig::kDataPortNone);  // embedded servers: none
+  for (const auto& [value, port] : std::vector<std::pair<std::string, int>>{
+           {"auto", ServerConfig::kDataPortAuto},
+           {"none", ServerConfig::kDataPortNone},
+           {"-1", ServerConfig::kDataPortNone},
+           {"0", 0},
+           {"50052", 50052},
+           {"65535", 65535}}) {
+    SCOPED_TRACE(value);
+    ASSERT_TRUE(ApplyDataPortFlag(value, config).ok());
+    EXPECT_EQ(config.data_port, port);
+  }
+  for (const std::string bad : {"", "yes", "65536", "-2", "5005x", "1.5"}) {
+    SCOPED_TRACE(bad);
+    config.data_port = 7;
+    const absl::Status s = ApplyDataPortFlag(bad, config);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("got '", bad, "'")));
+    EXPECT_EQ(config.data_port, 7);  // unchanged
+  }
 }
 
 // A data port that never answers (its SYNs dropped: here a listener whose

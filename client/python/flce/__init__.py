@@ -9,7 +9,7 @@
     pending = head.submit(hidden, targets)  # asynchronous: pending.backward() later
 """
 # the package's one version: pyproject.toml reads it from here (without importing flce)
-__version__ = "0.17.0"
+__version__ = "0.18.0"
 
 from flce.client import Client, ComputeResult, GradResult, HeadDownload  # noqa: E402
 from flce.clip import clip_grad_norm_  # noqa: E402

@@ -234,10 +234,10 @@ class Client:
         ComputePiece streams; servers 0.13+, others get the call's own); at most 9.
         data_plane: a Compute call whose hidden would go in messages sends its rows and gets
         grad_input as raw bytes on a TCP connection of its own instead (flce.data_plane;
-        servers 0.16+ started with --data-port, without TLS): None (the default) where the
-        server offers it and `target` is a TCP address this client made its channel for,
-        falling back to messages with a warning when the port cannot be reached; True:
-        always (on the host `target` names), else an error; False: never."""
+        servers 0.18+ unless TLS or --data-port none, 0.16+ with --data-port): None (the
+        default) where the server offers it and `target` is a TCP address this client made
+        its channel for, falling back to messages with a warning when the port cannot be
+        reached; True: always (on the host `target` names), else an error; False: never."""
         self.target = target
         self.session_id = session_id or f"py-{uuid.uuid4().hex[:12]}"
         self.chunk_bytes = chunk_bytes

@@ -1,5 +1,5 @@
-"""A Compute call's hidden rows and grad_input on the data plane (servers 0.16+ started with
---data-port; docs/API.md, "The data plane").
+"""A Compute call's hidden rows and grad_input on the data plane (servers 0.18+ by default,
+0.16+ started with --data-port; docs/API.md, "The data plane").
 
 Messages cost gRPC and protobuf work per byte on one thread per connection at each end,
 which holds one call to a fraction of what the host's TCP carries. On the data plane the
