@@ -63,7 +63,8 @@ nlohmann::json ServerInfoJson(const v1::ServerInfo& info) {
           {"local_transports", std::vector<std::string>(info.local_transports().begin(),
                                                         info.local_transports().end())},
           {"device_uuid", info.device_uuid()},
-          {"unix_socket", info.unix_socket()}};
+          {"unix_socket", info.unix_socket()},
+          {"data_plane_port", info.data_plane_port()}};
 }
 
 nlohmann::json SummaryJson(const v1::ComputeSummary& summary, bool with_accuracy) {

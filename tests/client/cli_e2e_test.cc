@@ -401,6 +401,8 @@ TEST_F(CliEndToEndTest, EveryOtherSubcommand) {
   EXPECT_GT(info["max_message_bytes"].get<int64_t>(), 0);
   EXPECT_EQ(info["device_uuid"], "") << info;  // the CPU engine has no GPU
   EXPECT_EQ(info["unix_socket"], *dir_ + "/flce.sock") << info;  // told to a caller on its host
+  // Started without --data-port: the data plane on a port the kernel picked, named here.
+  EXPECT_GT(info["data_plane_port"].get<int64_t>(), 0) << info;
 
   // The embedded demo head of a server started without one.
   const nlohmann::json demo = Ok({"describe", "--head", "demo"});
