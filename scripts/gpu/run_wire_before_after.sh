@@ -9,7 +9,8 @@
 #    one fresh server (--data-port) and bench/python/bench_step.py in messages and on the
 #    data plane (hidden on the GPU, --tcp-only).
 # Lines in $OUT/iperf.jsonl and $OUT/wire-before-after.jsonl (label: build and mode),
-# the engine's JSON in $OUT/engine-*.json, logs beside them.
+# the engine's JSON in $OUT/engine-*.json, logs beside them. MODES ("off on" by default:
+# the data plane off and on) and ENGINE=0 (no engine-alone runs) narrow a short lease.
 set -u -o pipefail
 source "$(dirname "$0")/wait_for_server.sh"
 for d in .served-dist .ref-dist; do
@@ -59,8 +60,8 @@ serve() {  # serve DIST NAME INDEX ROUND N H V
   port=$((port + 2))  # a port of its own: nothing can answer for another build's server
   LD_LIBRARY_PATH=$d/lib:/usr/local/cuda/lib64 "$d/server/flce-server" --port $port \
     --data-port $((port + 1)) --metrics-port 0 >"$out/server-$name-$3-$4.log" 2>&1 &
-  local pid=$! modes=(off on)
-  (( $4 % 2 )) || modes=(on off)
+  local pid=$! modes=(${MODES:-off on})
+  (( $4 % 2 )) || modes=($(printf '%s\n' "${modes[@]}" | tac))
   wait_for_server "$new/client/cli/flce-client" 127.0.0.1:$port || rc=1
   for mode in "${modes[@]}"; do
     echo "round $4 shape $3 $name data plane $mode"
@@ -76,5 +77,6 @@ served() {  # served INDEX ROUND N H V: both builds, the order alternating
   if (( $2 % 2 )); then serve "$ref" ref "$@"; serve "$new" new "$@"
   else serve "$new" new "$@"; serve "$ref" ref "$@"; fi
 }
+[[ ${ENGINE:-1} == 1 ]] || engine() { :; }  # ENGINE=0: the served steps alone
 engine_rounds
 exit $rc
