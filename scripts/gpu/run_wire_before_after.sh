@@ -39,15 +39,7 @@ if [[ ${IPERF:-1} == 1 && -x $iperf ]]; then
   for p in 1 2; do
     "$iperf" -c 127.0.0.1 -p 5299 -t 5 -P $p --bidir -J \
       >"$out/iperf-$p.json" 2>&1 &&
-      "$py" - "$p" "$out/iperf-$p.json" <<'PY' | tee -a "$out/iperf.jsonl"
-import json, sys
-r = json.load(open(sys.argv[2]))["end"]
-row = {"connections": int(sys.argv[1]), "mode": "bidir"}
-for key in ("sum_sent", "sum_received", "sum_sent_bidir_reverse", "sum_received_bidir_reverse"):
-    if key in r:
-        row[key + "_gb_per_s"] = round(r[key]["bits_per_second"] / 8e9, 3)
-print(json.dumps(row))
-PY
+      "$py" "$(dirname "$0")/iperf_row.py" "$p" bidir "$out/iperf-$p.json" | tee -a "$out/iperf.jsonl"
   done
   kill "$iperf_pid"
 fi

@@ -22,15 +22,8 @@ if [ -x "$iperf" ]; then
   for p in 1 2 4; do
     for mode in "" --bidir -R; do
       "$iperf" -c 127.0.0.1 -p 5299 -t 5 -P $p $mode -J >/tmp/iperf.json 2>&1 &&
-        python3 - "$p" "${mode:-up}" /tmp/iperf.json <<'PY' | tee -a "$out/iperf.jsonl"
-import json, sys
-r = json.load(open(sys.argv[3]))["end"]  # the script itself comes on stdin
-row = {"connections": int(sys.argv[1]), "mode": sys.argv[2]}
-for key in ("sum_sent", "sum_received", "sum_sent_bidir_reverse", "sum_received_bidir_reverse"):
-    if key in r:
-        row[key + "_gb_per_s"] = round(r[key]["bits_per_second"] / 8e9, 3)
-print(json.dumps(row))
-PY
+        python3 "$(dirname "$0")/iperf_row.py" "$p" "${mode:-up}" /tmp/iperf.json |
+        tee -a "$out/iperf.jsonl"
     done
   done
   kill $iperf_pid
