@@ -39,7 +39,8 @@ if [[ ${IPERF:-1} == 1 && -x $iperf ]]; then
   for p in 1 2; do
     "$iperf" -c 127.0.0.1 -p 5299 -t 5 -P $p --bidir -J \
       >"$out/iperf-$p.json" 2>&1 &&
-      "$py" "$(dirname "$0")/iperf_row.py" "$p" bidir "$out/iperf-$p.json" | tee -a "$out/iperf.jsonl"
+      "$py" "$(dirname "$0")/iperf_row.py" "$p" bidir "$out/iperf-$p.json" |
+      tee -a "$out/iperf.jsonl"
   done
   kill "$iperf_pid"
 fi
