@@ -14,7 +14,7 @@ round) so that all see the same machine state:
 Each step is timed from the client (forward + backward, the staged grad_W committed) and
 reports the server's engine time of its first call (two_call's weighted call in backward has
 no summary here; dpo's is split into its log-prob pass and its gradient pass by
-PreferenceSummary.first_pass_ms, except with rows in messages, where the passes overlap); the
+PreferenceSummary.first_pass_ms, except with rows over the wire, where the passes overlap); the
 medians, the ratios to plain, and whether plain and grpo ran the same plan
 (ComputeSummary.strategy_used; the kernels each ran, ComputeSummary.kernels, beside it) are
 printed and, with --json, appended.
@@ -56,6 +56,9 @@ def main() -> int:
     p.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm", "cuda_ipc"))
     p.add_argument("--tcp-only", action="store_true",
                    help="flce.Client(unix_socket=False): messages over TCP")
+    p.add_argument("--data-plane", default="auto", choices=("auto", "on", "off"),
+                   help="flce.Client(data_plane=...): rows and grad_input on the server's data "
+                        "plane (flce-server --data-port) instead of messages")
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="idle time before each timed step, so that every step starts from the "
                         "same GPU state (a loop's steps follow each other without one)")
@@ -64,7 +67,9 @@ def main() -> int:
                    help="recorded in the JSON line (e.g. which server build ran)")
     args = p.parse_args()
     client = flce.Client(args.target, timeout=600, transport=args.transport,
-                         unix_socket=not args.tcp_only).wait_ready(60)
+                         unix_socket=not args.tcp_only,
+                         data_plane={"auto": None, "on": True, "off": False}[args.data_plane]
+                         ).wait_ready(60)
     head = flce.RemoteLMHead(client, "bench-policy")
     hidden, y = upload_problem(client, "bench-policy", args, args.device)
     valid = (y != -100).float()
@@ -115,10 +120,11 @@ def main() -> int:
                 summary.kernels, float(loss))
 
     def passes_overlap() -> bool:
-        # With rows in messages (and not deterministic, which this bench never asks for) the
-        # server pipelines DPO's passes with the upload and with each other (API.md,
-        # first_pass_ms): their times overlap and do not split the engine time.
-        return client.last_transport == "grpc"
+        # With rows over the wire (messages or the data plane; and not deterministic, which
+        # this bench never asks for) the server pipelines DPO's passes with the upload and
+        # with each other (API.md, first_pass_ms): their times overlap and do not split the
+        # engine time.
+        return client.last_transport in ("grpc", "data_plane")
 
     for kind in KINDS:  # warm-up
         step(kind)
@@ -148,7 +154,7 @@ def main() -> int:
     med = {k: statistics.median(times[k]) * 1e3 for k in KINDS}
     med_engine = {k: statistics.median(engines[k]) * 1e3 for k in KINDS}
     if passes_overlap():
-        split, pass_ms = "passes overlap (rows in messages)", None
+        split, pass_ms = "passes overlap (rows over the wire)", None
     else:
         med_first_pass = statistics.median(dpo_first_pass) * 1e3
         med_second_pass = statistics.median(

@@ -12,7 +12,8 @@
 #                                     DISTS=".served-dist .ref-dist" pairs builds (pack the
 #                                     reference with DIST_NAME=.ref-dist): each round runs every
 #                                     build, the order reversed every round; TRANSPORTS picks
-#                                     ("cuda_ipc messages" by default). The servers' request
+#                                     ("cuda_ipc messages" by default; data_plane: rows on the
+#                                     server's data plane over TCP). The servers' request
 #                                     logs (each Compute's input_ms and finish_ms) land in $OUT.
 # Logs and $OUT/policy.jsonl in $OUT.
 set -u -o pipefail
@@ -59,10 +60,12 @@ if [[ $mode == bench ]]; then
     (( round % 2 )) || order=($(printf '%s\n' "${dists[@]}" | tac))
     for d in "${order[@]}"; do
       label=$(cat "$d/COMMIT")
-      # messages stay messages on every build (0.18+ offers the data plane by default)
+      # messages stay messages on every build (0.18+ offers the data plane by default),
+      # unless the data plane is one of the transports
       data_flag=$(LD_LIBRARY_PATH=$(pwd)/$d/lib:/usr/local/cuda/lib64 \
         "$(pwd)/$d/server/flce-server" --helpfull 2>/dev/null | grep -q -- '-data_port' &&
         echo --data-port=-1)
+      [[ " ${transports[*]} " == *" data_plane "* ]] && data_flag=--data-port=50094
       LD_LIBRARY_PATH=$(pwd)/$d/lib:$gpu/lib:/usr/local/cuda/lib64 "$(pwd)/$d/server/flce-server" \
         --port 50093 --metrics-port 0 $data_flag >>"$out/server-${d#.}.log" 2>&1 &
       pid=$!
@@ -71,7 +74,8 @@ if [[ $mode == bench ]]; then
       (( round % 2 )) || t_order=($(printf '%s\n' "${transports[@]}" | tac))
       for transport in "${t_order[@]}"; do
         flags="--transport cuda_ipc"
-        [[ $transport == messages ]] && flags="--transport grpc --tcp-only"
+        [[ $transport == messages ]] && flags="--transport grpc --tcp-only --data-plane off"
+        [[ $transport == data_plane ]] && flags="--transport grpc --tcp-only --data-plane on"
         echo "round $round: $label $transport"
         timeout 200 "$py" bench/python/bench_policy.py --target 127.0.0.1:50093 --device cuda \
           --tokens "$n" --hidden "$h" --vocab "$v" $flags --rounds "${BENCH_ROUNDS:-5}" \
