@@ -34,7 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client" / "python"))
 import flce  # noqa: E402
-from seed_step import add_shape_args, upload_problem  # noqa: E402
+from seed_step import (add_data_plane_arg, add_shape_args, data_plane_choice,  # noqa: E402
+                       upload_problem)
 
 KINDS = ("plain", "grpo", "two_call", "dpo")
 RESPONSE_TOKENS = 512
@@ -56,9 +57,7 @@ def main() -> int:
     p.add_argument("--transport", default="auto", choices=("auto", "grpc", "shm", "cuda_ipc"))
     p.add_argument("--tcp-only", action="store_true",
                    help="flce.Client(unix_socket=False): messages over TCP")
-    p.add_argument("--data-plane", default="auto", choices=("auto", "on", "off"),
-                   help="flce.Client(data_plane=...): rows and grad_input on the server's data "
-                        "plane (flce-server --data-port) instead of messages")
+    add_data_plane_arg(p)
     p.add_argument("--gap-ms", type=float, default=0.0,
                    help="idle time before each timed step, so that every step starts from the "
                         "same GPU state (a loop's steps follow each other without one)")
@@ -68,7 +67,7 @@ def main() -> int:
     args = p.parse_args()
     client = flce.Client(args.target, timeout=600, transport=args.transport,
                          unix_socket=not args.tcp_only,
-                         data_plane={"auto": None, "on": True, "off": False}[args.data_plane]
+                         data_plane=data_plane_choice(args)
                          ).wait_ready(60)
     head = flce.RemoteLMHead(client, "bench-policy")
     hidden, y = upload_problem(client, "bench-policy", args, args.device)

@@ -22,7 +22,8 @@ import torch
 # the flce package of this checkout (seed_step.py is beside this script)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client" / "python"))
 import flce  # noqa: E402
-from seed_step import add_shape_args, upload_problem  # noqa: E402
+from seed_step import (add_data_plane_arg, add_shape_args, data_plane_choice,  # noqa: E402
+                       upload_problem)
 
 
 def main() -> int:
@@ -41,9 +42,7 @@ def main() -> int:
     p.add_argument("--connections", type=int, default=1,
                    help="flce.Client(connections=...): hidden in messages over this many "
                         "connections (flce.pieces)")
-    p.add_argument("--data-plane", default="auto", choices=("auto", "on", "off"),
-                   help="flce.Client(data_plane=...): rows and grad_input on the server's data "
-                        "plane (flce-server --data-port) instead of messages")
+    add_data_plane_arg(p)
     p.add_argument("--chunk-tokens", type=int, default=0,
                    help="the engine's token-chunk size the call asks for (0: the engine's choice)")
     p.add_argument("--json", help="append the medians as one JSON line to this file")
@@ -55,7 +54,7 @@ def main() -> int:
                          unix_socket=not args.tcp_only,
                          malloc_tuning=not args.no_malloc_tuning,
                          connections=args.connections,
-                         data_plane={"auto": None, "on": True, "off": False}[args.data_plane]
+                         data_plane=data_plane_choice(args)
                          ).wait_ready(60)
     head = flce.RemoteLMHead(client, "bench-step", chunk_tokens=args.chunk_tokens)
     hidden, y = upload_problem(client, "bench-step", args, args.device)

@@ -1,6 +1,7 @@
-"""What the training-step tools (bench_step.py, trace_step.py, trace_wire.py) share: the
-flags that name the server and the seed shape, and the problem they time (a random bf16
-head uploaded under a head id, bf16 hidden and targets with 5 % ignored, seed 0)."""
+"""What the training-step tools (bench_step.py, bench_policy.py, trace_step.py,
+trace_wire.py) share: the flags that name the server, the seed shape and the data plane, and
+the problem they time (a random bf16 head uploaded under a head id, bf16 hidden and targets
+with 5 % ignored, seed 0)."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,17 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=65535)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=176245)
+
+
+def add_data_plane_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-plane", default="auto", choices=("auto", "on", "off"),
+                   help="flce.Client(data_plane=...): rows and grad_input on the server's data "
+                        "plane (flce-server --data-port) instead of messages")
+
+
+def data_plane_choice(args: argparse.Namespace):
+    """flce.Client's data_plane for --data-plane: None (where offered), True or False."""
+    return {"auto": None, "on": True, "off": False}[args.data_plane]
 
 
 def upload_problem(client, head_id: str, args: argparse.Namespace, device: str):
