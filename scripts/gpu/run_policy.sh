@@ -60,12 +60,14 @@ if [[ $mode == bench ]]; then
     (( round % 2 )) || order=($(printf '%s\n' "${dists[@]}" | tac))
     for d in "${order[@]}"; do
       label=$(cat "$d/COMMIT")
-      # messages stay messages on every build (0.18+ offers the data plane by default),
-      # unless the data plane is one of the transports
-      data_flag=$(LD_LIBRARY_PATH=$(pwd)/$d/lib:/usr/local/cuda/lib64 \
-        "$(pwd)/$d/server/flce-server" --helpfull 2>/dev/null | grep -q -- '-data_port' &&
-        echo --data-port=-1)
-      [[ " ${transports[*]} " == *" data_plane "* ]] && data_flag=--data-port=50094
+      # a build that knows --data-port gets one where the data plane is a transport, else
+      # none, so that messages stay messages (0.18+ offers the data plane by default)
+      data_flag=
+      if LD_LIBRARY_PATH=$(pwd)/$d/lib:/usr/local/cuda/lib64 \
+        "$(pwd)/$d/server/flce-server" --helpfull 2>/dev/null | grep -q -- '-data_port'; then
+        data_flag=--data-port=-1
+        [[ " ${transports[*]} " == *" data_plane "* ]] && data_flag=--data-port=50094
+      fi
       LD_LIBRARY_PATH=$(pwd)/$d/lib:$gpu/lib:/usr/local/cuda/lib64 "$(pwd)/$d/server/flce-server" \
         --port 50093 --metrics-port 0 $data_flag >>"$out/server-${d#.}.log" 2>&1 &
       pid=$!
