@@ -645,6 +645,43 @@ TEST(ChunkPlanTest, WirePacedCallsGetSmallEdgeChunks) {
   EXPECT_EQ(hinted.edge_tokens, 0);
 }
 
+// A wire-paced call streams through three upload/download slots, counted in
+// the plan's per-token bytes, so that filling chunk i+2 need not wait for
+// chunk i's grad_input to reach the transport; every other call keeps two.
+// Host-only.
+TEST(ChunkPlanTest, WirePacedCallsStreamThroughThreeSlots) {
+  cuda::HeadView head;
+  head.dtype = DType::kBF16;
+  head.vocab = 128256;
+  head.padded_vocab = 128256;
+  head.hidden = 4096;
+  auto plan_for = [&](bool paced, int64_t hint, bool streaming, int64_t budget) {
+    cuda::PlanRequest req;
+    req.strategy = Strategy::kChunked;
+    req.num_tokens = 32768;
+    req.chunk_tokens = hint;
+    req.wire_paced = paced;
+    req.streaming = streaming;
+    auto p = cuda::MakePlan(head, req, budget);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : cuda::Plan{};
+  };
+  const int64_t budget = int64_t{2048} << 20;
+  EXPECT_EQ(plan_for(true, 0, true, budget).stream_slots, 3);
+  EXPECT_EQ(plan_for(false, 0, true, budget).stream_slots, 2);
+  EXPECT_EQ(plan_for(true, 3072, true, budget).stream_slots, 2);  // a caller's chunk
+  EXPECT_EQ(plan_for(true, 0, false, budget).stream_slots, 0);
+  {
+    ScopedEnv two("FLCE_CUDA_WIRE_SLOTS", "2");
+    EXPECT_EQ(plan_for(true, 0, true, budget).stream_slots, 2);
+  }
+  // The third slot's bytes come out of the budget: at a budget that sizes
+  // the chunk, the paced call's chunk is the smaller one.
+  const int64_t tight = int64_t{512} << 20;
+  EXPECT_LT(plan_for(true, 0, true, tight).chunk_tokens,
+            plan_for(false, 0, true, tight).chunk_tokens);
+}
+
 std::vector<int64_t> ChunkSizes(int64_t chunk, int64_t edge, int64_t n) {
   cuda::Plan plan;
   plan.chunk_tokens = chunk;

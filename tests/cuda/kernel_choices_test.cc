@@ -36,6 +36,7 @@ TEST(KernelSwitchesTest, UnsetIsTheDefaults) {
   EXPECT_FALSE(s.cublas_logits || s.cluster_rows || s.overlap || s.dlogits_pass);
   EXPECT_EQ(s.stats_group, 0);
   EXPECT_EQ(s.gemm_tiles, "");
+  EXPECT_EQ(cuda::WireSlots(s), 3);
 }
 
 TEST(KernelSwitchesTest, EveryVariableIsRead) {
@@ -46,7 +47,8 @@ TEST(KernelSwitchesTest, EveryVariableIsRead) {
         g("FLCE_CUDA_OVERLAP", "1"), h("FLCE_CUDA_DLOGITS_PASS", "1"),
         i("FLCE_CUDA_BACKWARD", "own"), j("FLCE_CUDA_GRAD_WEIGHT", "cooperative"),
         k("FLCE_CUDA_BACKWARD_OVERLAP", "0"), l("FLCE_CUDA_GRAD_WEIGHT_PAIRS", "0"),
-        m("FLCE_CUDA_THIN_GRAD_WEIGHT", "0"), n("FLCE_CUDA_GEMM_TILES", "128x160");
+        m("FLCE_CUDA_THIN_GRAD_WEIGHT", "0"), n("FLCE_CUDA_GEMM_TILES", "128x160"),
+        o("FLCE_CUDA_WIRE_SLOTS", "2");
     const KernelSwitches s = KernelSwitchesFromEnvironment();
     EXPECT_TRUE(s.generic);
     EXPECT_TRUE(s.cublas_logits);
@@ -62,6 +64,7 @@ TEST(KernelSwitchesTest, EveryVariableIsRead) {
     EXPECT_FALSE(s.grad_weight_pairs);
     EXPECT_FALSE(s.thin_grad_weight);
     EXPECT_EQ(s.gemm_tiles, "128x160");
+    EXPECT_EQ(cuda::WireSlots(s), 2);
   }
   // The other spellings each variable knows.
   {
@@ -99,7 +102,7 @@ TEST(KernelSwitchesTest, EverySpellingReadIsAccepted) {
       g("FLCE_CUDA_OVERLAP", "0"), h("FLCE_CUDA_DLOGITS_PASS", "1"),
       i("FLCE_CUDA_BACKWARD", "cublas"), j("FLCE_CUDA_GRAD_WEIGHT", "pingpong"),
       k("FLCE_CUDA_BACKWARD_OVERLAP", "1"), l("FLCE_CUDA_GRAD_WEIGHT_PAIRS", "0"),
-      m("FLCE_CUDA_THIN_GRAD_WEIGHT", "1");
+      m("FLCE_CUDA_THIN_GRAD_WEIGHT", "1"), n("FLCE_CUDA_WIRE_SLOTS", "3");
   EXPECT_TRUE(cuda::CheckKernelSwitchSpellings().ok());
   for (const char* kernel : {"cooperative", "pingpong128", "pingpong192"}) {
     ScopedEnv stats("FLCE_CUDA_STATS_KERNEL", kernel);
@@ -126,6 +129,7 @@ TEST(KernelSwitchesTest, AValueNoSwitchReadsIsRefusedNamingIt) {
            Case{"FLCE_CUDA_STATS_GROUP", "-2", "a token-tile count"},
            Case{"FLCE_CUDA_STATS_GROUP", "4x", "FLCE_CUDA_STATS_GROUP=4x"},
            Case{"FLCE_CUDA_GRAD_WEIGHT", "own", "FLCE_CUDA_GRAD_WEIGHT=own"},
+           Case{"FLCE_CUDA_WIRE_SLOTS", "4", "FLCE_CUDA_WIRE_SLOTS=4: expected 2, 3"},
        }) {
     ScopedEnv bad(c.name, c.value);
     const absl::Status status = cuda::CheckKernelSwitchSpellings();

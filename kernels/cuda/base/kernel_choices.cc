@@ -42,6 +42,7 @@ constexpr SwitchSpellings kSpellings[] = {
     {"FLCE_CUDA_BACKWARD_OVERLAP", "0|1"},
     {"FLCE_CUDA_GRAD_WEIGHT_PAIRS", "0|1"},
     {"FLCE_CUDA_THIN_GRAD_WEIGHT", "0|1"},
+    {"FLCE_CUDA_WIRE_SLOTS", "2|3"},
 };
 
 bool Spelled(absl::string_view value, absl::string_view values) {
@@ -126,6 +127,7 @@ KernelSwitches KernelSwitchesFromEnvironment() {
   s.grad_weight_pairs = Env("FLCE_CUDA_GRAD_WEIGHT_PAIRS") != "0";
   s.thin_grad_weight = Env("FLCE_CUDA_THIN_GRAD_WEIGHT") != "0";
   s.gemm_tiles = Env("FLCE_CUDA_GEMM_TILES");
+  s.wire_slots = std::atoi(Env("FLCE_CUDA_WIRE_SLOTS").c_str());
   return s;
 }
 
@@ -231,6 +233,11 @@ bool GradWeightPairs(const KernelSwitches& s) { return s.grad_weight_pairs; }
 
 bool UseThinGradWeight(const KernelSwitches& s, int64_t rows) {
   return s.thin_grad_weight && rows >= 1 && rows <= kThinGradWeightRows;
+}
+
+int WireSlots(const KernelSwitches& s) {
+  return s.wire_slots == ChunkPolicy::kStreamSlots ? ChunkPolicy::kStreamSlots
+                                                    : ChunkPolicy::kWirePacedSlots;
 }
 
 }  // namespace flce::cuda

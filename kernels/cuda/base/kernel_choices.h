@@ -27,6 +27,7 @@
 //   FLCE_CUDA_GRAD_WEIGHT_PAIRS=0  the own grad_W without CTA pairs
 //   FLCE_CUDA_THIN_GRAD_WEIGHT=0   cuBLAS for grad_W of a few tokens too
 //   FLCE_CUDA_GEMM_TILES=...       cuBLAS grad_W tiles (gemm_algos.h)
+//   FLCE_CUDA_WIRE_SLOTS=2 | 3     upload/download slots of a wire-paced call
 #ifndef FLCE_KERNELS_CUDA_BASE_KERNEL_CHOICES_H_
 #define FLCE_KERNELS_CUDA_BASE_KERNEL_CHOICES_H_
 
@@ -61,6 +62,7 @@ struct KernelSwitches {
   bool grad_weight_pairs = true;
   bool thin_grad_weight = true;
   std::string gemm_tiles;  // empty: unset (gemm_algos.h's default list)
+  int wire_slots = 0;      // 0: ChunkPolicy::kWirePacedSlots
 };
 
 KernelSwitches KernelSwitchesFromEnvironment();
@@ -131,6 +133,9 @@ GradWeightKernel GradWeightKernelOf(const KernelSwitches& s);
 bool GradWeightPairs(const KernelSwitches& s);
 // cuBLAS's grad_W product replaced by the streaming pass for a few tokens.
 bool UseThinGradWeight(const KernelSwitches& s, int64_t rows);
+// Upload/download slots of a chunked call whose hidden arrives at the wire's
+// pace.
+int WireSlots(const KernelSwitches& s);
 
 }  // namespace flce::cuda
 

@@ -36,6 +36,11 @@ struct ChunkPolicy {
   static constexpr int64_t kWirePacedBytes = int64_t{8} << 20;
   static constexpr int64_t kWirePacedMaxTokens = 2048;
   static constexpr int64_t kWirePacedMinTokens = 256;
+  // Upload/download slots of a streaming call: a wire-paced one gets a third,
+  // so that the fill of chunk i+2 need not wait until chunk i's grad_input
+  // was handed to the transport (FLCE_CUDA_WIRE_SLOTS=2 keeps two).
+  static constexpr int kStreamSlots = 2;
+  static constexpr int kWirePacedSlots = 3;
   // A chunk's grad_input reaches the engine's sink in pieces of at most this
   // many bytes (at least one row), so a transport starts sending before a
   // large chunk was copied out of its slot.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -53,13 +54,18 @@ absl::Status CudaComputeCall::InitStreaming() {
   const int64_t pinned_slot = Carver::Round(c * hidden_row_bytes_) * 2 +
                               Carver::Round(kRowInputs * c * 4) + Carver::Round(kRowOutputs * c * 4);
   const int64_t checks_bytes = Carver::Round(2 * sizeof(RowCheckWords));
+  const int slots = plan_.stream_slots;
+  if (slots < 1 || slots > kMaxStreamSlots) {
+    return absl::InternalError(absl::StrCat("a streaming plan with ", slots, " slots"));
+  }
   FLCE_ASSIGN_OR_RETURN(slot_memory_, engine_->TakeSlotMemory(
-                                          2 * plan_.stream_slot_bytes + checks_bytes,
-                                          2 * pinned_slot));
+                                          slots * plan_.stream_slot_bytes + checks_bytes,
+                                          slots * pinned_slot));
   Carver dc(static_cast<char*>(slot_memory_->device.get()));
   d_checks_ = dc.Take<RowCheckWords>(2);
   Carver hc(static_cast<char*>(slot_memory_->pinned.get()));
-  for (Slot& s : slots_) {
+  for (int i = 0; i < slots; ++i) {
+    Slot& s = slots_[i];
     s.hidden = dc.TakeBytes(c * hidden_row_bytes_);
     s.grad_input = dc.TakeBytes(c * hidden_row_bytes_);
     s.rows_in = dc.TakeBytes(kRowInputs * c * 4);
@@ -382,7 +388,7 @@ absl::Status CudaComputeCall::Flush() {
     jobs_.push_back(current_);
   }
   cv_.notify_all();
-  current_ ^= 1;
+  current_ = (current_ + 1) % plan_.stream_slots;
   pending_rows_ = 0;
   return absl::OkStatus();
 }
@@ -435,8 +441,12 @@ void CudaComputeCall::WorkerLoop() {
 
 absl::Status CudaComputeCall::WaitIdle() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return jobs_.empty() && !slots_[0].busy && !slots_[1].busy; });
+  cv_.wait(lock, [this] { return jobs_.empty() && !AnySlotBusy(); });
   return status_;
+}
+
+bool CudaComputeCall::AnySlotBusy() const {
+  return std::any_of(std::begin(slots_), std::end(slots_), [](const Slot& s) { return s.busy; });
 }
 
 absl::Status CudaComputeCall::FinishBuffered() {

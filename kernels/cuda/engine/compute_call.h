@@ -6,9 +6,9 @@
 // a gap, or Finish) is computed on the compute stream once its upload event fired,
 // and its grad_input and per-row outputs are downloaded on the download
 // stream. A worker thread waits for each download event and hands the rows
-// to the sink (never from a CUDA callback). Two slots alternate, so the
-// upload of chunk i+1, the compute of chunk i and the download of chunk i-1
-// overlap.
+// to the sink (never from a CUDA callback). The plan's slots (two, three for
+// a wire-paced call) take turns, so the upload of chunk i+1, the compute of
+// chunk i and the download of chunk i-1 overlap.
 //
 // Other strategies keep the request's hidden rows on the device (request
 // buffers, counted in the engine's peak) and compute at Finish.
@@ -95,6 +95,7 @@ class CudaComputeCall : public ComputeCall {
                                     cudaStream_t stream);
   absl::StatusOr<int64_t> GradInputFirstNonFinite();
   absl::Status WaitForFreeSlot();
+  bool AnySlotBusy() const;  // under mu_
   absl::Status Flush();
   absl::Status WaitIdle();
   absl::Status FinishBuffered();
@@ -118,7 +119,7 @@ class CudaComputeCall : public ComputeCall {
 
   // Streaming (chunked).
   std::unique_ptr<CudaEngine::SlotMemory> slot_memory_;
-  Slot slots_[2];
+  Slot slots_[kMaxStreamSlots];  // the first plan_.stream_slots are used
   std::vector<int64_t> chunk_ends_;  // ChunkEnds of the plan and the call's rows
   int current_ = 0;
   int64_t pending_begin_ = 0;

@@ -32,9 +32,12 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
   switch (plan.strategy) {
     case Strategy::kChunked: {
       const TokenBytes tb = PerTokenBytes(head, req.hidden_dtype, false);
-      // Two upload/download slots: hidden in, grad_input out, row inputs and
+      // Upload/download slots: hidden in, grad_input out, row inputs and
       // outputs (target, a, e; loss, z-loss, logprob, entropy, argmax).
-      const int64_t slot_tok = req.streaming ? 2 * (2 * head.hidden * hs_in + 12 + 20) : 0;
+      const bool paced = req.wire_paced && req.chunk_tokens == 0;
+      plan.stream_slots =
+          !req.streaming ? 0 : paced ? WireSlots(plan.switches) : ChunkPolicy::kStreamSlots;
+      const int64_t slot_tok = plan.stream_slots * (2 * head.hidden * hs_in + 12 + 20);
       plan.tile_stats = UseTileStats(head, req, plan.switches);
       const int64_t per_tok = (plan.tile_stats ? TilePerTokenBytes(head) : head.padded_vocab * 4) +
                               tb.total() + slot_tok;
@@ -50,7 +53,7 @@ absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int6
       if (req.chunk_tokens > 0) chunk = std::min(chunk, req.chunk_tokens);
       chunk = std::min(chunk, AlignUp(n, ChunkPolicy::kTokenAlign));
       plan.chunk_tokens = chunk;
-      if (req.wire_paced && req.chunk_tokens == 0) {
+      if (paced) {
         const int64_t by_bytes = AlignDown(ChunkPolicy::kWirePacedBytes / (head.hidden * hs_in),
                                            ChunkPolicy::kTokenAlign);
         const int64_t edge = std::clamp(by_bytes, ChunkPolicy::kWirePacedMinTokens,

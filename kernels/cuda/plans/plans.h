@@ -32,6 +32,7 @@
 #include "core/dtype.h"
 #include "kernels/cuda/base/cuda_status.h"
 #include "kernels/cuda/base/kernel_choices.h"
+#include "kernels/cuda/base/policy.h"
 #include "kernels/cuda/base/row_types.h"
 #include "kernels/cuda/base/stage_timer.h"
 #include "kernels/cuda/ops/gemm_algos.h"
@@ -73,11 +74,15 @@ struct Plan {
   int64_t split_cols = 0;         // vocab_split / fuse_mn: vocabulary columns per split
   int64_t scratch_bytes = 0;      // device workspace RunPlan needs
   int64_t stream_slot_bytes = 0;  // chunked streaming: per slot (hidden in, grad out, rows)
+  int stream_slots = 0;  // chunked streaming: slots the call takes turns on (WireSlots)
   bool tile_stats = false;        // chunked: the logits-stats GEMM path (logits_stats_gemm.cuh)
   // FLCE_CUDA_* as read when the plan was made: every launch of the plan
   // decides its kernels from these (kernel_choices.h; DescribeKernels).
   KernelSwitches switches;
 };
+
+// The most upload/download slots a streaming plan asks for.
+inline constexpr int kMaxStreamSlots = ChunkPolicy::kWirePacedSlots;
 
 struct PlanRequest {
   Strategy strategy = Strategy::kAuto;
@@ -85,7 +90,7 @@ struct PlanRequest {
   DType hidden_dtype = DType::kBF16;
   int64_t chunk_tokens = 0;  // caller's hint; 0 = from the budget
   bool deterministic = false;
-  bool streaming = true;     // chunked: reserve two upload/download slots too
+  bool streaming = true;     // chunked: reserve upload/download slots too (Plan::stream_slots)
   bool plain_logits = true;  // no softcap, temperature 1: the logits-stats GEMM may run
   // Hidden arrives at the wire's pace (ComputeSpec::wire_paced, not under
   // deterministic): chunked plans get small edge chunks (ChunkPolicy).
