@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# On the device machine (carry .served-dist and .gpu-dist, see pack_served.sh and
+# pack_cuda.sh; .ref-client/ holds `git archive REF bench/python client/python` of the
+# build measured against): the wire's candidates, stage by stage (STAGES, default
+# "tests wire"), each stage's logs packed into $OUT/<stage>.tgz.
+#   tests  the CUDA engine's streaming tests, then the Python data-plane tests against
+#          servers on the CPU and on the GPU (hidden on the GPU needs a GPU on the client).
+#   wire   bench_step.py on the data plane, hidden on the GPU, at SHAPES: per round and
+#          shape the engine alone (flce_cuda_bench's default plan) and two fresh servers,
+#          FLCE_CUDA_WIRE_SLOTS=2 and =3, each stepped by the reference client and by this
+#          checkout's; every order reversed in even rounds. Lines in wire.jsonl, labelled
+#          slots<S>-<ref|new>.
+set -u -o pipefail
+source "$(dirname "$0")/wait_for_server.sh"
+root=$(pwd)
+dist=$root/.served-dist; [ -x "$dist/server/flce-server" ] || tar -xJf "$dist/served.tar.xz"
+gpu=$root/.gpu-dist; [ -x "$gpu/flce_cuda_tests" ] || tar -xJf "$gpu/gpu.tar.xz"
+out=${OUT:-/tmp/flce-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$dist/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+unset FLCE_CUDA_PLUGIN  # the server finds the plugin of its build tree by itself
+py=$(command -v python3)
+cli=$dist/client/cli/flce-client
+commit=$(cat "$dist/COMMIT")
+ROUNDS=${ROUNDS:-2}
+STEPS=${STEPS:-7}
+SHAPES=${SHAPES:-"2:8192:4096:128256 7:32768:4096:128256"}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+rc=0
+
+pack() {  # pack STAGE DIR: the stage's logs as one file
+  tar -C "$2" -czf "$out/$1.tgz" . && rm -rf "$2"
+}
+
+stage_tests() {
+  local logs=$out/tests-logs
+  mkdir -p "$logs"
+  LD_LIBRARY_PATH=$gpu/lib:$LD_LIBRARY_PATH FLCE_CUDA_PLUGIN=$gpu/libflce_cuda.so \
+    timeout 200 "$gpu/flce_cuda_tests" \
+    --gtest_filter='CudaEngineTest.*:ChunkPlanTest.*:KernelSwitchesTest.*' >"$logs/cuda_tests.log" 2>&1
+  echo "flce_cuda_tests rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$logs/cuda_tests.log" | tr '\n' ' ')"
+  grep -q '^\[  PASSED' "$logs/cuda_tests.log" && ! grep -q '^\[  FAILED' "$logs/cuda_tests.log" || rc=1
+  for device in cpu cuda; do
+    (cd tests/python && FLCE_SERVER_BIN=$dist/server/flce-server FLCE_TEST_SERVER_DEVICE=$device \
+       timeout 240 "$py" -m pytest -q -p no:cacheprovider -rs test_data_plane.py) \
+      >"$logs/pytest-$device-server.log" 2>&1 || rc=1
+    echo "pytest test_data_plane.py ($device server): $(tail -1 "$logs/pytest-$device-server.log")"
+  done
+  pack tests "$logs"
+}
+
+step() {  # step CLIENT SLOTS N H V
+  local bench=$root/bench/python/bench_step.py
+  [[ $1 == ref ]] && bench=$root/.ref-client/bench/python/bench_step.py
+  timeout 150 "$py" "$bench" --target 127.0.0.1:50097 --device cuda --transport grpc \
+    --tcp-only --data-plane on --tokens "$3" --hidden "$4" --vocab "$5" --steps "$STEPS" \
+    --label "slots$2-$1" --json "$out/wire.jsonl" 2>&1 | tail -1 | cut -c1-200
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+}
+
+served() {  # served INDEX ROUND N H V
+  local slots client pid order=(2 3) clients=(ref new)
+  (( $2 % 2 )) || { order=(3 2); clients=(new ref); }
+  for slots in "${order[@]}"; do
+    FLCE_CUDA_WIRE_SLOTS=$slots "$dist/server/flce-server" --port 50097 --data-port 50098 \
+      --metrics-port 0 >"$out/wire-logs/server-$1-$2-$slots.log" 2>&1 &
+    pid=$!
+    wait_for_server "$cli" 127.0.0.1:50097 || rc=1
+    for client in "${clients[@]}"; do
+      echo "round $2 shape $1 slots $slots client $client"
+      step "$client" "$slots" "$3" "$4" "$5"
+    done
+    kill "$pid"; wait "$pid"
+  done
+}
+
+stage_wire() {
+  mkdir -p "$out/wire-logs"
+  source "$(dirname "$0")/engine_rounds.sh"
+  engine_rounds
+  mv "$out"/engine-*.json "$out/wire-logs/"
+  cp "$out/wire.jsonl" "$out/wire-logs/"
+  pack wire "$out/wire-logs"
+}
+
+for stage in ${STAGES:-tests wire}; do
+  case $stage in
+    tests) stage_tests ;;
+    wire) stage_wire ;;
+    *) echo "unknown stage $stage" >&2; rc=1 ;;
+  esac
+done
+exit $rc
