@@ -35,11 +35,11 @@ pack() {  # pack STAGE DIR: the stage's logs as one file
 stage_tests() {
   local logs=$out/tests-logs
   mkdir -p "$logs"
+  local tests=$logs/cuda_tests.log
   LD_LIBRARY_PATH=$gpu/lib:$LD_LIBRARY_PATH FLCE_CUDA_PLUGIN=$gpu/libflce_cuda.so \
     timeout 200 "$gpu/flce_cuda_tests" \
-    --gtest_filter='CudaEngineTest.*:ChunkPlanTest.*:KernelSwitchesTest.*' >"$logs/cuda_tests.log" 2>&1
-  echo "flce_cuda_tests rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$logs/cuda_tests.log" | tr '\n' ' ')"
-  grep -q '^\[  PASSED' "$logs/cuda_tests.log" && ! grep -q '^\[  FAILED' "$logs/cuda_tests.log" || rc=1
+    --gtest_filter='CudaEngineTest.*:ChunkPlanTest.*:KernelSwitchesTest.*' >"$tests" 2>&1 || rc=1
+  echo "flce_cuda_tests: $(grep -E '^\[  (PASSED|FAILED)' "$tests" | tr '\n' ' ')"
   for device in cpu cuda; do
     (cd tests/python && FLCE_SERVER_BIN=$dist/server/flce-server FLCE_TEST_SERVER_DEVICE=$device \
        timeout 240 "$py" -m pytest -q -p no:cacheprovider -rs test_data_plane.py) \
