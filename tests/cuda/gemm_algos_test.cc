@@ -93,6 +93,18 @@ TEST(PreferTileForGradWeightTest, DefaultFromH1024AndASetListAtEveryH) {
   EXPECT_FALSE(PreferTileForGradWeight(5632, 1024, "cublas"));
 }
 
+TEST(PreferredGemmTilesTest, MeasuredNamesNoListAndAppliesAtEveryHidden) {
+  auto measured = PreferredGemmTiles("measured", 4096);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_TRUE(measured->empty());
+  EXPECT_TRUE(cuda::MeasuredGemmTiles("measured"));
+  EXPECT_FALSE(cuda::MeasuredGemmTiles(nullptr));
+  EXPECT_FALSE(cuda::MeasuredGemmTiles(""));
+  EXPECT_FALSE(cuda::MeasuredGemmTiles("128x160"));
+  EXPECT_TRUE(cuda::PreferTileForGradWeight(2048, 512, "measured"));
+  EXPECT_FALSE(cuda::PreferTileForGradWeight(2047, 4096, "measured"));
+}
+
 TEST(PreferredGemmTilesTest, UnknownTileIsRefusedByName) {
   auto bad = PreferredGemmTiles("128x128,huge", 1024);
   ASSERT_FALSE(bad.ok());
@@ -221,6 +233,42 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmAlgosTest,
                                            Case{DType::kBF16, {2053, 1088, 1000}, false},
                                            Case{DType::kF16, {2053, 1088, 1024}, false},
                                            Case{DType::kBF16, {2304, 576, 1024}, true}));
+
+// FLCE_CUDA_GEMM_TILES=measured: each of the trial's runs adds the product on
+// one of the heuristic's candidates (every one within the float64 bound), and
+// once the trial is decided its winner runs every time (repeats bitwise equal).
+TEST(GemmAlgosMeasuredTest, EveryCandidateAddsTheProductAndTheWinnerRepeats) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto algos = GemmAlgos::Create();
+  ASSERT_TRUE(algos.ok()) << algos.status();
+  cublasHandle_t blas = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  cuda::KernelSwitches measured;
+  measured.gemm_tiles = "measured";
+  cuda::Gemm gemm;
+  gemm.handle = blas;
+  gemm.dtype = DType::kBF16;
+  gemm.algos = algos->get();
+  gemm.switches = &measured;
+  const Shape s{2053, 1088, 1000};  // rows off every tile, H off the 128-wide ones
+  EXPECT_EQ(gemm.GradWeightPathFor(s.rows, s.hidden), cuda::Gemm::GradWeightPath::kMeasured);
+  std::mt19937 rng(static_cast<uint32_t>(std::random_device{}()));
+  GradWeightOperands op(gemm.dtype, s, &rng);
+  const Expected expected = Float64Products(op.d, op.x, s, /*weight=*/true, op.gw0);
+  for (int run = 0; run < cuda::kMeasuredCandidates * cuda::kMeasuredSamples; ++run) {
+    const std::vector<float> got = op.Run(gemm, s);
+    ASSERT_EQ(got.size(), op.gw0.size());
+    ExpectClose(expected.value, expected.abs_sum, got, "grad_W, a trial's run");
+  }
+  const std::vector<float> first = op.Run(gemm, s);
+  const std::vector<float> second = op.Run(gemm, s);
+  ASSERT_EQ(first.size(), op.gw0.size());
+  ASSERT_EQ(second.size(), op.gw0.size());
+  ExpectClose(expected.value, expected.abs_sum, first, "grad_W on the winner");
+  EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * 4), 0)
+      << "grad_W differs between two runs after the trial";
+  cublasDestroy(blas);
+}
 
 // Where the preference was measured (docs/perf/cuda.md steps 45-46): with
 // FLCE_CUDA_GEMM_TILES unset, the H200's cuBLAS offers the default 128 x 128

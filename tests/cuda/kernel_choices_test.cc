@@ -13,6 +13,7 @@
 #include "kernels/cuda/ops/gemm_algos.h"
 #include "kernels/cuda/plans/kernel_report.h"
 #include "kernels/cuda/plans/plans.h"
+#include "kernels/cuda/sharded/plan_sharded.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace flce::test {
@@ -268,6 +269,26 @@ TEST(KernelChoicesTest, APlanKeepsTheSwitchesItWasMadeWith) {
   EXPECT_FALSE(ChunkedPlan(head, 4096, 0).switches.overlap);
 }
 
+// A measured grad_W algorithm may differ from process to process: a
+// deterministic request's plan keeps the fixed tile list, the others measure.
+TEST(KernelChoicesTest, ADeterministicPlanDoesNotMeasureGradWeightAlgorithms) {
+  ScopedEnv tiles("FLCE_CUDA_GEMM_TILES", "measured");
+  const cuda::HeadView head = Bf16Head(1024);
+  cuda::PlanRequest req;
+  req.strategy = Strategy::kChunked;
+  req.num_tokens = 4096;
+  req.hidden_dtype = head.dtype;
+  for (const bool deterministic : {false, true}) {
+    req.deterministic = deterministic;
+    auto plan = cuda::MakePlan(head, req, int64_t{2048} << 20);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->switches.gemm_tiles, deterministic ? "" : "measured");
+    auto shards = cuda::MakeShardPlan({head, head}, req, int64_t{2048} << 20);
+    ASSERT_TRUE(shards.ok()) << shards.status();
+    EXPECT_EQ(shards->switches.gemm_tiles, deterministic ? "" : "measured");
+  }
+}
+
 // A request's rows and outputs: the report reads which are asked for, never
 // their memory.
 cuda::DeviceRequest Request(int64_t rows, bool backward) {
@@ -321,6 +342,13 @@ TEST_F(KernelReportTest, SwitchesChangeTheReport) {
     ScopedEnv thin("FLCE_CUDA_THIN_GRAD_WEIGHT", "0"), tiles("FLCE_CUDA_GEMM_TILES", "cublas");
     EXPECT_EQ(Report(4100, 2048, true),
               "logits=cublas_fp32 rows=two_pass grad_input=cublas grad_weight=cublas");
+  }
+  {
+    ScopedEnv tiles("FLCE_CUDA_GEMM_TILES", "measured");
+    EXPECT_EQ(Report(4100, 2048, true),
+              "2048 tokens: logits=cublas_fp32 rows=two_pass grad_input=cublas "
+              "grad_weight=cublas_measured; 4 tokens: logits=cublas_fp32 rows=two_pass "
+              "grad_input=cublas grad_weight=thin_pass");
   }
   {
     ScopedEnv overlap("FLCE_CUDA_OVERLAP", "1");

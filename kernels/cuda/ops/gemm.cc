@@ -61,7 +61,8 @@ Gemm::GradWeightPath Gemm::GradWeightPathFor(int64_t rows, int64_t hidden) const
   if (UseThinGradWeight(k, rows)) return GradWeightPath::kThin;
   if (algos != nullptr && dtype != DType::kF32 &&
       PreferTileForGradWeight(rows, hidden, k.gemm_tiles.c_str())) {
-    return GradWeightPath::kPreferredTile;
+    return MeasuredGemmTiles(k.gemm_tiles.c_str()) ? GradWeightPath::kMeasured
+                                                   : GradWeightPath::kPreferredTile;
   }
   return GradWeightPath::kDefault;
 }
@@ -72,6 +73,8 @@ const char* Gemm::GradWeightPathName(GradWeightPath path) {
       return "thin_pass";
     case GradWeightPath::kPreferredTile:
       return "cublas_preferred_tile";
+    case GradWeightPath::kMeasured:
+      return "cublas_measured";
     case GradWeightPath::kDefault:
       break;
   }
@@ -121,7 +124,7 @@ absl::Status Gemm::GradWeight(const void* d, int64_t ld_d, const void* x, int64_
   }
   const float alpha = 1.0f, beta = 1.0f;
   // Column-major: gw^T (H x cols) += X_cm (H x rows) . (D_cm (cols x rows))^T.
-  if (path == GradWeightPath::kPreferredTile) {
+  if (path == GradWeightPath::kPreferredTile || path == GradWeightPath::kMeasured) {
     const LtProduct p = GradWeightProduct(dtype, ld_d, rows, cols, hidden);
     FLCE_ASSIGN_OR_RETURN(
         const bool ran,

@@ -55,8 +55,8 @@ struct Gemm {
 
   // grad_W of `rows` tokens: the streaming pass (thin_grad_weight.cuh),
   // cublasLt asked for a preferred tile (cublasGemmEx where none is offered),
-  // or cublasGemmEx.
-  enum class GradWeightPath { kThin, kPreferredTile, kDefault };
+  // cublasLt's algorithm measured fastest (MeasuredGemmTiles), or cublasGemmEx.
+  enum class GradWeightPath { kThin, kPreferredTile, kMeasured, kDefault };
   GradWeightPath GradWeightPathFor(int64_t rows, int64_t hidden) const;
   static const char* GradWeightPathName(GradWeightPath path);
 };

@@ -1,6 +1,8 @@
 #include "kernels/cuda/ops/gemm_algos.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +22,7 @@ constexpr absl::string_view kDefaultTiles = "128x128";
 constexpr absl::string_view kDefaultWideTiles = "128x160";
 constexpr int64_t kWideTileAboveHidden = 2048;
 constexpr absl::string_view kNoPreference = "cublas";  // cublasGemmEx's default everywhere
+constexpr absl::string_view kMeasured = "measured";    // no list: timed (MeasuredGemmTiles)
 constexpr int64_t kTileMinRows = 2048;
 constexpr int64_t kDefaultTileMinHidden = 1024;
 
@@ -90,7 +93,7 @@ absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char*
       hidden > kWideTileAboveHidden ? kDefaultWideTiles : kDefaultTiles;
   const absl::string_view spelled = Unset(env) ? by_hidden : env;
   std::vector<cublasLtMatmulTile_t> tiles;
-  if (spelled == kNoPreference) return tiles;
+  if (spelled == kNoPreference || spelled == kMeasured) return tiles;
   for (const absl::string_view name : absl::StrSplit(spelled, ',')) {
     bool known = false;
     for (const NamedTile& t : kTiles) {
@@ -102,7 +105,8 @@ absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char*
     if (!known) {
       return absl::InvalidArgumentError(
           absl::StrCat("FLCE_CUDA_GEMM_TILES=", spelled, ": unknown tile '", name,
-                       "' (\"cublas\", or a comma-separated list such as 128x128,128x160)"));
+                       "' (\"cublas\", \"measured\", or a comma-separated list such as "
+                       "128x128,128x160)"));
     }
   }
   return tiles;
@@ -113,6 +117,8 @@ bool PreferTileForGradWeight(int64_t rows, int64_t hidden, const char* env) {
   if (Unset(env)) return hidden >= kDefaultTileMinHidden;
   return env != kNoPreference;
 }
+
+bool MeasuredGemmTiles(const char* env) { return !Unset(env) && env == kMeasured; }
 
 absl::StatusOr<std::unique_ptr<GemmAlgos>> GemmAlgos::Create() {
   // Checks the spelling only: the default list is valid at every H.
@@ -139,10 +145,7 @@ absl::StatusOr<GemmAlgos::Choice> GemmAlgos::Choose(const LtProduct& p, const st
     chosen_[key] = choice;
     return choice;
   }
-  if (handle_ == nullptr) {  // first use: engines that never prefer a tile hold neither
-    FLCE_ASSIGN_OR_RETURN(workspace_, DeviceBuffer::Allocate(kWorkspaceBytes, health));
-    FLCE_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle_), health);
-  }
+  FLCE_RETURN_IF_ERROR(EnsureHandle(health));
   auto d = std::make_shared<Descriptors>();
   FLCE_RETURN_IF_ERROR(Describe(p, d.get(), health));
   cublasLtMatmulHeuristicResult_t found[kHeuristicCount] = {};
@@ -169,17 +172,109 @@ absl::StatusOr<GemmAlgos::Choice> GemmAlgos::Choose(const LtProduct& p, const st
   return choice;
 }
 
+absl::Status GemmAlgos::EnsureHandle(DeviceHealth* health) {
+  if (handle_ != nullptr) return absl::OkStatus();
+  // First use: engines that never prefer a tile hold neither.
+  FLCE_ASSIGN_OR_RETURN(workspace_, DeviceBuffer::Allocate(kWorkspaceBytes, health));
+  FLCE_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle_), health);
+  return absl::OkStatus();
+}
+
+absl::Status GemmAlgos::Matmul(const Descriptors& d, const cublasLtMatmulAlgo_t& algo, float beta,
+                               const void* a, const void* b, void* c, cudaStream_t stream,
+                               DeviceHealth* health) {
+  const float alpha = 1.0f;
+  FLCE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, d.desc, &alpha, a, d.a, b, d.b, &beta, c,
+                                             d.c, c, d.c, &algo, workspace_.get(),
+                                             kWorkspaceBytes, stream),
+                              health);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> GemmAlgos::Run(const LtProduct& p, const std::string& tiles, const void* a,
                                     const void* b, void* c, cudaStream_t stream,
                                     DeviceHealth* health) {
+  if (MeasuredGemmTiles(tiles.c_str())) return RunMeasured(p, a, b, c, stream, health);
   FLCE_ASSIGN_OR_RETURN(const Choice choice, Choose(p, tiles, health));
   if (!choice.found) return false;
-  const Descriptors& d = *choice.descriptors;
-  const float alpha = 1.0f;
-  FLCE_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatmul(handle_, d.desc, &alpha, a, d.a, b, d.b, &p.beta, c, d.c, c, d.c, &choice.algo,
-                     workspace_.get(), kWorkspaceBytes, stream),
-      health);
+  FLCE_RETURN_IF_ERROR(Matmul(*choice.descriptors, choice.algo, p.beta, a, b, c, stream, health));
+  return true;
+}
+
+GemmAlgos::Trial::~Trial() {
+  for (const Sample& s : samples) {
+    cudaEventDestroy(s.start);
+    cudaEventDestroy(s.end);
+  }
+}
+
+absl::StatusOr<GemmAlgos::Trial*> GemmAlgos::TrialFor(const LtProduct& p, DeviceHealth* health) {
+  std::unique_ptr<Trial>& trial = trials_[p.Key()];
+  if (trial != nullptr) return trial.get();
+  FLCE_RETURN_IF_ERROR(EnsureHandle(health));
+  auto made = std::make_unique<Trial>();
+  auto d = std::make_shared<Descriptors>();
+  FLCE_RETURN_IF_ERROR(Describe(p, d.get(), health));
+  cublasLtMatmulHeuristicResult_t found[kMeasuredCandidates] = {};
+  int count = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      handle_, d->desc, d->a, d->b, d->c, d->c, d->pref, kMeasuredCandidates, found, &count);
+  // NOT_SUPPORTED: no algorithm at all for this layout; cublasGemmEx decides.
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED) FLCE_CUBLAS_RETURN_IF_ERROR(st, health);
+  for (int i = 0; i < count; ++i) {
+    if (found[i].state == CUBLAS_STATUS_SUCCESS) made->candidates.push_back(found[i].algo);
+  }
+  made->descriptors = std::move(d);
+  made->decided = made->candidates.empty();
+  trial = std::move(made);
+  return trial.get();
+}
+
+absl::Status GemmAlgos::Decide(Trial* trial, DeviceHealth* health) {
+  std::vector<float> least(trial->candidates.size(), std::numeric_limits<float>::infinity());
+  for (const Trial::Sample& s : trial->samples) {
+    float ms = 0.0f;
+    FLCE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(s.end), health);
+    FLCE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, s.start, s.end), health);
+    least[s.candidate] = std::min(least[s.candidate], ms);
+  }
+  trial->best = static_cast<int>(std::min_element(least.begin(), least.end()) - least.begin());
+  trial->decided = true;
+  for (const Trial::Sample& s : trial->samples) {
+    cudaEventDestroy(s.start);
+    cudaEventDestroy(s.end);
+  }
+  trial->samples.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> GemmAlgos::RunMeasured(const LtProduct& p, const void* a, const void* b,
+                                            void* c, cudaStream_t stream, DeviceHealth* health) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FLCE_ASSIGN_OR_RETURN(Trial* const trial, TrialFor(p, health));
+  const int candidates = static_cast<int>(trial->candidates.size());
+  const int started = static_cast<int>(trial->samples.size());
+  if (!trial->decided && started == candidates * kMeasuredSamples) {
+    FLCE_RETURN_IF_ERROR(Decide(trial, health));
+  }
+  if (trial->decided) {
+    if (trial->best < 0) return false;
+    FLCE_RETURN_IF_ERROR(Matmul(*trial->descriptors, trial->candidates[trial->best], p.beta, a,
+                                b, c, stream, health));
+    return true;
+  }
+  // The candidates in turn, so that each one's samples fall at different times.
+  Trial::Sample sample{started % candidates, nullptr, nullptr};
+  FLCE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&sample.start), health);
+  if (const cudaError_t err = cudaEventCreate(&sample.end); err != cudaSuccess) {
+    cudaEventDestroy(sample.start);
+    return CudaStatus(err, "creating a GEMM trial's event", health);
+  }
+  trial->samples.push_back(sample);  // destroyed with the trial from here on
+  FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(sample.start, stream), health);
+  FLCE_RETURN_IF_ERROR(Matmul(*trial->descriptors, trial->candidates[sample.candidate], p.beta, a,
+                              b, c, stream, health));
+  FLCE_CUDA_RETURN_IF_ERROR(cudaEventRecord(sample.end, stream), health);
   return true;
 }
 

@@ -6,7 +6,10 @@
 // heuristic's first algorithm of the most preferred tile the heuristic
 // offers; none offered, it is left to cublasGemmEx. The choice depends on the
 // heuristic's list alone (never on timings), so results are bitwise the same
-// in every process on the same GPU and cuBLAS version.
+// in every process on the same GPU and cuBLAS version. FLCE_CUDA_GEMM_TILES=
+// measured instead times the heuristic's first algorithms on each product's
+// first runs and keeps the fastest: the winner may differ between processes,
+// so a deterministic call's plan keeps the fixed list (plan_parts::PlanSwitches).
 #ifndef FLCE_KERNELS_CUDA_OPS_GEMM_ALGOS_H_
 #define FLCE_KERNELS_CUDA_OPS_GEMM_ALGOS_H_
 
@@ -31,8 +34,9 @@ namespace flce::cuda {
 // FLCE_CUDA_GEMM_TILES: a comma-separated list of tiles in order of
 // preference; unset or "" = grad_W's fastest at `hidden`: "128x128" up to
 // H = 2048, "128x160" above; "cublas" = cublasGemmEx's default
-// everywhere. Unknown names are an InvalidArgumentError (at engine creation,
-// and at a call if the variable has changed since).
+// everywhere; "measured" = no list (MeasuredGemmTiles). Unknown names are an
+// InvalidArgumentError (at engine creation, and at a call if the variable has
+// changed since).
 absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char* env,
                                                                      int64_t hidden);
 
@@ -42,6 +46,16 @@ absl::StatusOr<std::vector<cublasLtMatmulTile_t>> PreferredGemmTiles(const char*
 // faster (below it cuBLAS's own heuristic wins at some shapes, loses at
 // others: docs/perf/cuda.md); a list that is set applies at every H.
 bool PreferTileForGradWeight(int64_t rows, int64_t hidden, const char* env);
+
+// FLCE_CUDA_GEMM_TILES=measured: each grad_W product (by shape) runs its first
+// kMeasuredCandidates x kMeasuredSamples times on the heuristic's first
+// kMeasuredCandidates algorithms in turn, timed by events on its stream (each
+// run computes the product: the runs are the call's own), and from then on on
+// the fastest (the least of its samples), at every H where a tile would be
+// preferred.
+bool MeasuredGemmTiles(const char* env);
+inline constexpr int kMeasuredCandidates = 16;
+inline constexpr int kMeasuredSamples = 2;
 
 // A column-major product C (m x n, fp32) = alpha op_a(A) op_b(B) + beta C with
 // 16-bit A and B, as kernels/cuda/ops/gemm.cc spells the plans' GEMMs.
@@ -70,9 +84,10 @@ class GemmAlgos {
   GemmAlgos& operator=(const GemmAlgos&) = delete;
 
   // Runs p with the algorithm of the most preferred tile of `tiles` (the
-  // plan's FLCE_CUDA_GEMM_TILES, KernelSwitches::gemm_tiles) and returns
+  // plan's FLCE_CUDA_GEMM_TILES, KernelSwitches::gemm_tiles), or with the
+  // candidate or winner of its trial where `tiles` is "measured", and returns
   // true, or returns false without running anything where cublasLt offers
-  // none of them for p.
+  // none for p.
   absl::StatusOr<bool> Run(const LtProduct& p, const std::string& tiles, const void* a,
                            const void* b, void* c, cudaStream_t stream, DeviceHealth* health);
   // The preferred tile Run takes for p; none where it leaves p to cublasGemmEx.
@@ -89,8 +104,29 @@ class GemmAlgos {
     cublasLtMatmulTile_t tile = CUBLASLT_MATMUL_TILE_UNDEFINED;
     std::shared_ptr<const Descriptors> descriptors;  // made once, for every Run of the product
   };
+  // A product's timed candidates under "measured", until one is chosen.
+  struct Trial {
+    std::shared_ptr<const Descriptors> descriptors;
+    std::vector<cublasLtMatmulAlgo_t> candidates;
+    struct Sample {
+      int candidate;
+      cudaEvent_t start, end;
+    };
+    std::vector<Sample> samples;
+    bool decided = false;
+    int best = -1;  // into candidates; -1: none offered (cublasGemmEx runs)
+    ~Trial();
+  };
   absl::StatusOr<Choice> Choose(const LtProduct& p, const std::string& tiles,
                                 DeviceHealth* health);
+  absl::StatusOr<bool> RunMeasured(const LtProduct& p, const void* a, const void* b, void* c,
+                                   cudaStream_t stream, DeviceHealth* health);
+  absl::StatusOr<Trial*> TrialFor(const LtProduct& p, DeviceHealth* health);  // under mu_
+  absl::Status Decide(Trial* trial, DeviceHealth* health);                     // under mu_
+  absl::Status Matmul(const Descriptors& d, const cublasLtMatmulAlgo_t& algo, float beta,
+                      const void* a, const void* b, void* c, cudaStream_t stream,
+                      DeviceHealth* health);
+  absl::Status EnsureHandle(DeviceHealth* health);  // under mu_
   static absl::Status Describe(const LtProduct& p, Descriptors* d, DeviceHealth* health);
 
   cublasLtHandle_t handle_ = nullptr;  // with workspace_, made at the first preferred product
@@ -98,6 +134,7 @@ class GemmAlgos {
   std::mutex mu_;
   // By the tiles' spelling and the product.
   std::map<std::pair<std::string, decltype(LtProduct().Key())>, Choice> chosen_;
+  std::map<decltype(LtProduct().Key()), std::unique_ptr<Trial>> trials_;
 };
 
 }  // namespace flce::cuda

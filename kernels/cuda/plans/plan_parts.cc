@@ -7,6 +7,7 @@
 #include "kernels/cuda/base/device_memory.h"
 #include "kernels/cuda/base/policy.h"
 #include "kernels/cuda/ops/elementwise_kernels.cuh"
+#include "kernels/cuda/ops/gemm_algos.h"
 #include "kernels/cuda/ops/sm90/logits_stats_gemm.cuh"
 
 namespace flce::cuda::plan_parts {
@@ -129,6 +130,12 @@ TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const Toke
     s.scaled.fallback = c.Take<int32_t>(1);
     s.scaled.tile_counter = c.Take<int32_t>(1);
   }
+  return s;
+}
+
+KernelSwitches PlanSwitches(const PlanRequest& req) {
+  KernelSwitches s = KernelSwitchesFromEnvironment();
+  if (req.deterministic && MeasuredGemmTiles(s.gemm_tiles.c_str())) s.gemm_tiles.clear();
   return s;
 }
 

@@ -92,6 +92,10 @@ int64_t TileScratchBytes(int64_t rows, const HeadView& head, const TokenBytes& t
 TileScratch CarveTile(char* base, int64_t rows, const HeadView& head, const TokenBytes& tb);
 // The partials region of a chunk of `rows` (TileScratch::partials_bytes).
 int64_t TilePartialsBytes(int64_t rows, const HeadView& head);
+// A plan's switches: the environment's, except that a deterministic request
+// keeps grad_W's fixed tile list where FLCE_CUDA_GEMM_TILES=measured (the
+// algorithm a trial picks may differ from process to process).
+KernelSwitches PlanSwitches(const PlanRequest& req);
 // The chunked plan takes the logits-stats GEMM for plain logits (no bias,
 // softcap or temperature) on heads and devices it supports.
 bool UseTileStats(const HeadView& head, const PlanRequest& req, const KernelSwitches& switches);

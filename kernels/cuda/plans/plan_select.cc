@@ -25,7 +25,7 @@ int64_t BalancedChunk(int64_t chunk, int64_t n) {
 
 absl::StatusOr<Plan> MakePlan(const HeadView& head, const PlanRequest& req, int64_t budget) {
   Plan plan;
-  plan.switches = KernelSwitchesFromEnvironment();
+  plan.switches = PlanSwitches(req);
   plan.strategy = req.strategy == Strategy::kAuto ? Strategy::kChunked : req.strategy;
   const int64_t n = std::max<int64_t>(req.num_tokens, 1);
   const int64_t hs_in = DTypeSize(req.hidden_dtype);

@@ -120,7 +120,7 @@ absl::StatusOr<ShardPlan> MakeShardPlan(const std::vector<HeadView>& shards,
   }
   const int64_t n = std::max<int64_t>(req.num_tokens, 1);
   ShardPlan plan;
-  plan.switches = KernelSwitchesFromEnvironment();
+  plan.switches = plan_parts::PlanSwitches(req);
   // The logits-stats GEMM where every shard with columns can take it.
   plan.tile_stats = req.strategy != Strategy::kVocabSplit && req.strategy != Strategy::kFuseMN;
   for (const HeadView& h : shards) {
