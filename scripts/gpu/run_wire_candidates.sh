@@ -10,6 +10,10 @@
 #          FLCE_CUDA_WIRE_SLOTS=2 and =3, each stepped by the reference client and by this
 #          checkout's; every order reversed in even rounds. Lines in wire.jsonl, labelled
 #          slots<S>-<ref|new>.
+#   engine flce_cuda_bench's interleaved rounds at ENGINE_SHAPES: the default plan, the same
+#          with grad_W's algorithm measured (FLCE_CUDA_GEMM_TILES=measured), the
+#          best-algorithm 3-GEMM bound and the cuBLAS rebuild of QuACK's pipeline.
+#   policy run_policy.sh bench on the data plane and through CUDA IPC (policy.jsonl).
 set -u -o pipefail
 source "$(dirname "$0")/wait_for_server.sh"
 root=$(pwd)
@@ -83,10 +87,31 @@ stage_wire() {
   pack wire "$out/wire-logs"
 }
 
+stage_engine() {
+  mkdir -p "$out/engine-logs"
+  local bounds=gemm_bound_best_algos,cublas_quack_rebuild log=$out/engine-logs/bench.log
+  "$dist/bench/cuda/flce_cuda_bench" --interleave --stages=0 --runs="${ENGINE_RUNS:-9}" \
+    --shapes="${ENGINE_SHAPES:-0,2,8}" \
+    --strategies="chunked,chunked@FLCE_CUDA_GEMM_TILES=measured,$bounds" \
+    --out="$out/engine-candidates.json" --commit="$commit" >"$log" 2>&1 || rc=1
+  grep -E 'interleaved|median|shape|ms' "$log" | tail -30
+  pack engine "$out/engine-logs"
+}
+
+stage_policy() {
+  mkdir -p "$out/policy-logs"
+  OUT=$out/policy-logs ROUNDS=${POLICY_ROUNDS:-2} TRANSPORTS="data_plane cuda_ipc" \
+    "$(dirname "$0")/run_policy.sh" bench 2>&1 | tail -12 || rc=1
+  cp "$out/policy-logs/policy.jsonl" "$out/" 2>/dev/null
+  pack policy "$out/policy-logs"
+}
+
 for stage in ${STAGES:-tests wire}; do
   case $stage in
     tests) stage_tests ;;
     wire) stage_wire ;;
+    engine) stage_engine ;;
+    policy) stage_policy ;;
     *) echo "unknown stage $stage" >&2; rc=1 ;;
   esac
 done
