@@ -609,6 +609,16 @@ TEST(ChunkPlanTest, SeveralChunksComeOutEqual) {
   EXPECT_EQ(chunk_for(kMax + 100, 6000), 4352);  // a hint above the balanced size
 }
 
+// The chunked plan of `req` within `budget` bytes (an empty plan after a
+// failed expectation).
+cuda::Plan ChunkedPlanOf(const cuda::HeadView& head, cuda::PlanRequest req,
+                         int64_t budget = int64_t{2048} << 20) {
+  req.strategy = Strategy::kChunked;
+  auto p = cuda::MakePlan(head, req, budget);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? *p : cuda::Plan{};
+}
+
 // A call whose hidden arrives over the wire gets edge chunks of
 // ChunkPolicy::kWirePacedBytes of hidden (within its token bounds) and the
 // budget's chunks between them, unless the caller names a chunk or asks for
@@ -622,14 +632,11 @@ TEST(ChunkPlanTest, WirePacedCallsGetSmallEdgeChunks) {
     head.padded_vocab = 1024;
     head.hidden = hidden;
     cuda::PlanRequest req;
-    req.strategy = Strategy::kChunked;
     req.num_tokens = 32768;
     req.hidden_dtype = dtype;
     req.chunk_tokens = hint;
     req.wire_paced = paced;
-    auto p = cuda::MakePlan(head, req, int64_t{2048} << 20);
-    EXPECT_TRUE(p.ok()) << p.status();
-    return p.ok() ? *p : cuda::Plan{};
+    return ChunkedPlanOf(head, req);
   };
   EXPECT_EQ(plan_for(4096, DType::kBF16, true, 0).edge_tokens, 1024);  // 8 MiB of bf16 rows
   EXPECT_EQ(plan_for(4096, DType::kF32, true, 0).edge_tokens, 512);    // fp32 rows: half
@@ -657,14 +664,11 @@ TEST(ChunkPlanTest, WirePacedCallsStreamThroughThreeSlots) {
   head.hidden = 4096;
   auto plan_for = [&](bool paced, int64_t hint, bool streaming, int64_t budget) {
     cuda::PlanRequest req;
-    req.strategy = Strategy::kChunked;
     req.num_tokens = 32768;
     req.chunk_tokens = hint;
     req.wire_paced = paced;
     req.streaming = streaming;
-    auto p = cuda::MakePlan(head, req, budget);
-    EXPECT_TRUE(p.ok()) << p.status();
-    return p.ok() ? *p : cuda::Plan{};
+    return ChunkedPlanOf(head, req, budget);
   };
   const int64_t budget = int64_t{2048} << 20;
   EXPECT_EQ(plan_for(true, 0, true, budget).stream_slots, 3);
