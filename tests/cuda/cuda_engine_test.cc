@@ -580,6 +580,16 @@ TEST(CudaEngineTest, PlannerTakesLogitsStatsOnlyWhereSupported) {
   if (hopper) EXPECT_GT(fast.chunk_tokens, cublas.chunk_tokens * 3 / 2);
 }
 
+// The chunked plan of `req` within `budget` bytes (an empty plan after a
+// failed expectation).
+cuda::Plan ChunkedPlanOf(const cuda::HeadView& head, cuda::PlanRequest req,
+                         int64_t budget = int64_t{2048} << 20) {
+  req.strategy = Strategy::kChunked;
+  auto p = cuda::MakePlan(head, req, budget);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? *p : cuda::Plan{};
+}
+
 // Requests of several budget-sized chunks are cut into equal chunks (rounded
 // up to ChunkPolicy::kBalancedAlign) rather than full chunks and a short
 // remainder; a caller's chunk hint is honoured as given. Host-only: the
@@ -592,13 +602,10 @@ TEST(ChunkPlanTest, SeveralChunksComeOutEqual) {
   head.hidden = 64;
   auto chunk_for = [&](int64_t tokens, int64_t hint) {
     cuda::PlanRequest req;
-    req.strategy = Strategy::kChunked;
     req.num_tokens = tokens;
     req.hidden_dtype = DType::kBF16;
     req.chunk_tokens = hint;
-    auto p = cuda::MakePlan(head, req, int64_t{2048} << 20);
-    EXPECT_TRUE(p.ok()) << p.status();
-    return p.ok() ? p->chunk_tokens : int64_t{-1};
+    return ChunkedPlanOf(head, req).chunk_tokens;
   };
   constexpr int64_t kMax = cuda::ChunkPolicy::kMaxTokens;
   EXPECT_EQ(chunk_for(kMax, 0), kMax);           // one chunk
@@ -607,16 +614,6 @@ TEST(ChunkPlanTest, SeveralChunksComeOutEqual) {
   EXPECT_EQ(chunk_for(3 * kMax - 5, 0), kMax);   // rounding never exceeds the budget
   EXPECT_EQ(chunk_for(kMax + 100, 192), 192);    // the hint as given
   EXPECT_EQ(chunk_for(kMax + 100, 6000), 4352);  // a hint above the balanced size
-}
-
-// The chunked plan of `req` within `budget` bytes (an empty plan after a
-// failed expectation).
-cuda::Plan ChunkedPlanOf(const cuda::HeadView& head, cuda::PlanRequest req,
-                         int64_t budget = int64_t{2048} << 20) {
-  req.strategy = Strategy::kChunked;
-  auto p = cuda::MakePlan(head, req, budget);
-  EXPECT_TRUE(p.ok()) << p.status();
-  return p.ok() ? *p : cuda::Plan{};
 }
 
 // A call whose hidden arrives over the wire gets edge chunks of
