@@ -596,11 +596,9 @@ class Client:
         flce.loss_options.LossOptions; another name is a TypeError.
 
         grad_input comes back in hidden's dtype on the CPU (pinned when hidden is on a GPU,
-        or when pinned_result says so, ready for a fast copy to a GPU); on hidden's GPU when
-        hidden is on one and the call went through shared memory (flce.shm) or CUDA IPC, or
-        through the data plane with pinned_result left unset (each frame copied on as it
-        arrives). With deferred_commit the call's grad_W stays staged until
-        commit(request_id)."""
+        or when pinned_result says so, ready for a fast copy to a GPU) — through shared
+        memory (flce.shm), on hidden's GPU when hidden is on one; with deferred_commit the call's grad_W stays staged
+        until commit(request_id)."""
         loss = LossOptions().updated(options)
         if hidden.dim() != 2 or targets.dim() != 1 or targets.shape[0] != hidden.shape[0]:
             raise ValueError(f"need hidden [N, H] and targets [N], got {tuple(hidden.shape)} "
@@ -666,9 +664,8 @@ class Client:
         row_bytes = h * hidden.element_size()
         link = self._open_data_plane(n)
         if link is not None:
-            land_on = hidden.device if hidden.is_cuda and pinned_result is None else None
             return self._compute_on_data_plane(link, header, hidden, targets, row_bytes,
-                                               want_grad_input, wanted, pinned, land_on)
+                                               want_grad_input, wanted, pinned)
         hid = tensors.host_contiguous(hidden)
         rows_per_chunk = max(1, self.chunk_bytes // row_bytes) if row_bytes else max(n, 1)
         streams = self._hidden_streams(-(-n // rows_per_chunk))
@@ -750,12 +747,10 @@ class Client:
 
     def _compute_on_data_plane(self, link: data_plane.DataPlaneCall, header,
                                hidden: torch.Tensor, targets: torch.Tensor, row_bytes: int,
-                               want_grad_input: bool, wanted, pinned: bool,
-                               land_on: Optional[torch.device]) -> ComputeResult:
+                               want_grad_input: bool, wanted, pinned: bool) -> ComputeResult:
         """Compute with hidden's rows and grad_input on `link`; the call's own stream
-        carries the header and the end message only. Hidden on a GPU is queued for copying
-        to the host a chunk at a time, each chunk sent once its copy is done; grad_input
-        frames are copied on to `land_on`, a GPU, as they arrive."""
+        carries the header and the end message only. Hidden on a GPU comes to the host a
+        chunk at a time, on the sending thread, as the chunks go out."""
         n, h = hidden.shape
         header.data_plane = True
         header.targets = tensors.to_bytes_int32(targets)
@@ -765,7 +760,7 @@ class Client:
         try:
             return self._run_compute(iter((header_bytes, wire.encode_end_of_input(n))), n, h,
                                      hidden.dtype, want_grad_input, wanted, pinned,
-                                     data_plane_call=(link, chunks, land_on))
+                                     data_plane_call=(link, chunks))
         except FlceError as err:
             self._first_transport.remember(header.request_id, "grpc")
             err.request_id = header.request_id  # a retry with it is never applied twice
@@ -910,12 +905,10 @@ class Client:
                      data_plane_call=None) -> ComputeResult:
         pool = tensors.PinnedPool if on_gpu else self.pool
         grad = tensors.RowAssembler(n, h, dtype, pool) if want_grad_input else None
-        link = landing = None
+        link = None
         if data_plane_call is not None:
-            link, chunks, land_on = data_plane_call
-            if grad is not None and land_on is not None:
-                landing = data_plane.DeviceLanding(grad.tensor, land_on)
-            on_pieces = lambda token: link.start(token, chunks, n, grad, landing)  # noqa: E731
+            link, chunks = data_plane_call
+            on_pieces = lambda token: link.start(token, chunks, n, grad)  # noqa: E731
         per_token = {k: tensors.RowAssembler(n, 1, dt) for k, dt in wanted}
         summary = None
         call = self._compute(requests, timeout=self.timeout)
@@ -958,8 +951,8 @@ class Client:
             if not asm.complete:
                 raise FlceError("Compute", grpc.StatusCode.INTERNAL,
                                 f"{name}: {asm.rows_filled} of {n} rows received")
-        grad_input = landing.result() if landing else grad.tensor if grad else None
-        return ComputeResult(summary=ComputeSummary.from_pb(summary), grad_input=grad_input,
+        return ComputeResult(summary=ComputeSummary.from_pb(summary),
+                             grad_input=grad.tensor if grad else None,
                              token_outputs={k: a.tensor.reshape(-1) for k, a in per_token.items()})
 
     # ------------------------------------------------------------ gradients --

@@ -10,8 +10,7 @@ calls in messages); each call then connects when the server's PiecesOpened answe
 its token (the server closes a connection that does not say which call it is for within
 10 s, and a call may wait longer than that for staging memory), presents the token, sends
 the rows in frames and its end frame, and receives grad_input frames straight into the
-result tensor (with hidden on a GPU: into pinned memory, each frame then copied on to that
-GPU as it arrives, DeviceLanding). Whatever breaks it fails the call, which lands nothing.
+result tensor. Whatever breaks it fails the call, which lands nothing.
 """
 from __future__ import annotations
 
@@ -19,8 +18,6 @@ import socket
 import struct
 import threading
 from typing import Iterable, Optional, Tuple
-
-import torch
 
 from flce import tensors
 
@@ -62,34 +59,6 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         view = view[got:]
 
 
-class DeviceLanding:
-    """grad_input frames copied on to a GPU as they arrive, each from the pinned buffer it
-    was received into, on a stream of the landing's own: by the end of the call only the
-    last frame's copy is left, where one copy of all of it after the call would add the
-    whole copy to the trainer's step."""
-
-    def __init__(self, host: torch.Tensor, device: torch.device):
-        self._host = host
-        caller = torch.cuda.current_stream(device)
-        self._stream = torch.cuda.Stream(device)
-        self.tensor = torch.empty(host.shape, dtype=host.dtype, device=device)
-        # made on the caller's stream, written on the landing's: the block may have been
-        # the caller's until now, and may be given out again only after these writes
-        self._stream.wait_stream(caller)
-        self.tensor.record_stream(self._stream)
-
-    def land(self, first_row: int, rows: int) -> None:
-        """Rows [first_row, first_row + rows) are in the pinned buffer: copies them."""
-        with torch.cuda.stream(self._stream):
-            self.tensor[first_row:first_row + rows].copy_(
-                self._host[first_row:first_row + rows], non_blocking=True)
-
-    def result(self) -> torch.Tensor:
-        """The GPU tensor, its copies ordered before the caller's stream's next work."""
-        torch.cuda.current_stream(self.tensor.device).wait_stream(self._stream)
-        return self.tensor
-
-
 class DataPlaneCall:
     """One call's data-plane connection."""
 
@@ -102,12 +71,10 @@ class DataPlaneCall:
         self.receive_failure: Optional[BaseException] = None
 
     def start(self, token: bytes, chunks: Iterable[Tuple[int, memoryview]], rows: int,
-              grad: Optional[tensors.RowAssembler],
-              landing: Optional[DeviceLanding] = None) -> None:
+              grad: Optional[tensors.RowAssembler]) -> None:
         """On the call's PiecesOpened: `chunks` (first row, bytes; taken on the sending
         thread) sent in order, then the end frame; grad_input, when asked for, received into
-        `grad` until every row is in, each frame handed on to `landing` where there is one.
-        Raises OSError where it cannot connect."""
+        `grad` until every row is in. Raises OSError where it cannot connect."""
         self._sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT_S)
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -116,7 +83,7 @@ class DataPlaneCall:
         sender.start()
         self._threads.append(sender)
         if grad is not None:
-            receiver = threading.Thread(target=self._receive, args=(grad, landing),
+            receiver = threading.Thread(target=self._receive, args=(grad,),
                                         name="flce-data-receive", daemon=True)
             receiver.start()
             self._threads.append(receiver)
@@ -135,7 +102,7 @@ class DataPlaneCall:
             self.send_failure = err
             self._shutdown()
 
-    def _receive(self, grad: tensors.RowAssembler, landing: Optional[DeviceLanding]) -> None:
+    def _receive(self, grad: tensors.RowAssembler) -> None:
         header = bytearray(FRAME.size)
         try:
             while not grad.complete:
@@ -145,9 +112,7 @@ class DataPlaneCall:
                 if row_bytes == 0 or offset < 0:
                     raise ValueError(f"a grad_input frame at token {offset}")
                 _recv_into(self._sock, memoryview(grad.reserve(offset, nbytes)))
-                if landing is not None:
-                    landing.land(offset, nbytes // row_bytes)
-        except (OSError, ValueError, RuntimeError) as err:  # RuntimeError: a GPU copy
+        except (OSError, ValueError) as err:
             self.receive_failure = err
             self._shutdown()
 

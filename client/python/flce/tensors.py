@@ -85,35 +85,23 @@ def row_chunks(t: torch.Tensor, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
 def host_row_chunks(t: torch.Tensor, chunk_bytes: int = DEFAULT_CHUNK_BYTES
                     ) -> Iterator[Tuple[int, memoryview]]:
-    """row_chunks of a 2-D tensor's bytes on the host. A GPU tensor's chunks are all queued
-    here for copying into pinned memory, on the stream current where this is called, each
-    with an event its chunk waits for when it is taken: the copies run ahead of the wire
-    rather than one at a time between its sends, and the first chunk can go out before the
-    last is copied."""
+    """row_chunks of a 2-D tensor's bytes on the host, made as they are taken: a GPU
+    tensor is copied into pinned memory one chunk at a time (on the stream current when
+    this is called), so that the first chunk can go out before the last is copied."""
     t = t.detach()
     if not t.is_cuda:
-        return row_chunks(t.contiguous(), chunk_bytes)
+        yield from row_chunks(t.contiguous(), chunk_bytes)
+        return
     stream = torch.cuda.current_stream(t.device)
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     rows = t.shape[0]
     row_bytes = t[0].numel() * t.element_size() if rows else 0
     step = max(1, chunk_bytes // row_bytes) if row_bytes else max(rows, 1)
-    copies = []
-    with torch.cuda.stream(stream):
-        for r in range(0, rows, step):
-            n = min(step, rows - r)
-            host[r:r + n].copy_(t[r:r + n], non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record(stream)
-            copies.append((r, n, copied))
-    return _after_copies(host, row_bytes, copies)
-
-
-def _after_copies(host: torch.Tensor, row_bytes: int, copies
-                  ) -> Iterator[Tuple[int, memoryview]]:
     mv = memoryview(byte_view(host))
-    for r, n, copied in copies:
-        copied.synchronize()
+    for r in range(0, rows, step):
+        n = min(step, rows - r)
+        with torch.cuda.stream(stream):
+            host[r:r + n].copy_(t[r:r + n])
         yield r, mv[r * row_bytes:(r + n) * row_bytes]
 
 
