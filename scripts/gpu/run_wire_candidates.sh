@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the device machine (carry .served-dist and .gpu-dist, see pack_served.sh and
-# pack_cuda.sh; .ref-client/ holds `git archive REF bench/python client/python` of the
-# build measured against): the wire's candidates, stage by stage (STAGES, default
+# pack_cuda.sh, and .ref-client, git-ignored: `mkdir .ref-client && git archive REF
+# bench/python client/python | tar -x -C .ref-client`, the client measured against): the
+# wire's candidates, stage by stage (STAGES, default
 # "tests wire"), each stage's logs packed into $OUT/<stage>.tgz.
 #   tests  the CUDA engine's streaming tests, then the Python data-plane tests against
 #          servers on the CPU and on the GPU (hidden on the GPU needs a GPU on the client).
