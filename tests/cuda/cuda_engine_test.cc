@@ -580,6 +580,16 @@ TEST(CudaEngineTest, PlannerTakesLogitsStatsOnlyWhereSupported) {
   if (hopper) EXPECT_GT(fast.chunk_tokens, cublas.chunk_tokens * 3 / 2);
 }
 
+// A bf16 head as the planner sees it.
+cuda::HeadView PlannedHead(int64_t vocab, int64_t padded_vocab, int64_t hidden) {
+  cuda::HeadView head;
+  head.dtype = DType::kBF16;
+  head.vocab = vocab;
+  head.padded_vocab = padded_vocab;
+  head.hidden = hidden;
+  return head;
+}
+
 // The chunked plan of `req` within `budget` bytes (an empty plan after a
 // failed expectation).
 cuda::Plan ChunkedPlanOf(const cuda::HeadView& head, cuda::PlanRequest req,
@@ -595,11 +605,7 @@ cuda::Plan ChunkedPlanOf(const cuda::HeadView& head, cuda::PlanRequest req,
 // remainder; a caller's chunk hint is honoured as given. Host-only: the
 // budget allows ChunkPolicy::kMaxTokens here on either logits path.
 TEST(ChunkPlanTest, SeveralChunksComeOutEqual) {
-  cuda::HeadView head;
-  head.dtype = DType::kBF16;
-  head.vocab = 1000;
-  head.padded_vocab = 1024;
-  head.hidden = 64;
+  const cuda::HeadView head = PlannedHead(1000, 1024, 64);
   auto chunk_for = [&](int64_t tokens, int64_t hint) {
     cuda::PlanRequest req;
     req.num_tokens = tokens;
@@ -623,17 +629,12 @@ TEST(ChunkPlanTest, SeveralChunksComeOutEqual) {
 // Host-only.
 TEST(ChunkPlanTest, WirePacedCallsGetSmallEdgeChunks) {
   auto plan_for = [](int64_t hidden, DType dtype, bool paced, int64_t hint) {
-    cuda::HeadView head;
-    head.dtype = DType::kBF16;
-    head.vocab = 1000;
-    head.padded_vocab = 1024;
-    head.hidden = hidden;
     cuda::PlanRequest req;
     req.num_tokens = 32768;
     req.hidden_dtype = dtype;
     req.chunk_tokens = hint;
     req.wire_paced = paced;
-    return ChunkedPlanOf(head, req);
+    return ChunkedPlanOf(PlannedHead(1000, 1024, hidden), req);
   };
   EXPECT_EQ(plan_for(4096, DType::kBF16, true, 0).edge_tokens, 1024);  // 8 MiB of bf16 rows
   EXPECT_EQ(plan_for(4096, DType::kF32, true, 0).edge_tokens, 512);    // fp32 rows: half
@@ -654,11 +655,7 @@ TEST(ChunkPlanTest, WirePacedCallsGetSmallEdgeChunks) {
 // chunk i's grad_input to reach the transport; every other call keeps two.
 // Host-only.
 TEST(ChunkPlanTest, WirePacedCallsStreamThroughThreeSlots) {
-  cuda::HeadView head;
-  head.dtype = DType::kBF16;
-  head.vocab = 128256;
-  head.padded_vocab = 128256;
-  head.hidden = 4096;
+  const cuda::HeadView head = PlannedHead(128256, 128256, 4096);
   auto plan_for = [&](bool paced, int64_t hint, bool streaming, int64_t budget) {
     cuda::PlanRequest req;
     req.num_tokens = 32768;
