@@ -215,6 +215,11 @@ struct ComputeResult {
   std::string kernels;
   double engine_ms = 0.0;
   double wait_ms = 0.0;  // time spent waiting for the engine (its workspace) to be free
+  // Of the time AddHidden took, how long it waited for the engine to free an
+  // upload slot: input held back by the GPU's pace, not the wire's. -1 where
+  // an engine does not stream its input through slots (the CUDA engine's
+  // chunked calls do).
+  double input_wait_ms = -1.0;
   // Filled when asked for in OutputSelection; num_tokens each.
   std::vector<float> per_token_loss;
   std::vector<float> logprob;

@@ -565,6 +565,7 @@ absl::Status ComputeJob::Complete(const v1::EndOfInput& end) {
   scope_->mark_phase("land");
   scope_->set_strategy(result.strategy_used);
   scope_->set_kernels(result.kernels);
+  scope_->set_input_wait_ms(result.input_wait_ms);
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->RecordCompute(head_.owner, head_.head_id, result.strategy_used, spec_.num_tokens,
                                 result.engine_ms / 1000.0);

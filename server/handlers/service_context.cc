@@ -46,6 +46,7 @@ void RpcScope::Done(const grpc::Status& status) {
   line.kernels = kernels_;
   line.transport = transport_;
   line.phases_ms = std::move(phases_ms_);
+  line.input_wait_ms = input_wait_ms_;
   line.seconds = seconds;
   line.code = GrpcCodeName(status.error_code());
   line.message = status.error_message();

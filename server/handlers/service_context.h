@@ -84,6 +84,8 @@ class RpcScope {
   const std::string& peer() const { return peer_; }
   // Time since start() or since the previous mark, logged as "<name>_ms".
   void mark_phase(const char* name);
+  // A Compute's ComputeResult::input_wait_ms (negative: not reported).
+  void set_input_wait_ms(double ms) { input_wait_ms_ = ms; }
 
  private:
   const ServiceContext& ctx_;
@@ -102,6 +104,7 @@ class RpcScope {
   std::string peer_;
   absl::Time phase_start_;
   std::vector<std::pair<std::string, double>> phases_ms_;
+  double input_wait_ms_ = -1.0;
 };
 
 // The gate every flce.v1 handler passes first: the caller's principal from

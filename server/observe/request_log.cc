@@ -45,6 +45,9 @@ std::string FormatRequestLog(const RequestLogLine& line) {
   for (const auto& [name, ms] : line.phases_ms) {
     absl::StrAppendFormat(&out, " %s_ms=%.3f", name, ms);
   }
+  if (line.input_wait_ms >= 0) {
+    absl::StrAppendFormat(&out, " input_wait_ms=%.3f", line.input_wait_ms);
+  }
   absl::StrAppendFormat(&out, " duration_ms=%.3f code=%s", line.seconds * 1000.0, line.code);
   if (line.code != "OK" && !line.message.empty()) {
     absl::StrAppend(&out, " message=", QuoteLogValue(line.message));
@@ -69,6 +72,7 @@ std::vector<std::pair<std::string, nlohmann::json>> RequestLogFields(const Reque
   if (!line.kernels.empty()) fields.emplace_back("kernels", cut(line.kernels));
   if (!line.transport.empty()) fields.emplace_back("transport", line.transport);
   for (const auto& [name, ms] : line.phases_ms) fields.emplace_back(absl::StrCat(name, "_ms"), ms);
+  if (line.input_wait_ms >= 0) fields.emplace_back("input_wait_ms", line.input_wait_ms);
   fields.emplace_back("duration_ms", line.seconds * 1000.0);
   fields.emplace_back("code", line.code);
   if (line.code != "OK" && !line.message.empty()) fields.emplace_back("message", cut(line.message));

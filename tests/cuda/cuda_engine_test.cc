@@ -781,7 +781,11 @@ TEST(CudaEngineTest, WirePacedScheduleMatchesReference) {
     const int64_t rows = std::min<int64_t>(333, ps.num_tokens - t);
     ASSERT_TRUE((*call)->AddHidden(t, rows, problem.hidden_bytes.data() + t * row_bytes).ok());
   }
-  ASSERT_TRUE((*call)->Finish().ok());
+  auto finished = (*call)->Finish();
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  // A streamed call says how long its input waited for a free slot.
+  EXPECT_GE(finished->input_wait_ms, 0.0);
+  EXPECT_LE(finished->input_wait_ms, finished->engine_ms);
   // 1700 rows, 256-row edges, the plan's chunk 1728: chunks of 256, 512, 164,
   // 512 and 256 rows, each handed over in pieces of 8 MiB (128 rows).
   std::vector<int64_t> expected;

@@ -84,21 +84,27 @@ TEST(RequestLogTest, OneKeyValueLineWithQuotedValues) {
   line.kernels = "logits=stats_pingpong192_pairs rows=row_reference";
   line.transport = "messages_unix_socket";
   line.phases_ms = {{"setup", 0.25}, {"finish", 11.5}};
+  line.input_wait_ms = 4.25;
   line.seconds = 0.0123456;
   line.code = "OK";
   EXPECT_EQ(FormatRequestLog(line),
             "request id=r1 rpc=Compute tenant=alice head=demo session=\"run 1\" tokens=48 "
             "strategy=chunked kernels=\"logits=stats_pingpong192_pairs rows=row_reference\" "
             "transport=messages_unix_socket setup_ms=0.250 finish_ms=11.500 "
-            "duration_ms=12.346 code=OK");
+            "input_wait_ms=4.250 duration_ms=12.346 code=OK");
   const auto fields = RequestLogFields(line);
-  ASSERT_EQ(fields.size(), 13u);
+  ASSERT_EQ(fields.size(), 14u);
   EXPECT_EQ(fields[7].first, "kernels");
   EXPECT_EQ(fields[8].first, "transport");
   EXPECT_EQ(fields[9].first, "setup_ms");
   EXPECT_EQ(fields[10].first, "finish_ms");
   EXPECT_DOUBLE_EQ(fields[10].second.get<double>(), 11.5);
-  EXPECT_EQ(fields[11].first, "duration_ms");
+  EXPECT_EQ(fields[11].first, "input_wait_ms");
+  EXPECT_DOUBLE_EQ(fields[11].second.get<double>(), 4.25);
+  EXPECT_EQ(fields[12].first, "duration_ms");
+  line.input_wait_ms = -1.0;  // an engine that does not report it: no field
+  EXPECT_EQ(FormatRequestLog(line).find("input_wait_ms"), std::string::npos);
+  EXPECT_EQ(RequestLogFields(line).size(), 13u);
   RequestLogLine failed;
   failed.id = "#7";
   failed.rpc = "DescribeHead";

@@ -304,7 +304,14 @@ absl::Status CudaComputeCall::AddBuffered(int64_t offset, int64_t rows, const ch
 
 absl::Status CudaComputeCall::WaitForFreeSlot() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !slots_[current_].busy || !status_.ok(); });
+  auto free = [this] { return !slots_[current_].busy || !status_.ok(); };
+  if (!free()) {
+    const auto asked = std::chrono::steady_clock::now();
+    cv_.wait(lock, free);
+    input_wait_ms_ +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - asked)
+            .count();
+  }
   return status_;
 }
 
@@ -515,6 +522,7 @@ absl::StatusOr<ComputeResult> CudaComputeCall::Finish() {
   result.grad_input_first_non_finite = grad_input_first_non_finite_;
   result.strategy_used = StrategyName(plan_.strategy);
   result.kernels = kernels_.Text();
+  if (plan_.strategy == Strategy::kChunked) result.input_wait_ms = input_wait_ms_;
   result.engine_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_time_)
           .count();

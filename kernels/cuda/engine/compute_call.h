@@ -115,6 +115,7 @@ class CudaComputeCall : public ComputeCall {
   bool finished_ = false;
   std::chrono::steady_clock::time_point start_time_;
   double engine_ms_ = 0.0;
+  double input_wait_ms_ = 0.0;  // WaitForFreeSlot's waits (ComputeResult::input_wait_ms)
 
 
   // Streaming (chunked).
