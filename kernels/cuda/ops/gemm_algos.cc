@@ -201,11 +201,12 @@ absl::StatusOr<bool> GemmAlgos::Run(const LtProduct& p, const std::string& tiles
   return true;
 }
 
-GemmAlgos::Trial::~Trial() {
+void GemmAlgos::Trial::ReleaseSamples() {
   for (const Sample& s : samples) {
     cudaEventDestroy(s.start);
     cudaEventDestroy(s.end);
   }
+  samples.clear();
 }
 
 absl::StatusOr<GemmAlgos::Trial*> GemmAlgos::TrialFor(const LtProduct& p, DeviceHealth* health) {
@@ -225,7 +226,6 @@ absl::StatusOr<GemmAlgos::Trial*> GemmAlgos::TrialFor(const LtProduct& p, Device
     if (found[i].state == CUBLAS_STATUS_SUCCESS) made->candidates.push_back(found[i].algo);
   }
   made->descriptors = std::move(d);
-  made->decided = made->candidates.empty();
   trial = std::move(made);
   return trial.get();
 }
@@ -239,12 +239,7 @@ absl::Status GemmAlgos::Decide(Trial* trial, DeviceHealth* health) {
     least[s.candidate] = std::min(least[s.candidate], ms);
   }
   trial->best = static_cast<int>(std::min_element(least.begin(), least.end()) - least.begin());
-  trial->decided = true;
-  for (const Trial::Sample& s : trial->samples) {
-    cudaEventDestroy(s.start);
-    cudaEventDestroy(s.end);
-  }
-  trial->samples.clear();
+  trial->ReleaseSamples();
   return absl::OkStatus();
 }
 
@@ -254,10 +249,10 @@ absl::StatusOr<bool> GemmAlgos::RunMeasured(const LtProduct& p, const void* a, c
   FLCE_ASSIGN_OR_RETURN(Trial* const trial, TrialFor(p, health));
   const int candidates = static_cast<int>(trial->candidates.size());
   const int started = static_cast<int>(trial->samples.size());
-  if (!trial->decided && started == candidates * kMeasuredSamples) {
+  if (!trial->decided() && started == candidates * kMeasuredSamples) {
     FLCE_RETURN_IF_ERROR(Decide(trial, health));
   }
-  if (trial->decided) {
+  if (trial->decided()) {
     if (trial->best < 0) return false;
     FLCE_RETURN_IF_ERROR(Matmul(*trial->descriptors, trial->candidates[trial->best], p.beta, a,
                                 b, c, stream, health));

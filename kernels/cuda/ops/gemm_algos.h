@@ -113,9 +113,11 @@ class GemmAlgos {
       cudaEvent_t start, end;
     };
     std::vector<Sample> samples;
-    bool decided = false;
-    int best = -1;  // into candidates; -1: none offered (cublasGemmEx runs)
-    ~Trial();
+    int best = -1;  // into candidates, once decided
+    // None offered (cublasGemmEx runs), or the winner chosen.
+    bool decided() const { return candidates.empty() || best >= 0; }
+    void ReleaseSamples();  // destroys the samples' events
+    ~Trial() { ReleaseSamples(); }
   };
   absl::StatusOr<Choice> Choose(const LtProduct& p, const std::string& tiles,
                                 DeviceHealth* health);
