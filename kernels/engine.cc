@@ -41,6 +41,8 @@ absl::Status Engine::ReadPeerMemory(const PeerMemory&, int64_t, int64_t, void*) 
       absl::StrCat("the ", info().name, " engine has no peer memory to read"));
 }
 
+int64_t Engine::PlannedChunkTokens(const Head&, const ComputeSpec&) const { return 0; }
+
 absl::StatusOr<std::shared_ptr<const PeerMemory>> Engine::RegisterHostMemory(void*, int64_t) {
   return absl::FailedPreconditionError(
       absl::StrCat("the ", info().name, " engine has no GPU to page-lock host memory for"));

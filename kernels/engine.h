@@ -299,6 +299,12 @@ class Engine {
   // FAILED_PRECONDITION.
   virtual absl::Status ReadPeerMemory(const PeerMemory& memory, int64_t offset, int64_t bytes,
                                       void* host_out);
+  // The token chunk this engine would run a call of `spec` on `head` in,
+  // were all its rows given at once (spec.chunk_tokens 0: the engine's
+  // choice); 0 where it does not run calls in token chunks. A call split into
+  // calls of its own (the pipelined preference call) cuts its pieces in whole
+  // chunks of it, so that each piece runs the chunks the whole call would.
+  virtual int64_t PlannedChunkTokens(const Head& head, const ComputeSpec& spec) const;
   // False after an unrecoverable (sticky) device error: the process should exit.
   virtual bool healthy() const = 0;
 };

@@ -26,13 +26,15 @@ bool PipelinedPreferenceCall::Suits(const ComputeSpec& spec) {
 
 PipelinedPreferenceCall::PipelinedPreferenceCall(Engine& engine, std::shared_ptr<const Head> head,
                                                  ComputeSpec spec, GradInputSink sink,
-                                                 int64_t row_bytes, int64_t segment_tokens)
+                                                 int64_t row_bytes, int64_t segment_tokens,
+                                                 int64_t block_unit)
     : engine_(engine),
       head_(std::move(head)),
       spec_(std::move(spec)),
       sink_(std::move(sink)),
       row_bytes_(row_bytes),
       segment_tokens_(segment_tokens),
+      block_unit_(block_unit),
       start_time_(std::chrono::steady_clock::now()) {}
 
 absl::StatusOr<std::unique_ptr<ComputeCall>> PipelinedPreferenceCall::Start(
@@ -40,10 +42,20 @@ absl::StatusOr<std::unique_ptr<ComputeCall>> PipelinedPreferenceCall::Start(
   FLCE_RETURN_IF_ERROR(ValidateComputeSpec(head->spec(), spec));
   if (!Suits(spec)) return absl::InternalError("not a wire-paced preference call");
   const int64_t row_bytes = head->spec().hidden_size * DTypeSize(spec.hidden_dtype);
-  // Segments of the caller's chunk where it fixed one: each first pass is then one chunk.
-  const int64_t segment = spec.chunk_tokens > 0 ? spec.chunk_tokens : kSegmentTokens;
+  // Segments and blocks of whole chunks: of the caller's chunk where it fixed
+  // one (a segment is then one chunk), else of the engine's for the gradient
+  // pass over every row at once.
+  int64_t unit = spec.chunk_tokens;
+  int64_t segment = unit;
+  if (unit <= 0) {
+    ComputeSpec gradient = SliceSpec(spec, 0, spec.num_tokens);
+    gradient.wire_paced = false;
+    unit = engine.PlannedChunkTokens(*head, gradient);
+    segment = unit <= 0 ? kSegmentTokens : unit * std::max<int64_t>(1, kSegmentTokens / unit);
+    unit = std::max<int64_t>(unit, 1);
+  }
   std::unique_ptr<PipelinedPreferenceCall> call(new PipelinedPreferenceCall(
-      engine, std::move(head), std::move(spec), std::move(sink), row_bytes, segment));
+      engine, std::move(head), std::move(spec), std::move(sink), row_bytes, segment, unit));
   PipelinedPreferenceCall& c = *call;
   const int64_t n = c.spec_.num_tokens;
   c.counts_ = CountedTokens(c.spec_);
@@ -137,9 +149,12 @@ absl::Status PipelinedPreferenceCall::AddHidden(int64_t token_offset, int64_t ro
 absl::Status PipelinedPreferenceCall::FeedSegment(Segment& segment, int64_t offset, int64_t rows,
                                                   const char* data) {
   if (segment.call == nullptr) {
-    FLCE_ASSIGN_OR_RETURN(
-        segment.call,
-        engine_.StartCompute(head_, LogProbPassSpec(spec_, segment.begin, segment.end), nullptr));
+    // The segment is the size of a chunk or a few: it runs once its rows are
+    // in, in whole chunks, rather than in the small edge chunks of a call
+    // whose rows arrive.
+    ComputeSpec first = LogProbPassSpec(spec_, segment.begin, segment.end);
+    first.wire_paced = false;
+    FLCE_ASSIGN_OR_RETURN(segment.call, engine_.StartCompute(head_, std::move(first), nullptr));
   }
   FLCE_RETURN_IF_ERROR(segment.call->AddHidden(offset - segment.begin, rows, data));
   segment.received += rows;
@@ -235,6 +250,7 @@ absl::Status PipelinedPreferenceCall::RunReadyBlocks(bool final) {
   if (final && end < n) {
     return absl::InternalError(absl::StrCat("token ", end, " has no gradient weight at Finish"));
   }
+  if (!final) end = cursor_ + (end - cursor_) / block_unit_ * block_unit_;
   if (end == cursor_ || (!final && end - cursor_ < segment_tokens_)) return absl::OkStatus();
   FLCE_RETURN_IF_ERROR(StartBlock(cursor_, end));
   cursor_ = end;

@@ -34,9 +34,12 @@ namespace flce {
 
 class PipelinedPreferenceCall : public ComputeCall {
  public:
-  // Tokens per segment where the spec leaves chunk_tokens to the engine:
-  // small enough that the gradient pass trails the upload by a few
-  // milliseconds of wire, large enough that each call fills the GPU.
+  // Tokens per segment where the spec leaves chunk_tokens to the engine, at
+  // least: small enough that the gradient pass trails the upload by a few
+  // milliseconds of wire, large enough that each call fills the GPU. The
+  // segment is a whole number of the engine's chunks for the call
+  // (Engine::PlannedChunkTokens), and so is every gradient block but the
+  // last, so that the pieces run the chunks the two-pass call would.
   static constexpr int64_t kSegmentTokens = 8192;
   // Gradient-pass blocks started and not yet finished: one computing while
   // the one before hands its grad_input to the wire.
@@ -65,7 +68,8 @@ class PipelinedPreferenceCall : public ComputeCall {
   };
 
   PipelinedPreferenceCall(Engine& engine, std::shared_ptr<const Head> head, ComputeSpec spec,
-                          GradInputSink sink, int64_t row_bytes, int64_t segment_tokens);
+                          GradInputSink sink, int64_t row_bytes, int64_t segment_tokens,
+                          int64_t block_unit);
 
   // A segment's refusal of rows [offset, offset + rows) restated in the
   // call's token numbers where it was a non-finite value.
@@ -75,7 +79,7 @@ class PipelinedPreferenceCall : public ComputeCall {
   void WorkerLoop();
   absl::Status FinishSegment(Segment& segment);
   // Runs the gradient pass over the ready run from the front: a block of at
-  // least a segment, or (final) whatever is left.
+  // least a segment in whole block units, or (final) whatever is left.
   absl::Status RunReadyBlocks(bool final);
   absl::Status StartBlock(int64_t begin, int64_t end);
   void FinisherLoop();
@@ -90,6 +94,7 @@ class PipelinedPreferenceCall : public ComputeCall {
   GradInputSink sink_;
   const int64_t row_bytes_;
   const int64_t segment_tokens_;
+  const int64_t block_unit_;  // gradient blocks but the last are multiples of it
   const std::chrono::steady_clock::time_point start_time_;
   std::vector<uint8_t> counts_;  // per token: its target is not ignore_index
 

@@ -736,6 +736,28 @@ TEST(ChunkPlanTest, ChunksAfterAGapEndOnTheSchedule) {
   EXPECT_EQ(cuda::ChunkRowsFrom(ends, 6592, 10000), 240);
 }
 
+// The chunk the engine says it would run a call in is its streamed plan's:
+// the budget's, balanced over the call's tokens, the caller's hint as given,
+// the same whether the rows come over the wire or not; none for a plan that
+// is not cut in token chunks.
+TEST(CudaEngineTest, PlannedChunkTokensIsTheStreamedPlansChunk) {
+  auto engine = MakeEngine();
+  SKIP_WITHOUT_GPU(engine);
+  Problem problem = Bf16Problem(1000, 1024, 64);
+  auto head = BuildHead(**engine, problem, 2);
+  ASSERT_TRUE(head.ok()) << head.status();
+  ComputeSpec spec = ChunkedSpecFor(problem, 0);
+  spec.num_tokens = 2 * cuda::ChunkPolicy::kMaxTokens + 1;
+  EXPECT_EQ((*engine)->PlannedChunkTokens(**head, spec), 5632);  // 3 x 5462 rounded up
+  spec.wire_paced = true;
+  EXPECT_EQ((*engine)->PlannedChunkTokens(**head, spec), 5632);
+  spec.chunk_tokens = 192;
+  EXPECT_EQ((*engine)->PlannedChunkTokens(**head, spec), 192);
+  spec.chunk_tokens = 0;
+  spec.strategy = Strategy::kVocabSplit;
+  EXPECT_EQ((*engine)->PlannedChunkTokens(**head, spec), 0);
+}
+
 // A call over the wire with a ramped schedule: its grad_input reaches the sink
 // in the schedule's chunks when rows come in order, and in any order every
 // output matches float64.

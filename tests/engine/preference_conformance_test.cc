@@ -1,11 +1,15 @@
 // MATH.md's preference objectives on every engine (two passes through
 // StartComputeCall), against the float64 reference (which derives its
 // gradients by central differences, sharing no calculus with the engines).
+#include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <random>
+#include <vector>
 
 #include "kernels/preference_pipelined_call.h"
 #include "tests/engine/engine_test_fixture.h"
+#include "tests/support/delegating_engine.h"
 
 namespace flce::test {
 namespace {
@@ -268,6 +272,74 @@ TEST_P(PreferenceConformanceTest, PipelinedCallNamesBadRowsInTheCallsTokens) {
   ASSERT_NE(call, nullptr);
   ASSERT_TRUE(call->AddHidden(0, 50, rows).ok());
   call.reset();
+}
+
+// Where the caller leaves the chunk to the engine, the pipelined call cuts
+// its segments and gradient blocks in whole chunks of the engine's plan for
+// the call (Engine::PlannedChunkTokens), the last block excepted, and each
+// segment's first pass runs once its rows are in rather than in a paced
+// call's small edge chunks.
+TEST_P(PreferenceConformanceTest, PipelinedPiecesAreWholeChunksOfTheEnginesPlan) {
+  constexpr int64_t kUnit = 3000;  // segments of 2 units: 8192 / 3000 = 2
+  struct Piece {
+    int64_t tokens;
+    bool gradient;
+    bool wire_paced;
+  };
+  class Recording : public DelegatingEngine {
+   public:
+    explicit Recording(Engine& inner) : DelegatingEngine(inner) {}
+    int64_t PlannedChunkTokens(const Head&, const ComputeSpec& spec) const override {
+      planned_for_paced = planned_for_paced || spec.wire_paced;
+      return kUnit;
+    }
+    absl::StatusOr<std::unique_ptr<ComputeCall>> StartCompute(std::shared_ptr<const Head> head,
+                                                              ComputeSpec spec,
+                                                              GradInputSink sink) override {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        pieces.push_back({spec.num_tokens, !spec.token_weights.empty(), spec.wire_paced});
+      }
+      return DelegatingEngine::StartCompute(std::move(head), std::move(spec), std::move(sink));
+    }
+    mutable bool planned_for_paced = false;  // asked once, at the call's start
+    std::mutex mu;  // segments start on the caller's thread, blocks on the call's worker
+    std::vector<Piece> pieces;
+  };
+  ProblemSpec ps;
+  ps.num_tokens = 20000;
+  ps.vocab_size = 31;
+  ps.hidden_size = 8;
+  Problem problem = MakeProblem(ps);
+  ComputeSpec spec = SpecWith(ObjectiveFor(problem, PreferenceLoss::kDpoSigmoid, 20));
+  spec.wire_paced = true;
+  ASSERT_TRUE(PipelinedPreferenceCall::Suits(spec));
+  HarnessOptions options;
+  options.rows_per_block = 997;
+
+  Engine* const engine = engine_;
+  Recording recording(*engine);
+  engine_ = &recording;
+  ExpectConforms(problem, spec, options);
+  engine_ = engine;
+
+  EXPECT_FALSE(recording.planned_for_paced) << "the plan asked for is the whole call's, at once";
+  std::vector<int64_t> segments, blocks;
+  for (const Piece& piece : recording.pieces) {
+    (piece.gradient ? blocks : segments).push_back(piece.tokens);
+    EXPECT_FALSE(piece.wire_paced) << piece.tokens << " tokens, gradient " << piece.gradient;
+  }
+  std::sort(segments.begin(), segments.end());  // started in the shuffled rows' order
+  EXPECT_EQ(segments, (std::vector<int64_t>{2000, 6000, 6000, 6000}));
+  ASSERT_FALSE(blocks.empty());
+  int64_t covered = 0;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    covered += blocks[b];
+    if (b + 1 == blocks.size()) break;
+    EXPECT_EQ(blocks[b] % kUnit, 0) << "block " << b << " of " << blocks[b] << " tokens";
+    EXPECT_GE(blocks[b], 2 * kUnit) << "block " << b;
+  }
+  EXPECT_EQ(covered, ps.num_tokens);
 }
 
 TEST_P(PreferenceConformanceTest, BadObjectivesAreNamedAndNothingRuns) {

@@ -12,14 +12,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/engine_factory.h"
-#include "tests/server/delegating_engine.h"
 #include "tests/server/server_test_util.h"
+#include "tests/support/delegating_engine.h"
 #include "tests/support/reference_f64.h"
 
 namespace flce::server::test {
 namespace {
 
 using ::flce::test::ComputeReference;
+using ::flce::test::DelegatingEngine;
 using ::flce::test::MakeProblem;
 using ::flce::test::MakeReferenceInput;
 using ::flce::test::ReferenceOutput;

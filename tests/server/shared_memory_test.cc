@@ -24,13 +24,14 @@
 #include "gtest/gtest.h"
 #include "server/state/shared_regions.h"
 #include "kernels/engine_factory.h"
-#include "tests/server/delegating_engine.h"
 #include "tests/server/region_helpers.h"
 #include "tests/server/server_test_util.h"
+#include "tests/support/delegating_engine.h"
 
 namespace flce::server::test {
 namespace {
 
+using ::flce::test::DelegatingEngine;
 using ::flce::test::MakeProblem;
 using ::testing::HasSubstr;
 

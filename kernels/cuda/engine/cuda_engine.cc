@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kernels/cuda/base/kernel_choices.h"
+#include "kernels/cuda/engine/call_rows.h"
 #include "kernels/cuda/engine/compute_call.h"
 #include "kernels/cuda/engine/cuda_optimizer.h"
 #include "kernels/cuda/engine/peer_memory.h"
@@ -182,6 +183,15 @@ void CudaEngine::ReturnSlotMemory(std::unique_ptr<SlotMemory> memory) {
   if (memory == nullptr) return;
   std::lock_guard<std::mutex> lock(pool_mu_);
   free_slots_.push_back(std::move(memory));
+}
+
+int64_t CudaEngine::PlannedChunkTokens(const Head& head, const ComputeSpec& spec) const {
+  const auto* cuda_head = dynamic_cast<const CudaHead*>(&head);
+  if (cuda_head == nullptr) return 0;
+  PlanRequest req = PlanRequestFor(spec);
+  req.streaming = true;
+  absl::StatusOr<Plan> plan = PlanFor(*cuda_head, req);
+  return plan.ok() && plan->strategy == Strategy::kChunked ? plan->chunk_tokens : 0;
 }
 
 absl::StatusOr<Plan> CudaEngine::PlanFor(const CudaHead& head, const PlanRequest& request) const {

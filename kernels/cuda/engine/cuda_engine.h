@@ -49,6 +49,7 @@ class CudaEngine : public Engine {
                                                                        int64_t bytes) override;
   absl::Status ReadPeerMemory(const PeerMemory& memory, int64_t offset, int64_t bytes,
                               void* host_out) override;
+  int64_t PlannedChunkTokens(const Head& head, const ComputeSpec& spec) const override;
   bool healthy() const override;
 
   // Runs `plan` over device-resident inputs on the compute stream and waits
