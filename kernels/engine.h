@@ -181,6 +181,10 @@ struct ComputeSpec {
   // Hidden arrives at a network's pace (messages rather than a region): an
   // engine whose chunk waits for all its rows may choose smaller chunks.
   bool wire_paced = false;
+  // The caller has checked every row it hands to AddHidden for NaN and Inf
+  // (the server does, as the rows arrive), so the engine does not scan them
+  // again. Rows read from peer memory are checked by the engine regardless.
+  bool hidden_checked = false;
   // Where this call's grad_W (and grad_b) is ADDED, already multiplied by
   // grad_scale. nullptr = forward only (no gradient work at all).
   GradBuffer* grad_out = nullptr;

@@ -1,6 +1,7 @@
 // What the server does per received or sent byte of a Compute call besides
 // moving it: HiddenFingerprint over every hidden row (request-id reuse) and
-// FirstNonFinite over hidden (bad input) and grad_input (overflow). Sized as
+// FirstNonFinite over hidden (bad input) and grad_input (overflow), in two
+// passes or in one (CheckHiddenRows). Sized as
 // the first bench shape's step: 65535 rows of H = 1024 bf16, 128 MiB; and a preference
 // call's copy of its rows, into fresh or kept memory; a grad_input chunk cut into
 // response messages.
@@ -17,6 +18,7 @@
 #include "benchmark/benchmark.h"
 #include "core/dtype.h"
 #include "kernels/held_rows.h"
+#include "server/validate/hidden_rows_check.h"
 #include "server/validate/request_fingerprint.h"
 
 namespace {
@@ -63,6 +65,47 @@ void BM_FirstNonFiniteBf16(benchmark::State& state) {
   SetBytes(state);
 }
 BENCHMARK(BM_FirstNonFiniteBf16)->Unit(benchmark::kMillisecond);
+
+// The server's checks of each 4 MiB message of hidden as it arrives, at the
+// bench's H = 1024 and (the same bytes as 16384 rows) at H = 4096: the
+// finiteness scan over the whole message and then its fingerprint (two
+// passes, each reading every byte from memory), against both row by row in
+// one pass (CheckHiddenRows).
+template <bool kOnePass>
+void BM_HiddenChecks(benchmark::State& state) {
+  const auto& rows = Bf16Rows();
+  const int64_t hidden = state.range(0);
+  const int64_t total_rows = kRows * kHidden / hidden;
+  const int64_t row_bytes = hidden * 2;
+  const int64_t per_message = (4 << 20) / row_bytes;
+  for (auto _ : state) {
+    uint64_t sum = 0;
+    for (int64_t r = 0; r < total_rows; r += per_message) {
+      const int64_t n = std::min(per_message, total_rows - r);
+      const uint16_t* message = rows.data() + r * hidden;
+      if (kOnePass) {
+        const flce::server::HiddenRowsCheck check =
+            flce::server::CheckHiddenRows(flce::DType::kBF16, message, n, hidden, r, true);
+        sum += check.fingerprint + static_cast<uint64_t>(check.first_non_finite);
+      } else {
+        sum += static_cast<uint64_t>(flce::FirstNonFinite(flce::DType::kBF16, message, n * hidden));
+        sum += flce::server::HiddenFingerprint(message, n, row_bytes, r);
+      }
+    }
+    benchmark::DoNotOptimize(sum);
+  }
+  SetBytes(state);
+}
+BENCHMARK(BM_HiddenChecks<false>)
+    ->Name("BM_HiddenChecksTwoPasses")
+    ->Arg(1024)
+    ->Arg(4096)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_HiddenChecks<true>)
+    ->Name("BM_HiddenChecksOnePass")
+    ->Arg(1024)
+    ->Arg(4096)
+    ->Unit(benchmark::kMillisecond);
 
 // A preference objective's call keeps its rows between its passes: the copy
 // per 4 MiB message into memory taken for the call, fresh (mapped anew, first

@@ -11,8 +11,10 @@
 #include "server/base/guarded_copy.h"
 #include "server/handlers/staging.h"
 #include "server/state/local_peers.h"
+#include "server/validate/hidden_rows_check.h"
 #include "server/validate/request_fingerprint.h"
 #include "server/validate/session_id.h"
+#include "server/validate/validation.h"
 
 namespace flce::server {
 namespace {
@@ -146,6 +148,7 @@ absl::Status ComputeJob::Setup(const v1::ComputeHeader& header) {
   }
   row_bytes_ = head_spec.hidden_size * DTypeSize(spec_.hidden_dtype);
   spec_.wire_paced = !header.has_shared();
+  spec_.hidden_checked = true;  // AddRows checks every host row before the engine gets it
   if (ctx_.metrics != nullptr) {
     ctx_.metrics->AddReceivedBytes(
         "Compute", static_cast<int64_t>(header.targets().size() + header.token_weights().size() +
@@ -287,13 +290,16 @@ absl::Status ComputeJob::AddChunk(const v1::HiddenChunk& chunk) {
 absl::Status ComputeJob::AddRows(int64_t token_offset, absl::string_view data) {
   FLCE_ASSIGN_OR_RETURN(int64_t rows,
                         rows_->Accept(token_offset, static_cast<int64_t>(data.size()), row_bytes_));
-  FLCE_RETURN_IF_ERROR(CheckRowsFinite(spec_.hidden_dtype, data.data(), rows,
-                                       head_.head->spec().hidden_size, token_offset));
-  FLCE_RETURN_IF_ERROR(GradInputStatus());
-  if (session_ != nullptr) {
-    // Wrapping sums: the same rows give the same total in any order and chunking.
-    hidden_fingerprint_ += HiddenFingerprint(data.data(), rows, row_bytes_, token_offset);
+  const int64_t hidden = head_.head->spec().hidden_size;
+  const HiddenRowsCheck check = CheckHiddenRows(spec_.hidden_dtype, data.data(), rows, hidden,
+                                                token_offset, session_ != nullptr);
+  if (check.first_non_finite >= 0) {
+    return NonFiniteRowError("hidden", token_offset + check.first_non_finite / hidden,
+                             check.first_non_finite % hidden);
   }
+  FLCE_RETURN_IF_ERROR(GradInputStatus());
+  // Wrapping sums: the same rows give the same total in any order and chunking.
+  hidden_fingerprint_ += check.fingerprint;
   FLCE_RETURN_IF_ERROR(channel_->WaitForRoom());
   return call_->AddHidden(token_offset, rows, data.data());
 }

@@ -543,6 +543,19 @@ TEST_P(BadInputTest, NonFiniteHidden) {
   EXPECT_NE(status.message().find("6"), std::string::npos) << status;
 }
 
+// Rows the caller has checked (ComputeSpec::hidden_checked: the server scans
+// each as it arrives) are not scanned a second time: the engine takes them.
+TEST_P(BadInputTest, RowsTheCallerCheckedAreNotScannedAgain) {
+  ComputeSpec spec = ValidSpec();
+  spec.hidden_checked = true;
+  auto call = engine_->StartCompute(head_, spec, [](int64_t, int64_t, std::string) {});
+  ASSERT_TRUE(call.ok()) << call.status();
+  std::string rows(Rows(0), 4 * problem_.spec.hidden_size * 4);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&rows[(2 * problem_.spec.hidden_size + 3) * 4], &nan, 4);
+  EXPECT_TRUE((*call)->AddHidden(4, 4, rows.data()).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(AllEngines, EngineProtocolTest, ::testing::ValuesIn(AllEngineParams()),
                          TestParamName);
 INSTANTIATE_TEST_SUITE_P(AllEngines, BadInputTest, ::testing::ValuesIn(AllEngineParams()),

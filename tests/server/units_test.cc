@@ -5,7 +5,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/wire_dtype.h"
@@ -16,6 +18,8 @@
 #include "server/flce_server.h"
 #include "server/state/session_store.h"
 #include "server/storage/head_loader.h"
+#include "server/validate/hidden_rows_check.h"
+#include "server/validate/request_fingerprint.h"
 #include "server/validate/validation.h"
 
 namespace flce::server {
@@ -124,6 +128,39 @@ TEST(RowTrackerTest, AcceptsAnyOrderAndRejectsOverlapsAndGaps) {
 
 // An id is echoed in the status message with its control characters escaped:
 // a newline in it must not start a new line in a client's log.
+// The one-pass check of arriving rows finds what the whole-message scan
+// finds and sums the fingerprint HiddenFingerprint gives, in every dtype; a
+// bad value stops it at its row.
+TEST(HiddenRowsCheckTest, MatchesTheScanAndTheFingerprint) {
+  constexpr int64_t kRows = 7, kHidden = 33;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const int64_t row_bytes = kHidden * DTypeSize(dtype);
+    std::vector<float> values(kRows * kHidden);
+    for (float& v : values) v = normal(rng);
+    std::string bytes(kRows * row_bytes, '\0');
+    FromFloat(dtype, values.data(), bytes.data(), kRows * kHidden);
+    const HiddenRowsCheck clean = CheckHiddenRows(dtype, bytes.data(), kRows, kHidden, 40, true);
+    EXPECT_EQ(clean.first_non_finite, -1);
+    EXPECT_EQ(clean.fingerprint, HiddenFingerprint(bytes.data(), kRows, row_bytes, 40));
+    EXPECT_NE(clean.fingerprint, HiddenFingerprint(bytes.data(), kRows, row_bytes, 41));
+    EXPECT_EQ(CheckHiddenRows(dtype, bytes.data(), kRows, kHidden, 40, false).fingerprint, 0u);
+
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                      -std::numeric_limits<float>::infinity()}) {
+      std::vector<float> spoiled = values;
+      spoiled[4 * kHidden + 29] = bad;
+      spoiled[5 * kHidden + 2] = bad;  // a later one is not the first
+      FromFloat(dtype, spoiled.data(), bytes.data(), kRows * kHidden);
+      const HiddenRowsCheck check = CheckHiddenRows(dtype, bytes.data(), kRows, kHidden, 40, true);
+      EXPECT_EQ(check.first_non_finite, 4 * kHidden + 29);
+      EXPECT_EQ(check.first_non_finite, FirstNonFinite(dtype, bytes.data(), kRows * kHidden));
+    }
+  }
+}
+
 TEST(ValidateIdTest, EchoesAControlCharacterEscaped) {
   absl::Status status = ValidateId("step-1\nINFO forged", "request_id");
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);

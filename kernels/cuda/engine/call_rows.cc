@@ -38,7 +38,7 @@ PlanRequest PlanRequestFor(const ComputeSpec& spec) {
   return req;
 }
 
-CallRows::CallRows(const ComputeSpec& spec) {
+CallRows::CallRows(const ComputeSpec& spec) : scan_host_rows(!spec.hidden_checked) {
   const int64_t n = spec.num_tokens;
   // a_t per MATH.md: the caller's weights replace the reduction's; ignored
   // tokens always 0; n_valid over the whole request.
@@ -93,7 +93,7 @@ CallRows::CallRows(const ComputeSpec& spec) {
 absl::Status CallRows::Accept(int64_t offset, int64_t rows, const void* host_rows, int64_t hidden,
                               DType dtype) {
   const int64_t n = static_cast<int64_t>(given.size());
-  if (host_rows != nullptr && rows > 0 && offset >= 0 && offset + rows <= n) {
+  if (scan_host_rows && host_rows != nullptr && rows > 0 && offset >= 0 && offset + rows <= n) {
     const int64_t bad = FirstNonFinite(dtype, host_rows, rows * hidden);
     if (bad >= 0) return NonFiniteHiddenRow(offset, bad, hidden);
   }

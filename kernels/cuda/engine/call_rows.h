@@ -47,7 +47,8 @@ struct CallRows {
   explicit CallRows(const ComputeSpec& spec);
   // Hidden rows [offset, offset + rows) arrive: INVALID_ARGUMENT when they
   // lie outside the call, overlap rows already given, or (with `host_rows`,
-  // their bytes) hold a non-finite value; else they count as given.
+  // their bytes, unless the spec says the caller checked them) hold a
+  // non-finite value; else they count as given.
   absl::Status Accept(int64_t offset, int64_t rows, const void* host_rows, int64_t hidden,
                       DType dtype);
   // FAILED_PRECONDITION naming the first token no hidden row was given for.
@@ -79,6 +80,7 @@ struct CallRows {
   std::vector<float> ratio, log_ratio, kl;  // under a policy objective
   std::vector<int32_t> policy_flags;
   std::vector<uint8_t> given;
+  bool scan_host_rows = true;  // false where the caller checked them (ComputeSpec::hidden_checked)
 };
 
 // Copies the per-token inputs to a device block of stride n on `stream` and
