@@ -69,6 +69,7 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--device", default="cpu", help="where hidden lives in the GPU variants")
     p.add_argument("--json", help="append one JSON line per variant to this file")
+    p.add_argument("--label", default="", help="written into each JSON line (e.g. the build)")
     p.add_argument("--variants", default="",
                    help="comma-separated names to run (default: all)")
     args = p.parse_args()
@@ -99,7 +100,7 @@ def main() -> int:
         x = x_cpu.to(device)
         med, eng, walls = timed_calls(clients, x, y, args.calls, **kw)
         down = 0 if kw.get("forward_only") else mib
-        row = {"variant": name, "target": args.target, "chunk_mb": chunk_mb, "device": device,
+        row = {"label": args.label, "variant": name, "target": args.target, "chunk_mb": chunk_mb, "device": device,
                "connections": connections, "pieces": pieces, "data_plane": data_plane,
                "options": [list(o) for o in options],
                "wall_ms_median": round(med, 2), "walls_ms": [round(w, 2) for w in walls],

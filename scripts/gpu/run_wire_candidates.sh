@@ -15,6 +15,12 @@
 #          with grad_W's algorithm measured (FLCE_CUDA_GEMM_TILES=measured), the
 #          best-algorithm 3-GEMM bound and the cuBLAS rebuild of QuACK's pipeline.
 #   policy run_policy.sh bench on the data plane and through CUDA IPC (policy.jsonl).
+#   builds each build of DISTS (default ".served-dist .ref-dist"; pack the reference with
+#          DIST_NAME=.ref-dist) on a fresh server, builds alternated and their order reversed
+#          in even rounds (ROUNDS): the wire alone at 32768x4096 (bench_wire.py's data-plane
+#          variants, a vocabulary-8 head; wire-alone.jsonl) and the data-plane step at SHAPES
+#          (bench_step.py, hidden on the GPU; builds.jsonl), each line labelled by the build's
+#          commit; the servers' request logs beside them.
 set -u -o pipefail
 source "$(dirname "$0")/wait_for_server.sh"
 root=$(pwd)
@@ -107,12 +113,46 @@ stage_policy() {
   pack policy "$out/policy-logs"
 }
 
+stage_builds() {
+  local logs=$out/builds-logs round d label pid shape index n h v
+  mkdir -p "$logs"
+  read -r -a dists <<<"${DISTS:-.served-dist .ref-dist}"
+  for d in "${dists[@]}"; do [ -x "$d/server/flce-server" ] || tar -xJf "$d/served.tar.xz"; done
+  for round in $(seq 1 "$ROUNDS"); do
+    local order=("${dists[@]}")
+    (( round % 2 )) || order=($(printf '%s\n' "${dists[@]}" | tac))
+    for d in "${order[@]}"; do
+      label=$(cat "$d/COMMIT")
+      LD_LIBRARY_PATH=$root/$d/lib:/usr/local/cuda/lib64 "$root/$d/server/flce-server" \
+        --port 50097 --data-port 50098 --metrics-port 0 --local-transports=none \
+        >"$logs/server-$label-$round.log" 2>&1 &
+      pid=$!
+      wait_for_server "$cli" 127.0.0.1:50097 || rc=1
+      echo "round $round build $label"
+      timeout 200 "$py" bench/python/bench_wire.py --target 127.0.0.1:50097 --device cuda \
+        --tokens 32768 --hidden 4096 --calls 5 \
+        --variants data_plane,data_plane_forward_only,data_plane_hidden_on_gpu \
+        --label "$label" --json "$out/wire-alone.jsonl" | cut -c1-200 || rc=1
+      for shape in $SHAPES; do
+        IFS=: read -r index n h v <<<"$shape"
+        timeout 150 "$py" bench/python/bench_step.py --target 127.0.0.1:50097 --device cuda \
+          --transport grpc --tcp-only --data-plane on --tokens "$n" --hidden "$h" --vocab "$v" \
+          --steps "$STEPS" --label "$label" --json "$out/builds.jsonl" 2>&1 | tail -1 | cut -c1-200
+        [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+      done
+      kill "$pid"; wait "$pid"
+    done
+  done
+  pack builds "$logs"
+}
+
 for stage in ${STAGES:-tests wire}; do
   case $stage in
     tests) stage_tests ;;
     wire) stage_wire ;;
     engine) stage_engine ;;
     policy) stage_policy ;;
+    builds) stage_builds ;;
     *) echo "unknown stage $stage" >&2; rc=1 ;;
   esac
 done
