@@ -143,6 +143,7 @@ stage_builds() {
       kill "$pid"; wait "$pid"
     done
   done
+  "$py" bench/python/request_phases.py "$logs"/server-*.log | sed "s|$logs/||" | cut -c1-240
   pack builds "$logs"
 }
 
