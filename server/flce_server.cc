@@ -17,6 +17,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/engine_factory.h"
+#include "server/base/receive_buffers.h"
 #include "server/observe/log.h"
 #include "server/rpc/transport_security.h"
 #include "server/rpc/unix_socket_listener.h"
@@ -358,6 +359,8 @@ void FlceServer::Housekeeping() {
     gauges.gpu_memory_used = info.device_memory_used;
     gauges.gpu_memory_total = info.device_memory_total;
     gauges.held_rows_kept_bytes = HeldRowsKeptBytes();
+    gauges.receive_buffers_kept_bytes =
+        static_cast<int64_t>(ReceiveBuffers::Shared().kept_bytes());
     metrics_->SetGauges(gauges);
 
     if (!engine_->healthy()) {

@@ -1,7 +1,8 @@
 // What the server does per received or sent byte of a Compute call besides
 // moving it: HiddenFingerprint over every hidden row (request-id reuse) and
 // FirstNonFinite over hidden (bad input) and grad_input (overflow), in two
-// passes or in one (CheckHiddenRows). Sized as
+// passes or in one (CheckHiddenRows); the data plane's frames read into fresh
+// or kept buffers. Sized as
 // the first bench shape's step: 65535 rows of H = 1024 bf16, 128 MiB; and a preference
 // call's copy of its rows, into fresh or kept memory; a grad_input chunk cut into
 // response messages.
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,6 +20,7 @@
 #include "benchmark/benchmark.h"
 #include "core/dtype.h"
 #include "kernels/held_rows.h"
+#include "server/base/receive_buffers.h"
 #include "server/validate/hidden_rows_check.h"
 #include "server/validate/request_fingerprint.h"
 
@@ -106,6 +109,39 @@ BENCHMARK(BM_HiddenChecks<true>)
     ->Arg(1024)
     ->Arg(4096)
     ->Unit(benchmark::kMillisecond);
+
+// The data plane's frames of hidden (4 MiB each, 128 MiB), read into a
+// fresh string each (zero-filled by resize, then the socket's copy, here a
+// memcpy) or into buffers kept from earlier frames (ReceiveBuffers); four
+// frames queued towards the engine, as the Compute job takes them.
+template <bool kKept>
+void BM_ReceiveFrames(benchmark::State& state) {
+  constexpr size_t kFrame = size_t{4} << 20;
+  constexpr int64_t kFrames = kRows * kHidden * 2 / kFrame;
+  static const std::vector<char> wire(kFrame, 1);
+  flce::server::ReceiveBuffers buffers;
+  for (auto _ : state) {
+    std::deque<std::string> queued;
+    for (int64_t f = 0; f < kFrames; ++f) {
+      std::string frame;
+      if (kKept) {
+        frame = buffers.Take(kFrame);
+      } else {
+        frame.resize(kFrame);
+      }
+      std::memcpy(frame.data(), wire.data(), kFrame);
+      queued.push_back(std::move(frame));
+      if (queued.size() > 4) {
+        if (kKept) buffers.Return(std::move(queued.front()));
+        queued.pop_front();
+      }
+    }
+    benchmark::DoNotOptimize(queued.size());
+  }
+  SetBytes(state);
+}
+BENCHMARK(BM_ReceiveFrames<false>)->Name("BM_ReceiveFramesFresh")->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ReceiveFrames<true>)->Name("BM_ReceiveFramesKept")->Unit(benchmark::kMillisecond);
 
 // A preference objective's call keeps its rows between its passes: the copy
 // per 4 MiB message into memory taken for the call, fresh (mapped anew, first

@@ -9,6 +9,7 @@
 #include "core/status_macros.h"
 #include "flce/v1/message_size.h"
 #include "server/base/guarded_copy.h"
+#include "server/base/receive_buffers.h"
 #include "server/handlers/staging.h"
 #include "server/state/local_peers.h"
 #include "server/validate/hidden_rows_check.h"
@@ -101,6 +102,8 @@ absl::Status ComputeJob::Run() {
                            "a hidden chunk in a call whose hidden is in a region "
                            "(ComputeHeader.shared): send only the header and the end message")
                      : AddChunk((*next)->hidden());
+        // The engine has the rows: the buffer serves a later frame.
+        ReceiveBuffers::Shared().Return(std::move(*(*next)->mutable_hidden()->mutable_data()));
         break;
       case v1::ComputeRequest::kEnd:
         status = Complete((*next)->end());

@@ -140,6 +140,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
   metrics->held_rows_kept_ =
       gauge("flce_held_rows_kept_bytes",
             "Host memory kept for the next preference calls' held rows (two buffers at most)");
+  metrics->receive_buffers_kept_ =
+      gauge("flce_receive_buffers_kept_bytes",
+            "Host memory kept for the next frames of hidden the data plane reads (64 MiB at most)");
   metrics->steps_ = &prometheus::BuildCounter()
                          .Name("flce_optimizer_steps_total")
                          .Help("Optimizer steps by outcome (STEP_APPLIED, STEP_SKIPPED_...)")
@@ -296,6 +299,7 @@ void Metrics::SetGauges(const Snapshot& s) {
   gpu_total_->Set(static_cast<double>(s.gpu_memory_total));
   optimizer_state_->Set(static_cast<double>(s.optimizer_state_bytes));
   held_rows_kept_->Set(static_cast<double>(s.held_rows_kept_bytes));
+  receive_buffers_kept_->Set(static_cast<double>(s.receive_buffers_kept_bytes));
 }
 
 void Metrics::RecordStep(absl::string_view outcome) {

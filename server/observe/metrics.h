@@ -110,6 +110,7 @@ class Metrics {
     int64_t gpu_memory_total = 0;
     int64_t optimizer_state_bytes = 0;  // every head's optimizer state
     int64_t held_rows_kept_bytes = 0;   // HeldRows::KeptBytes()
+    int64_t receive_buffers_kept_bytes = 0;  // ReceiveBuffers::Shared().kept_bytes()
   };
   void SetGauges(const Snapshot& snapshot);
   // flce_head_weight_bytes{head}: exactly these head labels (HeadLabel);
@@ -163,6 +164,7 @@ class Metrics {
   prometheus::Gauge* gpu_total_ = nullptr;
   prometheus::Gauge* optimizer_state_ = nullptr;
   prometheus::Gauge* held_rows_kept_ = nullptr;
+  prometheus::Gauge* receive_buffers_kept_ = nullptr;
   prometheus::Family<prometheus::Counter>* steps_ = nullptr;
   int port_ = 0;
 };

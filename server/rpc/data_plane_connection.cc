@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/data_plane_frame.h"
 #include "flce/v1/flce.pb.h"
+#include "server/base/receive_buffers.h"
 
 namespace flce::server {
 namespace {
@@ -100,7 +101,7 @@ void DataPlaneConnection::Feed(PieceTarget& target, int piece) {
     v1::HiddenChunk* chunk = message.mutable_hidden();
     chunk->set_token_offset(frame.token_offset);
     std::string* data = chunk->mutable_data();
-    data->resize(static_cast<size_t>(frame.count));
+    *data = ReceiveBuffers::Shared().Take(static_cast<size_t>(frame.count));
     if (absl::Status read = ReadFully(data->data(), data->size()); !read.ok()) {
       fail(Broken(absl::StrCat("the connection ended inside a frame (", read.message(), ")")));
       return;

@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/held_rows.h"
+#include "server/base/receive_buffers.h"
 #include "server/observe/log.h"
 #include "server/observe/process_metrics.h"
 #include "tests/server/server_test_util.h"
@@ -302,6 +303,24 @@ TEST_F(MetricsLabelsTest, TenantHeadIdsAreNotLabelsAndUnloadedHeadsLeaveNoSeries
   EXPECT_EQ(Sample(text, "flce_heads_loaded"), 0) << text;
   EXPECT_THAT(text, Not(HasSubstr("flce_tokens_total{"))) << "series outlive their heads";
   EXPECT_THAT(text, Not(HasSubstr("flce_head_weight_bytes{"))) << text;
+}
+
+// The data plane's kept frame buffers are memory the process holds between
+// calls too: a gauge of the shared pool's bytes.
+TEST_F(MetricsLabelsTest, ReceiveBuffersKeptForTheNextFramesAreAGauge) {
+  ServerConfig config = TestConfig();
+  config.sweep_interval = absl::Milliseconds(20);
+  StartServer(config);
+  ReceiveBuffers& shared = ReceiveBuffers::Shared();
+  std::string frame = shared.Take(size_t{1} << 20);
+  const int64_t before = static_cast<int64_t>(shared.kept_bytes());
+  shared.Return(std::move(frame));
+  const int64_t kept = static_cast<int64_t>(shared.kept_bytes());
+  ASSERT_GT(kept, before) << "the pool is full: its cap is " << ReceiveBuffers::kMaxKeptBytes;
+  std::string text = TextWhen([&](const std::string& t) {
+    return Sample(t, "flce_receive_buffers_kept_bytes") == kept;
+  });
+  EXPECT_EQ(Sample(text, "flce_receive_buffers_kept_bytes"), kept) << text;
 }
 
 // Preference calls keep their host rows' buffers for the next calls: memory

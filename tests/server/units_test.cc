@@ -14,6 +14,7 @@
 #include "flce/v1/convert.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/base/receive_buffers.h"
 #include "server/base/status_mapping.h"
 #include "server/flce_server.h"
 #include "server/state/session_store.h"
@@ -159,6 +160,36 @@ TEST(HiddenRowsCheckTest, MatchesTheScanAndTheFingerprint) {
       EXPECT_EQ(check.first_non_finite, FirstNonFinite(dtype, bytes.data(), kRows * kHidden));
     }
   }
+}
+
+// A returned buffer serves the next frame of its size without a new
+// allocation; small ones are not kept, nor any beyond the cap.
+TEST(ReceiveBuffersTest, KeepsFramesForTheNextOnesWithinTheCap) {
+  constexpr size_t kFrame = size_t{1} << 20;
+  ReceiveBuffers buffers(3 * kFrame);
+  std::string first = buffers.Take(kFrame);
+  ASSERT_EQ(first.size(), kFrame);
+  first[kFrame - 1] = 'x';
+  const char* at = first.data();
+  buffers.Return(std::move(first));
+  EXPECT_EQ(buffers.kept_bytes(), kFrame);
+  std::string again = buffers.Take(kFrame);
+  EXPECT_EQ(again.data(), at);  // the same memory, not zero-filled anew
+  EXPECT_EQ(again[kFrame - 1], 'x');
+  EXPECT_EQ(buffers.kept_bytes(), 0u);
+
+  std::string shorter = buffers.Take(kFrame / 2);  // nothing kept: a new one
+  EXPECT_EQ(shorter.size(), kFrame / 2);
+  buffers.Return(std::move(again));
+  std::string cut = buffers.Take(kFrame / 2);  // a larger kept one serves a shorter frame
+  EXPECT_EQ(cut.size(), kFrame / 2);
+  EXPECT_EQ(cut.data(), at);
+
+  buffers.Return(std::string(ReceiveBuffers::kMinBytes - 1, 'a'));
+  EXPECT_EQ(buffers.kept_bytes(), 0u);  // too small to keep
+  for (int i = 0; i < 4; ++i) buffers.Return(std::string(kFrame, 'b'));
+  EXPECT_LE(buffers.kept_bytes(), 3 * kFrame);
+  EXPECT_GE(buffers.kept_bytes(), 2 * kFrame);
 }
 
 TEST(ValidateIdTest, EchoesAControlCharacterEscaped) {
