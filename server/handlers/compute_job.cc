@@ -102,8 +102,11 @@ absl::Status ComputeJob::Run() {
                            "a hidden chunk in a call whose hidden is in a region "
                            "(ComputeHeader.shared): send only the header and the end message")
                      : AddChunk((*next)->hidden());
-        // The engine has the rows: the buffer serves a later frame.
-        ReceiveBuffers::Shared().Return(std::move(*(*next)->mutable_hidden()->mutable_data()));
+        // The engine has the rows: the data plane's buffer serves a later frame
+        // (a message's was parsed by gRPC, which would never take it back).
+        if (header_.data_plane()) {
+          ReceiveBuffers::Shared().Return(std::move(*(*next)->mutable_hidden()->mutable_data()));
+        }
         break;
       case v1::ComputeRequest::kEnd:
         status = Complete((*next)->end());

@@ -20,6 +20,7 @@
 #include "client/cpp/data_plane_link.h"
 #include "core/data_plane_frame.h"
 #include "server/base/data_port_flag.h"
+#include "server/base/receive_buffers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/server_test_util.h"
@@ -146,6 +147,41 @@ TEST_F(DataPlaneTest, TheCppClientsDataPlaneGivesTheMessagesResultsBitForBit) {
   EXPECT_EQ(Sample(metrics, "flce_data_plane_bytes_total{direction=\"out\"}"), bytes);
   EXPECT_EQ(Sample(metrics, "flce_compute_calls_total{reason=\"asked\",transport=\"data_plane\"}"),
             1);
+}
+
+// The data plane's frame buffers go back to the process's pool once the
+// engine has the rows, for the next frames; the buffers of messages, which
+// gRPC parses into buffers of its own, are not kept.
+TEST_F(DataPlaneTest, FrameBuffersAreKeptForTheNextFramesAndMessagesAreNot) {
+  ProblemSpec spec = TinyF32Spec();
+  spec.hidden_size = 4096;  // 16 KiB rows: 1 MiB frames of 64 rows
+  spec.num_tokens = 192;
+  Problem wide = MakeProblem(spec);
+  ASSERT_TRUE(UploadHead(stub(), "wide", wide).ok());
+  ReceiveBuffers& pool = ReceiveBuffers::Shared();
+  while (pool.kept_bytes() > 0) pool.Take(1);  // what earlier calls left
+  auto compute = [&](ClientOptions::DataPlane mode, const std::string& session) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", server().port());
+    options.transport = ClientOptions::Transport::kGrpc;
+    options.chunk_bytes = 64 * spec.hidden_size * 4;
+    options.data_plane = mode;
+    auto client = Client::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ComputeArgs args;
+    args.header = MakeHeader(wide, "wide", session, "");
+    args.header.clear_targets();
+    args.targets = wide.targets;
+    args.hidden = wide.hidden_bytes;
+    auto out = (*client)->Compute(args);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->transport, mode == ClientOptions::DataPlane::kOff ? "grpc" : "data_plane");
+  };
+  compute(ClientOptions::DataPlane::kOff, "messages");
+  EXPECT_EQ(pool.kept_bytes(), 0u);
+  compute(ClientOptions::DataPlane::kAuto, "frames");
+  EXPECT_GE(pool.kept_bytes(), size_t{1} << 20);
+  EXPECT_LE(pool.kept_bytes(), size_t{3} << 20);  // at most the call's three frames
 }
 
 TEST_F(DataPlaneTest, ServerInfoNamesThePort) {
