@@ -100,7 +100,8 @@ def main() -> int:
         x = x_cpu.to(device)
         med, eng, walls = timed_calls(clients, x, y, args.calls, **kw)
         down = 0 if kw.get("forward_only") else mib
-        row = {"label": args.label, "variant": name, "target": args.target, "chunk_mb": chunk_mb, "device": device,
+        row = {"label": args.label, "variant": name, "target": args.target,
+               "chunk_mb": chunk_mb, "device": device,
                "connections": connections, "pieces": pieces, "data_plane": data_plane,
                "options": [list(o) for o in options],
                "wall_ms_median": round(med, 2), "walls_ms": [round(w, 2) for w in walls],

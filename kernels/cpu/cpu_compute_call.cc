@@ -107,7 +107,8 @@ absl::Status CpuComputeCall::AddHidden(int64_t token_offset, int64_t rows, const
   }
   const int64_t H = hidden_size_;
   const int64_t elem = DTypeSize(spec_.hidden_dtype);
-  const int64_t bad = spec_.hidden_checked ? -1 : FirstNonFinite(spec_.hidden_dtype, data, rows * H);
+  const int64_t bad =
+      spec_.hidden_checked ? -1 : FirstNonFinite(spec_.hidden_dtype, data, rows * H);
   if (bad >= 0) {
     return absl::InvalidArgumentError(absl::StrCat("hidden of token ", token_offset + bad / H,
                                                    " is not finite (NaN or Inf)"));
