@@ -40,10 +40,8 @@ absl::Status CudaComputeCall::Init() {
   const HeadSpec& hs = head_->spec();
   hidden_row_bytes_ = hs.hidden_size * DTypeSize(spec_.hidden_dtype);
   params_ = LossParamsFor(spec_, hs.vocab_size);
-  PlanRequest req = PlanRequestFor(spec_);
-  req.streaming = true;
   // Refusals (budget, determinism) come before waiting for the engine.
-  FLCE_ASSIGN_OR_RETURN(plan_, engine_->PlanFor(*head_, req));
+  FLCE_ASSIGN_OR_RETURN(plan_, engine_->StreamedPlanFor(*head_, spec_));
   FLCE_RETURN_IF_ERROR(engine_->context()->Enter());
   return plan_.strategy == Strategy::kChunked ? InitStreaming() : InitBuffered();
 }

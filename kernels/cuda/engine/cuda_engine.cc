@@ -188,14 +188,19 @@ void CudaEngine::ReturnSlotMemory(std::unique_ptr<SlotMemory> memory) {
 int64_t CudaEngine::PlannedChunkTokens(const Head& head, const ComputeSpec& spec) const {
   const auto* cuda_head = dynamic_cast<const CudaHead*>(&head);
   if (cuda_head == nullptr) return 0;
-  PlanRequest req = PlanRequestFor(spec);
-  req.streaming = true;
-  absl::StatusOr<Plan> plan = PlanFor(*cuda_head, req);
+  absl::StatusOr<Plan> plan = StreamedPlanFor(*cuda_head, spec);
   return plan.ok() && plan->strategy == Strategy::kChunked ? plan->chunk_tokens : 0;
 }
 
 absl::StatusOr<Plan> CudaEngine::PlanFor(const CudaHead& head, const PlanRequest& request) const {
   return MakePlan(head.view(), request, workspace_.budget());
+}
+
+absl::StatusOr<Plan> CudaEngine::StreamedPlanFor(const CudaHead& head,
+                                                 const ComputeSpec& spec) const {
+  PlanRequest req = PlanRequestFor(spec);
+  req.streaming = true;
+  return PlanFor(head, req);
 }
 
 absl::Status CudaEngine::RunOnDevice(const CudaHead& head, const Plan& plan,

@@ -56,6 +56,9 @@ class CudaEngine : public Engine {
   // (benchmarks, tests). Takes the compute lock.
   absl::Status RunOnDevice(const CudaHead& head, const Plan& plan, const DeviceRequest& request);
   absl::StatusOr<Plan> PlanFor(const CudaHead& head, const PlanRequest& request) const;
+  // The plan a compute call of `spec` streams its rows through (CudaComputeCall's,
+  // and the chunk PlannedChunkTokens reports).
+  absl::StatusOr<Plan> StreamedPlanFor(const CudaHead& head, const ComputeSpec& spec) const;
   cudaStream_t compute_stream() const { return compute_; }
   // Corrupts the context on purpose (an illegal address): tests of the sticky
   // error path only.
